@@ -1,0 +1,33 @@
+# Two entry points do all set-up on a fresh machine:
+#   make bench   - the benchmark against the embedded Triton (the main job)
+#   make test    - the test suite against a real Triton and a real local Ray
+# Both create .venv (library, numpy 2, Ray) and .triton-env (the server side: tritonserver
+# from nvidia-pytriton with numpy<2, which its Python backend needs).
+PYTHON ?= python3
+VENV := .venv
+export RAY_TRITON_SHM_SERVER_ENV ?= $(CURDIR)/.triton-env
+
+.PHONY: bench test serve lint clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VENV)/bin/python -m pip install --quiet -e ".[ray,bench,dev]"
+	$(VENV)/bin/ray-triton-shm setup-server
+	touch $@
+
+bench: $(VENV)/.installed
+	$(VENV)/bin/ray-triton-shm bench $(BENCH_ARGS)
+
+test: $(VENV)/.installed
+	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+serve: $(VENV)/.installed
+	$(VENV)/bin/ray-triton-shm serve-local
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check ray_triton_shm tests deployments
+	$(VENV)/bin/mypy ray_triton_shm
+
+clean:
+	rm -rf $(VENV) .triton-env
