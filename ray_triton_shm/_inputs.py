@@ -1,0 +1,228 @@
+"""Checks a caller's inputs against a :class:`ModelSpec` before anything touches shared memory.
+
+Inputs are ``{name: array}`` where an array is either one ``np.ndarray`` holding the whole batch
+or a list of per-sample arrays (as in the seed). Every check happens here, up front, so a bad
+input never leaves half a batch written into a slot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Union
+
+import numpy as np
+
+from ._exceptions import InvalidInputError, UnsupportedDatatypeError
+from ._specs import ModelSpec, TensorSpec
+
+__all__ = ["Batch", "prepare_batch"]
+
+#: One input as given by the caller: a batched array, or one array per sample.
+InputValue = Union[np.ndarray, Sequence[np.ndarray]]
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Validated inputs of one ``infer_shm`` call.
+
+    Attributes:
+        size: Number of samples (``1`` for a model that does not batch).
+        batched: Whether the model batches (arrays carry a leading batch dim).
+        sample_shapes: Actual per-sample shape of each input (the whole shape when unbatched).
+        values: Each input as given: an array, or a tuple of per-sample arrays.
+    """
+
+    size: int
+    batched: bool
+    sample_shapes: Mapping[str, tuple[int, ...]]
+    values: Mapping[str, np.ndarray | tuple[np.ndarray, ...]]
+
+    def write(self, name: str, start: int, stop: int, destination: np.ndarray) -> None:
+        """Copies samples ``start:stop`` of input ``name`` into ``destination``."""
+        value = self.values[name]
+        if not self.batched:
+            np.copyto(destination, value)
+        elif isinstance(value, np.ndarray):
+            np.copyto(destination, value[start:stop])
+        else:
+            for row, sample in zip(destination, value[start:stop]):
+                np.copyto(row, sample)
+
+
+def prepare_batch(spec: ModelSpec, inputs: Mapping[str, InputValue]) -> Batch:
+    """Validates ``inputs`` for ``spec`` and returns them as a :class:`Batch`.
+
+    Raises:
+        InvalidInputError: naming the model, the tensor, what was expected and what came.
+        UnsupportedDatatypeError: for string/object arrays.
+    """
+    model = spec.name
+    if not isinstance(inputs, Mapping):
+        raise InvalidInputError(
+            f"model {model!r}: inputs must be a mapping of tensor name to array, "
+            f"got {type(inputs).__name__}",
+            model=model,
+            expected="dict[str, np.ndarray]",
+            actual=type(inputs).__name__,
+        )
+    expected_names = [t.name for t in spec.inputs]
+    missing = [n for n in expected_names if n not in inputs]
+    if missing:
+        raise InvalidInputError(
+            f"model {model!r}: missing input {missing[0]!r} (expected inputs {expected_names}, "
+            f"got {list(inputs)})",
+            model=model,
+            tensor=missing[0],
+            expected=expected_names,
+            actual=list(inputs),
+        )
+    unexpected = [n for n in inputs if n not in expected_names]
+    if unexpected:
+        raise InvalidInputError(
+            f"model {model!r}: unexpected input {unexpected[0]!r} (expected inputs "
+            f"{expected_names})",
+            model=model,
+            tensor=unexpected[0],
+            expected=expected_names,
+            actual=list(inputs),
+        )
+
+    sizes: dict[str, int] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
+    values: dict[str, np.ndarray | tuple[np.ndarray, ...]] = {}
+    for tensor in spec.inputs:
+        value = inputs[tensor.name]
+        if spec.batched:
+            size, shape, normalized = _batched_input(model, tensor, value)
+        else:
+            shape, normalized = _unbatched_input(model, tensor, value)
+            size = 1
+        sizes[tensor.name], shapes[tensor.name], values[tensor.name] = size, shape, normalized
+
+    if len(set(sizes.values())) > 1:
+        first, *_ = sizes
+        other = next(n for n in sizes if sizes[n] != sizes[first])
+        raise InvalidInputError(
+            f"model {model!r}: inputs have different batch lengths: {first!r} has "
+            f"{sizes[first]} samples, {other!r} has {sizes[other]}",
+            model=model,
+            tensor=other,
+            expected=sizes[first],
+            actual=sizes[other],
+        )
+    return Batch(
+        size=next(iter(sizes.values())),
+        batched=spec.batched,
+        sample_shapes=shapes,
+        values=values,
+    )
+
+
+def _batched_input(
+    model: str, tensor: TensorSpec, value: Any
+) -> tuple[int, tuple[int, ...], np.ndarray | tuple[np.ndarray, ...]]:
+    if isinstance(value, np.ndarray):
+        _check_dtype(model, tensor, value)
+        if value.ndim != len(tensor.shape) + 1:
+            raise _shape_error(model, tensor, value.shape, batched=True)
+        sample_shape = value.shape[1:]
+        _check_sample_shape(model, tensor, sample_shape, value.shape, batched=True)
+        return value.shape[0], sample_shape, value
+    if isinstance(value, (list, tuple)):
+        samples = tuple(value)
+        sample_shape: tuple[int, ...] | None = None
+        for index, sample in enumerate(samples):
+            if not isinstance(sample, np.ndarray):
+                raise _not_an_array(model, tensor, sample, f" (sample {index} of the list)")
+            _check_dtype(model, tensor, sample)
+            _check_sample_shape(model, tensor, sample.shape, sample.shape, batched=False)
+            if sample_shape is None:
+                sample_shape = sample.shape
+            elif sample.shape != sample_shape:
+                raise InvalidInputError(
+                    f"model {model!r}: input {tensor.name!r} sample {index} has shape "
+                    f"{sample.shape}, but sample 0 has {sample_shape}; samples of one batch "
+                    "must share a shape",
+                    model=model,
+                    tensor=tensor.name,
+                    expected=sample_shape,
+                    actual=sample.shape,
+                )
+        return len(samples), sample_shape or tensor.max_shape, samples
+    raise _not_an_array(model, tensor, value, "")
+
+
+def _unbatched_input(
+    model: str, tensor: TensorSpec, value: Any
+) -> tuple[tuple[int, ...], np.ndarray]:
+    if not isinstance(value, np.ndarray):
+        raise _not_an_array(model, tensor, value, " (this model does not batch: one array)")
+    _check_dtype(model, tensor, value)
+    _check_sample_shape(model, tensor, value.shape, value.shape, batched=False)
+    return value.shape, value
+
+
+def _check_dtype(model: str, tensor: TensorSpec, array: np.ndarray) -> None:
+    if array.dtype == tensor.dtype:
+        return
+    if array.dtype.kind in "OSUV":
+        raise UnsupportedDatatypeError(
+            f"model {model!r}: input {tensor.name!r} is a {array.dtype} (string/object) array; "
+            "BYTES tensors are not supported by shared-memory inference yet",
+            model=model,
+            tensor=tensor.name,
+            expected=str(tensor.dtype),
+            actual=str(array.dtype),
+        )
+    raise InvalidInputError(
+        f"model {model!r}: input {tensor.name!r} must have dtype {tensor.dtype} "
+        f"({tensor.datatype}), got {array.dtype}; convert it with .astype(np.{tensor.dtype})",
+        model=model,
+        tensor=tensor.name,
+        expected=str(tensor.dtype),
+        actual=str(array.dtype),
+    )
+
+
+def _check_sample_shape(
+    model: str,
+    tensor: TensorSpec,
+    sample_shape: tuple[int, ...],
+    full_shape: tuple[int, ...],
+    *,
+    batched: bool,
+) -> None:
+    fits = len(sample_shape) == len(tensor.shape) and all(
+        s == d if d != -1 else s <= m
+        for s, d, m in zip(sample_shape, tensor.shape, tensor.max_shape)
+    )
+    if not fits:
+        raise _shape_error(model, tensor, full_shape, batched=batched)
+
+
+def _shape_error(
+    model: str, tensor: TensorSpec, actual: tuple[int, ...], *, batched: bool
+) -> InvalidInputError:
+    dims = [str(d) if d != -1 else f"<={m}" for d, m in zip(tensor.shape, tensor.max_shape)]
+    if batched:
+        dims.insert(0, "batch")
+    expected = "(" + ", ".join(dims) + ("," if len(dims) == 1 else "") + ")"
+    return InvalidInputError(
+        f"model {model!r}: input {tensor.name!r} must have shape {expected}, got {actual}",
+        model=model,
+        tensor=tensor.name,
+        expected=expected,
+        actual=actual,
+    )
+
+
+def _not_an_array(model: str, tensor: TensorSpec, value: Any, where: str) -> InvalidInputError:
+    return InvalidInputError(
+        f"model {model!r}: input {tensor.name!r} must be a numpy array or a list of per-sample "
+        f"arrays, got {type(value).__name__}{where}",
+        model=model,
+        tensor=tensor.name,
+        expected="np.ndarray",
+        actual=type(value).__name__,
+    )

@@ -1,0 +1,197 @@
+"""A blocking pool of slot indices, usable from threads and from asyncio at once.
+
+``acquire`` hands out a free slot (LIFO, so the most recently used, cache-warm slot goes first)
+or waits for one. A released slot is handed straight to the longest-waiting caller, thread or
+coroutine, so no waiter starves and no wake-up is lost. Waiting coroutines block no thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import deque
+from dataclasses import dataclass
+
+from ._exceptions import ClientClosedError, SlotTimeoutError
+
+__all__ = ["PoolStats", "SlotPool"]
+
+
+@dataclass(frozen=True)
+class PoolStats:
+    """A snapshot of a pool.
+
+    Attributes:
+        size: Slots in the pool.
+        in_use: Slots handed out and not yet released.
+        waiting: Callers waiting for a slot.
+    """
+
+    size: int
+    in_use: int
+    waiting: int
+
+
+class _ThreadWaiter:
+    __slots__ = ("event", "slot")
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.slot: int | None = None
+
+    def give(self, slot: int) -> None:
+        self.slot = slot
+        self.event.set()
+
+    def fail(self) -> None:
+        self.event.set()
+
+
+class _AsyncWaiter:
+    __slots__ = ("future", "loop", "pool")
+
+    def __init__(self, pool: SlotPool, loop: asyncio.AbstractEventLoop) -> None:
+        self.pool = pool
+        self.loop = loop
+        self.future: asyncio.Future[int] = loop.create_future()
+
+    def give(self, slot: int) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self._deliver, slot)
+        except RuntimeError:  # the loop is closed: nobody will ever take this slot
+            self.pool.release(slot)
+
+    def fail(self) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self._deliver, None)
+        except RuntimeError:
+            pass
+
+    def _deliver(self, slot: int | None) -> None:
+        if self.future.done():  # cancelled or timed out after the slot was handed over
+            if slot is not None:
+                self.pool.release(slot)
+        elif slot is None:
+            self.future.set_exception(ClientClosedError("the slot pool was closed"))
+        else:
+            self.future.set_result(slot)
+
+
+class SlotPool:
+    """``size`` slots, numbered ``0 .. size-1``.
+
+    Args:
+        size: Number of slots.
+        name: Used in error messages (usually the model name).
+    """
+
+    def __init__(self, size: int, *, name: str = "") -> None:
+        if size < 1:
+            raise ValueError(f"a slot pool needs at least one slot, got {size}")
+        self.size = size
+        self.name = name
+        self._free = list(range(size - 1, -1, -1))  # pop() gives slot 0 first
+        self._waiters: deque[_ThreadWaiter | _AsyncWaiter] = deque()
+        self._lock = threading.Lock()
+        self._all_free = threading.Condition(self._lock)
+        self._closed = False
+
+    def acquire(self, timeout_s: float | None = None) -> int:
+        """Takes a slot, waiting up to ``timeout_s`` seconds (``None``: forever).
+
+        Raises:
+            SlotTimeoutError: no slot came free in time.
+            ClientClosedError: the pool was closed.
+        """
+        with self._lock:
+            self._check_open()
+            if self._free:
+                return self._free.pop()
+            waiter = _ThreadWaiter()
+            self._waiters.append(waiter)
+        waiter.event.wait(timeout_s)
+        with self._lock:
+            if waiter.slot is not None:
+                return waiter.slot
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+            self._check_open()
+        raise self._timeout(timeout_s)
+
+    async def acquire_async(self, timeout_s: float | None = None) -> int:
+        """Like :meth:`acquire`, for coroutines: waits without blocking a thread.
+
+        Cancelling the awaiting task never loses a slot.
+        """
+        with self._lock:
+            self._check_open()
+            if self._free:
+                return self._free.pop()
+            waiter = _AsyncWaiter(self, asyncio.get_running_loop())
+            self._waiters.append(waiter)
+        try:
+            return await asyncio.wait_for(waiter.future, timeout_s)
+        except asyncio.TimeoutError:
+            self._forget(waiter)
+            raise self._timeout(timeout_s) from None
+        except asyncio.CancelledError:
+            self._forget(waiter)
+            raise
+
+    def _forget(self, waiter: _AsyncWaiter) -> None:
+        # Still queued: nobody gave it a slot. Otherwise a slot is on its way and _deliver,
+        # seeing the future done, puts it back.
+        with self._lock:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+                return
+        future = waiter.future
+        if future.done() and not future.cancelled() and future.exception() is None:
+            self.release(future.result())  # delivered, but our caller gave up in between
+
+    def release(self, slot: int) -> None:
+        """Returns a slot, handing it to the longest waiter if there is one."""
+        with self._lock:
+            if self._waiters and not self._closed:
+                self._waiters.popleft().give(slot)
+                return
+            self._free.append(slot)
+            if len(self._free) == self.size:
+                self._all_free.notify_all()
+
+    def stats(self) -> PoolStats:
+        """A consistent snapshot of the pool."""
+        with self._lock:
+            return PoolStats(self.size, self.size - len(self._free), len(self._waiters))
+
+    def close(self, *, wait_s: float | None = None) -> bool:
+        """Refuses new acquires, fails the waiters, and waits for slots in use to come back.
+
+        Args:
+            wait_s: How long to wait for slots in use (``None``: forever).
+
+        Returns:
+            Whether every slot is free (so the memory behind them can be unmapped).
+        """
+        with self._lock:
+            self._closed = True
+            while self._waiters:
+                self._waiters.popleft().fail()
+            return self._all_free.wait_for(lambda: len(self._free) == self.size, wait_s)
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClientClosedError(f"the slot pool of {self.name!r} is closed", model=self.name)
+
+    def _timeout(self, timeout_s: float | None) -> SlotTimeoutError:
+        return SlotTimeoutError(
+            f"no free slot for model {self.name!r} within {timeout_s} s "
+            f"(all {self.size} slots busy)",
+            model=self.name,
+            timeout_s=timeout_s,
+        )
