@@ -118,6 +118,16 @@ class SlotPool:
             self._check_open()
         raise self._timeout(timeout_s)
 
+    def try_acquire(self) -> int | None:
+        """Takes a free slot if there is one, without waiting.
+
+        Raises:
+            ClientClosedError: the pool was closed.
+        """
+        with self._lock:
+            self._check_open()
+            return self._free.pop() if self._free else None
+
     async def acquire_async(self, timeout_s: float | None = None) -> int:
         """Like :meth:`acquire`, for coroutines: waits without blocking a thread.
 

@@ -1,0 +1,582 @@
+"""``TritonSHMClient``: tritonclient's gRPC client plus pooled system-shared-memory inference.
+
+Per registered model the client owns one POSIX region cut into ``pool_size`` slots, each big
+enough for every input and output of one batch of ``max_batch_size`` samples. ``infer_shm``
+validates the inputs, then for each chunk of at most ``max_batch_size`` samples takes a slot,
+copies the chunk in, sends Triton a request that only points at the slot, and copies the
+outputs out once the response arrives. Up to ``pool_size`` chunks are in flight at once; when
+every slot is busy, callers wait.
+
+A slot is only reused once Triton has answered the request that used it: a caller that gives up
+(an error in another chunk, a cancelled coroutine) leaves the slot to be released when its
+request completes, so Triton never writes into a slot that a new request already owns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+import weakref
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import numpy as np
+import tritonclient.grpc as grpcclient
+from tritonclient.grpc import service_pb2
+from tritonclient.utils import InferenceServerException
+
+from ._exceptions import (
+    ClientClosedError,
+    ModelNotRegisteredError,
+    ModelSpecError,
+    TritonServerError,
+)
+from ._inputs import Batch, InputValue, prepare_batch
+from ._pool import PoolStats, SlotPool
+from ._shm import SharedMemoryRegion, new_region_name
+from ._specs import ModelSpec, SlotLayout, SpecLike, resolve_model_spec
+from ._transport import SlotRequests, as_asyncio_future, is_missing_region, translate_error
+
+__all__ = ["TritonSHMClient"]
+
+#: How long ``close()`` waits for in-flight requests before unmapping their memory anyway.
+_CLOSE_WAIT_S = 30.0
+#: Deadline for the unregister calls made while closing (the server may be gone).
+_UNREGISTER_TIMEOUT_S = 5.0
+
+
+@dataclass(eq=False)
+class _ModelPool:
+    """A registered model: its spec, its region cut into slots, and a request per slot."""
+
+    spec: ModelSpec
+    layout: SlotLayout
+    region: SharedMemoryRegion
+    slots: SlotPool
+    requests: SlotRequests
+    #: Bumped on every re-registration; a failed request knows which registration it used.
+    epoch: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def tensor_view(self, slot: int, offset: int, shape: tuple[int, ...], dtype: np.dtype) -> Any:
+        count = math.prod(shape)
+        start = slot * self.layout.slot_bytes + offset
+        return np.frombuffer(self.region.buffer, dtype, count, start).reshape(shape)
+
+    def write_chunk(self, slot: int, batch: Batch, start: int, stop: int) -> None:
+        for tensor in self.spec.inputs:
+            sample_shape = batch.sample_shapes[tensor.name]
+            shape = (stop - start, *sample_shape) if batch.batched else sample_shape
+            view = self.tensor_view(slot, self.layout.input_offsets[tensor.name], shape, tensor.dtype)
+            batch.write(tensor.name, start, stop, view)
+
+
+@dataclass(eq=False)
+class _Chunk:
+    """One request in flight: the slot it owns and the gRPC call using it."""
+
+    pool: _ModelPool
+    slot: int
+    start: int
+    stop: int
+    request: service_pb2.ModelInferRequest
+    call: grpc.Future
+    epoch: int
+
+    def abandon(self) -> None:
+        """Releases the slot once Triton is done with it (at once if it already is)."""
+        slots, slot = self.pool.slots, self.slot
+        self.call.add_done_callback(lambda _call: slots.release(slot))
+
+
+class _Outputs:
+    """Collects each chunk's outputs into arrays owned by the caller."""
+
+    def __init__(self, spec: ModelSpec, total: int) -> None:
+        self._spec = spec
+        self._total = total
+        self._arrays: dict[str, np.ndarray] = {}
+        self._by_name = {t.name: t for t in spec.outputs}
+
+    def add(
+        self, pool: _ModelPool, slot: int, start: int, response: service_pb2.ModelInferResponse
+    ) -> None:
+        for output in response.outputs:
+            tensor = self._by_name[output.name]
+            shape = tuple(output.shape)
+            capacity = pool.layout.capacities[f"out:{tensor.name}"]
+            if math.prod(shape) * tensor.dtype.itemsize > capacity:
+                raise TritonServerError(
+                    f"model {self._spec.name!r}: output {tensor.name!r} has shape {shape}, larger "
+                    f"than the {capacity} bytes its slot holds; register a larger max_shapes entry",
+                    model=self._spec.name,
+                )
+            view = pool.tensor_view(
+                slot, pool.layout.output_offsets[tensor.name], shape, tensor.dtype
+            )
+            if not self._spec.batched:
+                self._arrays[tensor.name] = view.copy()
+                continue
+            array = self._arrays.get(tensor.name)
+            if array is None:
+                array = np.empty((self._total, *shape[1:]), tensor.dtype)
+                self._arrays[tensor.name] = array
+            elif array.shape[1:] != shape[1:]:
+                raise TritonServerError(
+                    f"model {self._spec.name!r}: output {tensor.name!r} came back as "
+                    f"{shape[1:]} per sample in one chunk and {array.shape[1:]} in another; "
+                    "call infer_shm with at most max_batch_size samples for such outputs",
+                    model=self._spec.name,
+                )
+            array[start : start + shape[0]] = view
+
+    def result(self) -> dict[str, np.ndarray]:
+        return {t.name: self._arrays[t.name] for t in self._spec.outputs}
+
+
+def _empty_outputs(spec: ModelSpec) -> dict[str, np.ndarray]:
+    return {
+        t.name: np.empty((0, *(max(d, 0) for d in t.shape)), t.dtype) for t in spec.outputs
+    }
+
+
+def _release_pools(
+    pools: dict[str, _ModelPool], stub: Any, wait_s: float = _CLOSE_WAIT_S
+) -> None:
+    """Unregisters and unlinks every pool; the finalizer of a client, so it never sees it."""
+    while pools:
+        _, pool = pools.popitem()
+        _release_pool(pool, stub, wait_s)
+
+
+def _release_pool(pool: _ModelPool, stub: Any, wait_s: float) -> None:
+    all_free = pool.slots.close(wait_s=wait_s)
+    try:
+        stub.SystemSharedMemoryUnregister(
+            service_pb2.SystemSharedMemoryUnregisterRequest(name=pool.region.name),
+            timeout=_UNREGISTER_TIMEOUT_S,
+        )
+    except (grpc.RpcError, ValueError):
+        pass  # server gone or channel closed: nothing is registered that outlives it
+    finally:
+        pool.region.unlink()
+        if all_free:
+            pool.region.close()
+
+
+class TritonSHMClient(grpcclient.InferenceServerClient):
+    """A Triton gRPC client that also runs inference through pooled system shared memory.
+
+    A subclass of :class:`tritonclient.grpc.InferenceServerClient`: every plain gRPC method
+    still works. It is a drop-in replacement for ``triton_shm_client.TritonSHMClient``.
+
+    Args:
+        url: Triton's gRPC address, ``host:port``. The server must run on this machine.
+        verbose: Passed to tritonclient.
+        *args: Passed to :class:`tritonclient.grpc.InferenceServerClient`.
+        **kwargs: Passed to :class:`tritonclient.grpc.InferenceServerClient`.
+
+    Example:
+        >>> client = TritonSHMClient(url="localhost:8001")
+        >>> client.register_shm_model("classifier", pool_size=4)  # specs from the server
+        >>> out = client.infer_shm("classifier", {"INPUT0": images})["OUTPUT0"]
+    """
+
+    def __init__(
+        self, url: str = "localhost:8001", verbose: bool = False, *args: Any, **kwargs: Any
+    ) -> None:
+        super().__init__(url, verbose, *args, **kwargs)
+        self._pools: dict[str, _ModelPool] = {}
+        self._registry_lock = threading.Lock()
+        self._closed = False
+        # Captures the pools and the stub, never self: the client can still be collected.
+        self._finalizer = weakref.finalize(self, _release_pools, self._pools, self._client_stub)
+
+    # ------------------------------------------------------------------ registration
+
+    def register_shm_model(
+        self,
+        model_name: str,
+        inputs: Sequence[SpecLike] | None = None,
+        outputs: Sequence[SpecLike] | None = None,
+        max_batch_size: int | None = None,
+        pool_size: int = 4,
+        *,
+        model_version: str = "",
+        max_shapes: Mapping[str, Sequence[int]] | None = None,
+    ) -> ModelSpec:
+        """Allocates a slot pool for a model and registers it with Triton.
+
+        Specs are ``(name, shape_without_batch, dtype)``; the dtype is a NumPy dtype or a Triton
+        datatype name. Whatever is left out is read from the model's configuration on the
+        server. Registering the same model again with the same specs is a no-op.
+
+        Args:
+            model_name: The model.
+            inputs: Input specs, or ``None`` to read them from the server.
+            outputs: Output specs, or ``None`` to read them from the server.
+            max_batch_size: Samples per slot; ``None`` reads it from the server; ``0`` for a
+                model that does not batch.
+            pool_size: Number of slots, i.e. requests in flight at once for this model.
+            model_version: Model version; ``""`` lets the server choose.
+            max_shapes: Per-sample maximum for tensors with ``-1`` dims, e.g.
+                ``{"INPUT0": (16,)}``: slots are sized for it.
+
+        Returns:
+            The resolved :class:`ModelSpec`.
+
+        Raises:
+            ModelSpecError: unusable specs, or the model is registered with other specs.
+            UnsupportedDatatypeError: a BYTES tensor.
+            TritonServerError: Triton refused (unknown model, no shared memory, ...).
+        """
+        self._check_open()
+        if pool_size < 1:
+            raise ModelSpecError(
+                f"model {model_name!r}: pool_size must be >= 1, got {pool_size}", model=model_name
+            )
+        spec = resolve_model_spec(
+            model_name,
+            inputs=inputs,
+            outputs=outputs,
+            max_batch_size=max_batch_size,
+            model_version=model_version,
+            max_shapes=max_shapes,
+            load_config=lambda: self._load_config(model_name, model_version),
+        )
+        with self._registry_lock:
+            existing = self._pools.get(model_name)
+            if existing is not None:
+                if existing.spec == spec and existing.slots.size == pool_size:
+                    return spec
+                raise ModelSpecError(
+                    f"model {model_name!r} is already registered with other specs "
+                    f"(pool_size {existing.slots.size}, {existing.spec}); call "
+                    "unregister_shm_model first",
+                    model=model_name,
+                )
+            self._pools[model_name] = self._create_pool(spec, pool_size)
+        return spec
+
+    def _load_config(self, model_name: str, model_version: str) -> Mapping[str, Any]:
+        try:
+            config = self.get_model_config(model_name, model_version, as_json=True)
+        except InferenceServerException as exc:
+            raise translate_error(
+                exc, model=model_name, action="reading the model configuration"
+            ) from exc
+        return config.get("config", config)
+
+    def _create_pool(self, spec: ModelSpec, pool_size: int) -> _ModelPool:
+        layout = SlotLayout.for_model(spec)
+        region = SharedMemoryRegion.create(new_region_name(spec.name), layout.slot_bytes * pool_size)
+        try:
+            self.register_system_shared_memory(region.name, region.key, region.size)
+        except InferenceServerException as exc:
+            region.unlink()
+            region.close()
+            raise translate_error(
+                exc, model=spec.name, action="registering shared memory"
+            ) from exc
+        return _ModelPool(
+            spec=spec,
+            layout=layout,
+            region=region,
+            slots=SlotPool(pool_size, name=spec.name),
+            requests=SlotRequests(spec, layout, region.name, pool_size),
+        )
+
+    def unregister_shm_model(self, model_name: str) -> None:
+        """Unregisters a model's pool from Triton and frees its memory; idempotent.
+
+        Waits for the model's requests in flight to finish first.
+        """
+        with self._registry_lock:
+            pool = self._pools.pop(model_name, None)
+        if pool is not None:
+            _release_pool(pool, self._client_stub, _CLOSE_WAIT_S)
+
+    @property
+    def registered_models(self) -> dict[str, ModelSpec]:
+        """The models with a shared-memory pool, and their specs."""
+        return {name: pool.spec for name, pool in list(self._pools.items())}
+
+    def shm_stats(self, model_name: str) -> PoolStats:
+        """Slots in use and callers waiting for a registered model."""
+        return self._pool(model_name).slots.stats()
+
+    def _pool(self, model_name: str) -> _ModelPool:
+        pool = self._pools.get(model_name)
+        if pool is None:
+            self._check_open()
+            raise ModelNotRegisteredError(
+                f"model {model_name!r} has no shared-memory pool: call "
+                f"register_shm_model({model_name!r}, ...) first (registered: "
+                f"{sorted(self._pools)})",
+                model=model_name,
+            )
+        return pool
+
+    def _reregister(self, pool: _ModelPool, epoch: int) -> None:
+        """Registers the pool's region again after Triton forgot it (e.g. it restarted)."""
+        with pool.lock:
+            if pool.epoch != epoch:
+                return  # another request already did it
+            try:
+                self.unregister_system_shared_memory(pool.region.name)
+                self.register_system_shared_memory(
+                    pool.region.name, pool.region.key, pool.region.size
+                )
+            except InferenceServerException as exc:
+                raise translate_error(
+                    exc, model=pool.spec.name, action="registering shared memory again"
+                ) from exc
+            pool.epoch += 1
+
+    # ------------------------------------------------------------------ inference
+
+    def infer_shm(
+        self,
+        model_name: str,
+        inputs: Mapping[str, InputValue],
+        *,
+        slot_timeout_s: float | None = None,
+        client_timeout_s: float | None = None,
+        headers: Mapping[str, str] | None = None,
+        request_id: str = "",
+    ) -> dict[str, np.ndarray]:
+        """Runs inference through the model's shared-memory slots.
+
+        Inputs larger than ``max_batch_size`` are split into chunks, up to ``pool_size`` of
+        them in flight at once, and the outputs are put back together in order.
+
+        Args:
+            model_name: A model registered with :meth:`register_shm_model`.
+            inputs: ``{name: array}``; an array holds the whole batch, or is a list of
+                per-sample arrays.
+            slot_timeout_s: How long to wait for a free slot (``None``: as long as it takes).
+            client_timeout_s: gRPC deadline of each request.
+            headers: Extra gRPC metadata.
+            request_id: Triton request id, sent with every chunk.
+
+        Returns:
+            ``{output name: array}``; the arrays belong to the caller.
+
+        Raises:
+            ModelNotRegisteredError: the model has no pool.
+            InvalidInputError: the inputs do not match the model (nothing was sent).
+            SlotTimeoutError: no slot came free within ``slot_timeout_s``.
+            TritonServerError: Triton answered with an error.
+        """
+        pool = self._pool(model_name)
+        batch = prepare_batch(pool.spec, inputs)
+        if batch.size == 0:
+            return _empty_outputs(pool.spec)
+        metadata = self._get_metadata(headers)
+        outputs = _Outputs(pool.spec, batch.size)
+        if batch.size <= pool.spec.batch_capacity:
+            # One chunk, the common case: a blocking call costs less CPU than a gRPC future.
+            slot = pool.slots.acquire(slot_timeout_s)
+            try:
+                pool.write_chunk(slot, batch, 0, batch.size)
+                rows = batch.size if batch.batched else None
+                request = pool.requests.prepare(slot, rows, batch.sample_shapes, request_id)
+                response = self._infer_blocking(pool, request, metadata, client_timeout_s)
+                outputs.add(pool, slot, 0, response)
+            finally:
+                pool.slots.release(slot)
+            return outputs.result()
+        pending: deque[_Chunk] = deque()
+        try:
+            for start, stop in _chunks(batch.size, pool.spec.batch_capacity):
+                slot = pool.slots.try_acquire()
+                while slot is None and pending:  # never wait for a slot while holding one
+                    self._finish(pending, outputs, metadata, client_timeout_s)
+                    slot = pool.slots.try_acquire()
+                if slot is None:
+                    slot = pool.slots.acquire(slot_timeout_s)
+                pending.append(
+                    self._submit(pool, slot, batch, start, stop, metadata, client_timeout_s, request_id)
+                )
+            while pending:
+                self._finish(pending, outputs, metadata, client_timeout_s)
+        except BaseException:
+            for chunk in pending:
+                chunk.abandon()
+            raise
+        return outputs.result()
+
+    def _infer_blocking(
+        self,
+        pool: _ModelPool,
+        request: service_pb2.ModelInferRequest,
+        metadata: Any,
+        client_timeout_s: float | None,
+    ) -> service_pb2.ModelInferResponse:
+        epoch = pool.epoch
+        try:
+            return self._client_stub.ModelInfer(request, metadata=metadata, timeout=client_timeout_s)
+        except grpc.RpcError as exc:
+            if not is_missing_region(exc):
+                raise translate_error(exc, model=pool.spec.name, action="inference") from exc
+            self._reregister(pool, epoch)
+        try:
+            return self._client_stub.ModelInfer(request, metadata=metadata, timeout=client_timeout_s)
+        except grpc.RpcError as exc:
+            raise translate_error(exc, model=pool.spec.name, action="inference") from exc
+
+    def _submit(
+        self,
+        pool: _ModelPool,
+        slot: int,
+        batch: Batch,
+        start: int,
+        stop: int,
+        metadata: Any,
+        client_timeout_s: float | None,
+        request_id: str,
+    ) -> _Chunk:
+        try:
+            pool.write_chunk(slot, batch, start, stop)
+            rows = stop - start if batch.batched else None
+            request = pool.requests.prepare(slot, rows, batch.sample_shapes, request_id)
+            call = self._client_stub.ModelInfer.future(
+                request, metadata=metadata, timeout=client_timeout_s
+            )
+        except BaseException:
+            pool.slots.release(slot)
+            raise
+        return _Chunk(pool, slot, start, stop, request, call, pool.epoch)
+
+    def _finish(
+        self,
+        pending: deque[_Chunk],
+        outputs: _Outputs,
+        metadata: Any,
+        client_timeout_s: float | None,
+    ) -> None:
+        """Waits for the oldest chunk, copies its outputs out, and frees its slot."""
+        chunk = pending[0]
+        try:
+            response = chunk.call.result()
+        except grpc.RpcError as exc:
+            if not is_missing_region(exc):
+                raise translate_error(exc, model=chunk.pool.spec.name, action="inference") from exc
+            self._reregister(chunk.pool, chunk.epoch)
+            chunk.call = self._client_stub.ModelInfer.future(
+                chunk.request, metadata=metadata, timeout=client_timeout_s
+            )
+            try:
+                response = chunk.call.result()
+            except grpc.RpcError as retry_exc:
+                raise translate_error(
+                    retry_exc, model=chunk.pool.spec.name, action="inference"
+                ) from retry_exc
+        outputs.add(chunk.pool, chunk.slot, chunk.start, response)
+        pending.popleft()
+        chunk.pool.slots.release(chunk.slot)
+
+    async def infer_shm_async(
+        self,
+        model_name: str,
+        inputs: Mapping[str, InputValue],
+        *,
+        slot_timeout_s: float | None = None,
+        client_timeout_s: float | None = None,
+        headers: Mapping[str, str] | None = None,
+        request_id: str = "",
+    ) -> dict[str, np.ndarray]:
+        """:meth:`infer_shm` for coroutines: same semantics, no thread blocked while waiting.
+
+        Waiting for a slot and for Triton's answer both happen on the event loop. Cancelling
+        the coroutine is safe: slots come back once Triton has answered.
+        """
+        pool = self._pool(model_name)
+        batch = prepare_batch(pool.spec, inputs)
+        if batch.size == 0:
+            return _empty_outputs(pool.spec)
+        loop = asyncio.get_running_loop()
+        metadata = self._get_metadata(headers)
+        outputs = _Outputs(pool.spec, batch.size)
+        pending: deque[_Chunk] = deque()
+        try:
+            for start, stop in _chunks(batch.size, pool.spec.batch_capacity):
+                slot = pool.slots.try_acquire()
+                while slot is None and pending:
+                    await self._finish_async(pending, outputs, metadata, client_timeout_s, loop)
+                    slot = pool.slots.try_acquire()
+                if slot is None:
+                    slot = await pool.slots.acquire_async(slot_timeout_s)
+                pending.append(
+                    self._submit(pool, slot, batch, start, stop, metadata, client_timeout_s, request_id)
+                )
+            while pending:
+                await self._finish_async(pending, outputs, metadata, client_timeout_s, loop)
+        except BaseException:
+            for chunk in pending:
+                chunk.abandon()
+            raise
+        return outputs.result()
+
+    async def _finish_async(
+        self,
+        pending: deque[_Chunk],
+        outputs: _Outputs,
+        metadata: Any,
+        client_timeout_s: float | None,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        chunk = pending[0]
+        try:
+            response = await as_asyncio_future(chunk.call, loop)
+        except grpc.RpcError as exc:
+            if not is_missing_region(exc):
+                raise translate_error(exc, model=chunk.pool.spec.name, action="inference") from exc
+            await asyncio.to_thread(self._reregister, chunk.pool, chunk.epoch)
+            chunk.call = self._client_stub.ModelInfer.future(
+                chunk.request, metadata=metadata, timeout=client_timeout_s
+            )
+            try:
+                response = await as_asyncio_future(chunk.call, loop)
+            except grpc.RpcError as retry_exc:
+                raise translate_error(
+                    retry_exc, model=chunk.pool.spec.name, action="inference"
+                ) from retry_exc
+        outputs.add(chunk.pool, chunk.slot, chunk.start, response)
+        pending.popleft()
+        chunk.pool.slots.release(chunk.slot)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def close(self) -> None:
+        """Unregisters and frees every pool, then closes the channel; idempotent."""
+        if getattr(self, "_closed", True):
+            if hasattr(self, "_channel"):
+                super().close()
+            return
+        self._closed = True
+        self._finalizer()
+        super().close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClientClosedError("the TritonSHMClient is closed")
+
+    def __enter__(self) -> TritonSHMClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"models={sorted(self._pools)}"
+        return f"<TritonSHMClient {state}>"
+
+
+def _chunks(total: int, size: int) -> list[tuple[int, int]]:
+    return [(start, min(start + size, total)) for start in range(0, total, size)]
+

@@ -1,0 +1,174 @@
+"""The gRPC side of shared-memory inference.
+
+Builds the small ``ModelInferRequest`` that points Triton at a slot (one prebuilt message per
+slot, only shapes and sizes change per call), bridges gRPC futures to asyncio, and is the one
+place where errors from Triton become :class:`TritonServerError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import grpc
+from tritonclient.grpc import service_pb2
+from tritonclient.utils import InferenceServerException
+
+from ._exceptions import SharedMemoryNotAllowedError, TritonServerError
+from ._specs import ModelSpec, SlotLayout
+
+__all__ = ["SlotRequests", "as_asyncio_future", "is_missing_region", "translate_error"]
+
+_REFUSAL_WORDS = ("not allowed", "disabled", "not enabled", "not permitted", "allow-client-shm")
+
+
+def _status_and_message(exc: BaseException) -> tuple[str | None, str]:
+    if isinstance(exc, grpc.RpcError) and hasattr(exc, "code"):
+        return str(exc.code()), exc.details() or ""
+    if isinstance(exc, InferenceServerException):
+        return exc.status(), exc.message() or ""
+    return None, str(exc)
+
+
+def is_missing_region(exc: BaseException) -> bool:
+    """Whether Triton no longer knows our region (it restarted, or someone unregistered it)."""
+    _, message = _status_and_message(exc)
+    return "Unable to find shared memory region" in message
+
+
+def translate_error(
+    exc: BaseException, *, model: str | None = None, action: str = "request"
+) -> TritonServerError:
+    """Turns a gRPC or tritonclient error into our own, keeping Triton's status and message.
+
+    Args:
+        exc: The error raised by gRPC or tritonclient.
+        model: The model concerned, for the message.
+        action: What was being done, e.g. ``"inference"``, for the message.
+    """
+    status, message = _status_and_message(exc)
+    about = f" for model {model!r}" if model else ""
+    lower = message.lower()
+    if ("shared memory" in lower or "shm" in lower) and any(w in lower for w in _REFUSAL_WORDS):
+        return SharedMemoryNotAllowedError(
+            f"Triton refuses client shared memory{about}: {message!r}. Start tritonserver with "
+            "--allow-client-shm=true (newer releases need it), or use plain gRPC.",
+            status=status,
+            server_message=message,
+            model=model,
+        )
+    return TritonServerError(
+        f"{action}{about} failed: Triton answered {status}: {message}",
+        status=status,
+        server_message=message,
+        model=model,
+    )
+
+
+class SlotRequests:
+    """One reusable ``ModelInferRequest`` per slot, pointing at that slot's tensors.
+
+    A slot is used by one call at a time, so its message can be updated in place.
+
+    Args:
+        spec: The model.
+        layout: Where each tensor lives inside a slot.
+        region_name: Name the region is registered under in Triton.
+        slot_count: Number of slots in the region.
+    """
+
+    def __init__(
+        self, spec: ModelSpec, layout: SlotLayout, region_name: str, slot_count: int
+    ) -> None:
+        self._spec = spec
+        self._itemsizes = [t.dtype.itemsize for t in spec.inputs]
+        self._requests = [
+            self._build(spec, layout, region_name, slot * layout.slot_bytes)
+            for slot in range(slot_count)
+        ]
+        # Shapes each slot's request was last sent with: most calls repeat them.
+        self._shapes: list[list[tuple[int, ...] | None]] = [
+            [None] * len(spec.inputs) for _ in range(slot_count)
+        ]
+
+    @staticmethod
+    def _build(
+        spec: ModelSpec, layout: SlotLayout, region_name: str, base: int
+    ) -> service_pb2.ModelInferRequest:
+        request = service_pb2.ModelInferRequest(model_name=spec.name, model_version=spec.version)
+        for tensor in spec.inputs:
+            entry = request.inputs.add(name=tensor.name, datatype=tensor.datatype)
+            _point_at(entry.parameters, region_name, base + layout.input_offsets[tensor.name])
+        for tensor in spec.outputs:
+            entry = request.outputs.add(name=tensor.name)
+            _point_at(entry.parameters, region_name, base + layout.output_offsets[tensor.name])
+            entry.parameters["shared_memory_byte_size"].int64_param = layout.capacities[
+                f"out:{tensor.name}"
+            ]
+        return request
+
+    def prepare(
+        self,
+        slot: int,
+        rows: int | None,
+        sample_shapes: Mapping[str, tuple[int, ...]],
+        request_id: str,
+    ) -> service_pb2.ModelInferRequest:
+        """Returns the slot's request, updated for this chunk.
+
+        Args:
+            slot: The slot.
+            rows: Samples in this chunk; ``None`` for a model that does not batch.
+            sample_shapes: Actual per-sample shape of each input.
+            request_id: Triton request id (may be empty).
+        """
+        request = self._requests[slot]
+        request.id = request_id
+        last = self._shapes[slot]
+        for index, tensor in enumerate(self._spec.inputs):
+            sample_shape = sample_shapes[tensor.name]
+            shape = sample_shape if rows is None else (rows, *sample_shape)
+            if last[index] != shape:
+                last[index] = shape
+                entry = request.inputs[index]
+                del entry.shape[:]
+                entry.shape.extend(shape)
+                entry.parameters["shared_memory_byte_size"].int64_param = (
+                    math.prod(shape) * self._itemsizes[index]
+                )
+        return request
+
+
+def _point_at(parameters: Any, region_name: str, offset: int) -> None:
+    parameters["shared_memory_region"].string_param = region_name
+    parameters["shared_memory_offset"].int64_param = offset
+
+
+def as_asyncio_future(
+    call: grpc.Future, loop: asyncio.AbstractEventLoop
+) -> asyncio.Future[service_pb2.ModelInferResponse]:
+    """An asyncio future that completes with a gRPC future, without a thread waiting on it."""
+    result: asyncio.Future[service_pb2.ModelInferResponse] = loop.create_future()
+
+    def transfer(done: grpc.Future) -> None:
+        if result.done():
+            return
+        if done.cancelled():
+            result.cancel()
+            return
+        error = done.exception()
+        if error is not None:
+            result.set_exception(error)
+        else:
+            result.set_result(done.result())
+
+    def on_done(done: grpc.Future) -> None:
+        try:
+            loop.call_soon_threadsafe(transfer, done)
+        except RuntimeError:
+            pass  # the loop is closed; nobody is waiting any more
+
+    call.add_done_callback(on_done)
+    return result
