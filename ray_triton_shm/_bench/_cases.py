@@ -1,0 +1,135 @@
+"""The workloads: one per example model, with the batch each request carries."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+import numpy as np
+
+__all__ = ["CASES", "ModelCase", "TensorSpec"]
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    """One tensor of a request, per sample (without the batch dimension).
+
+    Attributes:
+        shape: The per-sample shape, all dimensions concrete.
+        dtype: The numpy dtype.
+    """
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    @property
+    def triton_datatype(self) -> str:
+        """The Triton datatype string (``"FP32"``, ``"INT32"``, ...)."""
+        from tritonclient.utils import np_to_triton_dtype
+
+        return str(np_to_triton_dtype(self.dtype))
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelCase:
+    """A benchmark workload: a model, its batch size and the tensors of one request.
+
+    Attributes:
+        model: The model name on the server.
+        batch_size: Samples per request (the model's max batch size).
+        inputs: Input specs by name, per sample.
+        outputs: Output specs by name, per sample.
+        max_shapes: Per-sample maxima for variable (-1) dimensions, as
+            ``TritonSHMClient.register_shm_model(max_shapes=...)`` expects; ``None`` if the
+            model has none.
+        identity: The model returns ``INPUT0`` unchanged as ``OUTPUT0`` (an extra check).
+    """
+
+    model: str
+    batch_size: int
+    inputs: Mapping[str, TensorSpec]
+    outputs: Mapping[str, TensorSpec]
+    max_shapes: Mapping[str, tuple[int, ...]] | None = None
+    identity: bool = False
+
+    def batched_shape(self, spec: TensorSpec) -> tuple[int, ...]:
+        """The shape of one request's tensor for ``spec``."""
+        return (self.batch_size, *spec.shape)
+
+    @property
+    def input_nbytes(self) -> int:
+        """Bytes of input per request."""
+        return sum(
+            int(np.prod(self.batched_shape(s))) * np.dtype(s.dtype).itemsize
+            for s in self.inputs.values()
+        )
+
+    @property
+    def output_nbytes(self) -> int:
+        """Bytes of output per request."""
+        return sum(
+            int(np.prod(self.batched_shape(s))) * np.dtype(s.dtype).itemsize
+            for s in self.outputs.values()
+        )
+
+    def make_inputs(self, *, seed: int = 0) -> dict[str, np.ndarray]:
+        """Build one request's inputs (deterministic for a given seed).
+
+        Args:
+            seed: Random seed.
+
+        Returns:
+            C-contiguous arrays by input name.
+        """
+        rng = np.random.default_rng(seed)
+        arrays: dict[str, np.ndarray] = {}
+        for name, spec in self.inputs.items():
+            shape = self.batched_shape(spec)
+            if np.issubdtype(spec.dtype, np.floating):
+                arrays[name] = rng.standard_normal(shape, dtype=np.float32).astype(spec.dtype)
+            else:
+                arrays[name] = rng.integers(-1000, 1000, size=shape).astype(spec.dtype)
+        return arrays
+
+
+_FP32 = np.dtype(np.float32)
+_INT32 = np.dtype(np.int32)
+
+#: The example models (``ray_triton_shm/models``) and how the benchmark drives them.
+CASES: dict[str, ModelCase] = {
+    case.model: case
+    for case in (
+        ModelCase(
+            model="identity",
+            batch_size=8,
+            inputs={"INPUT0": TensorSpec((16,), _FP32)},
+            outputs={"OUTPUT0": TensorSpec((16,), _FP32)},
+            max_shapes={"INPUT0": (16,), "OUTPUT0": (16,)},
+            identity=True,
+        ),
+        ModelCase(
+            model="classifier",
+            batch_size=8,
+            inputs={"INPUT0": TensorSpec((3, 224, 224), _FP32)},
+            outputs={"OUTPUT0": TensorSpec((1000,), _FP32)},
+        ),
+        ModelCase(
+            model="my_model",
+            batch_size=8,
+            inputs={
+                "INPUT0": TensorSpec((3, 224, 224), _FP32),
+                "INPUT1": TensorSpec((10,), _INT32),
+            },
+            outputs={
+                "OUTPUT0": TensorSpec((512,), _FP32),
+                "OUTPUT1": TensorSpec((5,), _INT32),
+            },
+        ),
+        ModelCase(
+            model="large_image",
+            batch_size=2,
+            inputs={"INPUT0": TensorSpec((3, 1024, 1024), _FP32)},
+            outputs={"OUTPUT0": TensorSpec((3, 1024, 1024), _FP32)},
+        ),
+    )
+}

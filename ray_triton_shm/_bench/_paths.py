@@ -1,0 +1,392 @@
+"""The ways of getting a request to Triton that the benchmark compares.
+
+Each way is a :class:`BenchPath`: ``setup()`` once per model, ``run_once()`` for one request
+carrying one full batch (returning the outputs as arrays the caller may keep), and
+``teardown()``, which must be safe after a partial ``setup()`` and must never raise.
+
+Paths live in a registry keyed by name; :func:`register_path` adds one. Each path has a
+``group``: the default run uses group ``"core"``; other groups (e.g. ``"ray"``, for Ray
+Serve/Data paths) are opted into from the command line.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import dataclasses
+import os
+import uuid
+from collections.abc import Mapping
+from typing import Any, ClassVar, TypeVar
+
+import numpy as np
+
+from ray_triton_shm._bench._cases import ModelCase
+
+__all__ = [
+    "BenchPath",
+    "BenchTarget",
+    "GrpcPath",
+    "HttpPath",
+    "MemcpyFloorPath",
+    "PathUnavailableError",
+    "SHM_KEY_PREFIX",
+    "ShmClientPath",
+    "ShmManualPath",
+    "path_class",
+    "register_path",
+    "registered_paths",
+]
+
+#: Prefix of the shared-memory keys and region names the hand-written shm path creates
+#: (followed by the process id).
+SHM_KEY_PREFIX = "rtsbench_"
+
+
+class PathUnavailableError(RuntimeError):
+    """A path cannot run in this configuration (e.g. no HTTP endpoint); it is skipped."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchTarget:
+    """The server being benchmarked.
+
+    Attributes:
+        grpc_url: gRPC endpoint, ``"host:port"``.
+        http_url: HTTP endpoint, ``"host:port"``; ``None`` if unknown (the HTTP path is
+            then skipped).
+    """
+
+    grpc_url: str
+    http_url: str | None = None
+
+
+class BenchPath(abc.ABC):
+    """One way of sending a request; subclasses register with :func:`register_path`.
+
+    Args:
+        target: The server.
+        case: The workload.
+        inputs: One request's inputs (the same arrays for every request).
+        reference: The expected outputs for ``inputs`` (from a plain gRPC request).
+    """
+
+    #: Registry key, also used in the JSON output.
+    name: ClassVar[str]
+    #: Human-readable description for tables and plots.
+    label: ClassVar[str]
+    #: Selection group (``"core"`` runs by default).
+    group: ClassVar[str] = "core"
+    #: Whether this path talks to the server (the memcpy floor does not).
+    uses_server: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        *,
+        target: BenchTarget,
+        case: ModelCase,
+        inputs: Mapping[str, np.ndarray],
+        reference: Mapping[str, np.ndarray],
+    ) -> None:
+        self.target = target
+        self.case = case
+        self.inputs = dict(inputs)
+        self.reference = dict(reference)
+
+    @abc.abstractmethod
+    def setup(self) -> None:
+        """Prepare (connect, create and register regions, ...).
+
+        Raises:
+            PathUnavailableError: If the path cannot run here (it is skipped).
+        """
+
+    @abc.abstractmethod
+    def run_once(self) -> Mapping[str, np.ndarray]:
+        """Send one request and return its outputs by name."""
+
+    @abc.abstractmethod
+    def teardown(self) -> None:
+        """Release everything ``setup`` acquired; never raises."""
+
+
+_P = TypeVar("_P", bound=type[BenchPath])
+_REGISTRY: dict[str, type[BenchPath]] = {}
+
+
+def register_path(cls: _P) -> _P:
+    """Class decorator adding a path to the registry (in definition order).
+
+    Raises:
+        ValueError: If a path with the same name is already registered.
+    """
+    if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
+        raise ValueError(f"a benchmark path named {cls.name!r} is already registered")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def registered_paths(*, groups: tuple[str, ...] | None = None) -> dict[str, type[BenchPath]]:
+    """Return the registered paths by name, optionally only those in ``groups``."""
+    return {n: c for n, c in _REGISTRY.items() if groups is None or c.group in groups}
+
+
+def path_class(name: str) -> type[BenchPath]:
+    """Return the registered path called ``name``.
+
+    Raises:
+        KeyError: If there is none.
+    """
+    return _REGISTRY[name]
+
+
+def _requested_nbytes(case: ModelCase, name: str, specs: Mapping[str, Any]) -> int:
+    spec = specs[name]
+    return int(np.prod(case.batched_shape(spec))) * np.dtype(spec.dtype).itemsize
+
+
+# --------------------------------------------------------------------------------------
+# (a) plain gRPC
+# --------------------------------------------------------------------------------------
+
+
+@register_path
+class GrpcPath(BenchPath):
+    """``tritonclient.grpc``: ``InferInput.set_data_from_numpy`` and ``as_numpy``."""
+
+    name = "grpc"
+    label = "gRPC"
+
+    def setup(self) -> None:
+        import tritonclient.grpc as grpcclient
+
+        self._grpc = grpcclient
+        self._client = grpcclient.InferenceServerClient(self.target.grpc_url)
+
+    def run_once(self) -> Mapping[str, np.ndarray]:
+        grpcclient = self._grpc
+        infer_inputs = []
+        for name, array in self.inputs.items():
+            infer_input = grpcclient.InferInput(
+                name, list(array.shape), self.case.inputs[name].triton_datatype
+            )
+            infer_input.set_data_from_numpy(array)
+            infer_inputs.append(infer_input)
+        outputs = [grpcclient.InferRequestedOutput(name) for name in self.case.outputs]
+        result = self._client.infer(self.case.model, infer_inputs, outputs=outputs)
+        return {name: result.as_numpy(name) for name in self.case.outputs}
+
+    def teardown(self) -> None:
+        client = getattr(self, "_client", None)
+        if client is not None:
+            with contextlib.suppress(Exception):
+                client.close()
+            self._client = None
+
+
+# --------------------------------------------------------------------------------------
+# (b) plain HTTP with binary tensors
+# --------------------------------------------------------------------------------------
+
+
+@register_path
+class HttpPath(BenchPath):
+    """``tritonclient.http`` with ``binary_data=True`` for inputs and outputs."""
+
+    name = "http"
+    label = "HTTP (binary)"
+
+    def setup(self) -> None:
+        if self.target.http_url is None:
+            raise PathUnavailableError("no HTTP endpoint given (--http-url)")
+        try:
+            import tritonclient.http as httpclient
+        except ImportError as exc:
+            raise PathUnavailableError(
+                f"tritonclient[http] is not installed ({exc}); "
+                "pip install 'ray-triton-shm[bench]'"
+            ) from exc
+        self._http = httpclient
+        self._client = httpclient.InferenceServerClient(
+            self.target.http_url, connection_timeout=60.0, network_timeout=120.0
+        )
+
+    def run_once(self) -> Mapping[str, np.ndarray]:
+        httpclient = self._http
+        infer_inputs = []
+        for name, array in self.inputs.items():
+            infer_input = httpclient.InferInput(
+                name, list(array.shape), self.case.inputs[name].triton_datatype
+            )
+            infer_input.set_data_from_numpy(array, binary_data=True)
+            infer_inputs.append(infer_input)
+        outputs = [
+            httpclient.InferRequestedOutput(name, binary_data=True) for name in self.case.outputs
+        ]
+        result = self._client.infer(self.case.model, infer_inputs, outputs=outputs)
+        return {name: result.as_numpy(name) for name in self.case.outputs}
+
+    def teardown(self) -> None:
+        client = getattr(self, "_client", None)
+        if client is not None:
+            with contextlib.suppress(Exception):
+                client.close()
+            self._client = None
+
+
+# --------------------------------------------------------------------------------------
+# (c) tritonclient's shared-memory utilities, used by hand as the docs show
+# --------------------------------------------------------------------------------------
+
+
+@register_path
+class ShmManualPath(BenchPath):
+    """``tritonclient.utils.shared_memory`` by hand, as in Triton's ``simple_grpc_shm_client``.
+
+    One region per tensor, created and registered once; per request the inputs are copied
+    in with ``set_shared_memory_region``, and each output is read with
+    ``get_contents_as_numpy`` and copied out (the region is reused by the next request).
+    """
+
+    name = "shm-manual"
+    label = "gRPC + shm utils by hand"
+
+    def setup(self) -> None:
+        import tritonclient.grpc as grpcclient
+        import tritonclient.utils.shared_memory as shm
+
+        self._grpc = grpcclient
+        self._shm = shm
+        self._handles: dict[str, Any] = {}
+        self._registered: list[str] = []
+        self._region_of: dict[str, tuple[str, int]] = {}
+        self._client = grpcclient.InferenceServerClient(self.target.grpc_url)
+        tag = f"{SHM_KEY_PREFIX}{os.getpid()}_{uuid.uuid4().hex[:8]}"
+        tensors = [("in", n, _requested_nbytes(self.case, n, self.case.inputs)) for n in
+                   self.case.inputs]
+        tensors += [("out", n, _requested_nbytes(self.case, n, self.case.outputs)) for n in
+                    self.case.outputs]
+        for kind, tensor, nbytes in tensors:
+            region = f"{tag}_{kind}_{tensor}"
+            self._handles[f"{kind}:{tensor}"] = shm.create_shared_memory_region(
+                region, "/" + region, nbytes, create_only=True
+            )
+            self._client.register_system_shared_memory(region, "/" + region, nbytes)
+            self._registered.append(region)
+            self._region_of[f"{kind}:{tensor}"] = (region, nbytes)
+
+    def run_once(self) -> Mapping[str, np.ndarray]:
+        grpcclient, shm = self._grpc, self._shm
+        infer_inputs = []
+        for name, array in self.inputs.items():
+            handle = self._handles[f"in:{name}"]
+            region, _ = self._region_of[f"in:{name}"]
+            shm.set_shared_memory_region(handle, [array])
+            infer_input = grpcclient.InferInput(
+                name, list(array.shape), self.case.inputs[name].triton_datatype
+            )
+            infer_input.set_shared_memory(region, array.nbytes)
+            infer_inputs.append(infer_input)
+        outputs = []
+        for name in self.case.outputs:
+            region, nbytes = self._region_of[f"out:{name}"]
+            requested = grpcclient.InferRequestedOutput(name)
+            requested.set_shared_memory(region, nbytes)
+            outputs.append(requested)
+        result = self._client.infer(self.case.model, infer_inputs, outputs=outputs)
+        from tritonclient.utils import triton_to_np_dtype
+
+        arrays: dict[str, np.ndarray] = {}
+        for name in self.case.outputs:
+            output = result.get_output(name)
+            view = shm.get_contents_as_numpy(
+                self._handles[f"out:{name}"],
+                triton_to_np_dtype(output.datatype),
+                list(output.shape),
+            )
+            arrays[name] = view.copy()
+        return arrays
+
+    def teardown(self) -> None:
+        client = getattr(self, "_client", None)
+        for region in reversed(getattr(self, "_registered", [])):
+            if client is not None:
+                with contextlib.suppress(Exception):
+                    client.unregister_system_shared_memory(region)
+        self._registered = []
+        for handle in getattr(self, "_handles", {}).values():
+            with contextlib.suppress(Exception):
+                self._shm.destroy_shared_memory_region(handle)
+        self._handles = {}
+        if client is not None:
+            with contextlib.suppress(Exception):
+                client.close()
+            self._client = None
+
+
+# --------------------------------------------------------------------------------------
+# (d) this library
+# --------------------------------------------------------------------------------------
+
+
+@register_path
+class ShmClientPath(BenchPath):
+    """``TritonSHMClient.infer_shm``: one full batch per call."""
+
+    name = "shm-client"
+    label = "TritonSHMClient.infer_shm"
+
+    def setup(self) -> None:
+        from ray_triton_shm._client import TritonSHMClient
+
+        self._client = TritonSHMClient(self.target.grpc_url)
+        self._client.register_shm_model(
+            self.case.model,
+            max_batch_size=self.case.batch_size,
+            max_shapes=dict(self.case.max_shapes) if self.case.max_shapes else None,
+        )
+
+    def run_once(self) -> Mapping[str, np.ndarray]:
+        return self._client.infer_shm(self.case.model, self.inputs)
+
+    def teardown(self) -> None:
+        client = getattr(self, "_client", None)
+        if client is not None:
+            with contextlib.suppress(Exception):
+                client.close()
+            self._client = None
+
+
+# --------------------------------------------------------------------------------------
+# (e) the floor: copying the bytes, no server
+# --------------------------------------------------------------------------------------
+
+
+@register_path
+class MemcpyFloorPath(BenchPath):
+    """Copy the input bytes into, and the output bytes out of, preallocated buffers.
+
+    The least any shared-memory client must do per request; its CPU time per GB is the
+    floor the shm client is measured against.
+    """
+
+    name = "memcpy"
+    label = "memcpy floor"
+    uses_server = False
+
+    def setup(self) -> None:
+        self._in_bufs = {n: np.empty_like(a) for n, a in self.inputs.items()}
+        self._out_src = {n: np.ascontiguousarray(a).copy() for n, a in self.reference.items()}
+        self._out_bufs = {n: np.empty_like(a) for n, a in self._out_src.items()}
+
+    def run_once(self) -> Mapping[str, np.ndarray]:
+        for name, array in self.inputs.items():
+            np.copyto(self._in_bufs[name], array)
+        for name, src in self._out_src.items():
+            np.copyto(self._out_bufs[name], src)
+        return self._out_bufs
+
+    def teardown(self) -> None:
+        self._in_bufs = {}
+        self._out_src = {}
+        self._out_bufs = {}

@@ -1,0 +1,556 @@
+"""Runs the paths side by side, in interleaved rounds, and collects the numbers."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+import zlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ray_triton_shm._bench._cases import CASES, ModelCase
+from ray_triton_shm._bench._paths import (
+    BenchPath,
+    BenchTarget,
+    PathUnavailableError,
+    path_class,
+)
+from ray_triton_shm._bench._progress import ProgressBar
+
+__all__ = [
+    "BenchConfig",
+    "BenchResults",
+    "GOALS",
+    "Goal",
+    "GoalResult",
+    "ModelResult",
+    "PathResult",
+    "SliceStats",
+    "run_bench",
+]
+
+_MB = 1e6
+_GB = 1e9
+
+#: Paths in the default run, in table order.
+DEFAULT_PATHS: tuple[str, ...] = ("grpc", "http", "shm-manual", "shm-client", "memcpy")
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchConfig:
+    """What to run.
+
+    Attributes:
+        models: Model names (keys of ``CASES``), in order.
+        paths: Path names (registry keys), in table order.
+        rounds: Interleaved rounds; in each, every path runs one time slice.
+        slice_s: Length of one time slice (at least one request is always sent).
+        warmup_requests: Untimed requests per path before the rounds (the first is checked).
+        url: gRPC endpoint of an existing server; ``None`` starts the embedded server.
+        http_url: HTTP endpoint of that server (``None`` skips the HTTP path).
+        startup_timeout_s: How long to wait for the embedded server.
+    """
+
+    models: tuple[str, ...] = tuple(CASES)
+    paths: tuple[str, ...] = DEFAULT_PATHS
+    rounds: int = 6
+    slice_s: float = 0.6
+    warmup_requests: int = 2
+    url: str | None = None
+    http_url: str | None = None
+    startup_timeout_s: float = 180.0
+
+
+@dataclasses.dataclass
+class SliceStats:
+    """One time slice of one path.
+
+    Attributes:
+        round: Round index.
+        requests: Requests completed.
+        wall_s: Wall-clock time.
+        cpu_s: Client process CPU time (all threads).
+    """
+
+    round: int
+    requests: int
+    wall_s: float
+    cpu_s: float
+
+
+@dataclasses.dataclass
+class PathResult:
+    """The totals of one path on one model.
+
+    Attributes:
+        path: Registry name.
+        label: Human-readable name.
+        input_nbytes: Input bytes per request.
+        slices: Per-slice measurements.
+        verified: The first request's outputs matched the reference.
+        skipped: Why the path did not run (unavailable here), else ``None``.
+        error: Why the path failed, else ``None``.
+    """
+
+    path: str
+    label: str
+    input_nbytes: int
+    slices: list[SliceStats] = dataclasses.field(default_factory=list)
+    verified: bool = False
+    skipped: str | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Whether the path produced valid numbers."""
+        return self.verified and self.error is None and self.skipped is None and self.requests > 0
+
+    @property
+    def requests(self) -> int:
+        """Requests over all slices."""
+        return sum(s.requests for s in self.slices)
+
+    @property
+    def wall_s(self) -> float:
+        """Wall-clock seconds over all slices."""
+        return sum(s.wall_s for s in self.slices)
+
+    @property
+    def cpu_s(self) -> float:
+        """Client CPU seconds over all slices."""
+        return sum(s.cpu_s for s in self.slices)
+
+    @property
+    def mb_per_s(self) -> float | None:
+        """Input megabytes (1e6 B) per second."""
+        if not self.ok or self.wall_s <= 0:
+            return None
+        return self.requests * self.input_nbytes / _MB / self.wall_s
+
+    @property
+    def requests_per_s(self) -> float | None:
+        """Requests per second."""
+        if not self.ok or self.wall_s <= 0:
+            return None
+        return self.requests / self.wall_s
+
+    @property
+    def cpu_s_per_gb(self) -> float | None:
+        """Client CPU seconds per gigabyte (1e9 B) of input."""
+        if not self.ok:
+            return None
+        gigabytes = self.requests * self.input_nbytes / _GB
+        return self.cpu_s / gigabytes if gigabytes > 0 else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready view."""
+        return {
+            "path": self.path,
+            "label": self.label,
+            "ok": self.ok,
+            "verified": self.verified,
+            "skipped": self.skipped,
+            "error": self.error,
+            "requests": self.requests,
+            "wall_s": self.wall_s,
+            "cpu_s": self.cpu_s,
+            "mb_per_s": self.mb_per_s,
+            "requests_per_s": self.requests_per_s,
+            "cpu_s_per_gb": self.cpu_s_per_gb,
+            "slices": [dataclasses.asdict(s) for s in self.slices],
+        }
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    if numerator is None or denominator is None or denominator <= 0:
+        return None
+    return numerator / denominator
+
+
+@dataclasses.dataclass
+class ModelResult:
+    """All paths on one model.
+
+    Attributes:
+        case: The workload.
+        paths: Results by path name, in table order.
+    """
+
+    case: ModelCase
+    paths: dict[str, PathResult] = dataclasses.field(default_factory=dict)
+
+    def mbps_vs(self, path: str, baseline: str = "grpc") -> float | None:
+        """``path``'s MB/s over ``baseline``'s."""
+        a, b = self.paths.get(path), self.paths.get(baseline)
+        return _ratio(a.mb_per_s if a else None, b.mb_per_s if b else None)
+
+    def cpu_vs(self, path: str, baseline: str = "memcpy") -> float | None:
+        """``path``'s CPU s/GB over ``baseline``'s."""
+        a, b = self.paths.get(path), self.paths.get(baseline)
+        return _ratio(a.cpu_s_per_gb if a else None, b.cpu_s_per_gb if b else None)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready view."""
+        return {
+            "model": self.case.model,
+            "batch_size": self.case.batch_size,
+            "input_bytes_per_request": self.case.input_nbytes,
+            "output_bytes_per_request": self.case.output_nbytes,
+            "paths": {name: r.to_dict() for name, r in self.paths.items()},
+            "ratios": {
+                "shm_client_vs_grpc_mb_per_s": self.mbps_vs("shm-client", "grpc"),
+                "shm_client_vs_http_mb_per_s": self.mbps_vs("shm-client", "http"),
+                "shm_client_vs_shm_manual_mb_per_s": self.mbps_vs("shm-client", "shm-manual"),
+                "shm_client_vs_memcpy_cpu_s_per_gb": self.cpu_vs("shm-client", "memcpy"),
+            },
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class Goal:
+    """A target for the shm client on one model.
+
+    Attributes:
+        model: The model.
+        kind: ``"mbps_vs_grpc"`` (ratio must be at least ``target``) or
+            ``"cpu_vs_memcpy"`` (ratio must be at most ``target``).
+        target: The threshold.
+    """
+
+    model: str
+    kind: str
+    target: float
+
+    @property
+    def description(self) -> str:
+        """E.g. ``"shm-client MB/s >= 3x gRPC"``."""
+        if self.kind == "mbps_vs_grpc":
+            return f"shm-client MB/s >= {self.target:g}x gRPC"
+        return f"shm-client CPU s/GB <= {self.target:g}x memcpy floor"
+
+    def measure(self, result: ModelResult) -> float | None:
+        """The ratio this goal is about, or ``None`` if not measurable."""
+        if self.kind == "mbps_vs_grpc":
+            return result.mbps_vs("shm-client", "grpc")
+        return result.cpu_vs("shm-client", "memcpy")
+
+    def is_met(self, value: float) -> bool:
+        """Whether ``value`` meets the goal."""
+        return value >= self.target if self.kind == "mbps_vs_grpc" else value <= self.target
+
+
+#: The project's performance goals.
+GOALS: tuple[Goal, ...] = (
+    Goal("identity", "mbps_vs_grpc", 1.0),
+    Goal("classifier", "mbps_vs_grpc", 3.0),
+    Goal("my_model", "mbps_vs_grpc", 3.0),
+    Goal("large_image", "mbps_vs_grpc", 8.0),
+    Goal("classifier", "cpu_vs_memcpy", 1.5),
+    Goal("large_image", "cpu_vs_memcpy", 1.5),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class GoalResult:
+    """A goal and what was measured.
+
+    Attributes:
+        goal: The goal.
+        value: The measured ratio (``None``: not measured, e.g. model or path not run).
+    """
+
+    goal: Goal
+    value: float | None
+
+    @property
+    def met(self) -> bool | None:
+        """``None`` if not measured."""
+        return None if self.value is None else self.goal.is_met(self.value)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready view."""
+        return {
+            "model": self.goal.model,
+            "kind": self.goal.kind,
+            "target": self.goal.target,
+            "description": self.goal.description,
+            "value": self.value,
+            "met": self.met,
+        }
+
+
+@dataclasses.dataclass
+class BenchResults:
+    """Everything one run measured.
+
+    Attributes:
+        config: What was run.
+        models: Per-model results, in order.
+        server: ``"embedded"`` or the URL of the server used.
+        duration_s: Total wall time.
+    """
+
+    config: BenchConfig
+    models: list[ModelResult]
+    server: str
+    duration_s: float = 0.0
+
+    def goals(self) -> list[GoalResult]:
+        """Every goal whose model was run, with its measured value."""
+        by_model = {m.case.model: m for m in self.models}
+        return [
+            GoalResult(goal, goal.measure(by_model[goal.model]))
+            for goal in GOALS
+            if goal.model in by_model
+        ]
+
+    @property
+    def failures(self) -> list[str]:
+        """``"model/path: error"`` for every path that failed (not skipped)."""
+        return [
+            f"{m.case.model}/{name}: {r.error}"
+            for m in self.models
+            for name, r in m.paths.items()
+            if r.error is not None
+        ]
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready view."""
+        import platform
+
+        return {
+            "schema": "ray-triton-shm-bench/1",
+            "units": {"mb": "1e6 bytes of input", "gb": "1e9 bytes of input"},
+            "config": {
+                **dataclasses.asdict(self.config),
+                "models": list(self.config.models),
+                "paths": list(self.config.paths),
+            },
+            "server": self.server,
+            "host": {"machine": platform.machine(), "python": platform.python_version()},
+            "duration_s": self.duration_s,
+            "models": {m.case.model: m.to_dict() for m in self.models},
+            "goals": [g.to_dict() for g in self.goals()],
+            "failures": self.failures,
+        }
+
+
+# --------------------------------------------------------------------------------------
+# Running
+# --------------------------------------------------------------------------------------
+
+
+class _OutputMismatch(AssertionError):
+    pass
+
+
+def _reference_outputs(target: BenchTarget, case: ModelCase, inputs: Mapping[str, np.ndarray]
+                       ) -> dict[str, np.ndarray]:
+    """One plain gRPC request: the outputs every path must reproduce."""
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(target.grpc_url)
+    try:
+        infer_inputs = []
+        for name, array in inputs.items():
+            infer_input = grpcclient.InferInput(
+                name, list(array.shape), case.inputs[name].triton_datatype
+            )
+            infer_input.set_data_from_numpy(array)
+            infer_inputs.append(infer_input)
+        outputs = [grpcclient.InferRequestedOutput(name) for name in case.outputs]
+        result = client.infer(case.model, infer_inputs, outputs=outputs)
+        reference = {name: np.array(result.as_numpy(name)) for name in case.outputs}
+    finally:
+        with contextlib.suppress(Exception):
+            client.close()
+    for name, spec in case.outputs.items():
+        expected_shape = case.batched_shape(spec)
+        got = reference[name]
+        if got is None or got.shape != expected_shape or got.dtype != spec.dtype:
+            raise _OutputMismatch(
+                f"{case.model}: reference output {name} is "
+                f"{None if got is None else (got.shape, got.dtype)}, expected "
+                f"{(expected_shape, spec.dtype)}"
+            )
+    if case.identity and not np.array_equal(reference["OUTPUT0"], inputs["INPUT0"]):
+        raise _OutputMismatch(f"{case.model}: OUTPUT0 is not INPUT0")
+    return reference
+
+
+def _check_outputs(
+    outputs: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray]
+) -> None:
+    for name, expected in reference.items():
+        got = outputs.get(name)
+        if got is None:
+            raise _OutputMismatch(f"output {name} missing (got {sorted(outputs)})")
+        got = np.asarray(got)
+        if got.shape != expected.shape or got.dtype != expected.dtype:
+            raise _OutputMismatch(
+                f"output {name}: got {got.shape} {got.dtype}, "
+                f"expected {expected.shape} {expected.dtype}"
+            )
+        if not np.array_equal(got, expected, equal_nan=np.issubdtype(expected.dtype, np.floating)):
+            raise _OutputMismatch(f"output {name}: values differ from the gRPC reference")
+
+
+def _run_slice(path: BenchPath, *, round_index: int, slice_s: float) -> SliceStats:
+    requests = 0
+    run_once = path.run_once
+    cpu0 = time.process_time()
+    t0 = time.perf_counter()
+    while True:
+        run_once()
+        requests += 1
+        elapsed = time.perf_counter() - t0
+        if elapsed >= slice_s:
+            break
+    cpu_s = time.process_time() - cpu0
+    return SliceStats(round=round_index, requests=requests, wall_s=elapsed, cpu_s=cpu_s)
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+
+
+@contextlib.contextmanager
+def _server_target(config: BenchConfig) -> Iterator[tuple[BenchTarget, str]]:
+    if config.url is not None:
+        yield BenchTarget(config.url, config.http_url), config.url
+        return
+    from ray_triton_shm._server import LocalTritonServer
+
+    server = LocalTritonServer(startup_timeout_s=config.startup_timeout_s)
+    try:
+        server.start()
+        yield BenchTarget(server.grpc_url, server.http_url), "embedded"
+    finally:
+        server.close()
+
+
+def _run_model(
+    case: ModelCase,
+    target: BenchTarget,
+    config: BenchConfig,
+    progress: ProgressBar,
+    units_per_path: int,
+) -> ModelResult:
+    result = ModelResult(case)
+    for name in config.paths:
+        cls = path_class(name)
+        result.paths[name] = PathResult(name, cls.label, case.input_nbytes)
+    inputs = case.make_inputs(seed=zlib.crc32(case.model.encode()))
+    progress.update(status=f"{case.model}: reference request")
+    try:
+        reference = _reference_outputs(target, case, inputs)
+    except Exception as exc:
+        for r in result.paths.values():
+            r.error = f"reference gRPC request failed: {_describe(exc)}"
+        progress.update(advance=units_per_path * len(config.paths))
+        return result
+
+    with contextlib.ExitStack() as stack:
+        active: dict[str, BenchPath] = {}
+        for name in config.paths:
+            r = result.paths[name]
+            path = path_class(name)(target=target, case=case, inputs=inputs, reference=reference)
+            stack.callback(path.teardown)
+            progress.update(status=f"{case.model}: setting up {name}")
+            try:
+                path.setup()
+                path_outputs = path.run_once()
+                _check_outputs(path_outputs, reference)
+                r.verified = True
+                for _ in range(max(0, config.warmup_requests - 1)):
+                    path.run_once()
+            except PathUnavailableError as exc:
+                r.skipped = str(exc)
+            except Exception as exc:
+                r.error = _describe(exc)
+            if r.verified and r.skipped is None and r.error is None:
+                active[name] = path
+                progress.update(advance=1)
+            else:
+                progress.update(advance=units_per_path)
+        names = list(active)
+        for round_index in range(config.rounds):
+            # Rotate the order so no path always runs right after the same neighbour.
+            shift = round_index % len(names) if names else 0
+            for name in names[shift:] + names[:shift]:
+                r = result.paths[name]
+                if r.error is not None:
+                    progress.update(advance=1)
+                    continue
+                progress.update(
+                    status=f"{case.model}: {name} (round {round_index + 1}/{config.rounds})"
+                )
+                try:
+                    r.slices.append(
+                        _run_slice(active[name], round_index=round_index, slice_s=config.slice_s)
+                    )
+                except Exception as exc:
+                    r.error = _describe(exc)
+                progress.update(advance=1)
+        progress.update(status=f"{case.model}: cleaning up")
+    return result
+
+
+def run_bench(
+    config: BenchConfig,
+    *,
+    progress: ProgressBar | None = None,
+    on_model_done: Callable[[ModelResult], None] | None = None,
+) -> BenchResults:
+    """Run the benchmark.
+
+    Everything acquired (server, regions, registrations, connections) is released before
+    this returns or raises, including on ``KeyboardInterrupt``.
+
+    Args:
+        config: What to run.
+        progress: Progress bar to drive; none is drawn if ``None``.
+        on_model_done: Called with each model's results as soon as they are complete.
+
+    Returns:
+        The results.
+
+    Raises:
+        KeyError: If a model or path name is unknown.
+        ray_triton_shm._server.TritonServerError: If the embedded server fails to start.
+    """
+    cases = [CASES[m] for m in config.models]
+    for name in config.paths:
+        path_class(name)
+    units_per_path = 1 + config.rounds
+    bar = progress if progress is not None else ProgressBar(1, enabled=False)
+    bar.set_total(len(cases) * len(config.paths) * units_per_path)
+    start = time.perf_counter()
+    models: list[ModelResult] = []
+    bar.update(status="starting the Triton server" if config.url is None else "connecting")
+    with _server_target(config) as (target, server_desc):
+        for case in cases:
+            model_result = _run_model(case, target, config, bar, units_per_path)
+            models.append(model_result)
+            if on_model_done is not None:
+                on_model_done(model_result)
+        bar.update(status="stopping the server" if config.url is None else "done")
+    return BenchResults(
+        config=config, models=models, server=server_desc,
+        duration_s=time.perf_counter() - start,
+    )
+
+
+def select_paths(names: Sequence[str]) -> tuple[str, ...]:
+    """Validate path names; returns them as a tuple.
+
+    Raises:
+        KeyError: If a name is not registered.
+    """
+    for name in names:
+        path_class(name)
+    return tuple(names)

@@ -1,0 +1,316 @@
+"""The ``ray-triton-shm`` command line (also ``python -m ray_triton_shm``).
+
+Subcommands:
+
+* ``setup-server``: create the private Triton server environment;
+* ``serve-local``: run the embedded Triton server with the example models until Ctrl-C;
+* ``bench``: the shm client against plain gRPC/HTTP and hand-written shm;
+* ``status`` / ``reclaim``: show / reclaim shared-memory regions left behind.
+
+Heavy modules are imported only by the subcommand that needs them, so ``--help`` is fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from types import FrameType
+from typing import Any
+
+__all__ = ["build_parser", "main"]
+
+PROG = "ray-triton-shm"
+_DEFAULT_URL = "localhost:8001"
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("ray-triton-shm")
+    except Exception:
+        return "unknown"
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """Turn SIGTERM into ``KeyboardInterrupt`` so the same cleanup runs as for Ctrl-C."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+# --------------------------------------------------------------------------------------
+# setup-server
+# --------------------------------------------------------------------------------------
+
+
+def _cmd_setup_server(args: argparse.Namespace) -> int:
+    from ray_triton_shm._server import setup_server_main
+
+    return int(setup_server_main([]))
+
+
+# --------------------------------------------------------------------------------------
+# serve-local
+# --------------------------------------------------------------------------------------
+
+
+def _model_names(grpc_url: str) -> list[str]:
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(grpc_url)
+    try:
+        index = client.get_model_repository_index(as_json=True)
+    finally:
+        with contextlib.suppress(Exception):
+            client.close()
+    return sorted(
+        f"{m['name']}" + (f" ({m['state']})" if m.get("state") not in (None, "READY") else "")
+        for m in index.get("models", [])
+    )
+
+
+def _cmd_serve_local(args: argparse.Namespace) -> int:
+    from ray_triton_shm._server import LocalTritonServer, TritonServerError
+
+    repos = args.model_repository or None
+    server = LocalTritonServer(
+        repos,
+        host=args.host,
+        grpc_port=args.grpc_port,
+        http_port=args.http_port,
+        startup_timeout_s=args.startup_timeout_s,
+    )
+    try:
+        print("Starting Triton ...", file=sys.stderr, flush=True)
+        try:
+            server.start()
+        except TritonServerError as exc:
+            print(f"{PROG} serve-local: error: {exc}", file=sys.stderr)
+            return 1
+        try:
+            models = _model_names(server.grpc_url)
+        except Exception as exc:
+            models = [f"(could not list the models: {exc})"]
+        print(f"Triton is ready (pid {server.pid}).")
+        print(f"  gRPC:    {server.grpc_url}")
+        print(f"  HTTP:    {server.http_url}")
+        print(f"  metrics: {server.metrics_url}")
+        print(f"  log:     {server.log_path}")
+        print(f"  models:  {', '.join(models) if models else '(none)'}")
+        print("Press Ctrl-C to stop.", flush=True)
+        while server.is_running:
+            time.sleep(0.5)
+        print(
+            f"{PROG} serve-local: error: the server exited unexpectedly (log: {server.log_path})",
+            file=sys.stderr,
+        )
+        return 1
+    except KeyboardInterrupt:
+        print("\nStopping Triton ...", file=sys.stderr, flush=True)
+        # A second Ctrl-C must not abort the cleanup half-way.
+        with _ignore_interrupts():
+            server.close()
+        print("Stopped.", file=sys.stderr, flush=True)
+        return 0
+    finally:
+        with _ignore_interrupts():
+            server.close()
+
+
+@contextlib.contextmanager
+def _ignore_interrupts() -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {
+        sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+# --------------------------------------------------------------------------------------
+# bench
+# --------------------------------------------------------------------------------------
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from ray_triton_shm._bench import main as bench_main
+
+    return bench_main(args)
+
+
+# --------------------------------------------------------------------------------------
+# status / reclaim
+# --------------------------------------------------------------------------------------
+
+
+def _plain(value: Any) -> Any:
+    """Turn dataclasses, mappings and sequences into plain dicts/lists for printing."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _print_report(value: Any, *, indent: int = 0, file: Any = None) -> None:
+    """Print a (nested) report as indented ``key: value`` lines."""
+    out = file if file is not None else sys.stdout
+    pad = "  " * indent
+    value = _plain(value)
+    if value is None:
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if isinstance(item, (dict, list)) and item:
+                print(f"{pad}{key}:", file=out)
+                _print_report(item, indent=indent + 1, file=out)
+            else:
+                shown = "(none)" if isinstance(item, (dict, list)) else item
+                print(f"{pad}{key}: {shown}", file=out)
+    elif isinstance(value, list):
+        if not value:
+            print(f"{pad}(none)", file=out)
+        for item in value:
+            if isinstance(item, dict) and item and not any(
+                isinstance(v, (dict, list)) for v in item.values()
+            ):
+                print(f"{pad}- " + ", ".join(f"{k}={v}" for k, v in item.items()), file=out)
+            elif isinstance(item, (dict, list)):
+                print(f"{pad}-", file=out)
+                _print_report(item, indent=indent + 1, file=out)
+            else:
+                print(f"{pad}- {item}", file=out)
+    else:
+        print(f"{pad}{value}", file=out)
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from ray_triton_shm import _reclaim
+
+    _print_report(_reclaim.status(url=args.url))
+    return 0
+
+
+def _cmd_reclaim(args: argparse.Namespace) -> int:
+    from ray_triton_shm import _reclaim
+
+    _print_report(_reclaim.reclaim(url=args.url))
+    return 0
+
+
+# --------------------------------------------------------------------------------------
+# The parser
+# --------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the argument parser (exposed for tests and documentation)."""
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Triton Inference Server system shared memory for Ray users.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser(
+        "setup-server",
+        help="create the private Triton server environment (nvidia-pytriton, numpy<2)",
+        description="Create the virtual environment the embedded Triton server runs from "
+        "($RAY_TRITON_SHM_SERVER_ENV, else ~/.cache/ray-triton-shm). Idempotent.",
+    )
+    p.set_defaults(func=_cmd_setup_server)
+
+    p = sub.add_parser(
+        "serve-local",
+        help="run a local Triton server with the example models until Ctrl-C",
+        description="Start the embedded Triton server, print its endpoints and models, and "
+        "wait until Ctrl-C (or SIGTERM), then stop it cleanly.",
+    )
+    p.add_argument("--grpc-port", type=int, metavar="PORT", help="gRPC port (default: free)")
+    p.add_argument("--http-port", type=int, metavar="PORT", help="HTTP port (default: free)")
+    p.add_argument(
+        "--model-repository", action="append", metavar="DIR",
+        help="model repository to serve; repeatable (default: the example models)",
+    )
+    p.add_argument(
+        "--host", default="127.0.0.1", help="address to bind to (default: %(default)s)"
+    )
+    p.add_argument(
+        "--startup-timeout-s", type=float, default=180.0, metavar="S",
+        help="how long to wait for the server and its models (default: %(default)s)",
+    )
+    p.set_defaults(func=_cmd_serve_local)
+
+    p = sub.add_parser(
+        "bench",
+        help="benchmark the shm client against gRPC, HTTP and hand-written shm",
+        description="Run every example model through plain gRPC, HTTP (binary), "
+        "tritonclient's shm utilities by hand, TritonSHMClient.infer_shm and a memcpy floor, "
+        "side by side in interleaved rounds, then print a table and the goals.",
+    )
+    from ray_triton_shm._bench import add_arguments as add_bench_arguments
+
+    add_bench_arguments(p)
+    p.set_defaults(func=_cmd_bench)
+
+    for name, func, text in (
+        ("status", _cmd_status, "show shared-memory regions (local and registered)"),
+        ("reclaim", _cmd_reclaim, "unregister and unlink regions whose owner is gone"),
+    ):
+        p = sub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
+        p.add_argument(
+            "--url", default=_DEFAULT_URL, metavar="HOST:PORT",
+            help="gRPC endpoint of the Triton server (default: %(default)s)",
+        )
+        p.set_defaults(func=func)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line.
+
+    Args:
+        argv: Arguments without the program name; ``sys.argv[1:]`` if ``None``.
+
+    Returns:
+        The exit status.
+    """
+    parser = build_parser()
+    try:
+        args = parser.parse_args(None if argv is None else list(argv))
+    except SystemExit as exc:  # --help, --version and usage errors
+        return int(exc.code) if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    try:
+        with _sigterm_as_interrupt():
+            return int(args.func(args))
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
