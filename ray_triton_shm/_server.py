@@ -1,0 +1,901 @@
+"""An embedded, local Triton Inference Server for demos, benchmarks and tests.
+
+The server binary comes from one of three places (see :func:`find_tritonserver`):
+
+1. ``$TRITONSERVER``: an explicit path to a ``tritonserver`` binary;
+2. a ``tritonserver`` already on ``PATH`` (e.g. inside an NGC Triton container);
+3. a private virtual environment with ``nvidia-pytriton`` and ``numpy<2`` installed in it
+   (created on demand by :func:`ensure_server_env`). The wheel ships a complete
+   ``tritonserver`` with the Python backend; the server side needs ``numpy<2`` because the
+   Python backend of that release silently returns empty outputs with numpy 2.
+
+:class:`LocalTritonServer` runs that binary as a child process on free loopback ports, waits
+until all models are ready, and makes sure the child never outlives the Python process.
+
+This module never imports Ray.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import weakref
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+
+__all__ = [
+    "EXAMPLE_MODEL_REPOSITORY",
+    "LocalTritonServer",
+    "TritonServerError",
+    "TritonServerInstall",
+    "ensure_server_env",
+    "find_tritonserver",
+    "server_env_dir",
+    "setup_server_main",
+]
+
+#: The example model repository that ships with the package (Python-backend models).
+EXAMPLE_MODEL_REPOSITORY: Path = Path(__file__).resolve().parent / "models"
+
+#: Packages installed into the server environment.
+SERVER_ENV_REQUIREMENTS: tuple[str, ...] = ("nvidia-pytriton", "numpy<2")
+
+#: Default size of each Python-backend model instance's shared-memory pool.
+DEFAULT_PYTHON_SHM_DEFAULT_BYTE_SIZE = 16 * 1024 * 1024
+#: Default growth step of the Python-backend shared-memory pools; large enough that one
+#: growth step fits a batch of two 3x1024x1024 FP32 inputs plus their outputs (~50 MB).
+DEFAULT_PYTHON_SHM_GROWTH_BYTE_SIZE = 64 * 1024 * 1024
+
+_ENV_VAR_SERVER_ENV = "RAY_TRITON_SHM_SERVER_ENV"
+_ENV_VAR_TRITONSERVER = "TRITONSERVER"
+_MARKER_NAME = ".ray-triton-shm-server-env"
+_LOG_TAIL_LINES = 40
+_PORT_NAMES = ("grpc", "http", "metrics")
+_PORT_WAIT_S = 5.0
+
+
+class TritonServerError(RuntimeError):
+    """The local Triton server could not be found, installed, started or stopped."""
+
+
+# --------------------------------------------------------------------------------------
+# Server environment
+# --------------------------------------------------------------------------------------
+
+
+def server_env_dir() -> Path:
+    """Return the directory of the server virtual environment.
+
+    Returns:
+        ``$RAY_TRITON_SHM_SERVER_ENV`` if set, else
+        ``~/.cache/ray-triton-shm/server-env-py{X}{Y}`` for the running Python ``X.Y``.
+    """
+    override = os.environ.get(_ENV_VAR_SERVER_ENV)
+    if override:
+        return Path(override).expanduser().absolute()
+    major, minor = sys.version_info[:2]
+    return Path.home() / ".cache" / "ray-triton-shm" / f"server-env-py{major}{minor}"
+
+
+def _env_python(env_dir: Path) -> Path:
+    return env_dir / "bin" / "python"
+
+
+def _env_site_packages(env_dir: Path) -> Path | None:
+    candidates = sorted((env_dir / "lib").glob("python3.*/site-packages"))
+    for candidate in candidates:
+        if (candidate / "pytriton" / "tritonserver" / "bin" / "tritonserver").is_file():
+            return candidate
+    return candidates[0] if candidates else None
+
+
+def _env_tritonserver(env_dir: Path) -> Path | None:
+    site = _env_site_packages(env_dir)
+    if site is None:
+        return None
+    binary = site / "pytriton" / "tritonserver" / "bin" / "tritonserver"
+    return binary if binary.is_file() else None
+
+
+def _env_is_ready(env_dir: Path) -> bool:
+    marker = env_dir / _MARKER_NAME
+    if not marker.is_file() or _env_tritonserver(env_dir) is None:
+        return False
+    try:
+        recorded = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return False
+    return recorded.get("requirements") == list(SERVER_ENV_REQUIREMENTS)
+
+
+def _run_setup_command(cmd: Sequence[str], *, quiet: bool) -> None:
+    if not quiet:
+        print("+ " + " ".join(str(c) for c in cmd), file=sys.stderr, flush=True)
+    result = subprocess.run(
+        [str(c) for c in cmd],
+        stdout=subprocess.PIPE if quiet else None,
+        stderr=subprocess.STDOUT if quiet else None,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0:
+        output = (result.stdout or "")[-4000:] if quiet else "(see output above)"
+        raise TritonServerError(
+            f"command failed with exit code {result.returncode}: {' '.join(map(str, cmd))}\n"
+            f"{output}"
+        )
+
+
+def ensure_server_env(*, quiet: bool = False) -> Path:
+    """Create the server virtual environment if it does not exist yet.
+
+    The environment is created with the running interpreter's ``python -m venv`` and gets
+    ``nvidia-pytriton`` and ``numpy<2`` installed into it. A marker file records success,
+    so later calls return immediately. Concurrent callers are serialised with a file lock.
+
+    Args:
+        quiet: Suppress pip's output (it is still shown if installation fails).
+
+    Returns:
+        The environment's directory (see :func:`server_env_dir`).
+
+    Raises:
+        TritonServerError: If creating the environment or installing into it fails.
+    """
+    env_dir = server_env_dir()
+    if _env_is_ready(env_dir):
+        return env_dir
+    env_dir.parent.mkdir(parents=True, exist_ok=True)
+    lock_path = env_dir.parent / f".{env_dir.name}.lock"
+    with open(lock_path, "w") as lock_file:
+        fcntl.flock(lock_file, fcntl.LOCK_EX)
+        try:
+            if _env_is_ready(env_dir):
+                return env_dir
+            if not quiet:
+                print(f"Creating the Triton server environment in {env_dir}", file=sys.stderr)
+            if not _env_python(env_dir).exists():
+                _run_setup_command([sys.executable, "-m", "venv", str(env_dir)], quiet=quiet)
+            pip = [str(_env_python(env_dir)), "-m", "pip", "--disable-pip-version-check"]
+            if quiet:
+                pip.append("--quiet")
+            _run_setup_command([*pip, "install", *SERVER_ENV_REQUIREMENTS], quiet=quiet)
+            if _env_tritonserver(env_dir) is None:
+                raise TritonServerError(
+                    f"installed {', '.join(SERVER_ENV_REQUIREMENTS)} into {env_dir}, but no "
+                    "tritonserver binary was found in it"
+                )
+            (env_dir / _MARKER_NAME).write_text(
+                json.dumps({"requirements": list(SERVER_ENV_REQUIREMENTS)}) + "\n"
+            )
+        finally:
+            fcntl.flock(lock_file, fcntl.LOCK_UN)
+    return env_dir
+
+
+def setup_server_main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``ray-triton-shm setup-server``: create the server environment.
+
+    Args:
+        argv: Ignored; accepted for symmetry with other CLI entry points.
+
+    Returns:
+        A process exit status (0 on success).
+    """
+    del argv
+    try:
+        env_dir = ensure_server_env(quiet=False)
+        install = find_tritonserver()
+    except TritonServerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"Triton server environment: {env_dir}")
+    print(f"tritonserver ({install.source}): {install.executable}")
+    return 0
+
+
+# --------------------------------------------------------------------------------------
+# Locating the binary
+# --------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class TritonServerInstall:
+    """A ``tritonserver`` binary and what it needs to run.
+
+    Attributes:
+        executable: The ``tritonserver`` binary.
+        source: Where it was found: ``"TRITONSERVER"`` (the environment variable),
+            ``"PATH"`` or ``"server-env"``.
+        path_prepend: Directories to put in front of ``PATH`` (the server environment's
+            ``bin``, so the Python backend stub finds that environment's numpy).
+        ld_library_path_prepend: Directories to put in front of ``LD_LIBRARY_PATH``.
+        python_backend_dir: For a ``nvidia-pytriton`` layout, the Python backend directory
+            to copy into a private backend directory; ``None`` for a standard install,
+            which uses the server's default backend directory.
+        python_stub: The ``triton_python_backend_stub`` matching the server environment's
+            Python version (copied next to the Python backend); ``None`` if not needed.
+    """
+
+    executable: Path
+    source: str
+    path_prepend: tuple[Path, ...] = ()
+    ld_library_path_prepend: tuple[Path, ...] = ()
+    python_backend_dir: Path | None = None
+    python_stub: Path | None = None
+
+    def environ(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        """Return the environment to run the server with.
+
+        Args:
+            base: The environment to extend; defaults to ``os.environ``.
+
+        Returns:
+            A new environment mapping.
+        """
+        env = dict(os.environ if base is None else base)
+        for var, dirs in (
+            ("PATH", self.path_prepend),
+            ("LD_LIBRARY_PATH", self.ld_library_path_prepend),
+        ):
+            if dirs:
+                parts = [str(d) for d in dirs]
+                if env.get(var):
+                    parts.append(env[var])
+                env[var] = os.pathsep.join(parts)
+        if self.path_prepend:
+            # The stub must use the server environment's Python, not the caller's venv.
+            for var in ("PYTHONHOME", "PYTHONPATH", "VIRTUAL_ENV"):
+                env.pop(var, None)
+        return env
+
+    def prepare_backend_directory(self, dest: Path) -> Path | None:
+        """Build a private backend directory with the Python backend and its stub.
+
+        Args:
+            dest: An empty or non-existent directory to fill.
+
+        Returns:
+            The backend directory to pass as ``--backend-directory``, or ``None`` if the
+            server's default backend directory should be used.
+        """
+        if self.python_backend_dir is None:
+            return None
+        python_dir = dest / "python"
+        shutil.copytree(
+            self.python_backend_dir,
+            python_dir,
+            ignore=shutil.ignore_patterns("__pycache__"),
+            dirs_exist_ok=True,
+        )
+        if self.python_stub is not None:
+            shutil.copy2(self.python_stub, python_dir / "triton_python_backend_stub")
+        return dest
+
+
+def _venv_from_site_packages(site: Path) -> Path | None:
+    # <venv>/lib/pythonX.Y/site-packages
+    venv = site.parent.parent.parent
+    return venv if (venv / "bin" / "python").exists() else None
+
+
+def _python_shared_libdir(venv: Path, version: str) -> Path | None:
+    """The base interpreter's libdir if it holds a matching shared libpython."""
+    cfg = venv / "pyvenv.cfg"
+    if not cfg.is_file():
+        return None
+    home = None
+    for line in cfg.read_text().splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "home":
+            home = Path(value.strip())
+    if home is None:
+        return None
+    libdir = home.parent / "lib"
+    return libdir if (libdir / f"libpython{version}.so.1.0").exists() else None
+
+
+def _install_for_binary(binary: Path, source: str) -> TritonServerInstall:
+    binary = binary.resolve()
+    root = binary.parent.parent  # .../tritonserver
+    stubs = root / "python_backend_stubs"
+    if not stubs.is_dir():
+        # A standard install (e.g. /opt/tritonserver): nothing to adapt.
+        return TritonServerInstall(executable=binary, source=source)
+    # The nvidia-pytriton layout: <site>/pytriton/tritonserver/{bin,backends,python_backend_stubs}
+    site = root.parent.parent
+    libs = site / "nvidia_pytriton.libs"
+    venv = _venv_from_site_packages(site)
+    version = site.parent.name.removeprefix("python")  # "3.11"
+    stub = stubs / version / "triton_python_backend_stub"
+    if not stub.is_file():
+        available = sorted(p.name for p in stubs.iterdir())
+        raise TritonServerError(
+            f"no Python backend stub for Python {version} in {stubs} (available: {available})"
+        )
+    ld_dirs: list[Path] = [libs] if libs.is_dir() else []
+    if venv is not None:
+        libdir = _python_shared_libdir(venv, version)
+        if libdir is not None:
+            ld_dirs.append(libdir)
+    return TritonServerInstall(
+        executable=binary,
+        source=source,
+        path_prepend=(venv / "bin",) if venv is not None else (),
+        ld_library_path_prepend=tuple(ld_dirs),
+        python_backend_dir=root / "backends" / "python",
+        python_stub=stub,
+    )
+
+
+def find_tritonserver(*, install: bool = True, quiet: bool = True) -> TritonServerInstall:
+    """Locate a ``tritonserver`` binary.
+
+    Resolution order: ``$TRITONSERVER`` (a path to the binary), a ``tritonserver`` on
+    ``PATH``, then the server environment (created on demand, see
+    :func:`ensure_server_env`).
+
+    Args:
+        install: Create the server environment if nothing else is found.
+        quiet: Passed to :func:`ensure_server_env`.
+
+    Returns:
+        A description of the binary and what it needs to run.
+
+    Raises:
+        TritonServerError: If no binary can be found or installed.
+    """
+    explicit = os.environ.get(_ENV_VAR_TRITONSERVER)
+    if explicit:
+        explicit_binary = Path(explicit).expanduser()
+        if not (explicit_binary.is_file() and os.access(explicit_binary, os.X_OK)):
+            raise TritonServerError(f"${_ENV_VAR_TRITONSERVER}={explicit} is not an executable")
+        return _install_for_binary(explicit_binary, "TRITONSERVER")
+    on_path = shutil.which("tritonserver")
+    if on_path:
+        return _install_for_binary(Path(on_path), "PATH")
+    env_dir = server_env_dir()
+    binary = _env_tritonserver(env_dir) if _env_is_ready(env_dir) else None
+    if binary is None:
+        if not install:
+            raise TritonServerError(
+                f"no tritonserver found (${_ENV_VAR_TRITONSERVER}, PATH, {env_dir}); run "
+                "`ray-triton-shm setup-server`"
+            )
+        env_dir = ensure_server_env(quiet=quiet)
+        binary = _env_tritonserver(env_dir)
+        assert binary is not None
+    return _install_for_binary(binary, "server-env")
+
+
+# --------------------------------------------------------------------------------------
+# The server process
+# --------------------------------------------------------------------------------------
+
+
+def _free_ports(host: str, count: int) -> list[int]:
+    """Pick ``count`` distinct free TCP ports on ``host``."""
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind((host, 0))
+            socks.append(sock)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def _port_is_free(host: str, port: int) -> bool:
+    """Whether ``port`` can be bound on ``host`` (with SO_REUSEADDR, as servers do)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _log_tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 64 * 1024))
+            data = f.read().decode("utf-8", errors="replace")
+    except OSError as exc:
+        return f"(log unavailable: {exc})"
+    return "\n".join(data.splitlines()[-lines:])
+
+
+def _kill_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _terminate(
+    proc: subprocess.Popen[bytes], grace_s: float, shm_prefix: str | None = None
+) -> None:
+    """Stop a server process and its process group (SIGINT, then SIGTERM, then SIGKILL).
+
+    Module-level so that ``weakref.finalize`` does not capture the server object.
+    """
+    pgid = proc.pid  # started with start_new_session=True: pid == pgid
+    if proc.poll() is None:
+        for sig, wait_s in (
+            (signal.SIGINT, grace_s),
+            (signal.SIGTERM, 5.0),
+            (signal.SIGKILL, 10.0),
+        ):
+            _kill_group(pgid, sig)
+            try:
+                proc.wait(timeout=wait_s)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+    # Python-backend stubs live in the same group; make sure none is left behind.
+    _kill_group(pgid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=5.0)
+    if shm_prefix:
+        shm_dir = Path("/dev/shm")
+        with contextlib.suppress(OSError):
+            for leftover in shm_dir.glob(shm_prefix + "*"):
+                with contextlib.suppress(OSError):
+                    leftover.unlink()
+
+
+def _cleanup(
+    proc_box: list[subprocess.Popen[bytes] | None],
+    grace_s: float,
+    shm_prefix: str,
+    tmpdir: str,
+) -> None:
+    proc = proc_box[0]
+    if proc is not None:
+        _terminate(proc, grace_s, shm_prefix)
+        proc_box[0] = None
+    shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def _is_bind_failure(log: str) -> bool:
+    lowered = log.lower()
+    return any(
+        s in lowered
+        for s in (
+            "address already in use",
+            "failed to start grpc",
+            "failed to start http",
+            "failed to start metrics",
+            "failed to bind",
+        )
+    )
+
+
+class LocalTritonServer:
+    """A ``tritonserver`` child process on local ports.
+
+    Example::
+
+        with LocalTritonServer() as server:   # the example model repository
+            client = tritonclient.grpc.InferenceServerClient(server.grpc_url)
+
+    The child runs in its own process group; :meth:`stop` (also called by the context
+    manager, by garbage collection and at interpreter exit) stops it together with its
+    Python-backend stub processes.
+
+    Args:
+        model_repository: One model repository, several (each becomes a
+            ``--model-repository`` flag), or ``None`` for :data:`EXAMPLE_MODEL_REPOSITORY`.
+        host: Address the gRPC, HTTP and metrics endpoints bind to.
+        grpc_port: gRPC port; a free port is picked if ``None``.
+        http_port: HTTP port; a free port is picked if ``None``.
+        metrics_port: Metrics port; a free port is picked if ``None``.
+        startup_timeout_s: How long :meth:`start` waits for the server and all models to
+            become ready.
+        stop_grace_s: How long :meth:`stop` waits after SIGINT before escalating.
+        log_path: File the server log is written to; a temporary file if ``None``.
+        extra_args: Additional ``tritonserver`` command-line arguments.
+        python_shm_default_byte_size: Initial size of each Python-backend model
+            instance's shared-memory pool.
+        python_shm_growth_byte_size: Growth step of those pools.
+        install: A specific binary to use; :func:`find_tritonserver` if ``None``.
+    """
+
+    def __init__(
+        self,
+        model_repository: str | Path | Sequence[str | Path] | None = None,
+        *,
+        host: str = "127.0.0.1",
+        grpc_port: int | None = None,
+        http_port: int | None = None,
+        metrics_port: int | None = None,
+        startup_timeout_s: float = 120.0,
+        stop_grace_s: float = 15.0,
+        log_path: str | Path | None = None,
+        extra_args: Sequence[str] = (),
+        python_shm_default_byte_size: int = DEFAULT_PYTHON_SHM_DEFAULT_BYTE_SIZE,
+        python_shm_growth_byte_size: int = DEFAULT_PYTHON_SHM_GROWTH_BYTE_SIZE,
+        install: TritonServerInstall | None = None,
+    ) -> None:
+        if model_repository is None:
+            repos = [EXAMPLE_MODEL_REPOSITORY]
+        elif isinstance(model_repository, (str, os.PathLike)):
+            repos = [Path(model_repository)]
+        else:
+            repos = [Path(r) for r in model_repository]
+        if not repos:
+            raise ValueError("model_repository must name at least one directory")
+        self._model_repositories = tuple(p.expanduser().absolute() for p in repos)
+        self._host = host
+        self._ports_fixed = {
+            "grpc": grpc_port is not None,
+            "http": http_port is not None,
+            "metrics": metrics_port is not None,
+        }
+        self._grpc_port = grpc_port
+        self._http_port = http_port
+        self._metrics_port = metrics_port
+        self._startup_timeout_s = float(startup_timeout_s)
+        self._stop_grace_s = float(stop_grace_s)
+        self._extra_args = tuple(str(a) for a in extra_args)
+        self._python_shm_default_byte_size = int(python_shm_default_byte_size)
+        self._python_shm_growth_byte_size = int(python_shm_growth_byte_size)
+        self._install = install
+        self._tmpdir = tempfile.mkdtemp(prefix="ray-triton-shm-server-")
+        self._log_path = (
+            Path(log_path).expanduser().absolute()
+            if log_path is not None
+            else Path(self._tmpdir) / "tritonserver.log"
+        )
+        self._shm_prefix = f"triton_pb_rts_{os.getpid()}_{id(self):x}_"
+        self._backend_dir: Path | None = None
+        self._backend_prepared = False
+        self._started_once = False
+        # A one-element box so the finalizer sees the current process without holding self.
+        self._proc_box: list[subprocess.Popen[bytes] | None] = [None]
+        self._finalizer = weakref.finalize(
+            self,
+            _cleanup,
+            self._proc_box,
+            self._stop_grace_s,
+            self._shm_prefix,
+            self._tmpdir,
+        )
+
+    # ---- properties -------------------------------------------------------------------
+
+    @property
+    def model_repositories(self) -> tuple[Path, ...]:
+        """The model repositories served."""
+        return self._model_repositories
+
+    @property
+    def host(self) -> str:
+        """The address the endpoints bind to."""
+        return self._host
+
+    @property
+    def grpc_port(self) -> int | None:
+        """The gRPC port (``None`` before the first :meth:`start` if auto-picked)."""
+        return self._grpc_port
+
+    @property
+    def http_port(self) -> int | None:
+        """The HTTP port (``None`` before the first :meth:`start` if auto-picked)."""
+        return self._http_port
+
+    @property
+    def metrics_port(self) -> int | None:
+        """The metrics port (``None`` before the first :meth:`start` if auto-picked)."""
+        return self._metrics_port
+
+    @property
+    def grpc_url(self) -> str:
+        """The gRPC endpoint as ``"HOST:PORT"`` (what ``tritonclient.grpc`` expects)."""
+        self._require_ports()
+        return f"{self._host}:{self._grpc_port}"
+
+    @property
+    def http_url(self) -> str:
+        """The HTTP endpoint as ``"HOST:PORT"`` (what ``tritonclient.http`` expects)."""
+        self._require_ports()
+        return f"{self._host}:{self._http_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        """The Prometheus metrics URL."""
+        self._require_ports()
+        return f"http://{self._host}:{self._metrics_port}/metrics"
+
+    @property
+    def log_path(self) -> Path:
+        """The server log file."""
+        return self._log_path
+
+    @property
+    def pid(self) -> int | None:
+        """The server's process id, or ``None`` if it is not running."""
+        proc = self._proc_box[0]
+        return proc.pid if proc is not None and proc.poll() is None else None
+
+    @property
+    def is_running(self) -> bool:
+        """Whether the server process is alive."""
+        proc = self._proc_box[0]
+        return proc is not None and proc.poll() is None
+
+    def __repr__(self) -> str:
+        state = f"pid={self.pid}" if self.is_running else "stopped"
+        return (
+            f"LocalTritonServer(grpc={self._host}:{self._grpc_port}, "
+            f"http={self._host}:{self._http_port}, {state})"
+        )
+
+    # ---- lifecycle --------------------------------------------------------------------
+
+    def start(self) -> LocalTritonServer:
+        """Start the server and wait until it and all its models are ready.
+
+        Calling it on a running server does nothing. After :meth:`stop`, it starts again
+        on the same ports.
+
+        Returns:
+            ``self``.
+
+        Raises:
+            TritonServerError: If the server exits or does not become ready within
+                ``startup_timeout_s``; the message includes the tail of the server log.
+        """
+        if self.is_running:
+            return self
+        if not self._finalizer.alive:
+            raise TritonServerError("this LocalTritonServer has been finalized")
+        for repo in self._model_repositories:
+            if not repo.is_dir():
+                raise TritonServerError(f"model repository {repo} is not a directory")
+        if self._install is None:
+            self._install = find_tritonserver()
+        if not self._backend_prepared:
+            self._backend_dir = self._install.prepare_backend_directory(
+                Path(self._tmpdir) / "backends"
+            )
+            self._backend_prepared = True
+
+        attempts = 3
+        for attempt in range(attempts):
+            self._ensure_ports_free()
+            proc = self._spawn()
+            try:
+                self._wait_ready(proc)
+            except _BindFailure as exc:
+                _terminate(proc, 2.0, self._shm_prefix)
+                self._proc_box[0] = None
+                if attempt == attempts - 1:
+                    raise TritonServerError(str(exc)) from None
+                if not self._started_once:
+                    self._forget_auto_ports()
+                time.sleep(0.5 * (attempt + 1))
+                continue
+            except BaseException:
+                _terminate(proc, 2.0, self._shm_prefix)
+                self._proc_box[0] = None
+                raise
+            self._started_once = True
+            return self
+        raise AssertionError("unreachable")
+
+    def stop(self) -> None:
+        """Stop the server (SIGINT, then SIGTERM and SIGKILL after a grace period).
+
+        Idempotent. The ports are kept for a later :meth:`start`.
+        """
+        proc = self._proc_box[0]
+        if proc is None:
+            return
+        _terminate(proc, self._stop_grace_s, self._shm_prefix)
+        self._proc_box[0] = None
+
+    def restart(self) -> LocalTritonServer:
+        """Stop and start again on the same ports.
+
+        The new process has none of the old one's state (e.g. shared-memory
+        registrations).
+
+        Returns:
+            ``self``.
+        """
+        self.stop()
+        return self.start()
+
+    def close(self) -> None:
+        """Stop the server and remove its temporary files; the object is unusable after."""
+        self._finalizer()
+
+    def __enter__(self) -> LocalTritonServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # ---- internals --------------------------------------------------------------------
+
+    def _require_ports(self) -> None:
+        if self._grpc_port is None or self._http_port is None or self._metrics_port is None:
+            self._assign_ports()
+
+    def _assign_ports(self) -> None:
+        missing = [
+            name
+            for name, port in (
+                ("grpc", self._grpc_port),
+                ("http", self._http_port),
+                ("metrics", self._metrics_port),
+            )
+            if port is None
+        ]
+        if not missing:
+            return
+        taken = {self._grpc_port, self._http_port, self._metrics_port}
+        while True:
+            ports = _free_ports(self._host, len(missing))
+            if not taken.intersection(ports):
+                break
+        for name, port in zip(missing, ports, strict=True):
+            setattr(self, f"_{name}_port", port)
+
+    def _ensure_ports_free(self) -> None:
+        """Assign ports and check they can be bound, before paying for a server start.
+
+        Auto-picked ports that turn out to be taken are re-picked (until the first
+        successful start; after that the ports are kept). Taken fixed ports are waited for
+        briefly (e.g. a previous server of ours still shutting down), then reported.
+        """
+        deadline = time.monotonic() + _PORT_WAIT_S
+        while True:
+            self._assign_ports()
+            busy = [
+                name
+                for name in _PORT_NAMES
+                if not _port_is_free(self._host, getattr(self, f"_{name}_port"))
+            ]
+            if not busy:
+                return
+            movable = [n for n in busy if not self._ports_fixed[n] and not self._started_once]
+            for name in movable:
+                setattr(self, f"_{name}_port", None)
+            if len(movable) == len(busy):
+                continue
+            if time.monotonic() > deadline:
+                taken = ", ".join(f"{n} {getattr(self, f'_{n}_port')}" for n in busy)
+                raise TritonServerError(f"port(s) already in use on {self._host}: {taken}")
+            time.sleep(0.2)
+
+    def _forget_auto_ports(self) -> None:
+        for name, fixed in self._ports_fixed.items():
+            if not fixed:
+                setattr(self, f"_{name}_port", None)
+
+    def _command(self) -> list[str]:
+        assert self._install is not None
+        args = [str(self._install.executable)]
+        args += [f"--model-repository={repo}" for repo in self._model_repositories]
+        if self._backend_dir is not None:
+            args.append(f"--backend-directory={self._backend_dir}")
+        args += [
+            f"--grpc-address={self._host}",
+            f"--grpc-port={self._grpc_port}",
+            f"--http-address={self._host}",
+            f"--http-port={self._http_port}",
+            f"--metrics-address={self._host}",
+            f"--metrics-port={self._metrics_port}",
+            "--allow-gpu-metrics=false",
+            "--log-verbose=0",
+            "--exit-on-error=true",
+            "--strict-readiness=true",
+            f"--exit-timeout-secs={max(1, int(self._stop_grace_s) - 1)}",
+            f"--backend-config=python,shm-default-byte-size={self._python_shm_default_byte_size}",
+            f"--backend-config=python,shm-growth-byte-size={self._python_shm_growth_byte_size}",
+            f"--backend-config=python,shm-region-prefix-name={self._shm_prefix}",
+        ]
+        args += self._extra_args
+        return args
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        assert self._install is not None
+        self._log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self._log_path, "ab") as log:
+            header = f"\n==== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(self._command())}\n"
+            log.write(header.encode())
+            log.flush()
+            self._log_offset = log.tell()
+            proc = subprocess.Popen(
+                self._command(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self._install.environ(),
+                cwd=self._tmpdir,
+                start_new_session=True,
+                close_fds=True,
+            )
+        self._proc_box[0] = proc
+        return proc
+
+    def _new_log_text(self) -> str:
+        try:
+            with open(self._log_path, "rb") as f:
+                f.seek(self._log_offset)
+                return f.read().decode("utf-8", errors="replace")
+        except OSError:
+            return ""
+
+    def _http_json(self, method: str, path: str, timeout_s: float = 2.0) -> object:
+        url = f"http://{self._host}:{self._http_port}{path}"
+        request = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None)
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            body = response.read()
+        return json.loads(body) if body else None
+
+    def _http_ok(self, path: str) -> bool:
+        url = f"http://{self._host}:{self._http_port}{path}"
+        try:
+            with urllib.request.urlopen(url, timeout=2.0) as response:
+                return bool(response.status == 200)
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+
+    def _wait_ready(self, proc: subprocess.Popen[bytes]) -> None:
+        deadline = time.monotonic() + self._startup_timeout_s
+        while True:
+            code = proc.poll()
+            if code is not None:
+                log = self._new_log_text()
+                message = (
+                    f"tritonserver exited with code {code} during startup "
+                    f"(log: {self._log_path}); last lines:\n{_log_tail(self._log_path)}"
+                )
+                if _is_bind_failure(log):
+                    raise _BindFailure(message)
+                raise TritonServerError(message)
+            if self._http_ok("/v2/health/ready") and self._all_models_ready():
+                return
+            if time.monotonic() > deadline:
+                raise TritonServerError(
+                    f"tritonserver did not become ready within {self._startup_timeout_s:.0f} s "
+                    f"(log: {self._log_path}); last lines:\n{_log_tail(self._log_path)}"
+                )
+            time.sleep(0.2)
+
+    def _all_models_ready(self) -> bool:
+        try:
+            index = self._http_json("POST", "/v2/repository/index")
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+        if not isinstance(index, list):
+            return False
+        return all(isinstance(m, dict) and m.get("state") == "READY" for m in index)
+
+
+class _BindFailure(TritonServerError):
+    """The server exited because a port was taken (retried with new ports)."""

@@ -1,0 +1,14 @@
+"""strings: OUTPUT0 = INPUT0 (an object array of bytes)."""
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            out = pb_utils.Tensor("OUTPUT0", np.array(x, dtype=np.object_))
+            responses.append(pb_utils.InferenceResponse(output_tensors=[out]))
+        return responses

@@ -1,0 +1,407 @@
+"""Tests of the embedded Triton server and the example / test model repositories."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.utils.shared_memory as sysshm
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+
+from ray_triton_shm import _server
+from ray_triton_shm._server import (
+    EXAMPLE_MODEL_REPOSITORY,
+    LocalTritonServer,
+    TritonServerError,
+    ensure_server_env,
+    find_tritonserver,
+    server_env_dir,
+)
+
+TEST_MODEL_REPOSITORY = Path(__file__).resolve().parent / "models"
+EXAMPLE_MODELS = {"identity", "classifier", "my_model", "large_image", "add_nobatch"}
+TEST_MODELS = {"slow_identity", "fail_on_negative", "strings", "variable_output"}
+
+
+def _infer(
+    url: str, model: str, inputs: dict[str, np.ndarray], outputs: list[str]
+) -> dict[str, np.ndarray]:
+    client = grpcclient.InferenceServerClient(url)
+    try:
+        infer_inputs = []
+        for name, array in inputs.items():
+            inp = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+            inp.set_data_from_numpy(array)
+            infer_inputs.append(inp)
+        result = client.infer(
+            model,
+            infer_inputs,
+            outputs=[grpcclient.InferRequestedOutput(n) for n in outputs],
+        )
+        return {n: result.as_numpy(n) for n in outputs}
+    finally:
+        client.close()
+
+
+def _group_members(pgid: int) -> list[int]:
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        # fields: state ppid pgrp ...
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(entry.name))
+    return members
+
+
+def _one_model_repo(tmp_path: Path, model: str = "identity") -> Path:
+    repo = tmp_path / "repo"
+    shutil.copytree(EXAMPLE_MODEL_REPOSITORY / model, repo / model)
+    return repo
+
+
+# ---- the session server ---------------------------------------------------------------
+
+
+def test_server_is_live_and_all_models_ready(triton: LocalTritonServer) -> None:
+    assert triton.is_running
+    assert triton.pid is not None
+    assert triton.grpc_url == f"127.0.0.1:{triton.grpc_port}"
+    assert triton.http_url == f"127.0.0.1:{triton.http_port}"
+    client = grpcclient.InferenceServerClient(triton.grpc_url)
+    try:
+        assert client.is_server_live()
+        assert client.is_server_ready()
+        index = client.get_model_repository_index(as_json=True)["models"]
+        states = {m["name"]: m.get("state") for m in index}
+        assert set(states) == EXAMPLE_MODELS | TEST_MODELS
+        assert set(states.values()) == {"READY"}
+        for model in EXAMPLE_MODELS | TEST_MODELS:
+            assert client.is_model_ready(model)
+    finally:
+        client.close()
+
+
+def test_http_endpoint_and_metrics(triton: LocalTritonServer) -> None:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://{triton.http_url}/v2/health/ready", timeout=5) as r:
+        assert r.status == 200
+    with urllib.request.urlopen(triton.metrics_url, timeout=5) as r:
+        assert b"nv_inference_count" in r.read()
+
+
+def test_identity(grpc_url: str) -> None:
+    x = np.arange(2 * 7, dtype=np.float32).reshape(2, 7) - 3.5
+    out = _infer(grpc_url, "identity", {"INPUT0": x}, ["OUTPUT0"])["OUTPUT0"]
+    assert out.dtype == np.float32
+    np.testing.assert_array_equal(out, x)
+
+
+def test_classifier(grpc_url: str) -> None:
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 3, 224, 224), dtype=np.float32)
+    out = _infer(grpc_url, "classifier", {"INPUT0": x}, ["OUTPUT0"])["OUTPUT0"]
+    expected = x.reshape(3, -1)[:, :150000].reshape(3, 1000, 150).mean(axis=2)
+    assert out.shape == (3, 1000)
+    assert out.dtype == np.float32
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_my_model(grpc_url: str) -> None:
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, 3, 224, 224), dtype=np.float32)
+    f = rng.integers(-100, 100, size=(2, 10), dtype=np.int32)
+    out = _infer(grpc_url, "my_model", {"INPUT0": x, "INPUT1": f}, ["OUTPUT0", "OUTPUT1"])
+    expected0 = x.reshape(2, -1)[:, :512] + f.sum(axis=1, keepdims=True).astype(np.float32)
+    assert out["OUTPUT0"].shape == (2, 512)
+    assert out["OUTPUT0"].dtype == np.float32
+    np.testing.assert_allclose(out["OUTPUT0"], expected0, rtol=1e-6)
+    assert out["OUTPUT1"].dtype == np.int32
+    np.testing.assert_array_equal(out["OUTPUT1"], f[:, :5] * 2)
+
+
+def test_large_image_full_batch(grpc_url: str) -> None:
+    rng = np.random.default_rng(2)
+    x = rng.random((2, 3, 1024, 1024), dtype=np.float32)
+    out = _infer(grpc_url, "large_image", {"INPUT0": x}, ["OUTPUT0"])["OUTPUT0"]
+    assert out.shape == x.shape
+    assert out.dtype == np.float32
+    np.testing.assert_array_equal(out, np.float32(1.0) - x)
+
+
+def test_large_image_batch_limit(grpc_url: str) -> None:
+    x = np.zeros((3, 3, 1024, 1024), dtype=np.float32)
+    with pytest.raises(InferenceServerException, match="batch"):
+        _infer(grpc_url, "large_image", {"INPUT0": x}, ["OUTPUT0"])
+
+
+def test_add_nobatch(grpc_url: str) -> None:
+    a = np.array([1.0, 2.0, 3.0, 4.0], dtype=np.float32)
+    b = np.array([0.5, -2.0, 10.0, 0.25], dtype=np.float32)
+    out = _infer(grpc_url, "add_nobatch", {"INPUT0": a, "INPUT1": b}, ["OUTPUT0"])["OUTPUT0"]
+    assert out.shape == (4,)
+    np.testing.assert_array_equal(out, a + b)
+
+
+def test_slow_identity(grpc_url: str) -> None:
+    x = np.ones((1, 5), dtype=np.float32)
+    t0 = time.monotonic()
+    out = _infer(grpc_url, "slow_identity", {"INPUT0": x}, ["OUTPUT0"])["OUTPUT0"]
+    assert time.monotonic() - t0 >= 0.29
+    np.testing.assert_array_equal(out, x)
+
+
+def test_fail_on_negative(grpc_url: str) -> None:
+    ok = np.array([[0.0, 1.0, 2.0]], dtype=np.float32)
+    np.testing.assert_array_equal(
+        _infer(grpc_url, "fail_on_negative", {"INPUT0": ok}, ["OUTPUT0"])["OUTPUT0"], ok
+    )
+    bad = np.array([[0.0, -1.0, 2.0]], dtype=np.float32)
+    with pytest.raises(InferenceServerException, match="negative input"):
+        _infer(grpc_url, "fail_on_negative", {"INPUT0": bad}, ["OUTPUT0"])
+
+
+def test_strings(grpc_url: str) -> None:
+    x = np.array([[b"hello"], ["wörld".encode()], [b""]], dtype=np.object_)
+    out = _infer(grpc_url, "strings", {"INPUT0": x}, ["OUTPUT0"])["OUTPUT0"]
+    assert out.shape == (3, 1)
+    assert out.tolist() == x.tolist()
+
+
+def test_variable_output(grpc_url: str) -> None:
+    for counts in ([[3]], [[1], [6], [2]], [[0]]):
+        n_in = np.array(counts, dtype=np.int32)
+        out = _infer(grpc_url, "variable_output", {"INPUT0": n_in}, ["OUTPUT0"])["OUTPUT0"]
+        n = int(n_in.max())
+        assert out.dtype == np.float32
+        assert out.shape == (len(counts), n)
+        np.testing.assert_array_equal(
+            out, np.tile(np.arange(n, dtype=np.float32), (len(counts), 1))
+        )
+
+
+# ---- lifecycle --------------------------------------------------------------------------
+
+
+def test_stop_is_idempotent_and_frees_the_process_group(fresh_triton: LocalTritonServer) -> None:
+    pid = fresh_triton.pid
+    assert pid is not None
+    members = _group_members(pid)
+    # tritonserver plus one Python-backend stub per model instance.
+    assert len(members) >= 1 + len(EXAMPLE_MODELS | TEST_MODELS)
+    fresh_triton.stop()
+    assert not fresh_triton.is_running
+    assert fresh_triton.pid is None
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert _group_members(pid) == []
+    fresh_triton.stop()  # idempotent
+    assert not fresh_triton.is_running
+    # The ports are free again.
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", fresh_triton.grpc_port))
+
+
+def test_restart_keeps_ports_and_forgets_shm_registrations(
+    fresh_triton: LocalTritonServer,
+) -> None:
+    grpc_url, http_url, old_pid = fresh_triton.grpc_url, fresh_triton.http_url, fresh_triton.pid
+    key = f"/rtshm_test_{os.getpid()}"
+    handle = sysshm.create_shared_memory_region("test_region", key, 64)
+    try:
+        client = grpcclient.InferenceServerClient(grpc_url)
+        client.register_system_shared_memory("test_region", key, 64)
+        status = client.get_system_shared_memory_status(as_json=True)
+        assert [r["name"] for r in status.get("regions", {}).values()] == ["test_region"]
+        client.close()
+
+        assert fresh_triton.restart() is fresh_triton
+        assert fresh_triton.grpc_url == grpc_url
+        assert fresh_triton.http_url == http_url
+        assert fresh_triton.pid not in (None, old_pid)
+
+        client = grpcclient.InferenceServerClient(grpc_url)
+        assert client.is_server_ready()
+        assert client.get_system_shared_memory_status(as_json=True).get("regions", {}) == {}
+        client.close()
+        x = np.ones((1, 3), dtype=np.float32)
+        np.testing.assert_array_equal(
+            _infer(grpc_url, "identity", {"INPUT0": x}, ["OUTPUT0"])["OUTPUT0"], x
+        )
+    finally:
+        sysshm.destroy_shared_memory_region(handle)
+
+
+def test_two_servers_at_once(triton: LocalTritonServer, tmp_path: Path) -> None:
+    with LocalTritonServer(_one_model_repo(tmp_path)) as other:
+        assert other.is_running and triton.is_running
+        assert other.grpc_port not in (triton.grpc_port, triton.http_port, triton.metrics_port)
+        assert other.pid != triton.pid
+        x = np.full((1, 4), 2.5, dtype=np.float32)
+        for url in (triton.grpc_url, other.grpc_url):
+            np.testing.assert_array_equal(
+                _infer(url, "identity", {"INPUT0": x}, ["OUTPUT0"])["OUTPUT0"], x
+            )
+        client = grpcclient.InferenceServerClient(other.grpc_url)
+        names = {m["name"] for m in client.get_model_repository_index(as_json=True)["models"]}
+        client.close()
+        assert names == {"identity"}
+    assert not other.is_running
+    assert triton.is_running
+
+
+def test_context_manager_and_close(tmp_path: Path) -> None:
+    server = LocalTritonServer(_one_model_repo(tmp_path), log_path=tmp_path / "t.log")
+    with server as s:
+        assert s is server
+        pid = s.pid
+        assert pid is not None
+    assert not server.is_running
+    assert _group_members(pid) == []
+    assert "Started GRPCInferenceService" in (tmp_path / "t.log").read_text()
+    server.close()
+    server.close()
+    with pytest.raises(TritonServerError):
+        server.start()
+
+
+def test_bad_model_repository_gives_log_tail(tmp_path: Path) -> None:
+    repo = tmp_path / "bad_repo"
+    (repo / "broken_model" / "1").mkdir(parents=True)
+    (repo / "broken_model" / "config.pbtxt").write_text(
+        'name: "broken_model"\nbackend: "python"\nmax_batch_size: 8\n'
+        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+        'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+    )
+    (repo / "broken_model" / "1" / "model.py").write_text(
+        "raise RuntimeError('this model is broken on purpose')\n"
+    )
+    server = LocalTritonServer(repo, startup_timeout_s=60)
+    try:
+        with pytest.raises(TritonServerError) as info:
+            server.start()
+        message = str(info.value)
+        assert "exited with code" in message
+        assert "broken_model" in message
+        assert "this model is broken on purpose" in message
+        assert not server.is_running
+    finally:
+        server.close()
+
+
+def test_missing_model_repository(tmp_path: Path) -> None:
+    server = LocalTritonServer(tmp_path / "does-not-exist")
+    try:
+        with pytest.raises(TritonServerError, match="not a directory"):
+            server.start()
+    finally:
+        server.close()
+
+
+def test_fixed_port_in_use_is_reported(tmp_path: Path) -> None:
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", 0))
+        blocker.listen()
+        port = blocker.getsockname()[1]
+        server = LocalTritonServer(_one_model_repo(tmp_path), grpc_port=port)
+        try:
+            with pytest.raises(TritonServerError, match=f"in use.*grpc {port}"):
+                server.start()
+            assert not server.is_running
+        finally:
+            server.close()
+
+
+def test_child_does_not_outlive_the_python_process(tmp_path: Path) -> None:
+    repo = _one_model_repo(tmp_path)
+    code = (
+        "from ray_triton_shm._server import LocalTritonServer\n"
+        f"s = LocalTritonServer({str(repo)!r}).start()\n"
+        "print(s.pid, flush=True)\n"
+    )
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(Path(__file__).resolve().parent.parent), env.get("PYTHONPATH", "")]
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=180
+    )
+    assert result.returncode == 0, result.stderr
+    pid = int(result.stdout.split()[-1])
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert _group_members(pid) == []
+
+
+# ---- locating / installing the binary ---------------------------------------------------
+
+
+def test_server_env_dir_override(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("RAY_TRITON_SHM_SERVER_ENV", str(tmp_path / "env"))
+    assert server_env_dir() == tmp_path / "env"
+    monkeypatch.delenv("RAY_TRITON_SHM_SERVER_ENV")
+    major, minor = sys.version_info[:2]
+    assert server_env_dir() == (
+        Path.home() / ".cache" / "ray-triton-shm" / f"server-env-py{major}{minor}"
+    )
+
+
+def test_ensure_server_env_is_a_no_op_when_ready(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    env_dir = tmp_path / "env"
+    binary = env_dir / "lib" / "python3.11" / "site-packages" / "pytriton" / "tritonserver"
+    (binary / "bin").mkdir(parents=True)
+    (binary / "bin" / "tritonserver").write_text("#!/bin/sh\n")
+    import json
+
+    (env_dir / _server._MARKER_NAME).write_text(
+        json.dumps({"requirements": list(_server.SERVER_ENV_REQUIREMENTS)})
+    )
+    monkeypatch.setenv("RAY_TRITON_SHM_SERVER_ENV", str(env_dir))
+
+    def no_subprocess(*args: object, **kwargs: object) -> None:
+        raise AssertionError("ensure_server_env ran a command on a ready environment")
+
+    monkeypatch.setattr(_server.subprocess, "run", no_subprocess)
+    assert ensure_server_env(quiet=True) == env_dir
+
+
+def test_find_tritonserver_honours_env_var(
+    monkeypatch: pytest.MonkeyPatch, triton: LocalTritonServer, tmp_path: Path
+) -> None:
+    default = find_tritonserver()
+    monkeypatch.setenv("TRITONSERVER", str(default.executable))
+    explicit = find_tritonserver()
+    assert explicit.source == "TRITONSERVER"
+    assert explicit.executable == default.executable
+    assert explicit.python_stub == default.python_stub
+
+    monkeypatch.setenv("TRITONSERVER", str(tmp_path / "nope"))
+    with pytest.raises(TritonServerError, match="not an executable"):
+        find_tritonserver()
+
+
+def test_test_model_repository_layout() -> None:
+    for repo, names in (
+        (EXAMPLE_MODEL_REPOSITORY, EXAMPLE_MODELS),
+        (TEST_MODEL_REPOSITORY, TEST_MODELS),
+    ):
+        found = {p.parent.name for p in repo.glob("*/config.pbtxt")}
+        assert found == names
+        for name in names:
+            assert (repo / name / "1" / "model.py").is_file()
