@@ -37,6 +37,7 @@ from ._exceptions import (
 )
 from ._inputs import Batch, InputValue, prepare_batch
 from ._pool import PoolStats, SlotPool
+from ._reclaim import reclaim_dead_registrations
 from ._shm import SharedMemoryRegion, new_region_name
 from ._specs import ModelSpec, SlotLayout, SpecLike, resolve_model_spec
 from ._transport import SlotRequests, as_asyncio_future, is_missing_region, translate_error
@@ -193,6 +194,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         self._pools: dict[str, _ModelPool] = {}
         self._registry_lock = threading.Lock()
         self._closed = False
+        self._swept = False
         # Captures the pools and the stub, never self: the client can still be collected.
         self._finalizer = weakref.finalize(self, _release_pools, self._pools, self._client_stub)
 
@@ -272,6 +274,13 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         return config.get("config", config)
 
     def _create_pool(self, spec: ModelSpec, pool_size: int) -> _ModelPool:
+        if not self._swept:
+            # Registrations left by crashed processes pin memory in Triton: drop them once.
+            self._swept = True
+            try:
+                reclaim_dead_registrations(self)
+            except InferenceServerException:
+                pass  # best effort; the registration below reports a dead server
         layout = SlotLayout.for_model(spec)
         region = SharedMemoryRegion.create(new_region_name(spec.name), layout.slot_bytes * pool_size)
         try:

@@ -1,0 +1,159 @@
+"""Finding and reclaiming regions whose owner process is gone.
+
+A process killed with SIGKILL runs no cleanup: its regions stay registered in Triton (which
+keeps them mapped), and on some paths stay in ``/dev/shm``. Our region names carry the owner's
+pid (see :mod:`._shm`), so anything of ours whose owner no longer exists can be reclaimed. Owner
+liveness is checked in this machine's pid namespace, which is the one Triton shares memory in.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from ._shm import list_local_regions, owner_pid, pid_alive, unlink_region
+from ._transport import translate_error
+
+__all__ = [
+    "ReclaimReport",
+    "RegionStatus",
+    "StatusReport",
+    "reclaim",
+    "reclaim_dead_registrations",
+    "status",
+]
+
+DEFAULT_URL = "localhost:8001"
+
+
+@dataclass(frozen=True)
+class RegionStatus:
+    """One region: ours (by name) or, for registrations, anybody's.
+
+    Attributes:
+        name: Region name.
+        size: Size in bytes (from ``/dev/shm`` or from Triton).
+        owner_pid: The owner pid in its name, ``None`` for regions that are not ours.
+        owner_alive: Whether the owner still runs (``None`` when unknown).
+        in_dev_shm: Whether the name exists in ``/dev/shm``.
+        registered: Whether Triton has it registered (``None`` when no server was asked).
+    """
+
+    name: str
+    size: int
+    owner_pid: int | None
+    owner_alive: bool | None
+    in_dev_shm: bool
+    registered: bool | None
+
+
+@dataclass(frozen=True)
+class StatusReport:
+    """What :func:`status` found.
+
+    Attributes:
+        url: The server asked, or ``None``.
+        server_error: Why the server could not be asked, if it could not.
+        regions: Every region of ours on this machine and every registration on the server.
+    """
+
+    url: str | None
+    server_error: str | None
+    regions: list[RegionStatus] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ReclaimReport:
+    """What :func:`reclaim` did.
+
+    Attributes:
+        unregistered: Region names unregistered from Triton.
+        unlinked: Region names removed from ``/dev/shm``.
+        server_error: Why the server could not be cleaned, if it could not.
+    """
+
+    unregistered: list[str]
+    unlinked: list[str]
+    server_error: str | None = None
+
+
+def _registrations(client: grpcclient.InferenceServerClient) -> dict[str, int]:
+    answer = client.get_system_shared_memory_status(as_json=True)
+    regions = answer.get("regions", {})
+    return {name: int(info.get("byte_size", 0)) for name, info in regions.items()}
+
+
+def status(url: str | None = DEFAULT_URL) -> StatusReport:
+    """Lists our regions in ``/dev/shm`` and the system shm registrations of a server.
+
+    Args:
+        url: Triton's gRPC address; ``None`` to look at this machine only.
+    """
+    local = {r.name: r for r in list_local_regions()}
+    registered: dict[str, int] | None = None
+    server_error = None
+    if url is not None:
+        try:
+            with grpcclient.InferenceServerClient(url) as client:
+                registered = _registrations(client)
+        except InferenceServerException as exc:
+            server_error = str(translate_error(exc, action="reading shared memory status"))
+    names = sorted(set(local) | set(registered or {}))
+    regions = []
+    for name in names:
+        pid = owner_pid(name)
+        region = local.get(name)
+        regions.append(
+            RegionStatus(
+                name=name,
+                size=region.size if region else (registered or {}).get(name, 0),
+                owner_pid=pid,
+                owner_alive=None if pid is None else pid_alive(pid),
+                in_dev_shm=region is not None,
+                registered=None if registered is None else name in registered,
+            )
+        )
+    return StatusReport(url=url, server_error=server_error, regions=regions)
+
+
+def reclaim_dead_registrations(client: grpcclient.InferenceServerClient) -> list[str]:
+    """Unregisters regions of ours whose owner process is gone; returns their names.
+
+    Raises:
+        InferenceServerException: when the server cannot be asked.
+    """
+    reclaimed = []
+    for name in _registrations(client):
+        pid = owner_pid(name)
+        if pid is None or pid == os.getpid() or pid_alive(pid):
+            continue
+        try:
+            client.unregister_system_shared_memory(name)
+        except InferenceServerException:
+            continue  # another process reclaimed it first
+        reclaimed.append(name)
+    return reclaimed
+
+
+def reclaim(url: str | None = DEFAULT_URL) -> ReclaimReport:
+    """Unregisters from Triton and unlinks from ``/dev/shm`` every region of ours whose owner
+    process is gone.
+
+    Args:
+        url: Triton's gRPC address; ``None`` to clean ``/dev/shm`` only.
+    """
+    unregistered: list[str] = []
+    server_error = None
+    if url is not None:
+        try:
+            with grpcclient.InferenceServerClient(url) as client:
+                unregistered = reclaim_dead_registrations(client)
+        except InferenceServerException as exc:
+            server_error = str(translate_error(exc, action="reclaiming registrations"))
+    unlinked = [
+        r.name for r in list_local_regions() if not r.owner_alive and unlink_region(r.name)
+    ]
+    return ReclaimReport(unregistered=unregistered, unlinked=unlinked, server_error=server_error)
