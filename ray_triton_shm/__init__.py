@@ -13,6 +13,7 @@ from ._client import TritonSHMClient
 from ._exceptions import (
     ClientClosedError,
     InvalidInputError,
+    LocalServerError,
     ModelNotRegisteredError,
     ModelSpecError,
     OverloadedError,
@@ -23,26 +24,37 @@ from ._exceptions import (
     UnsupportedDatatypeError,
 )
 from ._pool import PoolStats, SlotPool
+from ._reclaim import ReclaimReport, RegionStatus, StatusReport, reclaim, status
+from ._server import EXAMPLE_MODEL_REPOSITORY, LocalTritonServer, ensure_server_env
 from ._specs import ModelSpec, SlotLayout, TensorSpec
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "EXAMPLE_MODEL_REPOSITORY",
     "ClientClosedError",
     "InvalidInputError",
+    "LocalServerError",
+    "LocalTritonServer",
     "ModelNotRegisteredError",
     "ModelSpec",
     "ModelSpecError",
     "OverloadedError",
     "PoolStats",
+    "ReclaimReport",
+    "RegionStatus",
     "SharedMemoryNotAllowedError",
     "SlotLayout",
     "SlotPool",
     "SlotTimeoutError",
+    "StatusReport",
     "TensorSpec",
     "TritonSHMClient",
     "TritonSHMError",
     "TritonServerError",
     "UnsupportedDatatypeError",
     "__version__",
+    "ensure_server_env",
+    "reclaim",
+    "status",
 ]

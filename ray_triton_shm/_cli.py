@@ -39,8 +39,12 @@ def _version() -> str:
 
 
 @contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """Turn SIGTERM into ``KeyboardInterrupt`` so the same cleanup runs as for Ctrl-C."""
+def _interrupts_as_keyboard_interrupt() -> Iterator[None]:
+    """Make SIGINT and SIGTERM raise ``KeyboardInterrupt`` so the same cleanup runs for both.
+
+    SIGINT is set explicitly because a process started in the background by a
+    non-interactive shell inherits it as ignored, and then ``kill -INT`` would do nothing.
+    """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -48,11 +52,15 @@ def _sigterm_as_interrupt() -> Iterator[None]:
     def handler(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    previous = {
+        signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler),
+        signal.SIGTERM: signal.signal(signal.SIGTERM, handler),
+    }
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 # --------------------------------------------------------------------------------------
@@ -87,7 +95,7 @@ def _model_names(grpc_url: str) -> list[str]:
 
 
 def _cmd_serve_local(args: argparse.Namespace) -> int:
-    from ray_triton_shm._server import LocalTritonServer, TritonServerError
+    from ray_triton_shm._server import LocalServerError, LocalTritonServer
 
     repos = args.model_repository or None
     server = LocalTritonServer(
@@ -101,7 +109,7 @@ def _cmd_serve_local(args: argparse.Namespace) -> int:
         print("Starting Triton ...", file=sys.stderr, flush=True)
         try:
             server.start()
-        except TritonServerError as exc:
+        except LocalServerError as exc:
             print(f"{PROG} serve-local: error: {exc}", file=sys.stderr)
             return 1
         try:
@@ -208,18 +216,81 @@ def _print_report(value: Any, *, indent: int = 0, file: Any = None) -> None:
         print(f"{pad}{value}", file=out)
 
 
+def _size(nbytes: int) -> str:
+    for unit, factor in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= factor:
+            return f"{nbytes / factor:.1f} {unit}"
+    return f"{nbytes} B"
+
+
+def _yes_no(value: bool | None) -> str:
+    return "?" if value is None else ("yes" if value else "no")
+
+
+def _print_status(report: Any) -> int:
+    regions = getattr(report, "regions", None)
+    if regions is None:  # an unexpected shape: show it anyway
+        _print_report(report)
+        return 0
+    where = getattr(report, "url", None)
+    print(f"server: {where if where else '(not asked)'}")
+    if regions:
+        header = ("region", "size", "owner pid", "alive", "/dev/shm", "registered")
+        rows = [
+            (
+                r.name,
+                _size(int(r.size)),
+                "-" if r.owner_pid is None else str(r.owner_pid),
+                _yes_no(r.owner_alive),
+                _yes_no(r.in_dev_shm),
+                _yes_no(r.registered),
+            )
+            for r in regions
+        ]
+        widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
+        for row in (header, tuple("-" * w for w in widths), *rows):
+            print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+        stale = [r for r in regions if r.owner_alive is False]
+        if stale:
+            print(f"{len(stale)} region(s) belong to processes that are gone; "
+                  f"`{PROG} reclaim` removes them.")
+    else:
+        print("no regions")
+    return _report_server_error(report)
+
+
+def _print_reclaim(report: Any) -> int:
+    if not hasattr(report, "unregistered") or not hasattr(report, "unlinked"):
+        _print_report(report)
+        return 0
+    for label, names in (
+        ("unregistered from Triton", report.unregistered),
+        ("unlinked from /dev/shm", report.unlinked),
+    ):
+        print(f"{label}: {len(names)}")
+        for name in names:
+            print(f"  {name}")
+    return _report_server_error(report)
+
+
+def _report_server_error(report: Any) -> int:
+    error = getattr(report, "server_error", None)
+    if error:
+        print(f"{PROG}: the server could not be asked: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _cmd_status(args: argparse.Namespace) -> int:
     from ray_triton_shm import _reclaim
 
-    _print_report(_reclaim.status(url=args.url))
-    return 0
+    return _print_status(_reclaim.status(url=None if args.local else args.url))
 
 
 def _cmd_reclaim(args: argparse.Namespace) -> int:
     from ray_triton_shm import _reclaim
 
-    _print_report(_reclaim.reclaim(url=args.url))
-    return 0
+    return _print_reclaim(_reclaim.reclaim(url=None if args.local else args.url))
 
 
 # --------------------------------------------------------------------------------------
@@ -286,6 +357,10 @@ def build_parser() -> argparse.ArgumentParser:
             "--url", default=_DEFAULT_URL, metavar="HOST:PORT",
             help="gRPC endpoint of the Triton server (default: %(default)s)",
         )
+        p.add_argument(
+            "--local", action="store_true",
+            help="look at this machine's /dev/shm only; do not contact a server",
+        )
         p.set_defaults(func=func)
     return parser
 
@@ -305,7 +380,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # --help, --version and usage errors
         return int(exc.code) if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     try:
-        with _sigterm_as_interrupt():
+        with _interrupts_as_keyboard_interrupt():
             return int(args.func(args))
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)

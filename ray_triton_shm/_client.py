@@ -413,7 +413,13 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
                 )
             while pending:
                 self._finish(pending, outputs, metadata, client_timeout_s)
-        except BaseException:
+        except Exception:
+            # Wait out the other chunks still in flight, so every slot is free on return.
+            for chunk in pending:
+                chunk.call.exception()
+                chunk.pool.slots.release(chunk.slot)
+            raise
+        except BaseException:  # KeyboardInterrupt: don't wait, free each slot when it's done
             for chunk in pending:
                 chunk.abandon()
             raise
@@ -525,7 +531,18 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
                 )
             while pending:
                 await self._finish_async(pending, outputs, metadata, client_timeout_s, loop)
-        except BaseException:
+        except Exception:
+            # Wait out the other chunks still in flight, so every slot is free on return.
+            try:
+                while pending:
+                    chunk = pending[0]
+                    await asyncio.wait([as_asyncio_future(chunk.call, loop)])
+                    pending.popleft().pool.slots.release(chunk.slot)
+            finally:
+                for chunk in pending:  # cancelled while waiting
+                    chunk.abandon()
+            raise
+        except BaseException:  # cancelled: free each slot once Triton is done with it
             for chunk in pending:
                 chunk.abandon()
             raise

@@ -10,6 +10,7 @@
     ├── SlotTimeoutError (TimeoutError)        no slot became free within ``timeout_s``
     ├── OverloadedError (RuntimeError)         too many callers already waiting (Ray layer)
     ├── ClientClosedError (RuntimeError)       the client or pool was closed
+    ├── LocalServerError (RuntimeError)        the embedded Triton could not be set up or started
     └── TritonServerError (RuntimeError)       Triton answered with an error; keeps its status
         └── SharedMemoryNotAllowedError        the server refuses client shared memory
 
@@ -24,6 +25,7 @@ from typing import Any
 __all__ = [
     "ClientClosedError",
     "InvalidInputError",
+    "LocalServerError",
     "ModelNotRegisteredError",
     "ModelSpecError",
     "OverloadedError",
@@ -119,6 +121,10 @@ class OverloadedError(TritonSHMError, RuntimeError):
 
 class ClientClosedError(TritonSHMError, RuntimeError):
     """The client, or the pool being waited on, was closed."""
+
+
+class LocalServerError(TritonSHMError, RuntimeError):
+    """The embedded local Triton server could not be found, installed, started or stopped."""
 
 
 class TritonServerError(TritonSHMError, RuntimeError):

@@ -36,10 +36,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
+from ._exceptions import LocalServerError
+
 __all__ = [
     "EXAMPLE_MODEL_REPOSITORY",
     "LocalTritonServer",
-    "TritonServerError",
+    "LocalServerError",
     "TritonServerInstall",
     "ensure_server_env",
     "find_tritonserver",
@@ -65,10 +67,6 @@ _MARKER_NAME = ".ray-triton-shm-server-env"
 _LOG_TAIL_LINES = 40
 _PORT_NAMES = ("grpc", "http", "metrics")
 _PORT_WAIT_S = 5.0
-
-
-class TritonServerError(RuntimeError):
-    """The local Triton server could not be found, installed, started or stopped."""
 
 
 # --------------------------------------------------------------------------------------
@@ -133,7 +131,7 @@ def _run_setup_command(cmd: Sequence[str], *, quiet: bool) -> None:
     )
     if result.returncode != 0:
         output = (result.stdout or "")[-4000:] if quiet else "(see output above)"
-        raise TritonServerError(
+        raise LocalServerError(
             f"command failed with exit code {result.returncode}: {' '.join(map(str, cmd))}\n"
             f"{output}"
         )
@@ -153,7 +151,7 @@ def ensure_server_env(*, quiet: bool = False) -> Path:
         The environment's directory (see :func:`server_env_dir`).
 
     Raises:
-        TritonServerError: If creating the environment or installing into it fails.
+        LocalServerError: If creating the environment or installing into it fails.
     """
     env_dir = server_env_dir()
     if _env_is_ready(env_dir):
@@ -174,7 +172,7 @@ def ensure_server_env(*, quiet: bool = False) -> Path:
                 pip.append("--quiet")
             _run_setup_command([*pip, "install", *SERVER_ENV_REQUIREMENTS], quiet=quiet)
             if _env_tritonserver(env_dir) is None:
-                raise TritonServerError(
+                raise LocalServerError(
                     f"installed {', '.join(SERVER_ENV_REQUIREMENTS)} into {env_dir}, but no "
                     "tritonserver binary was found in it"
                 )
@@ -199,7 +197,7 @@ def setup_server_main(argv: Sequence[str] | None = None) -> int:
     try:
         env_dir = ensure_server_env(quiet=False)
         install = find_tritonserver()
-    except TritonServerError as exc:
+    except LocalServerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(f"Triton server environment: {env_dir}")
@@ -323,7 +321,7 @@ def _install_for_binary(binary: Path, source: str) -> TritonServerInstall:
     stub = stubs / version / "triton_python_backend_stub"
     if not stub.is_file():
         available = sorted(p.name for p in stubs.iterdir())
-        raise TritonServerError(
+        raise LocalServerError(
             f"no Python backend stub for Python {version} in {stubs} (available: {available})"
         )
     ld_dirs: list[Path] = [libs] if libs.is_dir() else []
@@ -356,13 +354,13 @@ def find_tritonserver(*, install: bool = True, quiet: bool = True) -> TritonServ
         A description of the binary and what it needs to run.
 
     Raises:
-        TritonServerError: If no binary can be found or installed.
+        LocalServerError: If no binary can be found or installed.
     """
     explicit = os.environ.get(_ENV_VAR_TRITONSERVER)
     if explicit:
         explicit_binary = Path(explicit).expanduser()
         if not (explicit_binary.is_file() and os.access(explicit_binary, os.X_OK)):
-            raise TritonServerError(f"${_ENV_VAR_TRITONSERVER}={explicit} is not an executable")
+            raise LocalServerError(f"${_ENV_VAR_TRITONSERVER}={explicit} is not an executable")
         return _install_for_binary(explicit_binary, "TRITONSERVER")
     on_path = shutil.which("tritonserver")
     if on_path:
@@ -371,7 +369,7 @@ def find_tritonserver(*, install: bool = True, quiet: bool = True) -> TritonServ
     binary = _env_tritonserver(env_dir) if _env_is_ready(env_dir) else None
     if binary is None:
         if not install:
-            raise TritonServerError(
+            raise LocalServerError(
                 f"no tritonserver found (${_ENV_VAR_TRITONSERVER}, PATH, {env_dir}); run "
                 "`ray-triton-shm setup-server`"
             )
@@ -659,16 +657,16 @@ class LocalTritonServer:
             ``self``.
 
         Raises:
-            TritonServerError: If the server exits or does not become ready within
+            LocalServerError: If the server exits or does not become ready within
                 ``startup_timeout_s``; the message includes the tail of the server log.
         """
         if self.is_running:
             return self
         if not self._finalizer.alive:
-            raise TritonServerError("this LocalTritonServer has been finalized")
+            raise LocalServerError("this LocalTritonServer has been finalized")
         for repo in self._model_repositories:
             if not repo.is_dir():
-                raise TritonServerError(f"model repository {repo} is not a directory")
+                raise LocalServerError(f"model repository {repo} is not a directory")
         if self._install is None:
             self._install = find_tritonserver()
         if not self._backend_prepared:
@@ -687,7 +685,7 @@ class LocalTritonServer:
                 _terminate(proc, 2.0, self._shm_prefix)
                 self._proc_box[0] = None
                 if attempt == attempts - 1:
-                    raise TritonServerError(str(exc)) from None
+                    raise LocalServerError(str(exc)) from None
                 if not self._started_once:
                     self._forget_auto_ports()
                 time.sleep(0.5 * (attempt + 1))
@@ -788,7 +786,7 @@ class LocalTritonServer:
                 continue
             if time.monotonic() > deadline:
                 taken = ", ".join(f"{n} {getattr(self, f'_{n}_port')}" for n in busy)
-                raise TritonServerError(f"port(s) already in use on {self._host}: {taken}")
+                raise LocalServerError(f"port(s) already in use on {self._host}: {taken}")
             time.sleep(0.2)
 
     def _forget_auto_ports(self) -> None:
@@ -877,11 +875,11 @@ class LocalTritonServer:
                 )
                 if _is_bind_failure(log):
                     raise _BindFailure(message)
-                raise TritonServerError(message)
+                raise LocalServerError(message)
             if self._http_ok("/v2/health/ready") and self._all_models_ready():
                 return
             if time.monotonic() > deadline:
-                raise TritonServerError(
+                raise LocalServerError(
                     f"tritonserver did not become ready within {self._startup_timeout_s:.0f} s "
                     f"(log: {self._log_path}); last lines:\n{_log_tail(self._log_path)}"
                 )
@@ -897,5 +895,5 @@ class LocalTritonServer:
         return all(isinstance(m, dict) and m.get("state") == "READY" for m in index)
 
 
-class _BindFailure(TritonServerError):
+class _BindFailure(LocalServerError):
     """The server exited because a port was taken (retried with new ports)."""

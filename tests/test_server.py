@@ -20,7 +20,7 @@ from ray_triton_shm import _server
 from ray_triton_shm._server import (
     EXAMPLE_MODEL_REPOSITORY,
     LocalTritonServer,
-    TritonServerError,
+    LocalServerError,
     ensure_server_env,
     find_tritonserver,
     server_env_dir,
@@ -275,7 +275,7 @@ def test_context_manager_and_close(tmp_path: Path) -> None:
     assert "Started GRPCInferenceService" in (tmp_path / "t.log").read_text()
     server.close()
     server.close()
-    with pytest.raises(TritonServerError):
+    with pytest.raises(LocalServerError):
         server.start()
 
 
@@ -292,7 +292,7 @@ def test_bad_model_repository_gives_log_tail(tmp_path: Path) -> None:
     )
     server = LocalTritonServer(repo, startup_timeout_s=60)
     try:
-        with pytest.raises(TritonServerError) as info:
+        with pytest.raises(LocalServerError) as info:
             server.start()
         message = str(info.value)
         assert "exited with code" in message
@@ -306,7 +306,7 @@ def test_bad_model_repository_gives_log_tail(tmp_path: Path) -> None:
 def test_missing_model_repository(tmp_path: Path) -> None:
     server = LocalTritonServer(tmp_path / "does-not-exist")
     try:
-        with pytest.raises(TritonServerError, match="not a directory"):
+        with pytest.raises(LocalServerError, match="not a directory"):
             server.start()
     finally:
         server.close()
@@ -319,7 +319,7 @@ def test_fixed_port_in_use_is_reported(tmp_path: Path) -> None:
         port = blocker.getsockname()[1]
         server = LocalTritonServer(_one_model_repo(tmp_path), grpc_port=port)
         try:
-            with pytest.raises(TritonServerError, match=f"in use.*grpc {port}"):
+            with pytest.raises(LocalServerError, match=f"in use.*grpc {port}"):
                 server.start()
             assert not server.is_running
         finally:
@@ -392,7 +392,7 @@ def test_find_tritonserver_honours_env_var(
     assert explicit.python_stub == default.python_stub
 
     monkeypatch.setenv("TRITONSERVER", str(tmp_path / "nope"))
-    with pytest.raises(TritonServerError, match="not an executable"):
+    with pytest.raises(LocalServerError, match="not an executable"):
         find_tritonserver()
 
 

@@ -521,7 +521,7 @@ def run_bench(
 
     Raises:
         KeyError: If a model or path name is unknown.
-        ray_triton_shm._server.TritonServerError: If the embedded server fails to start.
+        ray_triton_shm._server.LocalServerError: If the embedded server fails to start.
     """
     cases = [CASES[m] for m in config.models]
     for name in config.paths:
