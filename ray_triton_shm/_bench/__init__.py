@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from ray_triton_shm._bench._cases import CASES, ModelCase, TensorSpec
 from ray_triton_shm._bench._paths import (
@@ -158,7 +159,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         raise ValueError(
             f"unknown path(s) {', '.join(unknown)}; choose from {', '.join(available)}"
         )
-    base = dict(_QUICK) if args.quick else {}
+    base: dict[str, Any] = dict(_QUICK) if args.quick else {}
     for key in ("rounds", "slice_s", "warmup_requests"):
         if getattr(args, key) is not None:
             base[key] = getattr(args, key)

@@ -339,7 +339,7 @@ class ShmClientPath(BenchPath):
     def setup(self) -> None:
         from ray_triton_shm._client import TritonSHMClient
 
-        self._client = TritonSHMClient(self.target.grpc_url)
+        self._client: TritonSHMClient | None = TritonSHMClient(self.target.grpc_url)
         self._client.register_shm_model(
             self.case.model,
             max_batch_size=self.case.batch_size,
@@ -347,6 +347,7 @@ class ShmClientPath(BenchPath):
         )
 
     def run_once(self) -> Mapping[str, np.ndarray]:
+        assert self._client is not None
         return self._client.infer_shm(self.case.model, self.inputs)
 
     def teardown(self) -> None:

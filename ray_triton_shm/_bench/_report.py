@@ -83,7 +83,7 @@ def format_table(results: BenchResults) -> str:
     def fmt(cells: list[str]) -> str:
         parts = [
             c.rjust(w) if i in right else c.ljust(w)
-            for i, (c, w) in enumerate(zip(cells, widths))
+            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
         ]
         return "  ".join(parts).rstrip()
 
@@ -165,7 +165,7 @@ def write_plot(results: BenchResults, path: str | Path) -> Path:
             label = f"{name}: {models[0].paths[name].label}"
         all_values.extend(ys)
         bars = ax.bar(xs, ys, width=width * 0.95, label=label)
-        for bar, y in zip(bars, ys):
+        for bar, y in zip(bars, ys, strict=True):
             ax.annotate(
                 _short(y),
                 (bar.get_x() + bar.get_width() / 2, y),

@@ -1,0 +1,164 @@
+"""Tests of the ``ray-triton-shm`` command line."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from ray_triton_shm._cli import build_parser, main
+from ray_triton_shm._server import LocalTritonServer
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SUBCOMMANDS = ("setup-server", "serve-local", "bench", "status", "reclaim")
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_help_lists_every_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for name in SUBCOMMANDS:
+        assert name in out
+    for name in SUBCOMMANDS:
+        assert main([name, "--help"]) == 0
+        assert "usage: ray-triton-shm " + name in capsys.readouterr().out
+
+
+def test_python_dash_m_and_version() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "ray_triton_shm", "--version"],
+        capture_output=True, text=True, env=_env(), timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("ray-triton-shm ")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],
+        ["no-such-command"],
+        ["serve-local", "--grpc-port", "not-a-port"],
+        ["bench", "--slice-s"],
+        ["status", "--bogus"],
+    ],
+)
+def test_bad_arguments_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 2
+    assert "usage:" in capsys.readouterr().err
+
+
+def test_parser_defaults() -> None:
+    args = build_parser().parse_args(["status"])
+    assert args.url == "localhost:8001" and not args.local
+    args = build_parser().parse_args(
+        ["serve-local", "--model-repository", "a", "--model-repository", "b"]
+    )
+    assert args.model_repository == ["a", "b"]
+
+
+def test_serve_local_answers_then_stops_on_sigint() -> None:
+    grpc_port, http_port = _free_port(), _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ray_triton_shm", "serve-local",
+         "--grpc-port", str(grpc_port), "--http-port", str(http_port)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+    )
+    lines: list[str] = []
+    server_pid = None
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 240
+        while True:
+            line = proc.stdout.readline()
+            assert line or proc.poll() is None, "".join(lines) + proc.stderr.read()
+            lines.append(line)
+            if line.startswith("Press Ctrl-C"):
+                break
+            assert time.monotonic() < deadline
+        text = "".join(lines)
+        server_pid = int(re.search(r"pid (\d+)", text).group(1))  # type: ignore[union-attr]
+        assert f"127.0.0.1:{grpc_port}" in text and f"127.0.0.1:{http_port}" in text
+        for model in ("identity", "classifier", "my_model", "large_image"):
+            assert model in text
+
+        with grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}") as client:
+            assert client.is_server_ready()
+            assert client.is_model_ready("identity")
+            data = np.arange(16, dtype=np.float32).reshape(1, 16)
+            infer_input = grpcclient.InferInput("INPUT0", [1, 16], "FP32")
+            infer_input.set_data_from_numpy(data)
+            result = client.infer("identity", [infer_input])
+            np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), data)
+
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, stderr
+    assert "Stopped." in stderr
+    with pytest.raises(ProcessLookupError):
+        os.kill(server_pid, 0)
+    with grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}") as client, pytest.raises(
+        InferenceServerException
+    ):
+        client.is_server_live(client_timeout=2.0)
+
+
+def test_serve_local_bad_repository_fails(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "ray_triton_shm", "serve-local",
+         "--model-repository", str(tmp_path / "missing")],
+        capture_output=True, text=True, env=_env(), timeout=120,
+    )
+    assert result.returncode == 1
+    assert "not a directory" in result.stderr
+
+
+def test_status_shows_a_registered_region(
+    triton: LocalTritonServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ray_triton_shm._client import TritonSHMClient
+
+    with TritonSHMClient(triton.grpc_url) as client:
+        client.register_shm_model("classifier", pool_size=1)
+        assert main(["status", "--url", triton.grpc_url]) == 0
+        out = capsys.readouterr().out
+    assert f"server: {triton.grpc_url}" in out
+    assert re.search(rf"rtshm_{os.getpid()}_\w+.*yes\s+yes\s+yes", out), out
+
+
+def test_status_and_reclaim_local_only(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["status", "--local"]) == 0
+    assert "server: (not asked)" in capsys.readouterr().out
+    assert main(["reclaim", "--local"]) == 0
+    out = capsys.readouterr().out
+    assert "unregistered from Triton: 0" in out and "unlinked from /dev/shm" in out
+
+
+def test_status_unreachable_server_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["status", "--url", "127.0.0.1:1"]) == 1
+    assert "could not be asked" in capsys.readouterr().err
