@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 from typing import TextIO
@@ -67,9 +68,11 @@ class ProgressBar:
     def update(self, *, advance: int = 0, status: str | None = None) -> None:
         """Advance by ``advance`` units and/or change the status text."""
         self._done = min(self._total, self._done + advance)
+        changed = status is not None and status != self._status
         if status is not None:
             self._status = status
-        self._draw(force=False)
+        # Status changes are rare (one per time slice) and always drawn on a terminal.
+        self._draw(force=changed and self._tty)
 
     def close(self) -> None:
         """Finish: clear the line on a terminal (the caller prints the results)."""
@@ -108,7 +111,7 @@ class ProgressBar:
                 self._done < self._total
             ):
                 return
-            line = self._line()
+            line = self._line()[: max(20, shutil.get_terminal_size().columns - 1)]
             pad = max(0, self._last_line_len - len(line))
             self._write("\r" + line + " " * pad)
             self._last_line_len = len(line)
