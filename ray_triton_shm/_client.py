@@ -145,13 +145,12 @@ def _empty_outputs(spec: ModelSpec) -> dict[str, np.ndarray]:
     }
 
 
-def _release_pools(
-    pools: dict[str, _ModelPool], stub: Any, wait_s: float = _CLOSE_WAIT_S
-) -> None:
+def _release_pools(stub: Any, *registries: dict[str, _ModelPool]) -> None:
     """Unregisters and unlinks every pool; the finalizer of a client, so it never sees it."""
-    while pools:
-        _, pool = pools.popitem()
-        _release_pool(pool, stub, wait_s)
+    for pools in registries:
+        while pools:
+            _, pool = pools.popitem()
+            _release_pool(pool, stub, _CLOSE_WAIT_S)
 
 
 def _release_pool(pool: _ModelPool, stub: Any, wait_s: float) -> None:
@@ -192,11 +191,14 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
     ) -> None:
         super().__init__(url, verbose, *args, **kwargs)
         self._pools: dict[str, _ModelPool] = {}
+        self._extra_pools: dict[str, _ModelPool] = {}
         self._registry_lock = threading.Lock()
         self._closed = False
         self._swept = False
         # Captures the pools and the stub, never self: the client can still be collected.
-        self._finalizer = weakref.finalize(self, _release_pools, self._pools, self._client_stub)
+        self._finalizer = weakref.finalize(
+            self, _release_pools, self._client_stub, self._extra_pools, self._pools
+        )
 
     # ------------------------------------------------------------------ registration
 
@@ -306,8 +308,12 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         """
         with self._registry_lock:
             pool = self._pools.pop(model_name, None)
-        if pool is not None:
-            _release_pool(pool, self._client_stub, _CLOSE_WAIT_S)
+            extras = [p for p in self._extra_pools.values() if p.spec.name == model_name]
+            for extra in extras:
+                del self._extra_pools[extra.region.name]
+        for released in (pool, *extras):
+            if released is not None:
+                _release_pool(released, self._client_stub, _CLOSE_WAIT_S)
 
     @property
     def registered_models(self) -> dict[str, ModelSpec]:
@@ -575,6 +581,74 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         outputs.add(chunk.pool, chunk.slot, chunk.start, response)
         pending.popleft()
         chunk.pool.slots.release(chunk.slot)
+
+    # ------------------------------------------------------------------ extra regions
+
+    def add_region(self, model_name: str, slots: int = 1) -> tuple[str, SlotLayout]:
+        """Creates and registers one more region for a registered model.
+
+        For processes that write inputs straight into shared memory (the Ray node actor hands
+        such regions to its callers): the caller fills a slot, then asks for
+        :meth:`infer_region_async` on it. The region lives until :meth:`remove_region` or
+        :meth:`close`.
+
+        Returns:
+            ``(region_name, layout)``: slot ``i`` starts at byte ``i * layout.slot_bytes``.
+        """
+        pool = self._create_pool(self._pool(model_name).spec, slots)
+        with self._registry_lock:
+            self._extra_pools[pool.region.name] = pool
+        return pool.region.name, pool.layout
+
+    def remove_region(self, region_name: str) -> None:
+        """Unregisters and frees a region made by :meth:`add_region`; idempotent."""
+        with self._registry_lock:
+            pool = self._extra_pools.pop(region_name, None)
+        if pool is not None:
+            _release_pool(pool, self._client_stub, _CLOSE_WAIT_S)
+
+    async def infer_region_async(
+        self,
+        region_name: str,
+        slot: int,
+        rows: int | None,
+        sample_shapes: Mapping[str, tuple[int, ...]],
+        *,
+        client_timeout_s: float | None = None,
+    ) -> dict[str, tuple[int, ...]]:
+        """Runs inference on inputs a caller already wrote into a slot of an extra region.
+
+        The outputs stay in the slot for the caller to read.
+
+        Args:
+            region_name: A region made by :meth:`add_region`.
+            slot: The slot written.
+            rows: Samples written (``None`` for a model that does not batch).
+            sample_shapes: Per-sample shape of each input written.
+            client_timeout_s: gRPC deadline.
+
+        Returns:
+            The shape of each output, as Triton wrote it into the slot.
+        """
+        pool = self._extra_pools.get(region_name)
+        if pool is None:
+            self._check_open()
+            raise ModelNotRegisteredError(f"no region {region_name!r} in this client")
+        name = pool.spec.name
+        with pool.lock:  # the pool's requests are per slot; a slot has one writer at a time
+            request = pool.requests.prepare(slot, rows, sample_shapes, "")
+        loop = asyncio.get_running_loop()
+        for attempt in (0, 1):
+            epoch = pool.epoch
+            call = self._client_stub.ModelInfer.future(request, timeout=client_timeout_s)
+            try:
+                response = await as_asyncio_future(call, loop)
+                break
+            except grpc.RpcError as exc:
+                if attempt or not is_missing_region(exc):
+                    raise translate_error(exc, model=name, action="inference") from exc
+                await asyncio.to_thread(self._reregister, pool, epoch)
+        return {output.name: tuple(output.shape) for output in response.outputs}
 
     # ------------------------------------------------------------------ lifecycle
 
