@@ -24,6 +24,7 @@ from ray_triton_shm._bench._paths import (
     registered_paths,
 )
 from ray_triton_shm._bench._progress import ProgressBar
+from ray_triton_shm._bench._ray_paths import DEFAULT_RAY_CALLERS, RAY_PATHS
 from ray_triton_shm._bench._report import (
     PlotUnavailableError,
     format_goals,
@@ -102,7 +103,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     what.add_argument(
         "--ray", action="store_true",
-        help="also run the Ray Serve / Ray Data paths (not available yet)",
+        help=f"also run the Ray paths ({', '.join(RAY_PATHS)}), interleaved with the others; "
+             "starts a private local Ray for the run",
+    )
+    what.add_argument(
+        "--ray-callers", type=int, metavar="N", default=DEFAULT_RAY_CALLERS,
+        help="concurrent callers (Ray actors) driving each Ray path (default: %(default)s)",
     )
     what.add_argument(
         "--rounds", type=int, metavar="N",
@@ -169,6 +175,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         url=args.url,
         http_url=args.http_url,
         startup_timeout_s=args.startup_timeout_s,
+        ray_callers=getattr(args, "ray_callers", DEFAULT_RAY_CALLERS),
         **base,
     )
     if config.rounds < 1:
@@ -177,6 +184,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         raise ValueError("--slice-s must be positive")
     if config.warmup_requests < 1:
         raise ValueError("--warmup must be at least 1 (the first request is checked)")
+    if config.ray_callers < 1:
+        raise ValueError("--ray-callers must be at least 1")
     if args.http_url and not args.url:
         raise ValueError("--http-url needs --url")
     return config

@@ -15,8 +15,9 @@ import abc
 import contextlib
 import dataclasses
 import os
+import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
@@ -79,6 +80,11 @@ class BenchPath(abc.ABC):
     group: ClassVar[str] = "core"
     #: Whether this path talks to the server (the memcpy floor does not).
     uses_server: ClassVar[bool] = True
+    #: Context shared by the paths that name the same one, entered once per run around all
+    #: models as ``session_factory(target, config)`` (e.g. a Ray instance); ``None``: none.
+    session_factory: ClassVar[
+        Callable[[BenchTarget, Any], contextlib.AbstractContextManager[Any]] | None
+    ] = None
 
     def __init__(
         self,
@@ -108,6 +114,24 @@ class BenchPath(abc.ABC):
     @abc.abstractmethod
     def teardown(self) -> None:
         """Release everything ``setup`` acquired; never raises."""
+
+    def run_slice(self, slice_s: float) -> int:
+        """Send requests for about ``slice_s`` (at least one); returns how many completed.
+
+        Paths with concurrent callers override this (each caller runs the whole slice).
+        """
+        requests = 0
+        run_once = self.run_once
+        deadline = time.perf_counter() + slice_s
+        while True:
+            run_once()
+            requests += 1
+            if time.perf_counter() >= deadline:
+                return requests
+
+    def cpu_time(self) -> float:
+        """CPU seconds used so far by the processes doing this path's client work."""
+        return time.process_time()
 
 
 _P = TypeVar("_P", bound=type[BenchPath])

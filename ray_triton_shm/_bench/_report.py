@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ray_triton_shm._bench._runner import BenchResults, ModelResult
+from ray_triton_shm._bench._runner import RAY_RATIOS, BenchResults, ModelResult
 
 __all__ = ["format_goals", "format_table", "write_json", "write_plot", "PlotUnavailableError"]
 
@@ -97,7 +97,35 @@ def format_table(results: BenchResults) -> str:
         f"{cfg.rounds} interleaved rounds x {cfg.slice_s:g} s per path; server: "
         f"{results.server}; total {results.duration_s:.0f} s."
     )
+    lines.extend(_ray_ratio_lines(results))
     return "\n".join(lines)
+
+
+def _ray_ratio_lines(results: BenchResults) -> list[str]:
+    """The Ray paths' MB/s ratios per model (only when the run had Ray paths)."""
+    pairs = [
+        (path, base) for path, base in RAY_RATIOS
+        if any(path in m.paths and base in m.paths for m in results.models)
+    ]
+    if not pairs:
+        return []
+    header = ["model", *(f"{path} / {base}" for path, base in pairs)]
+    rows = [
+        [m.case.model, *(_ratio(m.mbps_vs(path, base)) for path, base in pairs)]
+        for m in results.models
+    ]
+    widths = [max(len(header[i]), *(len(r[i]) for r in rows)) for i in range(len(header))]
+    lines = [
+        "",
+        f"Ray paths (MB/s ratios; each Ray path driven by {results.config.ray_callers} "
+        "concurrent caller actors; their CPU includes the callers and the replica or node "
+        "actor):",
+    ]
+    for row in (header, *rows):
+        lines.append("  " + "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))
+        ).rstrip())
+    return lines
 
 
 def format_goals(results: BenchResults) -> str:

@@ -52,6 +52,7 @@ class BenchConfig:
         url: gRPC endpoint of an existing server; ``None`` starts the embedded server.
         http_url: HTTP endpoint of that server (``None`` skips the HTTP path).
         startup_timeout_s: How long to wait for the embedded server.
+        ray_callers: Concurrent callers driving each Ray path (``bench --ray``).
     """
 
     models: tuple[str, ...] = tuple(CASES)
@@ -62,6 +63,7 @@ class BenchConfig:
     url: str | None = None
     http_url: str | None = None
     startup_timeout_s: float = 180.0
+    ray_callers: int = 4
 
 
 @dataclasses.dataclass
@@ -194,19 +196,32 @@ class ModelResult:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready view."""
+        ratios = {
+            "shm_client_vs_grpc_mb_per_s": self.mbps_vs("shm-client", "grpc"),
+            "shm_client_vs_http_mb_per_s": self.mbps_vs("shm-client", "http"),
+            "shm_client_vs_shm_manual_mb_per_s": self.mbps_vs("shm-client", "shm-manual"),
+            "shm_client_vs_memcpy_cpu_s_per_gb": self.cpu_vs("shm-client", "memcpy"),
+        }
+        for path, baseline in RAY_RATIOS:
+            if path in self.paths:
+                key = f"{path}_vs_{baseline}_mb_per_s".replace("-", "_")
+                ratios[key] = self.mbps_vs(path, baseline)
         return {
             "model": self.case.model,
             "batch_size": self.case.batch_size,
             "input_bytes_per_request": self.case.input_nbytes,
             "output_bytes_per_request": self.case.output_nbytes,
             "paths": {name: r.to_dict() for name, r in self.paths.items()},
-            "ratios": {
-                "shm_client_vs_grpc_mb_per_s": self.mbps_vs("shm-client", "grpc"),
-                "shm_client_vs_http_mb_per_s": self.mbps_vs("shm-client", "http"),
-                "shm_client_vs_shm_manual_mb_per_s": self.mbps_vs("shm-client", "shm-manual"),
-                "shm_client_vs_memcpy_cpu_s_per_gb": self.cpu_vs("shm-client", "memcpy"),
-            },
+            "ratios": ratios,
         }
+
+
+#: MB/s ratios reported for the Ray paths (``bench --ray``): ``(path, baseline)``.
+RAY_RATIOS: tuple[tuple[str, str], ...] = (
+    ("actor-zero-copy", "shm-client"),
+    ("actor-zero-copy", "serve-grpc"),
+    ("actor-by-value", "serve-grpc"),
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,31 +230,47 @@ class Goal:
 
     Attributes:
         model: The model.
-        kind: ``"mbps_vs_grpc"`` (ratio must be at least ``target``) or
-            ``"cpu_vs_memcpy"`` (ratio must be at most ``target``).
+        kind: ``"mbps_vs_grpc"`` (ratio must be at least ``target``),
+            ``"cpu_vs_memcpy"`` (ratio must be at most ``target``), or ``"mbps_vs"``
+            (``path``'s MB/s over ``baseline``'s must be at least ``target``; such a goal is
+            listed only when both paths were part of the run).
         target: The threshold.
+        path: The path measured (``"mbps_vs"``).
+        baseline: The path compared with (``"mbps_vs"``).
     """
 
     model: str
     kind: str
     target: float
+    path: str = "shm-client"
+    baseline: str = ""
 
     @property
     def description(self) -> str:
         """E.g. ``"shm-client MB/s >= 3x gRPC"``."""
         if self.kind == "mbps_vs_grpc":
             return f"shm-client MB/s >= {self.target:g}x gRPC"
+        if self.kind == "mbps_vs":
+            return f"{self.path} MB/s >= {self.target:g}x {self.baseline}"
         return f"shm-client CPU s/GB <= {self.target:g}x memcpy floor"
+
+    def applies_to(self, config: BenchConfig) -> bool:
+        """Whether the goal is listed for a run of ``config``."""
+        if self.model not in config.models:
+            return False
+        return self.kind != "mbps_vs" or {self.path, self.baseline} <= set(config.paths)
 
     def measure(self, result: ModelResult) -> float | None:
         """The ratio this goal is about, or ``None`` if not measurable."""
         if self.kind == "mbps_vs_grpc":
             return result.mbps_vs("shm-client", "grpc")
+        if self.kind == "mbps_vs":
+            return result.mbps_vs(self.path, self.baseline)
         return result.cpu_vs("shm-client", "memcpy")
 
     def is_met(self, value: float) -> bool:
         """Whether ``value`` meets the goal."""
-        return value >= self.target if self.kind == "mbps_vs_grpc" else value <= self.target
+        return value <= self.target if self.kind == "cpu_vs_memcpy" else value >= self.target
 
 
 #: The project's performance goals.
@@ -250,6 +281,16 @@ GOALS: tuple[Goal, ...] = (
     Goal("large_image", "mbps_vs_grpc", 8.0),
     Goal("classifier", "cpu_vs_memcpy", 1.5),
     Goal("large_image", "cpu_vs_memcpy", 1.5),
+    # bench --ray: the node actor, with the same number of concurrent callers as Serve.
+    *(
+        goal
+        for model in ("classifier", "large_image")
+        for goal in (
+            Goal(model, "mbps_vs", 0.9, "actor-zero-copy", "shm-client"),
+            Goal(model, "mbps_vs", 3.0, "actor-zero-copy", "serve-grpc"),
+            Goal(model, "mbps_vs", 3.0, "actor-by-value", "serve-grpc"),
+        )
+    ),
 )
 
 
@@ -304,7 +345,7 @@ class BenchResults:
         return [
             GoalResult(goal, goal.measure(by_model[goal.model]))
             for goal in GOALS
-            if goal.model in by_model
+            if goal.model in by_model and goal.applies_to(self.config)
         ]
 
     @property
@@ -399,17 +440,11 @@ def _check_outputs(
 
 
 def _run_slice(path: BenchPath, *, round_index: int, slice_s: float) -> SliceStats:
-    requests = 0
-    run_once = path.run_once
-    cpu0 = time.process_time()
+    cpu0 = path.cpu_time()
     t0 = time.perf_counter()
-    while True:
-        run_once()
-        requests += 1
-        elapsed = time.perf_counter() - t0
-        if elapsed >= slice_s:
-            break
-    cpu_s = time.process_time() - cpu0
+    requests = path.run_slice(slice_s)
+    elapsed = time.perf_counter() - t0
+    cpu_s = path.cpu_time() - cpu0
     return SliceStats(round=round_index, requests=requests, wall_s=elapsed, cpu_s=cpu_s)
 
 
@@ -500,6 +535,22 @@ def _run_model(
     return result
 
 
+@contextlib.contextmanager
+def _sessions(config: BenchConfig, target: BenchTarget, bar: ProgressBar) -> Iterator[None]:
+    """Enters, once for the whole run, the session each selected path asks for."""
+    factories = dict.fromkeys(
+        f for f in (path_class(n).session_factory for n in config.paths) if f is not None
+    )
+    with contextlib.ExitStack() as stack:
+        if factories:
+            bar.update(status="starting Ray")
+        for factory in factories:
+            stack.enter_context(factory(target, config))
+        yield
+        if factories:
+            bar.update(status="stopping Ray")
+
+
 def run_bench(
     config: BenchConfig,
     *,
@@ -532,7 +583,7 @@ def run_bench(
     start = time.perf_counter()
     models: list[ModelResult] = []
     bar.update(status="starting the Triton server" if config.url is None else "connecting")
-    with _server_target(config) as (target, server_desc):
+    with _server_target(config) as (target, server_desc), _sessions(config, target, bar):
         for case in cases:
             model_result = _run_model(case, target, config, bar, units_per_path)
             models.append(model_result)
