@@ -20,6 +20,7 @@ from ._actor import (
     actor_name,
     get_node_actor,
 )
+from ._data import ShmPredictor
 from ._handle import ShmModel
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "NodeActorConfig",
     "NodeStats",
     "ShmModel",
+    "ShmPredictor",
     "SlotClaim",
     "StaleClaimError",
     "TritonNodeActor",

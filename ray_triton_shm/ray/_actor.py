@@ -75,14 +75,15 @@ class NodeActorConfig:
         max_waiting: Calls a caller may have queued before it gets :class:`OverloadedError`.
         max_claims: Zero-copy slots that callers may hold per model (each is one batch of
             memory); past it, callers pass arrays by value.
-        sweep_interval_s: How often claims of processes that are gone are taken back.
+        sweep_interval_s: How often claims of processes that are gone are taken back and the
+            Ray metrics are updated.
     """
 
     url: str | None = None
     slots: int = 8
     max_waiting: int = 64
     max_claims: int = 64
-    sweep_interval_s: float = 2.0
+    sweep_interval_s: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,12 @@ class _ModelCounters:
     bytes_in: int = 0
     bytes_out: int = 0
     errors: int = 0
+
+    def add(self, samples: int, bytes_in: int, bytes_out: int) -> None:
+        self.requests += 1
+        self.samples += samples
+        self.bytes_in += bytes_in
+        self.bytes_out += bytes_out
 
 
 @dataclass(frozen=True)
@@ -194,9 +201,10 @@ class TritonNodeActor:
         self._claim_ids = itertools.count(1)
         self._lock = threading.Lock()
         self._counters: dict[str, _ModelCounters] = {}
+        self._output_itemsizes: dict[str, list[tuple[str, int]]] = {}
         self._metrics = _Metrics(self._node_id)
         self._stop = threading.Event()
-        threading.Thread(target=self._sweep_claims, name="claim-sweeper", daemon=True).start()
+        threading.Thread(target=self._housekeeping, name="housekeeping", daemon=True).start()
 
     # ---------------------------------------------------------------- control group
 
@@ -234,6 +242,8 @@ class TritonNodeActor:
             max_shapes=max_shapes,
         )
         self._counters.setdefault(model_name, _ModelCounters())
+        spec = self._client.registered_models[model_name]
+        self._output_itemsizes[model_name] = [(t.name, t.dtype.itemsize) for t in spec.outputs]
         return self._registration(model_name)
 
     def _registration(self, model_name: str) -> ModelRegistration:
@@ -306,21 +316,28 @@ class TritonNodeActor:
         try:
             outputs = await self._client.infer_shm_async(model_name, inputs)
         except BaseException:
-            self._count_error(model_name, counters)
+            counters.errors += 1
             raise
-        rows = _rows(inputs)
-        self._count(model_name, counters, rows, _nbytes(inputs), _nbytes(outputs))
+        counters.add(_rows(inputs), _nbytes(inputs), _nbytes(outputs))
         return outputs
 
     @ray.method(concurrency_group="infer")
     async def infer_claimed(
         self,
-        claim: SlotClaim,
+        claim_id: int,
+        incarnation: str,
         rows: int | None,
         sample_shapes: Mapping[str, tuple[int, ...]],
         bytes_in: int = 0,
     ) -> dict[str, tuple[int, ...]]:
         """Runs inference on a claimed slot the caller has filled; outputs stay in the slot.
+
+        Args:
+            claim_id: The claim's id.
+            incarnation: The incarnation that granted the claim.
+            rows: Samples written (``None`` for a model that does not batch).
+            sample_shapes: Per-sample shape of each input written.
+            bytes_in: Input bytes written (for the counters).
 
         Returns:
             The shape of each output.
@@ -328,51 +345,39 @@ class TritonNodeActor:
         Raises:
             StaleClaimError: the claim is unknown (the actor restarted) or was taken back.
         """
-        with self._lock:
-            known = self._claims.get(claim.claim_id)
-        if known is None or claim.incarnation != self._incarnation:
+        claim = self._claims.get(claim_id)
+        if claim is None or incarnation != self._incarnation:
             raise StaleClaimError(
-                f"claim {claim.claim_id} on model {claim.model!r} is not held (the node actor "
-                "restarted, or took it back)",
-                model=claim.model,
+                f"claim {claim_id} is not held (the node actor restarted, or took it back)",
+                claim_id=claim_id,
             )
-        counters = self._counters.setdefault(claim.model, _ModelCounters())
+        counters = self._counters[claim.model]
         try:
             shapes = await self._client.infer_region_async(
                 claim.region_name, 0, rows, sample_shapes
             )
         except BaseException:
-            self._count_error(claim.model, counters)
+            counters.errors += 1
             raise
-        spec = self._client.registered_models[claim.model]
-        bytes_out = sum(
-            math.prod(shapes[t.name]) * t.dtype.itemsize for t in spec.outputs if t.name in shapes
-        )
-        self._count(claim.model, counters, rows or 1, bytes_in, bytes_out)
+        itemsizes = self._output_itemsizes[claim.model]
+        counters.add(rows or 1, bytes_in, sum(math.prod(shapes[n]) * i for n, i in itemsizes))
         return shapes
 
     # ---------------------------------------------------------------- internals
 
-    def _count(
-        self, model: str, counters: _ModelCounters, rows: int, bytes_in: int, bytes_out: int
-    ) -> None:
-        counters.requests += 1
-        counters.samples += rows
-        counters.bytes_in += bytes_in
-        counters.bytes_out += bytes_out
-        self._metrics.served(model, rows, bytes_in, bytes_out)
-        self._metrics.slots(model, self._client.shm_stats(model))
-
-    def _count_error(self, model: str, counters: _ModelCounters) -> None:
-        counters.errors += 1
-        self._metrics.error(model)
-
-    def _sweep_claims(self) -> None:
+    def _housekeeping(self) -> None:
+        """Takes back claims of processes that are gone; exports counters as Ray metrics."""
         while not self._stop.wait(self._config.sweep_interval_s):
             with self._lock:
                 gone = [c.claim_id for c in self._claims.values() if not pid_alive(c.owner_pid)]
             for claim_id in gone:
                 self.release_claim(claim_id)
+            for name in list(self._counters):
+                try:
+                    pool = self._client.shm_stats(name)
+                except TritonSHMError:
+                    continue  # unregistered meanwhile
+                self._metrics.export(name, self._counters[name], pool)
 
 
 def _rows(inputs: Mapping[str, Any]) -> int:
@@ -398,13 +403,17 @@ def _current_node_id() -> str:
 
 
 class _Metrics:
-    """The actor's counters and gauges as Ray metrics (Prometheus / dashboard)."""
+    """The actor's counters and gauges as Ray metrics (Prometheus / dashboard).
+
+    Exported from the housekeeping thread, not per request: the hot path only bumps ints.
+    """
 
     def __init__(self, node_id: str) -> None:
         from ray.util import metrics
 
         tags = ("model", "node_id")
         self._node_id = node_id
+        self._exported: dict[str, _ModelCounters] = {}
         self._requests = metrics.Counter(
             "ray_triton_shm_requests", "Inference requests served", tag_keys=tags
         )
@@ -428,26 +437,25 @@ class _Metrics:
             "ray_triton_shm_waiting", "Calls waiting for a slot", tag_keys=tags
         )
 
-    def _tags(self, model: str) -> dict[str, str]:
-        return {"model": model, "node_id": self._node_id}
-
-    def served(self, model: str, rows: int, bytes_in: int, bytes_out: int) -> None:
-        tags = self._tags(model)
-        self._requests.inc(1, tags)
-        self._samples.inc(rows, tags)
-        if bytes_in:
-            self._bytes_in.inc(bytes_in, tags)
-        if bytes_out:
-            self._bytes_out.inc(bytes_out, tags)
-
-    def error(self, model: str) -> None:
-        self._errors.inc(1, self._tags(model))
-
-    def slots(self, model: str, stats: Any) -> None:
-        tags = self._tags(model)
-        self._in_use.set(stats.in_use, tags)
-        self._total.set(stats.size, tags)
-        self._waiting.set(stats.waiting, tags)
+    def export(self, model: str, counters: _ModelCounters, pool: Any) -> None:
+        """Adds what the counters gained since the last export; sets the gauges."""
+        tags = {"model": model, "node_id": self._node_id}
+        last = self._exported.setdefault(model, _ModelCounters())
+        for metric, field_name in (
+            (self._requests, "requests"),
+            (self._samples, "samples"),
+            (self._bytes_in, "bytes_in"),
+            (self._bytes_out, "bytes_out"),
+            (self._errors, "errors"),
+        ):
+            value = getattr(counters, field_name)
+            delta = value - getattr(last, field_name)
+            if delta > 0:
+                metric.inc(delta, tags)
+                setattr(last, field_name, value)
+        self._in_use.set(pool.in_use, tags)
+        self._total.set(pool.size, tags)
+        self._waiting.set(pool.waiting, tags)
 
 
 def get_node_actor(

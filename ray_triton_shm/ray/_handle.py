@@ -74,19 +74,25 @@ class _Binding:
             return claim, region
 
     def close(self) -> None:
-        self._finalizer()
+        refs = self._finalizer() or []
+        try:
+            ray.get(refs, timeout=30)
+        except Exception:
+            pass  # the actor is gone or restarting: its sweeper or reclaim takes them back
         for region in self.regions:
             if region is not None:
                 region.close()
 
 
-def _release_claims(actor: Any, claims: list[SlotClaim | None]) -> None:
+def _release_claims(actor: Any, claims: list[SlotClaim | None]) -> list[Any]:
+    refs = []
     for claim in claims:
         if claim is not None:
             try:
-                actor.release_claim.remote(claim.claim_id)
+                refs.append(actor.release_claim.remote(claim.claim_id))
             except Exception:
                 pass  # Ray is shutting down; the actor's sweeper takes them back
+    return refs
 
 
 class ShmModel:
@@ -235,7 +241,9 @@ class ShmModel:
                     exchange = _Exchange(binding.spec, claim, region, batch)
                     for start, stop in exchange.chunks():
                         request = exchange.write(start, stop)
-                        ref = _submit(binding.actor.infer_claimed, claim, *request)
+                        ref = _submit(
+                            binding.actor.infer_claimed, claim.claim_id, claim.incarnation, *request
+                        )
                         exchange.read(start, _call(ref))
                     return exchange.result()
                 finally:
@@ -271,7 +279,9 @@ class ShmModel:
                     exchange = _Exchange(binding.spec, claim, region, batch)
                     for start, stop in exchange.chunks():
                         request = exchange.write(start, stop)
-                        ref = _submit(binding.actor.infer_claimed, claim, *request)
+                        ref = _submit(
+                            binding.actor.infer_claimed, claim.claim_id, claim.incarnation, *request
+                        )
                         exchange.read(start, await _acall(ref))
                         ref = None
                     return exchange.result()

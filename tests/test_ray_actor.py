@@ -1,0 +1,148 @@
+"""The node actor and ShmModel on a real local Ray cluster and a real Triton."""
+
+from __future__ import annotations
+
+import os
+import pickle
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import ray
+
+from ray_triton_shm import InvalidInputError, ModelSpecError, TritonServerError
+from ray_triton_shm._shm import list_local_regions
+from ray_triton_shm.ray import NAMESPACE, ShmModel, URL_ENV_VAR, actor_name, get_node_actor
+
+SHAPES = {"INPUT0": (16,), "OUTPUT0": (16,)}
+
+
+@pytest.fixture(scope="module")
+def node_actor(triton) -> Iterator[ray.actor.ActorHandle]:  # type: ignore[no-untyped-def]
+    os.environ[URL_ENV_VAR] = triton.grpc_url  # the node's setting, inherited by its workers
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    actor = get_node_actor(slots=4)
+    try:
+        yield actor
+    finally:
+        pid = ray.get(actor.stats.remote()).pid
+        ray.get(actor.shutdown.remote())
+        ray.kill(actor)
+        ray.shutdown()
+        del os.environ[URL_ENV_VAR]
+        assert [r.name for r in list_local_regions() if r.owner_pid == pid] == []
+
+
+def classifier_expected(x: np.ndarray) -> np.ndarray:
+    b = x.shape[0]
+    return x.reshape(b, -1)[:, :150000].reshape(b, 1000, 150).mean(axis=2)
+
+
+def test_one_named_actor_per_node_even_when_callers_race(node_actor) -> None:  # type: ignore[no-untyped-def]
+    @ray.remote(num_cpus=0)
+    def find() -> str:
+        return get_node_actor()._actor_id.hex()
+
+    ids = set(ray.get([find.remote() for _ in range(8)]))
+    assert ids == {node_actor._actor_id.hex()}
+    node = ray.get_runtime_context().get_node_id()
+    named = ray.get_actor(actor_name(node), namespace=NAMESPACE)
+    assert named._actor_id == node_actor._actor_id
+    stats = ray.get(node_actor.stats.remote())
+    assert stats.node_id == node and stats.url == os.environ[URL_ENV_VAR]
+
+
+def test_register_is_idempotent_and_refuses_other_specs(node_actor) -> None:  # type: ignore[no-untyped-def]
+    first = ray.get(node_actor.register.remote("classifier"))
+    again = ray.get(node_actor.register.remote("classifier"))
+    assert first == again
+    with pytest.raises(ModelSpecError, match="already registered"):
+        ray.get(node_actor.register.remote("classifier", pool_size=2))
+    with pytest.raises(ModelSpecError, match="exceeds"):
+        ray.get(node_actor.register.remote("my_model", pool_size=64))
+
+
+def test_zero_copy_results_and_claims(node_actor) -> None:  # type: ignore[no-untyped-def]
+    model = ShmModel("classifier")
+    assert model.zero_copy
+    x = np.random.default_rng(0).random((20, 3, 224, 224), dtype=np.float32)  # 3 chunks
+    out = model.infer({"INPUT0": x})["OUTPUT0"]
+    np.testing.assert_allclose(out, classifier_expected(x), rtol=1e-5)
+    stats = ray.get(node_actor.stats.remote()).models["classifier"]
+    assert stats["claimed"] >= 1 and stats["requests"] >= 3 and stats["in_use"] == 0
+    model.close()
+    assert ray.get(node_actor.stats.remote()).models["classifier"]["claimed"] == stats["claimed"] - 1
+
+
+def test_by_value_results(node_actor) -> None:  # type: ignore[no-untyped-def]
+    model = ShmModel("identity", max_shapes=SHAPES, zero_copy=False)
+    assert not model.zero_copy
+    x = np.arange(40 * 16, dtype=np.float32).reshape(40, 16)
+    np.testing.assert_array_equal(model.infer({"INPUT0": x})["OUTPUT0"], x)
+
+
+def test_handles_pickle_only_configuration(node_actor) -> None:  # type: ignore[no-untyped-def]
+    model = ShmModel("identity", max_shapes=SHAPES)
+    model.infer({"INPUT0": np.ones((1, 16), np.float32)})  # bound in this process
+    data = pickle.dumps(model)
+    assert len(data) < 2000
+    clone = pickle.loads(data)
+    assert clone._binding is None
+
+    @ray.remote(num_cpus=0)
+    def use(handle: ShmModel, x: np.ndarray) -> tuple[np.ndarray, bool, int]:
+        assert not x.flags.writeable  # Ray hands numpy arguments over read-only
+        return handle.infer({"INPUT0": x})["OUTPUT0"], handle.zero_copy, os.getpid()
+
+    x = np.random.default_rng(1).random((5, 16), dtype=np.float32)
+    results = ray.get([use.remote(model, x * i) for i in range(6)])
+    for i, (out, zero_copy, pid) in enumerate(results):
+        np.testing.assert_array_equal(out, x * i)
+        assert zero_copy and pid != os.getpid()
+
+
+def test_async_handle(node_actor) -> None:  # type: ignore[no-untyped-def]
+    @ray.remote(num_cpus=0)
+    class Replica:
+        def __init__(self) -> None:
+            self.model = ShmModel("identity", max_shapes=SHAPES)
+
+        async def run(self, n: int) -> bool:
+            import asyncio
+
+            xs = [np.full((3, 16), i, np.float32) for i in range(n)]
+            outs = await asyncio.gather(*(self.model.infer_async({"INPUT0": x}) for x in xs))
+            return all(np.array_equal(o["OUTPUT0"], x) for o, x in zip(outs, xs))
+
+    replica = Replica.remote()
+    assert ray.get(replica.run.remote(20))
+    ray.kill(replica)
+
+
+def test_bad_input_is_refused_in_the_caller(node_actor) -> None:  # type: ignore[no-untyped-def]
+    model = ShmModel("classifier")
+    before = ray.get(node_actor.stats.remote()).models.get("classifier", {}).get("requests", 0)
+    with pytest.raises(InvalidInputError, match=r"'INPUT0'.*float32.*float64"):
+        model.infer({"INPUT0": np.zeros((2, 3, 224, 224))})
+    by_value = ShmModel("classifier", zero_copy=False)
+    with pytest.raises(InvalidInputError, match=r"'INPUT0'.*\(batch, 3, 224, 224\)"):
+        by_value.infer({"INPUT0": np.zeros((2, 3, 224), np.float32)})  # raised in the actor
+    after = ray.get(node_actor.stats.remote()).models["classifier"]
+    assert after["requests"] == before and after["in_use"] == 0
+
+
+@pytest.mark.parametrize("zero_copy", [True, False])
+def test_triton_errors_come_back_as_themselves(node_actor, zero_copy: bool) -> None:  # type: ignore[no-untyped-def]
+    model = ShmModel("fail_on_negative", max_shapes={"INPUT0": (4,), "OUTPUT0": (4,)}, zero_copy=zero_copy)
+    with pytest.raises(TritonServerError, match="negative input") as info:
+        model.infer({"INPUT0": -np.ones((2, 4), np.float32)})
+    assert info.value.status and info.value.model == "fail_on_negative"
+    ok = model.infer({"INPUT0": np.ones((2, 4), np.float32)})["OUTPUT0"]
+    np.testing.assert_array_equal(ok, np.ones((2, 4), np.float32))
+    stats = ray.get(node_actor.stats.remote()).models["fail_on_negative"]
+    assert stats["errors"] >= 1 and stats["in_use"] == 0
+
+
+def test_empty_batch(node_actor) -> None:  # type: ignore[no-untyped-def]
+    out = ShmModel("classifier").infer({"INPUT0": np.empty((0, 3, 224, 224), np.float32)})
+    assert out["OUTPUT0"].shape == (0, 1000)
