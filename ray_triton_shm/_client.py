@@ -72,7 +72,9 @@ class _ModelPool:
         for tensor in self.spec.inputs:
             sample_shape = batch.sample_shapes[tensor.name]
             shape = (stop - start, *sample_shape) if batch.batched else sample_shape
-            view = self.tensor_view(slot, self.layout.input_offsets[tensor.name], shape, tensor.dtype)
+            view = self.tensor_view(
+                slot, self.layout.input_offsets[tensor.name], shape, tensor.dtype
+            )
             batch.write(tensor.name, start, stop, view)
 
 
@@ -140,9 +142,7 @@ class _Outputs:
 
 
 def _empty_outputs(spec: ModelSpec) -> dict[str, np.ndarray]:
-    return {
-        t.name: np.empty((0, *(max(d, 0) for d in t.shape)), t.dtype) for t in spec.outputs
-    }
+    return {t.name: np.empty((0, *(max(d, 0) for d in t.shape)), t.dtype) for t in spec.outputs}
 
 
 def _release_pools(stub: Any, *registries: dict[str, _ModelPool]) -> None:
@@ -284,15 +284,15 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             except InferenceServerException:
                 pass  # best effort; the registration below reports a dead server
         layout = SlotLayout.for_model(spec)
-        region = SharedMemoryRegion.create(new_region_name(spec.name), layout.slot_bytes * pool_size)
+        region = SharedMemoryRegion.create(
+            new_region_name(spec.name), layout.slot_bytes * pool_size
+        )
         try:
             self.register_system_shared_memory(region.name, region.key, region.size)
         except InferenceServerException as exc:
             region.unlink()
             region.close()
-            raise translate_error(
-                exc, model=spec.name, action="registering shared memory"
-            ) from exc
+            raise translate_error(exc, model=spec.name, action="registering shared memory") from exc
         return _ModelPool(
             spec=spec,
             layout=layout,
@@ -408,14 +408,15 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         pending: deque[_Chunk] = deque()
         try:
             for start, stop in _chunks(batch.size, pool.spec.batch_capacity):
-                slot = pool.slots.try_acquire()
-                while slot is None and pending:  # never wait for a slot while holding one
+                free = pool.slots.try_acquire()
+                while free is None and pending:  # never wait for a slot while holding one
                     self._finish(pending, outputs, metadata, client_timeout_s)
-                    slot = pool.slots.try_acquire()
-                if slot is None:
-                    slot = pool.slots.acquire(slot_timeout_s)
+                    free = pool.slots.try_acquire()
+                slot = pool.slots.acquire(slot_timeout_s) if free is None else free
                 pending.append(
-                    self._submit(pool, slot, batch, start, stop, metadata, client_timeout_s, request_id)
+                    self._submit(
+                        pool, slot, batch, start, stop, metadata, client_timeout_s, request_id
+                    )
                 )
             while pending:
                 self._finish(pending, outputs, metadata, client_timeout_s)
@@ -440,13 +441,17 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
     ) -> service_pb2.ModelInferResponse:
         epoch = pool.epoch
         try:
-            return self._client_stub.ModelInfer(request, metadata=metadata, timeout=client_timeout_s)
+            return self._client_stub.ModelInfer(
+                request, metadata=metadata, timeout=client_timeout_s
+            )
         except grpc.RpcError as exc:
             if not is_missing_region(exc):
                 raise translate_error(exc, model=pool.spec.name, action="inference") from exc
             self._reregister(pool, epoch)
         try:
-            return self._client_stub.ModelInfer(request, metadata=metadata, timeout=client_timeout_s)
+            return self._client_stub.ModelInfer(
+                request, metadata=metadata, timeout=client_timeout_s
+            )
         except grpc.RpcError as exc:
             raise translate_error(exc, model=pool.spec.name, action="inference") from exc
 
@@ -526,14 +531,15 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         pending: deque[_Chunk] = deque()
         try:
             for start, stop in _chunks(batch.size, pool.spec.batch_capacity):
-                slot = pool.slots.try_acquire()
-                while slot is None and pending:
+                free = pool.slots.try_acquire()
+                while free is None and pending:  # never wait for a slot while holding one
                     await self._finish_async(pending, outputs, metadata, client_timeout_s, loop)
-                    slot = pool.slots.try_acquire()
-                if slot is None:
-                    slot = await pool.slots.acquire_async(slot_timeout_s)
+                    free = pool.slots.try_acquire()
+                slot = await pool.slots.acquire_async(slot_timeout_s) if free is None else free
                 pending.append(
-                    self._submit(pool, slot, batch, start, stop, metadata, client_timeout_s, request_id)
+                    self._submit(
+                        pool, slot, batch, start, stop, metadata, client_timeout_s, request_id
+                    )
                 )
             while pending:
                 await self._finish_async(pending, outputs, metadata, client_timeout_s, loop)
@@ -679,4 +685,3 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
 
 def _chunks(total: int, size: int) -> list[tuple[int, int]]:
     return [(start, min(start + size, total)) for start in range(0, total, size)]
-

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 
@@ -19,7 +19,7 @@ from ._specs import ModelSpec, TensorSpec
 __all__ = ["Batch", "prepare_batch"]
 
 #: One input as given by the caller: a batched array, or one array per sample.
-InputValue = Union[np.ndarray, Sequence[np.ndarray]]
+InputValue = np.ndarray | Sequence[np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -126,9 +126,8 @@ def _batched_input(
         _check_dtype(model, tensor, value)
         if value.ndim != len(tensor.shape) + 1:
             raise _shape_error(model, tensor, value.shape, batched=True)
-        sample_shape = value.shape[1:]
-        _check_sample_shape(model, tensor, sample_shape, value.shape, batched=True)
-        return value.shape[0], sample_shape, value
+        _check_sample_shape(model, tensor, value.shape[1:], value.shape, batched=True)
+        return value.shape[0], value.shape[1:], value
     if isinstance(value, (list, tuple)):
         samples = tuple(value)
         sample_shape: tuple[int, ...] | None = None

@@ -153,7 +153,5 @@ def reclaim(url: str | None = DEFAULT_URL) -> ReclaimReport:
                 unregistered = reclaim_dead_registrations(client)
         except InferenceServerException as exc:
             server_error = str(translate_error(exc, action="reclaiming registrations"))
-    unlinked = [
-        r.name for r in list_local_regions() if not r.owner_alive and unlink_region(r.name)
-    ]
+    unlinked = [r.name for r in list_local_regions() if not r.owner_alive and unlink_region(r.name)]
     return ReclaimReport(unregistered=unregistered, unlinked=unlinked, server_error=server_error)

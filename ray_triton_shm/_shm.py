@@ -12,15 +12,14 @@ tracker of an attaching process would unlink a region it does not own when that 
 
 from __future__ import annotations
 
+import _posixshmem  # CPython's shm_open/shm_unlink, as used by multiprocessing.shared_memory
 import mmap
 import os
 import re
 import secrets
 from dataclasses import dataclass
-from pathlib import Path
-
-import _posixshmem  # CPython's shm_open/shm_unlink, as used by multiprocessing.shared_memory
 from multiprocessing import resource_tracker
+from pathlib import Path
 
 __all__ = [
     "REGION_PREFIX",
@@ -174,7 +173,7 @@ class LocalRegion:
 
 def list_local_regions() -> list[LocalRegion]:
     """Our regions present in ``/dev/shm`` on this machine, sorted by name."""
-    regions = []
+    regions: list[LocalRegion] = []
     if not _SHM_DIR.is_dir():
         return regions
     for path in sorted(_SHM_DIR.iterdir()):

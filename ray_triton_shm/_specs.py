@@ -24,7 +24,7 @@ TENSOR_ALIGNMENT = 64
 #: Slots start on page boundaries so two slots never share a page.
 SLOT_ALIGNMENT = 4096
 
-DTypeLike = Union[np.dtype, type, str]
+DTypeLike = np.dtype | type | str
 #: ``(name, shape_without_batch, dtype)`` as in the seed's ``register_shm_model``.
 SpecLike = Union["TensorSpec", tuple[str, Sequence[int], DTypeLike]]
 
@@ -267,8 +267,7 @@ def _resolve_tensors(
         raw = [_split_spec(model, item) for item in given]
     else:
         raw = [
-            (t["name"], [int(d) for d in t.get("dims", [])], t["data_type"])
-            for t in config_tensors
+            (t["name"], [int(d) for d in t.get("dims", [])], t["data_type"]) for t in config_tensors
         ]
     return [_tensor_spec(model, name, shape, dtype, max_shapes) for name, shape, dtype in raw]
 
@@ -295,8 +294,7 @@ def _tensor_spec(
         dims = tuple(int(d) for d in shape)
     except (TypeError, ValueError) as exc:
         raise ModelSpecError(
-            f"tensor {name!r} of model {model!r}: shape must be a sequence of ints, "
-            f"got {shape!r}",
+            f"tensor {name!r} of model {model!r}: shape must be a sequence of ints, got {shape!r}",
             model=model,
             tensor=name,
         ) from exc

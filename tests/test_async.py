@@ -48,7 +48,10 @@ def test_waiting_for_a_slot_blocks_no_thread(client: TritonSHMClient) -> None:
     async def main() -> tuple[int, int]:
         threads_before = threading.active_count()
         ticks = 0
-        calls = [asyncio.ensure_future(client.infer_shm_async("slow_identity", {"INPUT0": x * i})) for i in range(4)]
+        calls = [
+            asyncio.ensure_future(client.infer_shm_async("slow_identity", {"INPUT0": x * i}))
+            for i in range(4)
+        ]
         while not all(c.done() for c in calls):
             ticks += 1  # the loop keeps running while three callers wait for the one slot
             assert client.shm_stats("slow_identity").waiting <= 3

@@ -159,7 +159,9 @@ def test_output_shapes_come_from_the_response(client: TritonSHMClient) -> None:
     client.register_shm_model("variable_output", max_shapes={"OUTPUT0": (64,)})
     for n in (0, 3, 64):
         out = client.infer_shm("variable_output", {"INPUT0": np.full((4, 1), n, np.int32)})
-        np.testing.assert_array_equal(out["OUTPUT0"], np.tile(np.arange(n, dtype=np.float32), (4, 1)))
+        np.testing.assert_array_equal(
+            out["OUTPUT0"], np.tile(np.arange(n, dtype=np.float32), (4, 1))
+        )
 
 
 def test_output_larger_than_registered_is_a_server_error(client: TritonSHMClient) -> None:
@@ -259,7 +261,9 @@ def test_cleanup_at_interpreter_exit(grpc_url: str) -> None:
         "c.infer_shm('classifier', {'INPUT0': np.zeros((2, 3, 224, 224), np.float32)})\n"
         "print(next(iter(c._pools.values())).region.name)\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True
+    )
     name = done.stdout.strip()
     assert name.startswith("rtshm_")
     assert not os.path.exists(f"/dev/shm/{name}")
@@ -308,7 +312,9 @@ def test_server_restart_is_survived(fresh_triton) -> None:  # type: ignore[no-un
 
 
 def test_blocks_when_every_slot_is_busy(client: TritonSHMClient) -> None:
-    client.register_shm_model("slow_identity", pool_size=1, max_shapes={"INPUT0": (4,), "OUTPUT0": (4,)})
+    client.register_shm_model(
+        "slow_identity", pool_size=1, max_shapes={"INPUT0": (4,), "OUTPUT0": (4,)}
+    )
     x = np.ones((2, 4), np.float32)
     started = threading.Event()
 
@@ -330,7 +336,9 @@ def test_blocks_when_every_slot_is_busy(client: TritonSHMClient) -> None:
 
 
 def test_chunks_in_flight_are_bounded_by_the_pool(client: TritonSHMClient) -> None:
-    client.register_shm_model("slow_identity", pool_size=3, max_shapes={"INPUT0": (4,), "OUTPUT0": (4,)})
+    client.register_shm_model(
+        "slow_identity", pool_size=3, max_shapes={"INPUT0": (4,), "OUTPUT0": (4,)}
+    )
     x = rng.random((8 * 6, 4), dtype=np.float32)
     seen: list[int] = []
     done = threading.Event()

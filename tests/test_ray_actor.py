@@ -12,7 +12,7 @@ import ray
 
 from ray_triton_shm import InvalidInputError, ModelSpecError, TritonServerError
 from ray_triton_shm._shm import list_local_regions
-from ray_triton_shm.ray import NAMESPACE, ShmModel, URL_ENV_VAR, actor_name, get_node_actor
+from ray_triton_shm.ray import NAMESPACE, URL_ENV_VAR, ShmModel, actor_name, get_node_actor
 
 SHAPES = {"INPUT0": (16,), "OUTPUT0": (16,)}
 
@@ -71,7 +71,9 @@ def test_zero_copy_results_and_claims(node_actor) -> None:  # type: ignore[no-un
     stats = ray.get(node_actor.stats.remote()).models["classifier"]
     assert stats["claimed"] >= 1 and stats["requests"] >= 3 and stats["in_use"] == 0
     model.close()
-    assert ray.get(node_actor.stats.remote()).models["classifier"]["claimed"] == stats["claimed"] - 1
+    assert (
+        ray.get(node_actor.stats.remote()).models["classifier"]["claimed"] == stats["claimed"] - 1
+    )
 
 
 def test_by_value_results(node_actor) -> None:  # type: ignore[no-untyped-def]
@@ -133,7 +135,9 @@ def test_bad_input_is_refused_in_the_caller(node_actor) -> None:  # type: ignore
 
 @pytest.mark.parametrize("zero_copy", [True, False])
 def test_triton_errors_come_back_as_themselves(node_actor, zero_copy: bool) -> None:  # type: ignore[no-untyped-def]
-    model = ShmModel("fail_on_negative", max_shapes={"INPUT0": (4,), "OUTPUT0": (4,)}, zero_copy=zero_copy)
+    model = ShmModel(
+        "fail_on_negative", max_shapes={"INPUT0": (4,), "OUTPUT0": (4,)}, zero_copy=zero_copy
+    )
     with pytest.raises(TritonServerError, match="negative input") as info:
         model.infer({"INPUT0": -np.ones((2, 4), np.float32)})
     assert info.value.status and info.value.model == "fail_on_negative"

@@ -228,8 +228,8 @@ class TritonNodeActor:
         size = pool_size or self._config.slots
         if size > self._config.slots:
             raise ModelSpecError(
-                f"model {model_name!r}: pool_size {size} exceeds the node actor's {self._config.slots} "
-                "inference slots; create the node actor with more slots",
+                f"model {model_name!r}: pool_size {size} exceeds the node actor's "
+                f"{self._config.slots} inference slots; create the node actor with more slots",
                 model=model_name,
             )
         self._client.register_shm_model(
@@ -371,7 +371,7 @@ class TritonNodeActor:
             with self._lock:
                 gone = [c.claim_id for c in self._claims.values() if not pid_alive(c.owner_pid)]
             for claim_id in gone:
-                self.release_claim(claim_id)
+                self.release_claim(claim_id)  # type: ignore[operator]  # ray.method-wrapped
             for name in list(self._counters):
                 try:
                     pool = self._client.shm_stats(name)
@@ -417,9 +417,7 @@ class _Metrics:
         self._requests = metrics.Counter(
             "ray_triton_shm_requests", "Inference requests served", tag_keys=tags
         )
-        self._samples = metrics.Counter(
-            "ray_triton_shm_samples", "Samples inferred", tag_keys=tags
-        )
+        self._samples = metrics.Counter("ray_triton_shm_samples", "Samples inferred", tag_keys=tags)
         self._bytes_in = metrics.Counter(
             "ray_triton_shm_input_bytes", "Input bytes sent to Triton", tag_keys=tags
         )
@@ -429,9 +427,7 @@ class _Metrics:
         self._errors = metrics.Counter(
             "ray_triton_shm_errors", "Inference calls that failed", tag_keys=tags
         )
-        self._in_use = metrics.Gauge(
-            "ray_triton_shm_slots_in_use", "Slots in use", tag_keys=tags
-        )
+        self._in_use = metrics.Gauge("ray_triton_shm_slots_in_use", "Slots in use", tag_keys=tags)
         self._total = metrics.Gauge("ray_triton_shm_slots", "Slots in the pool", tag_keys=tags)
         self._waiting = metrics.Gauge(
             "ray_triton_shm_waiting", "Calls waiting for a slot", tag_keys=tags
@@ -485,10 +481,10 @@ def get_node_actor(
         return ray.get_actor(name, namespace=NAMESPACE)
     except ValueError:
         pass
-    config = NodeActorConfig(
-        url=url, slots=slots, max_waiting=max_waiting, max_claims=max_claims
-    )
-    actor_class = ray.remote(concurrency_groups={"infer": slots, "control": 4})(TritonNodeActor)
+    config = NodeActorConfig(url=url, slots=slots, max_waiting=max_waiting, max_claims=max_claims)
+    actor_class = ray.remote(  # type: ignore[call-overload]
+        concurrency_groups={"infer": slots, "control": 4}
+    )(TritonNodeActor)
     return actor_class.options(
         name=name,
         namespace=NAMESPACE,

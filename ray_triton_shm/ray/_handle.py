@@ -181,7 +181,9 @@ class ShmModel:
         with self._bind_lock:
             if self._binding is None:
                 actor = get_node_actor(url=self._url, **self._actor_options)
-                registration = _call(_submit(actor.register, self.model_name, **self._register_args))
+                registration = _call(
+                    _submit(actor.register, self.model_name, **self._register_args)
+                )
                 same_node = registration.node_id == ray.get_runtime_context().get_node_id()
                 self._binding = _Binding(
                     actor, registration, self._local_slots, self._zero_copy and same_node
