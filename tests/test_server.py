@@ -19,8 +19,8 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 from ray_triton_shm import _server
 from ray_triton_shm._server import (
     EXAMPLE_MODEL_REPOSITORY,
-    LocalTritonServer,
     LocalServerError,
+    LocalTritonServer,
     ensure_server_env,
     find_tritonserver,
     server_env_dir,
