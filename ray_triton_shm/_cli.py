@@ -281,10 +281,95 @@ def _report_server_error(report: Any) -> int:
     return 0
 
 
+def _node_actor_reports(address: str | None, *, timeout_s: float) -> list[dict[str, Any]]:
+    """Connects to a Ray cluster and asks every node actor for its ``stats()``.
+
+    Returns:
+        One entry per node actor: ``name``, and ``stats`` (a ``NodeStats``) or ``error``.
+
+    Raises:
+        ImportError: Ray is not installed.
+        ConnectionError: No Ray cluster at ``address``.
+    """
+    import logging
+
+    import ray
+
+    from ray_triton_shm.ray import NAMESPACE, actor_name
+
+    ray.init(
+        address=address or "auto",
+        namespace=NAMESPACE,
+        logging_level=logging.ERROR,
+        log_to_driver=False,
+    )
+    try:
+        prefix = actor_name("")
+        names = sorted(
+            a["name"]
+            for a in ray.util.list_named_actors(all_namespaces=True)
+            if a.get("namespace") == NAMESPACE and a["name"].startswith(prefix)
+        )
+        reports: list[dict[str, Any]] = []
+        for name in names:
+            try:
+                actor = ray.get_actor(name, namespace=NAMESPACE)
+                reports.append({"name": name, "stats": ray.get(actor.stats.remote(),
+                                                              timeout=timeout_s)})
+            except Exception as exc:
+                reports.append({"name": name, "error": f"{type(exc).__name__}: {exc}"})
+        return reports
+    finally:
+        ray.shutdown()
+
+
+def _print_node_actors(address: str | None, *, timeout_s: float) -> int:
+    from ray_triton_shm.ray import NAMESPACE
+
+    try:
+        reports = _node_actor_reports(address, timeout_s=timeout_s)
+    except ImportError as exc:
+        print(f"{PROG} status: error: Ray is not installed ({exc})", file=sys.stderr)
+        return 1
+    except ConnectionError as exc:
+        print(f"{PROG} status: error: no Ray cluster at {address or 'auto'}: {exc}",
+              file=sys.stderr)
+        return 1
+    print(f"Ray node actors (namespace {NAMESPACE}): {len(reports)}")
+    status = 0
+    columns = ("slots", "in_use", "waiting", "claimed", "requests", "samples", "bytes_in",
+               "bytes_out", "errors")
+    for report in reports:
+        stats = report.get("stats")
+        if stats is None:
+            print(f"  {report['name']}: could not be asked: {report.get('error')}")
+            status = 1
+            continue
+        print(f"  node {stats.node_id}  url {stats.url}  pid {stats.pid}  "
+              f"incarnation {stats.incarnation}")
+        if not stats.models:
+            print("    no models registered")
+            continue
+        header = ("model", *columns)
+        rows = [(name, *(str(m.get(c, "-")) for c in columns))
+                for name, m in sorted(stats.models.items())]
+        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+        for row in (header, *rows):
+            print("    " + "  ".join(
+                c.ljust(w) if i == 0 else c.rjust(w)
+                for i, (c, w) in enumerate(zip(row, widths, strict=True))
+            ).rstrip())
+    return status
+
+
 def _cmd_status(args: argparse.Namespace) -> int:
     from ray_triton_shm import _reclaim
 
-    return _print_status(_reclaim.status(url=None if args.local else args.url))
+    status = 0
+    if args.ray or args.address:
+        status = _print_node_actors(args.address, timeout_s=args.timeout_s)
+        print()
+    return max(status, _print_status(_reclaim.status(url=None if args.local else args.url)))
 
 
 def _cmd_reclaim(args: argparse.Namespace) -> int:
@@ -361,6 +446,20 @@ def build_parser() -> argparse.ArgumentParser:
             "--local", action="store_true",
             help="look at this machine's /dev/shm only; do not contact a server",
         )
+        if name == "status":
+            p.add_argument(
+                "--ray", action="store_true",
+                help="also list the Ray node actors and their stats (connects to the Ray "
+                     "cluster at --address, else $RAY_ADDRESS or the local one)",
+            )
+            p.add_argument(
+                "--address", metavar="ADDR",
+                help="Ray cluster address (implies --ray)",
+            )
+            p.add_argument(
+                "--timeout-s", type=float, default=30.0, metavar="S",
+                help="how long to wait for each node actor's stats (default: %(default)s)",
+            )
         p.set_defaults(func=func)
     return parser
 

@@ -1,0 +1,169 @@
+"""``bench --ray`` and ``status --ray`` against the session's real Triton and a real local Ray."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from ray_triton_shm._bench import CASES, DEFAULT_PATHS
+from ray_triton_shm._bench._paths import BenchTarget, PathUnavailableError
+from ray_triton_shm._bench._ray_paths import RAY_PATHS, ActorZeroCopyPath
+from ray_triton_shm._server import LocalTritonServer
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SHM_DIR = Path("/dev/shm")
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+    env.pop("RAY_ADDRESS", None)
+    return env
+
+
+def _registered(url: str) -> set[str]:
+    with grpcclient.InferenceServerClient(url) as client:
+        return set(client.get_system_shared_memory_status(as_json=True).get("regions", {}))
+
+
+def _our_regions() -> set[str]:
+    return {p.name for p in SHM_DIR.iterdir() if p.name.startswith("rtshm_")}
+
+
+def test_bench_ray_quick_json_has_every_ray_path_verified(
+    triton: LocalTritonServer, tmp_path: Path
+) -> None:
+    json_path = tmp_path / "bench.json"
+    registered_before = _registered(triton.grpc_url)
+    regions_before = _our_regions()
+    proc = subprocess.run(
+        [
+            sys.executable, "-m", "ray_triton_shm", "bench", "--ray", "--quick",
+            "--url", triton.grpc_url, "--no-progress", "--no-plot", "--json", str(json_path),
+        ],
+        capture_output=True, text=True, env=_env(), timeout=600,
+    )
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+
+    data = json.loads(json_path.read_text())
+    assert data["config"]["ray_callers"] == 4
+    assert data["failures"] == []
+    assert set(data["models"]) == set(CASES)
+    for model, entry in data["models"].items():
+        expected = [p for p in DEFAULT_PATHS if p != "http"] + list(RAY_PATHS)
+        assert [p for p in entry["paths"] if p != "http"] == expected, model
+        for path in RAY_PATHS:
+            result = entry["paths"][path]
+            where = f"{model}/{path}"
+            assert result["ok"] and result["verified"], (where, result)
+            assert result["error"] is None and result["skipped"] is None, where
+            # Every caller finishes at least one request per slice.
+            assert result["requests"] >= 4 * data["config"]["rounds"], where
+            for key in ("mb_per_s", "requests_per_s", "cpu_s_per_gb"):
+                assert result[key] is not None and result[key] > 0, (where, key)
+        ratios = entry["ratios"]
+        for key in (
+            "actor_zero_copy_vs_shm_client_mb_per_s",
+            "actor_zero_copy_vs_serve_grpc_mb_per_s",
+            "actor_by_value_vs_serve_grpc_mb_per_s",
+        ):
+            assert ratios[key] is not None and ratios[key] > 0, (model, key)
+    ray_goals = [g for g in data["goals"] if g["kind"] == "mbps_vs"]
+    assert {(g["model"], g["description"]) for g in ray_goals} == {
+        (model, text)
+        for model in ("classifier", "large_image")
+        for text in (
+            "actor-zero-copy MB/s >= 0.9x shm-client",
+            "actor-zero-copy MB/s >= 3x serve-grpc",
+            "actor-by-value MB/s >= 3x serve-grpc",
+        )
+    }
+    assert all(isinstance(g["met"], bool) for g in ray_goals)
+
+    assert "actor-zero-copy" in proc.stdout and "Ray paths" in proc.stdout
+    # Ray, Serve, the callers and the node actor are gone, and so are their regions.
+    assert _registered(triton.grpc_url) - registered_before == set()
+    assert _our_regions() - regions_before == set()
+
+
+def test_bench_without_ray_has_no_ray_paths_or_goals(triton: LocalTritonServer) -> None:
+    from ray_triton_shm._bench import BenchConfig, run_bench
+
+    results = run_bench(
+        BenchConfig(models=("identity",), paths=("grpc", "shm-client"), rounds=1, slice_s=0.05,
+                    warmup_requests=1, url=triton.grpc_url)
+    )
+    entry = results.to_dict()["models"]["identity"]
+    assert set(entry["paths"]) == {"grpc", "shm-client"}
+    assert not any(key.startswith("actor") for key in entry["ratios"])
+    assert all(g["kind"] != "mbps_vs" for g in results.to_dict()["goals"])
+
+
+def test_ray_path_outside_bench_ray_is_skipped(triton: LocalTritonServer) -> None:
+    case = CASES["identity"]
+    inputs = case.make_inputs()
+    path = ActorZeroCopyPath(
+        target=BenchTarget(triton.grpc_url), case=case, inputs=inputs, reference=inputs
+    )
+    with pytest.raises(PathUnavailableError, match="bench --ray"):
+        path.setup()
+    path.teardown()
+
+
+def test_status_ray_lists_node_actors_with_stats(triton: LocalTritonServer) -> None:
+    import ray
+
+    from ray_triton_shm.ray import URL_ENV_VAR, ShmModel, get_node_actor
+
+    if ray.is_initialized():
+        ray.shutdown()
+    old = os.environ.get(URL_ENV_VAR)
+    os.environ[URL_ENV_VAR] = triton.grpc_url
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
+    try:
+        actor = get_node_actor(url=triton.grpc_url)
+        try:
+            model = ShmModel("identity", max_shapes={"INPUT0": (16,), "OUTPUT0": (16,)})
+            x = np.arange(32, dtype=np.float32).reshape(2, 16)
+            np.testing.assert_array_equal(model.infer({"INPUT0": x})["OUTPUT0"], x)
+            stats = ray.get(actor.stats.remote())
+            address = ray.get_runtime_context().gcs_address
+            proc = subprocess.run(
+                [sys.executable, "-m", "ray_triton_shm", "status", "--address", address,
+                 "--url", triton.grpc_url],
+                capture_output=True, text=True, env=_env(), timeout=120,
+            )
+            assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+            out = proc.stdout
+            assert "Ray node actors (namespace ray_triton_shm): 1" in out
+            assert f"node {stats.node_id}" in out
+            assert f"url {triton.grpc_url}" in out and f"pid {stats.pid}" in out
+            header = next(line for line in out.splitlines() if line.strip().startswith("model"))
+            assert header.split() == [
+                "model", "slots", "in_use", "waiting", "claimed", "requests", "samples",
+                "bytes_in", "bytes_out", "errors",
+            ]
+            row = next(line for line in out.splitlines() if line.strip().startswith("identity"))
+            assert row.split()[1:] == [str(v) for v in (
+                8, 0, 0, 1, 1, 2, x.nbytes, x.nbytes, 0
+            )]
+            # The regions report still follows, with the actor's regions registered.
+            assert f"rtshm_{stats.pid}_" in out
+            model.close()
+        finally:
+            ray.get(actor.shutdown.remote())
+            ray.kill(actor)
+    finally:
+        ray.shutdown()
+        if old is None:
+            os.environ.pop(URL_ENV_VAR, None)
+        else:
+            os.environ[URL_ENV_VAR] = old
+
