@@ -166,7 +166,9 @@ def test_many_callers_with_cancellations_and_a_killed_caller_leak_nothing(
     }
     _wait_for(lambda: ray.get(cancelled.progress.remote()) >= 30, timeout_s=120,
               what="the caller to be cancelled to get going")
-    ray.cancel(runs["cancelled"])  # CancelledError inside its coroutines, mid-call
+    # CancelledError inside its coroutines, mid-call; recursive (the default, as Serve does),
+    # so its in-flight infer_claimed calls on the node actor are cancelled too.
+    ray.cancel(runs["cancelled"])
     _wait_for(lambda: ray.get(killed.progress.remote()) >= 30, timeout_s=120,
               what="the caller to be killed to get going")
     ray.kill(killed)  # SIGKILL: nothing released; its claims stay until the sweeper sees it
@@ -189,7 +191,8 @@ def test_many_callers_with_cancellations_and_a_killed_caller_leak_nothing(
     )
     identity = stats.models["identity"]
     assert identity["in_use"] == 0 and identity["waiting"] == 0
-    assert identity["errors"] == 0
+    # Only the cancelled caller's in-flight calls (at most its 4) may have ended in error.
+    assert identity["errors"] <= 4
     assert identity["requests"] >= 250 + 240 + made[2] + 30
     for caller in (whole, cancels_tasks, cancelled):
         ray.kill(caller)
