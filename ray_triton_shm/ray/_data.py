@@ -91,6 +91,11 @@ class ShmPredictor:
         """Model output name -> the column it is written to."""
         return dict(self._outputs)
 
+    @property
+    def zero_copy(self) -> bool:
+        """Whether this worker writes batches straight into shared memory (else by value)."""
+        return self._model.zero_copy
+
     def __call__(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Runs the model on one batch (``batch_format="numpy"``).
 
