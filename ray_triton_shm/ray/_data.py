@@ -74,7 +74,7 @@ class ShmPredictor:
         self._cast = cast
         # Binding here (inside the worker) fails fast on a bad model or mapping, before data
         # flows, and registers the model once per worker.
-        self._spec: ModelSpec = self._model._bind().spec
+        self._spec: ModelSpec = self._model.spec
         self._columns = _input_columns(self._spec, input_columns)
         self._outputs = _output_columns(self._spec, output_columns)
 

@@ -204,6 +204,11 @@ class ShmModel:
                 stale.close()
 
     @property
+    def spec(self) -> ModelSpec:
+        """The model's spec as registered with the node actor (binds if needed)."""
+        return self._bind().spec
+
+    @property
     def zero_copy(self) -> bool:
         """Whether calls in this process write shared memory directly (binds if needed)."""
         binding = self._bind()
