@@ -191,8 +191,8 @@ def test_bench_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
     assert "unknown model" in capsys.readouterr().err
     assert main(["bench", "--paths", "carrier-pigeon", "--url", "x:1"]) == 2
     assert "unknown path" in capsys.readouterr().err
-    assert main(["bench", "--ray", "--url", "x:1"]) == 2
-    assert "not available yet" in capsys.readouterr().err
+    assert main(["bench", "--ray", "--ray-callers", "0", "--url", "x:1"]) == 2
+    assert "--ray-callers must be at least 1" in capsys.readouterr().err
     assert main(["bench", "--rounds", "0", "--url", "x:1"]) == 2
     assert main(["bench", "--http-url", "x:2"]) == 2
     assert main(["bench", "--rounds", "many"]) == 2

@@ -206,8 +206,8 @@ def write_plot(results: BenchResults, path: str | Path) -> Path:
          f"{m.case.input_nbytes / 1e6:.3g} MB in)" for m in models],
         fontsize=8,
     )
-    ax.set_yscale("log")
-    if all_values:
+    if all_values:  # (a log scale without any value fails)
+        ax.set_yscale("log")
         # Room above the tallest bar for its label.
         ax.set_ylim(min(all_values) / 2, max(all_values) * 6)
     ax.set_ylabel("input MB/s (log scale)")
