@@ -19,6 +19,7 @@ slot. Claims of processes that exit are taken back by a sweeper.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import math
 import os
@@ -276,8 +277,16 @@ class TritonNodeActor:
         return claim
 
     @ray.method(concurrency_group="control")
-    def release_claim(self, claim_id: int) -> None:
-        """Takes a claimed slot back and frees its region; idempotent."""
+    def release_claim(self, claim_id: int, incarnation: str | None = None) -> None:
+        """Takes a claimed slot back and frees its region; idempotent.
+
+        Args:
+            claim_id: The claim.
+            incarnation: The incarnation that granted it; a claim of an earlier incarnation
+                (whose ids may repeat) is ignored.
+        """
+        if incarnation is not None and incarnation != self._incarnation:
+            return
         with self._lock:
             claim = self._claims.pop(claim_id, None)
         if claim is not None:
@@ -352,10 +361,17 @@ class TritonNodeActor:
                 claim_id=claim_id,
             )
         counters = self._counters[claim.model]
+        call = asyncio.ensure_future(
+            self._client.infer_region_async(claim.region_name, 0, rows, sample_shapes)
+        )
         try:
-            shapes = await self._client.infer_region_async(
-                claim.region_name, 0, rows, sample_shapes
-            )
+            # Shielded: a cancelled caller (e.g. a Serve client that went away) must not get
+            # its slot back while Triton may still write into it.
+            shapes = await asyncio.shield(call)
+        except asyncio.CancelledError:
+            await asyncio.wait([call])
+            counters.errors += 1
+            raise
         except BaseException:
             counters.errors += 1
             raise

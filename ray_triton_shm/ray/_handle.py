@@ -65,7 +65,7 @@ class _Binding:
                 try:
                     self.regions[index] = SharedMemoryRegion.attach(claim.region_name)
                 except OSError:
-                    self.actor.release_claim.remote(claim.claim_id)
+                    self.actor.release_claim.remote(claim.claim_id, claim.incarnation)
                     self.zero_copy = False  # no shared /dev/shm with the actor
                     return None
                 self.claims[index] = claim
@@ -89,7 +89,7 @@ def _release_claims(actor: Any, claims: list[SlotClaim | None]) -> list[Any]:
     for claim in claims:
         if claim is not None:
             try:
-                refs.append(actor.release_claim.remote(claim.claim_id))
+                refs.append(actor.release_claim.remote(claim.claim_id, claim.incarnation))
             except Exception:
                 pass  # Ray is shutting down; the actor's sweeper takes them back
     return refs
