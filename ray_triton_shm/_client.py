@@ -121,8 +121,8 @@ class _Outputs:
             view = pool.tensor_view(
                 slot, pool.layout.output_offsets[tensor.name], shape, tensor.dtype
             )
-            if not self._spec.batched:
-                self._arrays[tensor.name] = view.copy()
+            if not self._spec.batched or (start == 0 and shape[0] == self._total):
+                self._arrays[tensor.name] = view.copy()  # the whole result in one chunk
                 continue
             array = self._arrays.get(tensor.name)
             if array is None:

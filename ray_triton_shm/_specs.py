@@ -7,6 +7,7 @@ every input and output of one batch of ``max_batch_size`` samples at an aligned 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -54,7 +55,7 @@ class TensorSpec:
         """The Triton datatype name (``"FP32"``, ``"INT32"``, ...)."""
         return str(np_to_triton_dtype(self.dtype))
 
-    @property
+    @functools.cached_property
     def is_variable(self) -> bool:
         """Whether any dim is ``-1`` in the model's declaration."""
         return -1 in self.shape
