@@ -152,7 +152,7 @@ def test_each_node_uses_its_own_actor_and_triton(two_nodes: dict[str, Any]) -> N
     with pytest.raises(ValueError):
         ray.get_actor(actor_name(head), namespace=NAMESPACE)
 
-    for label, actor in actors.items():
+    for actor in actors.values():
         ray.get(actor.shutdown.remote())
         ray.kill(actor)
     for label, url in urls.items():

@@ -227,7 +227,7 @@ class RayBenchSession:
                     log_to_driver=False,
                 )
                 self._started_ray = True
-            caller_class = ray.remote(num_cpus=0, max_concurrency=2)(_Caller)
+            caller_class = ray.remote(num_cpus=0, max_concurrency=2)(_Caller)  # type: ignore[call-overload]
             self.actors = [caller_class.remote() for _ in range(self.callers)]
             self.caller_pids = ray.get([a.pid.remote() for a in self.actors])
         except Exception as exc:
@@ -255,7 +255,9 @@ class RayBenchSession:
                 ray_actor_options={"num_cpus": 0},
             )
             handle = serve.run(
-                deployment.bind(self.target.grpc_url), name=_SERVE_APP, route_prefix=None
+                deployment.bind(self.target.grpc_url),  # type: ignore[attr-defined]
+                name=_SERVE_APP,
+                route_prefix=None,
             )
             self._replica_pid = handle.pid.remote().result()
             self._serve_handle = handle
@@ -346,7 +348,7 @@ class _RayPath(BenchPath):
     """Shared by the Ray paths: every caller sends requests through the same target."""
 
     group = RAY_GROUP
-    session_factory = staticmethod(ray_session)
+    session_factory = staticmethod(ray_session)  # type: ignore[assignment]
     #: ``"serve"`` or ``"actor"``: which process besides the callers does client work.
     kind: ClassVar[str] = "actor"
 
