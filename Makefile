@@ -17,7 +17,8 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 bench: $(VENV)/.installed
-	$(VENV)/bin/ray-triton-shm bench $(BENCH_ARGS)
+	$(VENV)/bin/ray-triton-shm bench --ray --json bench-results/bench.json \
+		--plot bench-results/bench.png $(BENCH_ARGS)
 
 test: $(VENV)/.installed
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
