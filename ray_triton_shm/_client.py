@@ -15,7 +15,6 @@ request completes, so Triton never writes into a slot that a new request already
 from __future__ import annotations
 
 import asyncio
-import math
 import threading
 import weakref
 from collections import deque
@@ -33,9 +32,9 @@ from ._exceptions import (
     ClientClosedError,
     ModelNotRegisteredError,
     ModelSpecError,
-    TritonServerError,
 )
 from ._inputs import Batch, InputValue, prepare_batch
+from ._outputs import OutputAssembler, empty_outputs
 from ._pool import PoolStats, SlotPool
 from ._reclaim import reclaim_dead_registrations
 from ._shm import SharedMemoryRegion, new_region_name
@@ -63,19 +62,9 @@ class _ModelPool:
     epoch: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def tensor_view(self, slot: int, offset: int, shape: tuple[int, ...], dtype: np.dtype) -> Any:
-        count = math.prod(shape)
-        start = slot * self.layout.slot_bytes + offset
-        return np.frombuffer(self.region.buffer, dtype, count, start).reshape(shape)
-
     def write_chunk(self, slot: int, batch: Batch, start: int, stop: int) -> None:
-        for tensor in self.spec.inputs:
-            sample_shape = batch.sample_shapes[tensor.name]
-            shape = (stop - start, *sample_shape) if batch.batched else sample_shape
-            view = self.tensor_view(
-                slot, self.layout.input_offsets[tensor.name], shape, tensor.dtype
-            )
-            batch.write(tensor.name, start, stop, view)
+        base = slot * self.layout.slot_bytes
+        batch.write_chunk(self.region.buffer, base, self.layout, start, stop)
 
 
 @dataclass(eq=False)
@@ -94,55 +83,6 @@ class _Chunk:
         """Releases the slot once Triton is done with it (at once if it already is)."""
         slots, slot = self.pool.slots, self.slot
         self.call.add_done_callback(lambda _call: slots.release(slot))
-
-
-class _Outputs:
-    """Collects each chunk's outputs into arrays owned by the caller."""
-
-    def __init__(self, spec: ModelSpec, total: int) -> None:
-        self._spec = spec
-        self._total = total
-        self._arrays: dict[str, np.ndarray] = {}
-        self._by_name = {t.name: t for t in spec.outputs}
-
-    def add(
-        self, pool: _ModelPool, slot: int, start: int, response: service_pb2.ModelInferResponse
-    ) -> None:
-        for output in response.outputs:
-            tensor = self._by_name[output.name]
-            shape = tuple(output.shape)
-            capacity = pool.layout.capacities[f"out:{tensor.name}"]
-            if math.prod(shape) * tensor.dtype.itemsize > capacity:
-                raise TritonServerError(
-                    f"model {self._spec.name!r}: output {tensor.name!r} has shape {shape}, larger "
-                    f"than the {capacity} bytes its slot holds; register a larger max_shapes entry",
-                    model=self._spec.name,
-                )
-            view = pool.tensor_view(
-                slot, pool.layout.output_offsets[tensor.name], shape, tensor.dtype
-            )
-            if not self._spec.batched or (start == 0 and shape[0] == self._total):
-                self._arrays[tensor.name] = view.copy()  # the whole result in one chunk
-                continue
-            array = self._arrays.get(tensor.name)
-            if array is None:
-                array = np.empty((self._total, *shape[1:]), tensor.dtype)
-                self._arrays[tensor.name] = array
-            elif array.shape[1:] != shape[1:]:
-                raise TritonServerError(
-                    f"model {self._spec.name!r}: output {tensor.name!r} came back as "
-                    f"{shape[1:]} per sample in one chunk and {array.shape[1:]} in another; "
-                    "call infer_shm with at most max_batch_size samples for such outputs",
-                    model=self._spec.name,
-                )
-            array[start : start + shape[0]] = view
-
-    def result(self) -> dict[str, np.ndarray]:
-        return {t.name: self._arrays[t.name] for t in self._spec.outputs}
-
-
-def _empty_outputs(spec: ModelSpec) -> dict[str, np.ndarray]:
-    return {t.name: np.empty((0, *(max(d, 0) for d in t.shape)), t.dtype) for t in spec.outputs}
 
 
 def _release_pools(stub: Any, *registries: dict[str, _ModelPool]) -> None:
@@ -390,9 +330,9 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         pool = self._pool(model_name)
         batch = prepare_batch(pool.spec, inputs)
         if batch.size == 0:
-            return _empty_outputs(pool.spec)
+            return empty_outputs(pool.spec)
         metadata = self._get_metadata(headers)
-        outputs = _Outputs(pool.spec, batch.size)
+        outputs = OutputAssembler(pool.spec, batch.size)
         if batch.size <= pool.spec.batch_capacity:
             # One chunk, the common case: a blocking call costs less CPU than a gRPC future.
             slot = pool.slots.acquire(slot_timeout_s)
@@ -401,7 +341,13 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
                 rows = batch.size if batch.batched else None
                 request = pool.requests.prepare(slot, rows, batch.sample_shapes, request_id)
                 response = self._infer_blocking(pool, request, metadata, client_timeout_s)
-                outputs.add(pool, slot, 0, response)
+                outputs.add(
+                    pool.region.buffer,
+                    slot * pool.layout.slot_bytes,
+                    pool.layout,
+                    0,
+                    _shapes(response),
+                )
             finally:
                 pool.slots.release(slot)
             return outputs.result()
@@ -481,7 +427,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
     def _finish(
         self,
         pending: deque[_Chunk],
-        outputs: _Outputs,
+        outputs: OutputAssembler,
         metadata: Any,
         client_timeout_s: float | None,
     ) -> None:
@@ -502,7 +448,14 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
                 raise translate_error(
                     retry_exc, model=chunk.pool.spec.name, action="inference"
                 ) from retry_exc
-        outputs.add(chunk.pool, chunk.slot, chunk.start, response)
+        pool = chunk.pool
+        outputs.add(
+            pool.region.buffer,
+            chunk.slot * pool.layout.slot_bytes,
+            pool.layout,
+            chunk.start,
+            _shapes(response),
+        )
         pending.popleft()
         chunk.pool.slots.release(chunk.slot)
 
@@ -524,10 +477,10 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         pool = self._pool(model_name)
         batch = prepare_batch(pool.spec, inputs)
         if batch.size == 0:
-            return _empty_outputs(pool.spec)
+            return empty_outputs(pool.spec)
         loop = asyncio.get_running_loop()
         metadata = self._get_metadata(headers)
-        outputs = _Outputs(pool.spec, batch.size)
+        outputs = OutputAssembler(pool.spec, batch.size)
         pending: deque[_Chunk] = deque()
         try:
             for start, stop in _chunks(batch.size, pool.spec.batch_capacity):
@@ -563,7 +516,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
     async def _finish_async(
         self,
         pending: deque[_Chunk],
-        outputs: _Outputs,
+        outputs: OutputAssembler,
         metadata: Any,
         client_timeout_s: float | None,
         loop: asyncio.AbstractEventLoop,
@@ -584,7 +537,14 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
                 raise translate_error(
                     retry_exc, model=chunk.pool.spec.name, action="inference"
                 ) from retry_exc
-        outputs.add(chunk.pool, chunk.slot, chunk.start, response)
+        pool = chunk.pool
+        outputs.add(
+            pool.region.buffer,
+            chunk.slot * pool.layout.slot_bytes,
+            pool.layout,
+            chunk.start,
+            _shapes(response),
+        )
         pending.popleft()
         chunk.pool.slots.release(chunk.slot)
 
@@ -681,6 +641,10 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"models={sorted(self._pools)}"
         return f"<TritonSHMClient {state}>"
+
+
+def _shapes(response: service_pb2.ModelInferResponse) -> list[tuple[str, tuple[int, ...]]]:
+    return [(output.name, tuple(output.shape)) for output in response.outputs]
 
 
 def _chunks(total: int, size: int) -> list[tuple[int, int]]:

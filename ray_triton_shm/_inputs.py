@@ -7,13 +7,15 @@ input never leaves half a batch written into a slot.
 
 from __future__ import annotations
 
+import math
+import mmap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from ._exceptions import InvalidInputError, UnsupportedDatatypeError
-from ._specs import ModelSpec, TensorSpec
+from ._specs import ModelSpec, SlotLayout, TensorSpec
 
 __all__ = ["Batch", "prepare_batch"]
 
@@ -25,36 +27,53 @@ class Batch:
     """Validated inputs of one ``infer_shm`` call.
 
     Attributes:
+        spec: The model.
         size: Number of samples (``1`` for a model that does not batch).
         batched: Whether the model batches (arrays carry a leading batch dim).
         sample_shapes: Actual per-sample shape of each input (the whole shape when unbatched).
         values: Each input as given: an array, or a tuple of per-sample arrays.
     """
 
-    __slots__ = ("batched", "sample_shapes", "size", "values")
+    __slots__ = ("batched", "sample_shapes", "size", "spec", "values")
 
     def __init__(
         self,
+        spec: ModelSpec,
         size: int,
-        batched: bool,
         sample_shapes: Mapping[str, tuple[int, ...]],
         values: Mapping[str, np.ndarray | tuple[np.ndarray, ...]],
     ) -> None:
+        self.spec = spec
         self.size = size
-        self.batched = batched
+        self.batched = spec.batched
         self.sample_shapes = sample_shapes
         self.values = values
 
-    def write(self, name: str, start: int, stop: int, destination: np.ndarray) -> None:
-        """Copies samples ``start:stop`` of input ``name`` into ``destination``."""
-        value = self.values[name]
-        if not self.batched:
-            np.copyto(destination, value)
-        elif isinstance(value, np.ndarray):
-            np.copyto(destination, value[start:stop])
-        else:
-            for row, sample in zip(destination, value[start:stop]):
-                np.copyto(row, sample)
+    def write_chunk(
+        self, buffer: mmap.mmap, base: int, layout: SlotLayout, start: int, stop: int
+    ) -> int:
+        """Copies samples ``start:stop`` of every input into the slot at byte ``base``.
+
+        Returns:
+            The number of bytes written.
+        """
+        written = 0
+        for tensor in self.spec.inputs:
+            value = self.values[tensor.name]
+            sample_shape = self.sample_shapes[tensor.name]
+            shape = (stop - start, *sample_shape) if self.batched else sample_shape
+            count = math.prod(shape)
+            offset = base + layout.input_offsets[tensor.name]
+            destination = np.frombuffer(buffer, tensor.dtype, count, offset).reshape(shape)
+            if not self.batched:
+                np.copyto(destination, value)
+            elif isinstance(value, np.ndarray):
+                np.copyto(destination, value[start:stop])
+            else:
+                for row, sample in zip(destination, value[start:stop]):
+                    np.copyto(row, sample)
+            written += destination.nbytes
+        return written
 
 
 def prepare_batch(spec: ModelSpec, inputs: Mapping[str, InputValue]) -> Batch:
@@ -121,12 +140,7 @@ def prepare_batch(spec: ModelSpec, inputs: Mapping[str, InputValue]) -> Batch:
             expected=sizes[first],
             actual=sizes[other],
         )
-    return Batch(
-        size=next(iter(sizes.values())),
-        batched=spec.batched,
-        sample_shapes=shapes,
-        values=values,
-    )
+    return Batch(spec, next(iter(sizes.values())), shapes, values)
 
 
 def _common_case(spec: ModelSpec, inputs: Any) -> Batch | None:
@@ -151,7 +165,7 @@ def _common_case(spec: ModelSpec, inputs: Any) -> Batch | None:
                 return None
             size = shape[0]
         shapes[tensor.name] = sample_shape
-    return Batch(size, True, shapes, inputs)
+    return Batch(spec, size, shapes, inputs)
 
 
 def _fits(sample_shape: tuple[int, ...], tensor: TensorSpec) -> bool:

@@ -11,7 +11,6 @@ be attached (another ``/dev/shm``), arrays are passed by value through the actor
 from __future__ import annotations
 
 import asyncio
-import math
 import os
 import threading
 import weakref
@@ -24,6 +23,7 @@ from ray.exceptions import PendingCallsLimitExceeded, RayActorError
 
 from .._exceptions import OverloadedError
 from .._inputs import Batch, InputValue, prepare_batch
+from .._outputs import OutputAssembler, empty_outputs
 from .._pool import SlotPool
 from .._shm import SharedMemoryRegion
 from .._specs import ModelSpec
@@ -238,20 +238,16 @@ class ShmModel:
                     return _call(_submit(binding.actor.infer, self.model_name, inputs))
                 batch = prepare_batch(binding.spec, inputs)
                 if batch.size == 0:
-                    return _empty_outputs(binding.spec)
+                    return empty_outputs(binding.spec)
                 index = binding.local.acquire(self._slot_timeout_s)
                 try:
                     slot = binding.slot(index)
                     if slot is None:
                         return _call(_submit(binding.actor.infer, self.model_name, inputs))
                     claim, region = slot
-                    exchange = _Exchange(binding.spec, claim, region, batch)
+                    exchange = _Exchange(binding, claim, region, batch)
                     for start, stop in exchange.chunks():
-                        request = exchange.write(start, stop)
-                        ref = _submit(
-                            binding.actor.infer_claimed, claim.claim_id, claim.incarnation, *request
-                        )
-                        exchange.read(start, _call(ref))
+                        exchange.receive(start, _call(exchange.submit(start, stop)))
                     return exchange.result()
                 finally:
                     binding.local.release(index)
@@ -273,7 +269,7 @@ class ShmModel:
                     return await _acall(_submit(binding.actor.infer, self.model_name, inputs))
                 batch = prepare_batch(binding.spec, inputs)
                 if batch.size == 0:
-                    return _empty_outputs(binding.spec)
+                    return empty_outputs(binding.spec)
                 index = await binding.local.acquire_async(self._slot_timeout_s)
                 ref = None
                 try:
@@ -283,13 +279,10 @@ class ShmModel:
                     if slot is None:
                         return await _acall(_submit(binding.actor.infer, self.model_name, inputs))
                     claim, region = slot
-                    exchange = _Exchange(binding.spec, claim, region, batch)
+                    exchange = _Exchange(binding, claim, region, batch)
                     for start, stop in exchange.chunks():
-                        request = exchange.write(start, stop)
-                        ref = _submit(
-                            binding.actor.infer_claimed, claim.claim_id, claim.incarnation, *request
-                        )
-                        exchange.read(start, await _acall(ref))
+                        ref = exchange.submit(start, stop)
+                        exchange.receive(start, await _acall(ref))
                         ref = None
                     return exchange.result()
                 finally:
@@ -315,56 +308,41 @@ def _release_when_done(pool: SlotPool, index: int, ref: Any) -> None:
 
 
 class _Exchange:
-    """Moves one call's tensors between the caller's arrays and its claimed slot."""
+    """One zero-copy call: writes each chunk into the claimed slot, submits it, reads it back."""
 
     def __init__(
-        self, spec: ModelSpec, claim: SlotClaim, region: SharedMemoryRegion, batch: Batch
+        self, binding: _Binding, claim: SlotClaim, region: SharedMemoryRegion, batch: Batch
     ) -> None:
-        self._spec = spec
-        self._layout = claim.layout
+        self._actor = binding.actor
+        self._claim = claim
         self._buffer = region.buffer
         self._batch = batch
-        self._outputs: dict[str, np.ndarray] = {}
+        self._outputs = OutputAssembler(batch.spec, batch.size)
 
     def chunks(self) -> list[tuple[int, int]]:
-        size, total = self._spec.batch_capacity, self._batch.size
+        size, total = self._batch.spec.batch_capacity, self._batch.size
         return [(s, min(s + size, total)) for s in range(0, total, size)]
 
-    def _view(self, offset: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        return np.frombuffer(self._buffer, dtype, math.prod(shape), offset).reshape(shape)
+    def submit(self, start: int, stop: int) -> Any:
+        """Writes samples ``start:stop`` into the slot and asks the actor to run them."""
+        written = self._batch.write_chunk(self._buffer, 0, self._claim.layout, start, stop)
+        rows = stop - start if self._batch.batched else None
+        claim = self._claim
+        return _submit(
+            self._actor.infer_claimed,
+            claim.claim_id,
+            claim.incarnation,
+            rows,
+            self._batch.sample_shapes,
+            written,
+        )
 
-    def write(self, start: int, stop: int) -> tuple[int | None, dict[str, tuple[int, ...]], int]:
-        """Writes samples ``start:stop``; returns the ``infer_claimed`` arguments."""
-        batch = self._batch
-        nbytes = 0
-        for tensor in self._spec.inputs:
-            sample_shape = batch.sample_shapes[tensor.name]
-            shape = (stop - start, *sample_shape) if batch.batched else sample_shape
-            view = self._view(self._layout.input_offsets[tensor.name], shape, tensor.dtype)
-            batch.write(tensor.name, start, stop, view)
-            nbytes += view.nbytes
-        rows = stop - start if batch.batched else None
-        return rows, dict(batch.sample_shapes), nbytes
-
-    def read(self, start: int, shapes: Mapping[str, tuple[int, ...]]) -> None:
-        for tensor in self._spec.outputs:
-            shape = tuple(shapes[tensor.name])
-            view = self._view(self._layout.output_offsets[tensor.name], shape, tensor.dtype)
-            if not self._batch.batched:
-                self._outputs[tensor.name] = view.copy()
-                continue
-            array = self._outputs.get(tensor.name)
-            if array is None:
-                array = np.empty((self._batch.size, *shape[1:]), tensor.dtype)
-                self._outputs[tensor.name] = array
-            array[start : start + shape[0]] = view
+    def receive(self, start: int, shapes: Mapping[str, tuple[int, ...]]) -> None:
+        """Copies a chunk's outputs out of the slot."""
+        self._outputs.add(self._buffer, 0, self._claim.layout, start, shapes.items())
 
     def result(self) -> dict[str, np.ndarray]:
-        return {t.name: self._outputs[t.name] for t in self._spec.outputs}
-
-
-def _empty_outputs(spec: ModelSpec) -> dict[str, np.ndarray]:
-    return {t.name: np.empty((0, *(max(d, 0) for d in t.shape)), t.dtype) for t in spec.outputs}
+        return self._outputs.result()
 
 
 def _submit(method: Any, *args: Any, **kwargs: Any) -> Any:
