@@ -74,15 +74,32 @@ class _Chunk:
     pool: _ModelPool
     slot: int
     start: int
-    stop: int
     request: service_pb2.ModelInferRequest
-    call: grpc.Future
+    #: ``None`` until sent as a gRPC future (the one-chunk path sends a blocking call).
+    call: grpc.Future | None
     epoch: int
 
     def abandon(self) -> None:
         """Releases the slot once Triton is done with it (at once if it already is)."""
         slots, slot = self.pool.slots, self.slot
-        self.call.add_done_callback(lambda _call: slots.release(slot))
+        if self.call is None:
+            slots.release(slot)
+        else:
+            self.call.add_done_callback(lambda _call: slots.release(slot))
+
+    def wait(self) -> None:
+        """Blocks until Triton is done with the chunk."""
+        if self.call is not None:
+            self.call.exception()
+
+    def collect(self, outputs: OutputAssembler, response: service_pb2.ModelInferResponse) -> None:
+        """Copies the outputs out of the slot, then frees the slot."""
+        pool = self.pool
+        try:
+            base = self.slot * pool.layout.slot_bytes
+            outputs.add(pool.region.buffer, base, pool.layout, self.start, _shapes(response))
+        finally:
+            pool.slots.release(self.slot)
 
 
 def _release_pools(stub: Any, *registries: dict[str, _ModelPool]) -> None:
@@ -335,41 +352,34 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         outputs = OutputAssembler(pool.spec, batch.size)
         if batch.size <= pool.spec.batch_capacity:
             # One chunk, the common case: a blocking call costs less CPU than a gRPC future.
-            slot = pool.slots.acquire(slot_timeout_s)
+            chunk = self._submit(
+                pool, pool.slots.acquire(slot_timeout_s), batch, 0, batch.size, request_id
+            )
             try:
-                pool.write_chunk(slot, batch, 0, batch.size)
-                rows = batch.size if batch.batched else None
-                request = pool.requests.prepare(slot, rows, batch.sample_shapes, request_id)
-                response = self._infer_blocking(pool, request, metadata, client_timeout_s)
-                outputs.add(
-                    pool.region.buffer,
-                    slot * pool.layout.slot_bytes,
-                    pool.layout,
-                    0,
-                    _shapes(response),
-                )
-            finally:
-                pool.slots.release(slot)
+                response = self._response(chunk, metadata, client_timeout_s)
+            except BaseException:
+                chunk.abandon()
+                raise
+            chunk.collect(outputs, response)
             return outputs.result()
         pending: deque[_Chunk] = deque()
         try:
             for start, stop in _chunks(batch.size, pool.spec.batch_capacity):
                 free = pool.slots.try_acquire()
                 while free is None and pending:  # never wait for a slot while holding one
-                    self._finish(pending, outputs, metadata, client_timeout_s)
+                    response = self._response(pending[0], metadata, client_timeout_s)
+                    pending.popleft().collect(outputs, response)
                     free = pool.slots.try_acquire()
                 slot = pool.slots.acquire(slot_timeout_s) if free is None else free
-                pending.append(
-                    self._submit(
-                        pool, slot, batch, start, stop, metadata, client_timeout_s, request_id
-                    )
-                )
+                chunk = self._submit(pool, slot, batch, start, stop, request_id)
+                pending.append(self._send(chunk, metadata, client_timeout_s))
             while pending:
-                self._finish(pending, outputs, metadata, client_timeout_s)
+                response = self._response(pending[0], metadata, client_timeout_s)
+                pending.popleft().collect(outputs, response)
         except Exception:
             # Wait out the other chunks still in flight, so every slot is free on return.
             for chunk in pending:
-                chunk.call.exception()
+                chunk.wait()
                 chunk.pool.slots.release(chunk.slot)
             raise
         except BaseException:  # KeyboardInterrupt: don't wait, free each slot when it's done
@@ -378,86 +388,67 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             raise
         return outputs.result()
 
-    def _infer_blocking(
-        self,
-        pool: _ModelPool,
-        request: service_pb2.ModelInferRequest,
-        metadata: Any,
-        client_timeout_s: float | None,
-    ) -> service_pb2.ModelInferResponse:
-        epoch = pool.epoch
-        try:
-            return self._client_stub.ModelInfer(
-                request, metadata=metadata, timeout=client_timeout_s
-            )
-        except grpc.RpcError as exc:
-            if not is_missing_region(exc):
-                raise translate_error(exc, model=pool.spec.name, action="inference") from exc
-            self._reregister(pool, epoch)
-        try:
-            return self._client_stub.ModelInfer(
-                request, metadata=metadata, timeout=client_timeout_s
-            )
-        except grpc.RpcError as exc:
-            raise translate_error(exc, model=pool.spec.name, action="inference") from exc
-
     def _submit(
-        self,
-        pool: _ModelPool,
-        slot: int,
-        batch: Batch,
-        start: int,
-        stop: int,
-        metadata: Any,
-        client_timeout_s: float | None,
-        request_id: str,
+        self, pool: _ModelPool, slot: int, batch: Batch, start: int, stop: int, request_id: str
     ) -> _Chunk:
+        """Writes a chunk into a slot and prepares its request; the slot is the chunk's now."""
         try:
             pool.write_chunk(slot, batch, start, stop)
             rows = stop - start if batch.batched else None
             request = pool.requests.prepare(slot, rows, batch.sample_shapes, request_id)
-            call = self._client_stub.ModelInfer.future(
-                request, metadata=metadata, timeout=client_timeout_s
-            )
         except BaseException:
             pool.slots.release(slot)
             raise
-        return _Chunk(pool, slot, start, stop, request, call, pool.epoch)
+        return _Chunk(pool, slot, start, request, None, pool.epoch)
 
-    def _finish(
-        self,
-        pending: deque[_Chunk],
-        outputs: OutputAssembler,
-        metadata: Any,
-        client_timeout_s: float | None,
-    ) -> None:
-        """Waits for the oldest chunk, copies its outputs out, and frees its slot."""
-        chunk = pending[0]
+    def _send(self, chunk: _Chunk, metadata: Any, client_timeout_s: float | None) -> _Chunk:
+        chunk.call = self._client_stub.ModelInfer.future(
+            chunk.request, metadata=metadata, timeout=client_timeout_s
+        )
+        return chunk
+
+    def _response(
+        self, chunk: _Chunk, metadata: Any, client_timeout_s: float | None
+    ) -> service_pb2.ModelInferResponse:
+        """Waits for a chunk's answer (a blocking call if it was not sent yet).
+
+        If Triton forgot the region (it restarted), registers it again and resends once.
+        """
         try:
-            response = chunk.call.result()
+            if chunk.call is None:
+                return self._client_stub.ModelInfer(
+                    chunk.request, metadata=metadata, timeout=client_timeout_s
+                )
+            return chunk.call.result()
         except grpc.RpcError as exc:
             if not is_missing_region(exc):
                 raise translate_error(exc, model=chunk.pool.spec.name, action="inference") from exc
-            self._reregister(chunk.pool, chunk.epoch)
-            chunk.call = self._client_stub.ModelInfer.future(
-                chunk.request, metadata=metadata, timeout=client_timeout_s
-            )
-            try:
-                response = chunk.call.result()
-            except grpc.RpcError as retry_exc:
-                raise translate_error(
-                    retry_exc, model=chunk.pool.spec.name, action="inference"
-                ) from retry_exc
-        pool = chunk.pool
-        outputs.add(
-            pool.region.buffer,
-            chunk.slot * pool.layout.slot_bytes,
-            pool.layout,
-            chunk.start,
-            _shapes(response),
-        )
-        pending.popleft()
-        chunk.pool.slots.release(chunk.slot)
+        self._reregister(chunk.pool, chunk.epoch)
+        try:
+            return self._send(chunk, metadata, client_timeout_s).call.result()  # type: ignore[union-attr]
+        except grpc.RpcError as exc:
+            raise translate_error(exc, model=chunk.pool.spec.name, action="inference") from exc
+
+    async def _response_async(
+        self,
+        chunk: _Chunk,
+        metadata: Any,
+        client_timeout_s: float | None,
+        loop: asyncio.AbstractEventLoop,
+    ) -> service_pb2.ModelInferResponse:
+        """:meth:`_response` for coroutines; the chunk must have been sent."""
+        assert chunk.call is not None
+        try:
+            return await as_asyncio_future(chunk.call, loop)
+        except grpc.RpcError as exc:
+            if not is_missing_region(exc):
+                raise translate_error(exc, model=chunk.pool.spec.name, action="inference") from exc
+        await asyncio.to_thread(self._reregister, chunk.pool, chunk.epoch)
+        self._send(chunk, metadata, client_timeout_s)
+        try:
+            return await as_asyncio_future(chunk.call, loop)
+        except grpc.RpcError as exc:
+            raise translate_error(exc, model=chunk.pool.spec.name, action="inference") from exc
 
     async def infer_shm_async(
         self,
@@ -486,16 +477,17 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             for start, stop in _chunks(batch.size, pool.spec.batch_capacity):
                 free = pool.slots.try_acquire()
                 while free is None and pending:  # never wait for a slot while holding one
-                    await self._finish_async(pending, outputs, metadata, client_timeout_s, loop)
+                    response = await self._response_async(
+                        pending[0], metadata, client_timeout_s, loop
+                    )
+                    pending.popleft().collect(outputs, response)
                     free = pool.slots.try_acquire()
                 slot = await pool.slots.acquire_async(slot_timeout_s) if free is None else free
-                pending.append(
-                    self._submit(
-                        pool, slot, batch, start, stop, metadata, client_timeout_s, request_id
-                    )
-                )
+                chunk = self._submit(pool, slot, batch, start, stop, request_id)
+                pending.append(self._send(chunk, metadata, client_timeout_s))
             while pending:
-                await self._finish_async(pending, outputs, metadata, client_timeout_s, loop)
+                response = await self._response_async(pending[0], metadata, client_timeout_s, loop)
+                pending.popleft().collect(outputs, response)
         except Exception:
             # Wait out the other chunks still in flight, so every slot is free on return.
             try:
@@ -512,41 +504,6 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
                 chunk.abandon()
             raise
         return outputs.result()
-
-    async def _finish_async(
-        self,
-        pending: deque[_Chunk],
-        outputs: OutputAssembler,
-        metadata: Any,
-        client_timeout_s: float | None,
-        loop: asyncio.AbstractEventLoop,
-    ) -> None:
-        chunk = pending[0]
-        try:
-            response = await as_asyncio_future(chunk.call, loop)
-        except grpc.RpcError as exc:
-            if not is_missing_region(exc):
-                raise translate_error(exc, model=chunk.pool.spec.name, action="inference") from exc
-            await asyncio.to_thread(self._reregister, chunk.pool, chunk.epoch)
-            chunk.call = self._client_stub.ModelInfer.future(
-                chunk.request, metadata=metadata, timeout=client_timeout_s
-            )
-            try:
-                response = await as_asyncio_future(chunk.call, loop)
-            except grpc.RpcError as retry_exc:
-                raise translate_error(
-                    retry_exc, model=chunk.pool.spec.name, action="inference"
-                ) from retry_exc
-        pool = chunk.pool
-        outputs.add(
-            pool.region.buffer,
-            chunk.slot * pool.layout.slot_bytes,
-            pool.layout,
-            chunk.start,
-            _shapes(response),
-        )
-        pending.popleft()
-        chunk.pool.slots.release(chunk.slot)
 
     # ------------------------------------------------------------------ extra regions
 
@@ -600,20 +557,12 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         if pool is None:
             self._check_open()
             raise ModelNotRegisteredError(f"no region {region_name!r} in this client")
-        name = pool.spec.name
         with pool.lock:  # the pool's requests are per slot; a slot has one writer at a time
             request = pool.requests.prepare(slot, rows, sample_shapes, "")
-        loop = asyncio.get_running_loop()
-        for attempt in (0, 1):
-            epoch = pool.epoch
-            call = self._client_stub.ModelInfer.future(request, timeout=client_timeout_s)
-            try:
-                response = await as_asyncio_future(call, loop)
-                break
-            except grpc.RpcError as exc:
-                if attempt or not is_missing_region(exc):
-                    raise translate_error(exc, model=name, action="inference") from exc
-                await asyncio.to_thread(self._reregister, pool, epoch)
+        chunk = self._send(_Chunk(pool, slot, 0, request, None, pool.epoch), (), client_timeout_s)
+        response = await self._response_async(
+            chunk, (), client_timeout_s, asyncio.get_running_loop()
+        )
         return {output.name: tuple(output.shape) for output in response.outputs}
 
     # ------------------------------------------------------------------ lifecycle
