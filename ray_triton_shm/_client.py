@@ -512,7 +512,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
 
         For processes that write inputs straight into shared memory (the Ray node actor hands
         such regions to its callers): the caller fills a slot, then asks for
-        :meth:`infer_region_async` on it. The region lives until :meth:`remove_region` or
+        :meth:`infer_region` on it. The region lives until :meth:`remove_region` or
         :meth:`close`.
 
         Returns:
@@ -530,7 +530,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         if pool is not None:
             _release_pool(pool, self._client_stub, _CLOSE_WAIT_S)
 
-    async def infer_region_async(
+    def infer_region(
         self,
         region_name: str,
         slot: int,
@@ -541,7 +541,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
     ) -> dict[str, tuple[int, ...]]:
         """Runs inference on inputs a caller already wrote into a slot of an extra region.
 
-        The outputs stay in the slot for the caller to read.
+        The outputs stay in the slot for the caller to read. Blocks until Triton answers.
 
         Args:
             region_name: A region made by :meth:`add_region`.
@@ -559,11 +559,8 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             raise ModelNotRegisteredError(f"no region {region_name!r} in this client")
         with pool.lock:  # the pool's requests are per slot; a slot has one writer at a time
             request = pool.requests.prepare(slot, rows, sample_shapes, "")
-        chunk = self._send(_Chunk(pool, slot, 0, request, None, pool.epoch), (), client_timeout_s)
-        response = await self._response_async(
-            chunk, (), client_timeout_s, asyncio.get_running_loop()
-        )
-        return {output.name: tuple(output.shape) for output in response.outputs}
+        chunk = _Chunk(pool, slot, 0, request, None, pool.epoch)
+        return dict(_shapes(self._response(chunk, (), client_timeout_s)))
 
     # ------------------------------------------------------------------ lifecycle
 

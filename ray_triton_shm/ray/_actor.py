@@ -5,11 +5,14 @@ to the caller's node (named after the node, detached, restarted on failure, ``nu
 Only :class:`NodeActorConfig` crosses the pickle boundary: the ``TritonSHMClient`` is built
 inside the actor's process.
 
-Its methods run in two concurrency groups:
+It is a threaded actor (blocking gRPC calls on threads cost less CPU per request than asyncio
+here) whose methods run in two concurrency groups:
 
-* ``"infer"`` (``max_concurrency = slots``): by-value inference and zero-copy inference on a
-  claimed slot. No more of them run than there are slots; the rest wait in Ray's queue, which is
-  bounded per caller by ``max_pending_calls`` (an :class:`OverloadedError` past it).
+* ``"infer"`` (``max_concurrency = slots`` threads): by-value inference and zero-copy inference
+  on a claimed slot. No more of them run than there are slots; the rest wait in Ray's queue,
+  which is bounded per caller by ``max_pending_calls`` (an :class:`OverloadedError` past it).
+  A running call is never interrupted (Ray cancels only queued calls of threaded actors), so a
+  slot is never given back while Triton still works on it.
 * ``"control"``: registration, claims, stats; never waits behind inference.
 
 Zero-copy callers each hold a few slots of their own (:class:`SlotClaim`, one region each),
@@ -19,7 +22,6 @@ slot. Claims of processes that exit are taken back by a sweeper.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import math
 import os
@@ -319,11 +321,11 @@ class TritonNodeActor:
     # ---------------------------------------------------------------- infer group
 
     @ray.method(concurrency_group="infer")
-    async def infer(self, model_name: str, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    def infer(self, model_name: str, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """By-value inference: arrays in, arrays out (through Ray's object store)."""
         counters = self._counters.setdefault(model_name, _ModelCounters())
         try:
-            outputs = await self._client.infer_shm_async(model_name, inputs)
+            outputs = self._client.infer_shm(model_name, inputs)
         except BaseException:
             counters.errors += 1
             raise
@@ -331,7 +333,7 @@ class TritonNodeActor:
         return outputs
 
     @ray.method(concurrency_group="infer")
-    async def infer_claimed(
+    def infer_claimed(
         self,
         claim_id: int,
         incarnation: str,
@@ -361,17 +363,8 @@ class TritonNodeActor:
                 claim_id=claim_id,
             )
         counters = self._counters[claim.model]
-        call = asyncio.ensure_future(
-            self._client.infer_region_async(claim.region_name, 0, rows, sample_shapes)
-        )
         try:
-            # Shielded: a cancelled caller (e.g. a Serve client that went away) must not get
-            # its slot back while Triton may still write into it.
-            shapes = await asyncio.shield(call)
-        except asyncio.CancelledError:
-            await asyncio.wait([call])
-            counters.errors += 1
-            raise
+            shapes = self._client.infer_region(claim.region_name, 0, rows, sample_shapes)
         except BaseException:
             counters.errors += 1
             raise
