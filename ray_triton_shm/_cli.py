@@ -147,9 +147,7 @@ def _ignore_interrupts() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {
-        sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)
-    }
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
@@ -203,8 +201,10 @@ def _print_report(value: Any, *, indent: int = 0, file: Any = None) -> None:
         if not value:
             print(f"{pad}(none)", file=out)
         for item in value:
-            if isinstance(item, dict) and item and not any(
-                isinstance(v, (dict, list)) for v in item.values()
+            if (
+                isinstance(item, dict)
+                and item
+                and not any(isinstance(v, (dict, list)) for v in item.values())
             ):
                 print(f"{pad}- " + ", ".join(f"{k}={v}" for k, v in item.items()), file=out)
             elif isinstance(item, (dict, list)):
@@ -252,8 +252,10 @@ def _print_status(report: Any) -> int:
             print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
         stale = [r for r in regions if r.owner_alive is False]
         if stale:
-            print(f"{len(stale)} region(s) belong to processes that are gone; "
-                  f"`{PROG} reclaim` removes them.")
+            print(
+                f"{len(stale)} region(s) belong to processes that are gone; "
+                f"`{PROG} reclaim` removes them."
+            )
     else:
         print("no regions")
     return _report_server_error(report)
@@ -314,8 +316,9 @@ def _node_actor_reports(address: str | None, *, timeout_s: float) -> list[dict[s
         for name in names:
             try:
                 actor = ray.get_actor(name, namespace=NAMESPACE)
-                reports.append({"name": name, "stats": ray.get(actor.stats.remote(),
-                                                              timeout=timeout_s)})
+                reports.append(
+                    {"name": name, "stats": ray.get(actor.stats.remote(), timeout=timeout_s)}
+                )
             except Exception as exc:
                 reports.append({"name": name, "error": f"{type(exc).__name__}: {exc}"})
         return reports
@@ -332,33 +335,50 @@ def _print_node_actors(address: str | None, *, timeout_s: float) -> int:
         print(f"{PROG} status: error: Ray is not installed ({exc})", file=sys.stderr)
         return 1
     except ConnectionError as exc:
-        print(f"{PROG} status: error: no Ray cluster at {address or 'auto'}: {exc}",
-              file=sys.stderr)
+        print(
+            f"{PROG} status: error: no Ray cluster at {address or 'auto'}: {exc}", file=sys.stderr
+        )
         return 1
     print(f"Ray node actors (namespace {NAMESPACE}): {len(reports)}")
     status = 0
-    columns = ("slots", "in_use", "waiting", "claimed", "requests", "samples", "bytes_in",
-               "bytes_out", "errors")
+    columns = (
+        "slots",
+        "in_use",
+        "waiting",
+        "claimed",
+        "requests",
+        "samples",
+        "bytes_in",
+        "bytes_out",
+        "errors",
+    )
     for report in reports:
         stats = report.get("stats")
         if stats is None:
             print(f"  {report['name']}: could not be asked: {report.get('error')}")
             status = 1
             continue
-        print(f"  node {stats.node_id}  url {stats.url}  pid {stats.pid}  "
-              f"incarnation {stats.incarnation}")
+        print(
+            f"  node {stats.node_id}  url {stats.url}  pid {stats.pid}  "
+            f"incarnation {stats.incarnation}"
+        )
         if not stats.models:
             print("    no models registered")
             continue
         header = ("model", *columns)
-        rows = [(name, *(str(m.get(c, "-")) for c in columns))
-                for name, m in sorted(stats.models.items())]
+        rows = [
+            (name, *(str(m.get(c, "-")) for c in columns))
+            for name, m in sorted(stats.models.items())
+        ]
         widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
         for row in (header, *rows):
-            print("    " + "  ".join(
-                c.ljust(w) if i == 0 else c.rjust(w)
-                for i, (c, w) in enumerate(zip(row, widths, strict=True))
-            ).rstrip())
+            print(
+                "    "
+                + "  ".join(
+                    c.ljust(w) if i == 0 else c.rjust(w)
+                    for i, (c, w) in enumerate(zip(row, widths, strict=True))
+                ).rstrip()
+            )
     return status
 
 
@@ -409,14 +429,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grpc-port", type=int, metavar="PORT", help="gRPC port (default: free)")
     p.add_argument("--http-port", type=int, metavar="PORT", help="HTTP port (default: free)")
     p.add_argument(
-        "--model-repository", action="append", metavar="DIR",
+        "--model-repository",
+        action="append",
+        metavar="DIR",
         help="model repository to serve; repeatable (default: the example models)",
     )
+    p.add_argument("--host", default="127.0.0.1", help="address to bind to (default: %(default)s)")
     p.add_argument(
-        "--host", default="127.0.0.1", help="address to bind to (default: %(default)s)"
-    )
-    p.add_argument(
-        "--startup-timeout-s", type=float, default=180.0, metavar="S",
+        "--startup-timeout-s",
+        type=float,
+        default=180.0,
+        metavar="S",
         help="how long to wait for the server and its models (default: %(default)s)",
     )
     p.set_defaults(func=_cmd_serve_local)
@@ -439,25 +462,33 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         p = sub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
         p.add_argument(
-            "--url", default=_DEFAULT_URL, metavar="HOST:PORT",
+            "--url",
+            default=_DEFAULT_URL,
+            metavar="HOST:PORT",
             help="gRPC endpoint of the Triton server (default: %(default)s)",
         )
         p.add_argument(
-            "--local", action="store_true",
+            "--local",
+            action="store_true",
             help="look at this machine's /dev/shm only; do not contact a server",
         )
         if name == "status":
             p.add_argument(
-                "--ray", action="store_true",
+                "--ray",
+                action="store_true",
                 help="also list the Ray node actors and their stats (connects to the Ray "
-                     "cluster at --address, else $RAY_ADDRESS or the local one)",
+                "cluster at --address, else $RAY_ADDRESS or the local one)",
             )
             p.add_argument(
-                "--address", metavar="ADDR",
+                "--address",
+                metavar="ADDR",
                 help="Ray cluster address (implies --ray)",
             )
             p.add_argument(
-                "--timeout-s", type=float, default=30.0, metavar="S",
+                "--timeout-s",
+                type=float,
+                default=30.0,
+                metavar="S",
                 help="how long to wait for each node actor's stats (default: %(default)s)",
             )
         p.set_defaults(func=func)

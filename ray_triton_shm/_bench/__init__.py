@@ -80,64 +80,88 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``bench`` options to ``parser``."""
     server = parser.add_argument_group("server")
     server.add_argument(
-        "--url", metavar="HOST:PORT",
+        "--url",
+        metavar="HOST:PORT",
         help="gRPC endpoint of a running server on this host (default: start the embedded "
-             "server with the example models)",
+        "server with the example models)",
     )
     server.add_argument(
-        "--http-url", metavar="HOST:PORT",
+        "--http-url",
+        metavar="HOST:PORT",
         help="HTTP endpoint of that server (without it, the HTTP path is skipped)",
     )
     server.add_argument(
-        "--startup-timeout-s", type=float, default=180.0, metavar="S",
+        "--startup-timeout-s",
+        type=float,
+        default=180.0,
+        metavar="S",
         help="how long to wait for the embedded server (default: %(default)s)",
     )
     what = parser.add_argument_group("what to run")
     what.add_argument(
-        "--models", nargs="+", metavar="MODEL",
+        "--models",
+        nargs="+",
+        metavar="MODEL",
         help=f"models to run (default: all: {', '.join(CASES)})",
     )
     what.add_argument(
-        "--paths", nargs="+", metavar="PATH",
+        "--paths",
+        nargs="+",
+        metavar="PATH",
         help=f"paths to run (default: {', '.join(DEFAULT_PATHS)})",
     )
     what.add_argument(
-        "--ray", action="store_true",
+        "--ray",
+        action="store_true",
         help=f"also run the Ray paths ({', '.join(RAY_PATHS)}), interleaved with the others; "
-             "starts a private local Ray for the run",
+        "starts a private local Ray for the run",
     )
     what.add_argument(
-        "--ray-callers", type=int, metavar="N", default=DEFAULT_RAY_CALLERS,
+        "--ray-callers",
+        type=int,
+        metavar="N",
+        default=DEFAULT_RAY_CALLERS,
         help="concurrent callers (Ray actors) driving each Ray path (default: %(default)s)",
     )
     what.add_argument(
-        "--rounds", type=int, metavar="N",
+        "--rounds",
+        type=int,
+        metavar="N",
         help=f"interleaved rounds (default: {BenchConfig.rounds}; --quick: {_QUICK['rounds']})",
     )
     what.add_argument(
-        "--slice-s", type=float, metavar="S",
+        "--slice-s",
+        type=float,
+        metavar="S",
         help=f"time slice per path per round (default: {BenchConfig.slice_s}; "
-             f"--quick: {_QUICK['slice_s']})",
+        f"--quick: {_QUICK['slice_s']})",
     )
     what.add_argument(
-        "--warmup", type=int, metavar="N", dest="warmup_requests",
+        "--warmup",
+        type=int,
+        metavar="N",
+        dest="warmup_requests",
         help=f"untimed requests per path before the rounds (default: "
-             f"{BenchConfig.warmup_requests})",
+        f"{BenchConfig.warmup_requests})",
     )
     what.add_argument(
-        "--quick", action="store_true",
+        "--quick",
+        action="store_true",
         help="a short run (for tests and CI); numbers are noisy",
     )
     out = parser.add_argument_group("output")
     out.add_argument("--json", metavar="PATH", help="write machine-readable results here")
     out.add_argument(
-        "--plot", metavar="PATH", default=DEFAULT_PLOT_PATH,
+        "--plot",
+        metavar="PATH",
+        default=DEFAULT_PLOT_PATH,
         help="write a PNG bar plot of MB/s here (default: %(default)s)",
     )
     out.add_argument("--no-plot", action="store_true", help="do not write the plot")
     out.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     out.add_argument(
-        "--check-goals", action="store_true",
+        "--check-goals",
+        action="store_true",
         help=f"exit with status {EXIT_GOALS_MISSED} if a measured goal is missed",
     )
 

@@ -227,8 +227,7 @@ class HttpPath(BenchPath):
             import tritonclient.http as httpclient
         except ImportError as exc:
             raise PathUnavailableError(
-                f"tritonclient[http] is not installed ({exc}); "
-                "pip install 'ray-triton-shm[bench]'"
+                f"tritonclient[http] is not installed ({exc}); pip install 'ray-triton-shm[bench]'"
             ) from exc
         self._http = httpclient
         self._client = httpclient.InferenceServerClient(
@@ -286,10 +285,13 @@ class ShmManualPath(BenchPath):
         self._region_of: dict[str, tuple[str, int]] = {}
         self._client = grpcclient.InferenceServerClient(self.target.grpc_url)
         tag = f"{SHM_KEY_PREFIX}{os.getpid()}_{uuid.uuid4().hex[:8]}"
-        tensors = [("in", n, _requested_nbytes(self.case, n, self.case.inputs)) for n in
-                   self.case.inputs]
-        tensors += [("out", n, _requested_nbytes(self.case, n, self.case.outputs)) for n in
-                    self.case.outputs]
+        tensors = [
+            ("in", n, _requested_nbytes(self.case, n, self.case.inputs)) for n in self.case.inputs
+        ]
+        tensors += [
+            ("out", n, _requested_nbytes(self.case, n, self.case.outputs))
+            for n in self.case.outputs
+        ]
         for kind, tensor, nbytes in tensors:
             region = f"{tag}_{kind}_{tensor}"
             self._handles[f"{kind}:{tensor}"] = shm.create_shared_memory_region(

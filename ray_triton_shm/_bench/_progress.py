@@ -98,8 +98,7 @@ class ProgressBar:
             eta = f" eta {_format_duration(elapsed / self._done * (self._total - self._done))}"
         bar = "#" * filled + "." * (self._width - filled)
         return (
-            f"bench [{bar}] {fraction * 100:3.0f}% {_format_duration(elapsed)}{eta}"
-            f"  {self._status}"
+            f"bench [{bar}] {fraction * 100:3.0f}% {_format_duration(elapsed)}{eta}  {self._status}"
         )
 
     def _draw(self, *, force: bool) -> None:
@@ -107,8 +106,10 @@ class ProgressBar:
             return
         now = time.monotonic()
         if self._tty:
-            if not force and now - self._last_draw < self._min_interval_s and (
-                self._done < self._total
+            if (
+                not force
+                and now - self._last_draw < self._min_interval_s
+                and (self._done < self._total)
             ):
                 return
             line = self._line()[: max(20, shutil.get_terminal_size().columns - 1)]

@@ -95,9 +95,7 @@ class _Caller:
         """This process's id."""
         return os.getpid()
 
-    def add_model(
-        self, key: str, shm_model: Any, inputs: Mapping[str, np.ndarray]
-    ) -> bool:
+    def add_model(self, key: str, shm_model: Any, inputs: Mapping[str, np.ndarray]) -> bool:
         """Sends requests of ``key`` through ``shm_model`` (a ``ShmModel``); binds it now.
 
         Returns:
@@ -108,7 +106,11 @@ class _Caller:
         return bool(shm_model.zero_copy)
 
     def add_serve(
-        self, key: str, handle: Any, model: str, outputs: list[str],
+        self,
+        key: str,
+        handle: Any,
+        model: str,
+        outputs: list[str],
         inputs: Mapping[str, np.ndarray],
     ) -> None:
         """Sends requests of ``key`` through a Serve ``DeploymentHandle``."""
@@ -327,9 +329,7 @@ class RayBenchSession:
 def ray_session(target: BenchTarget, config: Any) -> Iterator[RayBenchSession]:
     """The Ray session of one benchmark run (``config.ray_callers`` callers per path)."""
     global _ACTIVE
-    session = RayBenchSession(
-        target, callers=getattr(config, "ray_callers", DEFAULT_RAY_CALLERS)
-    )
+    session = RayBenchSession(target, callers=getattr(config, "ray_callers", DEFAULT_RAY_CALLERS))
     _ACTIVE = session
     try:
         session.start()

@@ -67,7 +67,15 @@ def format_table(results: BenchResults) -> str:
     seconds per GB over the memcpy floor's.
     """
     header = [
-        "model", "path", "MB/s", "req/s", "CPU s/GB", "vs gRPC", "CPU/floor", "requests", "check"
+        "model",
+        "path",
+        "MB/s",
+        "req/s",
+        "CPU s/GB",
+        "vs gRPC",
+        "CPU/floor",
+        "requests",
+        "check",
     ]
     right = {2, 3, 4, 5, 6, 7}
     body: list[list[str] | None] = []
@@ -76,8 +84,9 @@ def format_table(results: BenchResults) -> str:
             body.append(None)
         body.extend(_rows(model))
     rows = [r for r in body if r is not None]
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
-              for i, h in enumerate(header)]
+    widths = [
+        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)
+    ]
     widths[-1] = len(header[-1])  # the note column is last and left unpadded
 
     def fmt(cells: list[str]) -> str:
@@ -104,7 +113,8 @@ def format_table(results: BenchResults) -> str:
 def _ray_ratio_lines(results: BenchResults) -> list[str]:
     """The Ray paths' MB/s ratios per model (only when the run had Ray paths)."""
     pairs = [
-        (path, base) for path, base in RAY_RATIOS
+        (path, base)
+        for path, base in RAY_RATIOS
         if any(path in m.paths and base in m.paths for m in results.models)
     ]
     if not pairs:
@@ -122,9 +132,12 @@ def _ray_ratio_lines(results: BenchResults) -> list[str]:
         "actor):",
     ]
     for row in (header, *rows):
-        lines.append("  " + "  ".join(
-            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))
-        ).rstrip())
+        lines.append(
+            "  "
+            + "  ".join(
+                c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))
+            ).rstrip()
+        )
     return lines
 
 
@@ -197,13 +210,19 @@ def write_plot(results: BenchResults, path: str | Path) -> Path:
             ax.annotate(
                 _short(y),
                 (bar.get_x() + bar.get_width() / 2, y),
-                ha="center", va="bottom", fontsize=6, rotation=90,
-                xytext=(0, 2), textcoords="offset points",
+                ha="center",
+                va="bottom",
+                fontsize=6,
+                rotation=90,
+                xytext=(0, 2),
+                textcoords="offset points",
             )
     ax.set_xticks(range(len(models)))
     ax.set_xticklabels(
-        [f"{m.case.model}\n(batch {m.case.batch_size}, "
-         f"{m.case.input_nbytes / 1e6:.3g} MB in)" for m in models],
+        [
+            f"{m.case.model}\n(batch {m.case.batch_size}, {m.case.input_nbytes / 1e6:.3g} MB in)"
+            for m in models
+        ],
         fontsize=8,
     )
     if all_values:  # (a log scale without any value fails)

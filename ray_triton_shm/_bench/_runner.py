@@ -388,8 +388,9 @@ class _OutputMismatch(AssertionError):
     pass
 
 
-def _reference_outputs(target: BenchTarget, case: ModelCase, inputs: Mapping[str, np.ndarray]
-                       ) -> dict[str, np.ndarray]:
+def _reference_outputs(
+    target: BenchTarget, case: ModelCase, inputs: Mapping[str, np.ndarray]
+) -> dict[str, np.ndarray]:
     """One plain gRPC request: the outputs every path must reproduce."""
     import tritonclient.grpc as grpcclient
 
@@ -422,9 +423,7 @@ def _reference_outputs(target: BenchTarget, case: ModelCase, inputs: Mapping[str
     return reference
 
 
-def _check_outputs(
-    outputs: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray]
-) -> None:
+def _check_outputs(outputs: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray]) -> None:
     for name, expected in reference.items():
         got = outputs.get(name)
         if got is None:
@@ -591,7 +590,9 @@ def run_bench(
                 on_model_done(model_result)
         bar.update(status="stopping the server" if config.url is None else "done")
     return BenchResults(
-        config=config, models=models, server=server_desc,
+        config=config,
+        models=models,
+        server=server_desc,
         duration_s=time.perf_counter() - start,
     )
 
