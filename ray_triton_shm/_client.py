@@ -38,7 +38,7 @@ from ._outputs import OutputAssembler, empty_outputs
 from ._pool import PoolStats, SlotPool
 from ._reclaim import reclaim_dead_registrations
 from ._shm import SharedMemoryRegion, new_region_name
-from ._specs import ModelSpec, SlotLayout, SpecLike, resolve_model_spec
+from ._specs import ModelSpec, SlotLayout, SlotViews, SpecLike, resolve_model_spec
 from ._transport import SlotRequests, as_asyncio_future, is_missing_region, translate_error
 
 __all__ = ["TritonSHMClient"]
@@ -58,13 +58,11 @@ class _ModelPool:
     region: SharedMemoryRegion
     slots: SlotPool
     requests: SlotRequests
+    #: Typed views of every slot's tensors (they keep the mapping alive until collected).
+    views: list[SlotViews]
     #: Bumped on every re-registration; a failed request knows which registration it used.
     epoch: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def write_chunk(self, slot: int, batch: Batch, start: int, stop: int) -> None:
-        base = slot * self.layout.slot_bytes
-        batch.write_chunk(self.region.buffer, base, self.layout, start, stop)
 
 
 @dataclass(eq=False)
@@ -94,12 +92,10 @@ class _Chunk:
 
     def collect(self, outputs: OutputAssembler, response: service_pb2.ModelInferResponse) -> None:
         """Copies the outputs out of the slot, then frees the slot."""
-        pool = self.pool
         try:
-            base = self.slot * pool.layout.slot_bytes
-            outputs.add(pool.region.buffer, base, pool.layout, self.start, _shapes(response))
+            outputs.add(self.pool.views[self.slot], self.start, _shapes(response))
         finally:
-            pool.slots.release(self.slot)
+            self.pool.slots.release(self.slot)
 
 
 def _release_pools(stub: Any, *registries: dict[str, _ModelPool]) -> None:
@@ -256,6 +252,10 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             region=region,
             slots=SlotPool(pool_size, name=spec.name),
             requests=SlotRequests(spec, layout, region.name, pool_size),
+            views=[
+                SlotViews(spec, layout, region.buffer, slot * layout.slot_bytes)
+                for slot in range(pool_size)
+            ],
         )
 
     def unregister_shm_model(self, model_name: str) -> None:
@@ -393,7 +393,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
     ) -> _Chunk:
         """Writes a chunk into a slot and prepares its request; the slot is the chunk's now."""
         try:
-            pool.write_chunk(slot, batch, start, stop)
+            batch.write_chunk(pool.views[slot], start, stop)
             rows = stop - start if batch.batched else None
             request = pool.requests.prepare(slot, rows, batch.sample_shapes, request_id)
         except BaseException:

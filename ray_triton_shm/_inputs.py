@@ -8,14 +8,13 @@ input never leaves half a batch written into a slot.
 from __future__ import annotations
 
 import math
-import mmap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from ._exceptions import InvalidInputError, UnsupportedDatatypeError
-from ._specs import ModelSpec, SlotLayout, TensorSpec
+from ._specs import ModelSpec, SlotViews, TensorSpec
 
 __all__ = ["Batch", "prepare_batch"]
 
@@ -49,10 +48,8 @@ class Batch:
         self.sample_shapes = sample_shapes
         self.values = values
 
-    def write_chunk(
-        self, buffer: mmap.mmap, base: int, layout: SlotLayout, start: int, stop: int
-    ) -> int:
-        """Copies samples ``start:stop`` of every input into the slot at byte ``base``.
+    def write_chunk(self, slot: SlotViews, start: int, stop: int) -> int:
+        """Copies samples ``start:stop`` of every input into a slot.
 
         Returns:
             The number of bytes written.
@@ -62,9 +59,7 @@ class Batch:
             value = self.values[tensor.name]
             sample_shape = self.sample_shapes[tensor.name]
             shape = (stop - start, *sample_shape) if self.batched else sample_shape
-            count = math.prod(shape)
-            offset = base + layout.input_offsets[tensor.name]
-            destination = np.frombuffer(buffer, tensor.dtype, count, offset).reshape(shape)
+            destination = slot.inputs[tensor.name][: math.prod(shape)].reshape(shape)
             if not self.batched:
                 np.copyto(destination, value)
             elif isinstance(value, np.ndarray):

@@ -8,13 +8,12 @@ place in the caller's arrays.
 from __future__ import annotations
 
 import math
-import mmap
 from collections.abc import Iterable
 
 import numpy as np
 
 from ._exceptions import TritonServerError
-from ._specs import ModelSpec, SlotLayout
+from ._specs import ModelSpec, SlotViews
 
 __all__ = ["OutputAssembler", "empty_outputs"]
 
@@ -31,22 +30,14 @@ class OutputAssembler:
         self._spec = spec
         self._total = total
         self._arrays: dict[str, np.ndarray] = {}
-        self._by_name = {t.name: t for t in spec.outputs}
 
     def add(
-        self,
-        buffer: mmap.mmap,
-        base: int,
-        layout: SlotLayout,
-        start: int,
-        shapes: Iterable[tuple[str, tuple[int, ...]]],
+        self, slot: SlotViews, start: int, shapes: Iterable[tuple[str, tuple[int, ...]]]
     ) -> None:
-        """Copies one chunk's outputs out of the slot at byte ``base`` of ``buffer``.
+        """Copies one chunk's outputs out of a slot.
 
         Args:
-            buffer: The mapped region.
-            base: Where the slot starts in it.
-            layout: The slot layout.
+            slot: The slot the chunk used.
             start: Index of the chunk's first sample in the call.
             shapes: Name and shape of each output, as Triton answered.
 
@@ -55,23 +46,22 @@ class OutputAssembler:
                 per-sample output shapes differ.
         """
         for name, shape in shapes:
-            tensor = self._by_name[name]
-            capacity = layout.capacities[f"out:{name}"]
+            space = slot.outputs[name]
             count = math.prod(shape)
-            if count * tensor.dtype.itemsize > capacity:
+            if count > space.size:
                 raise TritonServerError(
                     f"model {self._spec.name!r}: output {name!r} has shape {shape}, larger "
-                    f"than the {capacity} bytes its slot holds; register a larger max_shapes entry",
+                    f"than the {space.nbytes} bytes its slot holds; register a larger "
+                    "max_shapes entry",
                     model=self._spec.name,
                 )
-            offset = base + layout.output_offsets[name]
-            view = np.frombuffer(buffer, tensor.dtype, count, offset).reshape(shape)
+            view = space[:count].reshape(shape)
             if not self._spec.batched or (start == 0 and shape[0] == self._total):
                 self._arrays[name] = view.copy()  # the whole result in one chunk
                 continue
             array = self._arrays.get(name)
             if array is None:
-                array = np.empty((self._total, *shape[1:]), tensor.dtype)
+                array = np.empty((self._total, *shape[1:]), space.dtype)
                 self._arrays[name] = array
             elif array.shape[1:] != shape[1:]:
                 raise TritonServerError(

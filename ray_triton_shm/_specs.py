@@ -18,7 +18,7 @@ from tritonclient.utils import np_to_triton_dtype, triton_to_np_dtype
 
 from ._exceptions import ModelSpecError, UnsupportedDatatypeError
 
-__all__ = ["ModelSpec", "SlotLayout", "TensorSpec", "resolve_model_spec"]
+__all__ = ["ModelSpec", "SlotLayout", "SlotViews", "TensorSpec", "resolve_model_spec"]
 
 #: Tensor offsets inside a slot are multiples of this (cache line, and enough for any dtype).
 TENSOR_ALIGNMENT = 64
@@ -137,6 +137,32 @@ class SlotLayout:
                 capacities[f"{kind}:{tensor.name}"] = capacity
                 offset += _align(max(capacity, 1), TENSOR_ALIGNMENT)
         return cls(input_offsets, output_offsets, capacities, _align(offset, SLOT_ALIGNMENT))
+
+
+class SlotViews:
+    """Flat typed views of each tensor's place in one slot, made once and reused by every call.
+
+    Attributes:
+        inputs: Per input name, a 1-D array over its whole reserved space.
+        outputs: Per output name, the same.
+    """
+
+    __slots__ = ("inputs", "outputs")
+
+    def __init__(self, spec: ModelSpec, layout: SlotLayout, buffer: Any, base: int) -> None:
+        def views(tensors: tuple[TensorSpec, ...], kind: str, offsets: Mapping[str, int]) -> Any:
+            return {
+                t.name: np.frombuffer(
+                    buffer,
+                    t.dtype,
+                    layout.capacities[f"{kind}:{t.name}"] // t.dtype.itemsize,
+                    base + offsets[t.name],
+                )
+                for t in tensors
+            }
+
+        self.inputs: dict[str, np.ndarray] = views(spec.inputs, "in", layout.input_offsets)
+        self.outputs: dict[str, np.ndarray] = views(spec.outputs, "out", layout.output_offsets)
 
 
 def _align(value: int, alignment: int) -> int:

@@ -26,7 +26,7 @@ from .._inputs import Batch, InputValue, prepare_batch
 from .._outputs import OutputAssembler, empty_outputs
 from .._pool import SlotPool
 from .._shm import SharedMemoryRegion
-from .._specs import ModelSpec
+from .._specs import ModelSpec, SlotViews
 from ._actor import ModelRegistration, SlotClaim, StaleClaimError, get_node_actor
 
 __all__ = ["ShmModel"]
@@ -49,31 +49,35 @@ class _Binding:
         self.local = SlotPool(local_slots, name=registration.spec.name)
         self.claims: list[SlotClaim | None] = [None] * local_slots
         self.regions: list[SharedMemoryRegion | None] = [None] * local_slots
+        self.views: list[SlotViews | None] = [None] * local_slots
         self._lock = threading.Lock()
         self._finalizer = weakref.finalize(self, _release_claims, actor, self.claims)
 
-    def slot(self, index: int) -> tuple[SlotClaim, SharedMemoryRegion] | None:
-        """The claim and mapping behind local slot ``index``; ``None``: go by value."""
-        claim, region = self.claims[index], self.regions[index]
-        if claim is not None and region is not None:
-            return claim, region
+    def slot(self, index: int) -> tuple[SlotClaim, SlotViews] | None:
+        """The claim and slot views behind local slot ``index``; ``None``: go by value."""
+        claim, views = self.claims[index], self.views[index]
+        if claim is not None and views is not None:
+            return claim, views
         with self._lock:
             if self.claims[index] is None:
                 claim = _call(_submit(self.actor.claim, self.spec.name, os.getpid()))
                 if claim is None:
                     return None  # the node's claim budget is spent
                 try:
-                    self.regions[index] = SharedMemoryRegion.attach(claim.region_name)
+                    region = SharedMemoryRegion.attach(claim.region_name)
                 except OSError:
                     self.actor.release_claim.remote(claim.claim_id, claim.incarnation)
                     self.zero_copy = False  # no shared /dev/shm with the actor
                     return None
+                self.regions[index] = region
+                self.views[index] = SlotViews(self.spec, claim.layout, region.buffer, 0)
                 self.claims[index] = claim
-            claim, region = self.claims[index], self.regions[index]
-            assert claim is not None and region is not None
-            return claim, region
+            claim, views = self.claims[index], self.views[index]
+            assert claim is not None and views is not None
+            return claim, views
 
     def close(self) -> None:
+        self.views = [None] * len(self.views)
         refs = self._finalizer() or []
         try:
             ray.get(refs, timeout=30)
@@ -244,8 +248,8 @@ class ShmModel:
                     slot = binding.slot(index)
                     if slot is None:
                         return _call(_submit(binding.actor.infer, self.model_name, inputs))
-                    claim, region = slot
-                    exchange = _Exchange(binding, claim, region, batch)
+                    claim, views = slot
+                    exchange = _Exchange(binding, claim, views, batch)
                     for start, stop in exchange.chunks():
                         exchange.receive(start, _call(exchange.submit(start, stop)))
                     return exchange.result()
@@ -278,8 +282,8 @@ class ShmModel:
                         slot = await asyncio.to_thread(binding.slot, index)
                     if slot is None:
                         return await _acall(_submit(binding.actor.infer, self.model_name, inputs))
-                    claim, region = slot
-                    exchange = _Exchange(binding, claim, region, batch)
+                    claim, views = slot
+                    exchange = _Exchange(binding, claim, views, batch)
                     for start, stop in exchange.chunks():
                         ref = exchange.submit(start, stop)
                         exchange.receive(start, await _acall(ref))
@@ -310,12 +314,10 @@ def _release_when_done(pool: SlotPool, index: int, ref: Any) -> None:
 class _Exchange:
     """One zero-copy call: writes each chunk into the claimed slot, submits it, reads it back."""
 
-    def __init__(
-        self, binding: _Binding, claim: SlotClaim, region: SharedMemoryRegion, batch: Batch
-    ) -> None:
+    def __init__(self, binding: _Binding, claim: SlotClaim, views: SlotViews, batch: Batch) -> None:
         self._actor = binding.actor
         self._claim = claim
-        self._buffer = region.buffer
+        self._views = views
         self._batch = batch
         self._outputs = OutputAssembler(batch.spec, batch.size)
 
@@ -325,7 +327,7 @@ class _Exchange:
 
     def submit(self, start: int, stop: int) -> Any:
         """Writes samples ``start:stop`` into the slot and asks the actor to run them."""
-        written = self._batch.write_chunk(self._buffer, 0, self._claim.layout, start, stop)
+        written = self._batch.write_chunk(self._views, start, stop)
         rows = stop - start if self._batch.batched else None
         claim = self._claim
         return _submit(
@@ -339,7 +341,7 @@ class _Exchange:
 
     def receive(self, start: int, shapes: Mapping[str, tuple[int, ...]]) -> None:
         """Copies a chunk's outputs out of the slot."""
-        self._outputs.add(self._buffer, 0, self._claim.layout, start, shapes.items())
+        self._outputs.add(self._views, start, shapes.items())
 
     def result(self) -> dict[str, np.ndarray]:
         return self._outputs.result()
