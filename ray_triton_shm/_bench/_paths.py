@@ -115,6 +115,14 @@ class BenchPath(abc.ABC):
     def teardown(self) -> None:
         """Release everything ``setup`` acquired; never raises."""
 
+    def _close_client(self) -> None:
+        """Closes the ``_client`` that ``setup`` made, if any; never raises."""
+        client = getattr(self, "_client", None)
+        if client is not None:
+            with contextlib.suppress(Exception):
+                client.close()
+            setattr(self, "_client", None)  # noqa: B010  # subclasses type _client their way
+
     def run_slice(self, slice_s: float) -> int:
         """Send requests for about ``slice_s`` (at least one); returns how many completed.
 
@@ -201,11 +209,7 @@ class GrpcPath(BenchPath):
         return {name: result.as_numpy(name) for name in self.case.outputs}
 
     def teardown(self) -> None:
-        client = getattr(self, "_client", None)
-        if client is not None:
-            with contextlib.suppress(Exception):
-                client.close()
-            self._client = None
+        self._close_client()
 
 
 # --------------------------------------------------------------------------------------
@@ -250,11 +254,7 @@ class HttpPath(BenchPath):
         return {name: result.as_numpy(name) for name in self.case.outputs}
 
     def teardown(self) -> None:
-        client = getattr(self, "_client", None)
-        if client is not None:
-            with contextlib.suppress(Exception):
-                client.close()
-            self._client = None
+        self._close_client()
 
 
 # --------------------------------------------------------------------------------------
@@ -344,10 +344,7 @@ class ShmManualPath(BenchPath):
             with contextlib.suppress(Exception):
                 self._shm.destroy_shared_memory_region(handle)
         self._handles = {}
-        if client is not None:
-            with contextlib.suppress(Exception):
-                client.close()
-            self._client = None
+        self._close_client()
 
 
 # --------------------------------------------------------------------------------------
@@ -377,11 +374,7 @@ class ShmClientPath(BenchPath):
         return self._client.infer_shm(self.case.model, self.inputs)
 
     def teardown(self) -> None:
-        client = getattr(self, "_client", None)
-        if client is not None:
-            with contextlib.suppress(Exception):
-                client.close()
-            self._client = None
+        self._close_client()
 
 
 # --------------------------------------------------------------------------------------
