@@ -364,7 +364,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             return outputs.result()
         pending: deque[_Chunk] = deque()
         try:
-            for start, stop in _chunks(batch.size, pool.spec.batch_capacity):
+            for start, stop in batch.chunks():
                 free = pool.slots.try_acquire()
                 while free is None and pending:  # never wait for a slot while holding one
                     response = self._response(pending[0], metadata, client_timeout_s)
@@ -474,7 +474,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         outputs = OutputAssembler(pool.spec, batch.size)
         pending: deque[_Chunk] = deque()
         try:
-            for start, stop in _chunks(batch.size, pool.spec.batch_capacity):
+            for start, stop in batch.chunks():
                 free = pool.slots.try_acquire()
                 while free is None and pending:  # never wait for a slot while holding one
                     response = await self._response_async(
@@ -591,7 +591,3 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
 
 def _shapes(response: service_pb2.ModelInferResponse) -> list[tuple[str, tuple[int, ...]]]:
     return [(output.name, tuple(output.shape)) for output in response.outputs]
-
-
-def _chunks(total: int, size: int) -> list[tuple[int, int]]:
-    return [(start, min(start + size, total)) for start in range(0, total, size)]

@@ -48,6 +48,11 @@ class Batch:
         self.sample_shapes = sample_shapes
         self.values = values
 
+    def chunks(self) -> list[tuple[int, int]]:
+        """``(start, stop)`` of each chunk of at most ``batch_capacity`` samples."""
+        size = self.spec.batch_capacity
+        return [(start, min(start + size, self.size)) for start in range(0, self.size, size)]
+
     def write_chunk(self, slot: SlotViews, start: int, stop: int) -> int:
         """Copies samples ``start:stop`` of every input into a slot.
 

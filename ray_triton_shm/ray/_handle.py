@@ -250,7 +250,7 @@ class ShmModel:
                         return _call(_submit(binding.actor.infer, self.model_name, inputs))
                     claim, views = slot
                     exchange = _Exchange(binding, claim, views, batch)
-                    for start, stop in exchange.chunks():
+                    for start, stop in batch.chunks():
                         exchange.receive(start, _call(exchange.submit(start, stop)))
                     return exchange.result()
                 finally:
@@ -284,7 +284,7 @@ class ShmModel:
                         return await _acall(_submit(binding.actor.infer, self.model_name, inputs))
                     claim, views = slot
                     exchange = _Exchange(binding, claim, views, batch)
-                    for start, stop in exchange.chunks():
+                    for start, stop in batch.chunks():
                         ref = exchange.submit(start, stop)
                         exchange.receive(start, await _acall(ref))
                         ref = None
@@ -320,10 +320,6 @@ class _Exchange:
         self._views = views
         self._batch = batch
         self._outputs = OutputAssembler(batch.spec, batch.size)
-
-    def chunks(self) -> list[tuple[int, int]]:
-        size, total = self._batch.spec.batch_capacity, self._batch.size
-        return [(s, min(s + size, total)) for s in range(0, total, size)]
 
     def submit(self, start: int, stop: int) -> Any:
         """Writes samples ``start:stop`` into the slot and asks the actor to run them."""
