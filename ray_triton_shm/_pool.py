@@ -189,11 +189,6 @@ class SlotPool:
                 self._waiters.popleft().fail()
             return self._all_free.wait_for(lambda: len(self._free) == self.size, wait_s)
 
-    @property
-    def closed(self) -> bool:
-        """Whether :meth:`close` was called."""
-        return self._closed
-
     def _check_open(self) -> None:
         if self._closed:
             raise ClientClosedError(f"the slot pool of {self.name!r} is closed", model=self.name)

@@ -65,10 +65,6 @@ class TensorSpec:
         """Bytes of one sample at its maximum shape."""
         return math.prod(self.max_shape) * self.dtype.itemsize
 
-    def describe(self) -> str:
-        """Short human description, e.g. ``INPUT0 FP32 (3, 224, 224)``."""
-        return f"{self.name} {self.datatype} {self.shape}"
-
 
 @dataclass(frozen=True)
 class ModelSpec:

@@ -260,11 +260,6 @@ class TritonNodeActor:
         )
 
     @ray.method(concurrency_group="control")
-    def registration(self, model_name: str) -> ModelRegistration:
-        """The registration of an already registered model."""
-        return self._registration(model_name)
-
-    @ray.method(concurrency_group="control")
     def claim(self, model_name: str, owner_pid: int) -> SlotClaim | None:
         """Hands ``owner_pid`` a slot of its own in a new region; ``None`` past ``max_claims``."""
         with self._lock:
