@@ -150,3 +150,27 @@ def test_triton_errors_come_back_as_themselves(node_actor, zero_copy: bool) -> N
 def test_empty_batch(node_actor) -> None:  # type: ignore[no-untyped-def]
     out = ShmModel("classifier").infer({"INPUT0": np.empty((0, 3, 224, 224), np.float32)})
     assert out["OUTPUT0"].shape == (0, 1000)
+
+
+def test_calls_of_one_caller_do_not_wait_behind_each_other(node_actor) -> None:  # type: ignore[no-untyped-def]
+    """A call whose argument is not ready yet holds up neither control calls nor other infers.
+
+    Ray runs an actor's calls in submission order per caller unless the actor is created for
+    out-of-order execution; then one caller's stuck or cancelled call stalls all its later ones
+    (and a cancelled call's gap stalls them for 30 s before Ray drops them, releases included).
+    """
+
+    @ray.remote(num_cpus=0)
+    def later(delay_s: float) -> dict[str, np.ndarray]:
+        import time
+
+        time.sleep(delay_s)
+        return {"INPUT0": np.ones((1, 16), np.float32)}
+
+    ray.get(node_actor.register.remote("identity", max_shapes=SHAPES))
+    stuck = node_actor.infer.remote("identity", later.remote(20.0))
+    ray.get(node_actor.stats.remote(), timeout=10)
+    x = np.arange(16, dtype=np.float32).reshape(1, 16)
+    out = ray.get(node_actor.infer.remote("identity", {"INPUT0": x}), timeout=10)
+    np.testing.assert_array_equal(out["OUTPUT0"], x)
+    ray.cancel(stuck)

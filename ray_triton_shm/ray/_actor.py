@@ -487,7 +487,11 @@ def get_node_actor(
         pass
     config = NodeActorConfig(url=url, slots=slots, max_waiting=max_waiting, max_claims=max_claims)
     actor_class = ray.remote(  # type: ignore[call-overload]
-        concurrency_groups={"infer": slots, "control": 4}
+        concurrency_groups={"infer": slots, "control": 4},
+        # Every method runs in a named group; the default group's max_concurrency > 1 is what
+        # makes Ray execute calls out of order. In order, a caller's call that waits for its
+        # arguments, or one it cancelled, holds up all its later calls, releases included.
+        max_concurrency=2,
     )(TritonNodeActor)
     return actor_class.options(
         name=name,
