@@ -51,8 +51,16 @@ def _regions_of(pid: int) -> list[str]:
 
 def _bench_cmd(triton: LocalTritonServer, *extra: str) -> list[str]:
     return [
-        sys.executable, "-m", "ray_triton_shm", "bench",
-        "--url", triton.grpc_url, "--http-url", triton.http_url, "--no-progress", *extra,
+        sys.executable,
+        "-m",
+        "ray_triton_shm",
+        "bench",
+        "--url",
+        triton.grpc_url,
+        "--http-url",
+        triton.http_url,
+        "--no-progress",
+        *extra,
     ]
 
 
@@ -64,7 +72,10 @@ def test_bench_quick_json_has_every_model_and_path(
     registered_before = _registered(triton.grpc_url)
     proc = subprocess.Popen(
         _bench_cmd(triton, "--quick", "--json", str(json_path), "--plot", str(plot_path)),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
     )
     stdout, stderr = proc.communicate(timeout=600)
     assert proc.returncode == 0, f"stdout:\n{stdout}\nstderr:\n{stderr}"
@@ -101,10 +112,20 @@ def test_bench_ctrl_c_cleans_up(triton: LocalTritonServer, tmp_path: Path) -> No
     registered_before = _registered(triton.grpc_url)
     proc = subprocess.Popen(
         _bench_cmd(
-            triton, "--models", "classifier", "--paths", "shm-manual", "shm-client",
-            "--rounds", "1000", "--no-plot",
+            triton,
+            "--models",
+            "classifier",
+            "--paths",
+            "shm-manual",
+            "shm-client",
+            "--rounds",
+            "1000",
+            "--no-plot",
         ),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
     )
     try:
         deadline = time.monotonic() + 120
@@ -199,8 +220,20 @@ def test_bench_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_bench_unreachable_server_fails_cleanly(capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["bench", "--quick", "--models", "identity", "--paths", "grpc",
-                 "--url", "127.0.0.1:1", "--no-plot", "--no-progress"])
+    code = main(
+        [
+            "bench",
+            "--quick",
+            "--models",
+            "identity",
+            "--paths",
+            "grpc",
+            "--url",
+            "127.0.0.1:1",
+            "--no-plot",
+            "--no-progress",
+        ]
+    )
     assert code == 1
     assert "reference gRPC request failed" in capsys.readouterr().err
 

@@ -48,7 +48,10 @@ def test_help_lists_every_subcommand(capsys: pytest.CaptureFixture[str]) -> None
 def test_python_dash_m_and_version() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "ray_triton_shm", "--version"],
-        capture_output=True, text=True, env=_env(), timeout=60,
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=60,
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("ray-triton-shm ")
@@ -81,9 +84,20 @@ def test_parser_defaults() -> None:
 def test_serve_local_answers_then_stops_on_sigint() -> None:
     grpc_port, http_port = _free_port(), _free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ray_triton_shm", "serve-local",
-         "--grpc-port", str(grpc_port), "--http-port", str(http_port)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+        [
+            sys.executable,
+            "-m",
+            "ray_triton_shm",
+            "serve-local",
+            "--grpc-port",
+            str(grpc_port),
+            "--http-port",
+            str(http_port),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
     )
     lines: list[str] = []
     server_pid = None
@@ -122,17 +136,27 @@ def test_serve_local_answers_then_stops_on_sigint() -> None:
     assert "Stopped." in stderr
     with pytest.raises(ProcessLookupError):
         os.kill(server_pid, 0)
-    with grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}") as client, pytest.raises(
-        InferenceServerException
+    with (
+        grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}") as client,
+        pytest.raises(InferenceServerException),
     ):
         client.is_server_live(client_timeout=2.0)
 
 
 def test_serve_local_bad_repository_fails(tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "ray_triton_shm", "serve-local",
-         "--model-repository", str(tmp_path / "missing")],
-        capture_output=True, text=True, env=_env(), timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "ray_triton_shm",
+            "serve-local",
+            "--model-repository",
+            str(tmp_path / "missing"),
+        ],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=120,
     )
     assert result.returncode == 1
     assert "not a directory" in result.stderr

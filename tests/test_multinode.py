@@ -114,10 +114,9 @@ def test_each_node_uses_its_own_actor_and_triton(two_nodes: dict[str, Any]) -> N
     servers: dict[str, LocalTritonServer] = two_nodes["servers"]
     urls = {label: server.grpc_url for label, server in servers.items()}
     before = {label: _registered(url) for label, url in urls.items()}
-    answers = ray.get([
-        _infer_here.options(resources={label: 1}).remote(seed)
-        for seed, label in enumerate(urls)
-    ])
+    answers = ray.get(
+        [_infer_here.options(resources={label: 1}).remote(seed) for seed, label in enumerate(urls)]
+    )
     answers_by_node = dict(zip(urls, answers, strict=True))
 
     node_ids = {label: a["node_id"] for label, a in answers_by_node.items()}
@@ -135,8 +134,7 @@ def test_each_node_uses_its_own_actor_and_triton(two_nodes: dict[str, Any]) -> N
         assert stats.models["classifier"]["requests"] == 2
         assert stats.models["classifier"]["samples"] == 4
         # The results are right (the same model on both servers).
-        np.testing.assert_allclose(answer["out"], _reference(urls[label], answer["x"]),
-                                   rtol=1e-6)
+        np.testing.assert_allclose(answer["out"], _reference(urls[label], answer["x"]), rtol=1e-6)
         np.testing.assert_allclose(answer["again"], answer["out"][:1], rtol=1e-6)
         actors[label] = ray.get_actor(actor_name(node_ids[label]), namespace=NAMESPACE)
         assert ray.get(actors[label].stats.remote()).pid == stats.pid

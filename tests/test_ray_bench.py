@@ -46,10 +46,23 @@ def test_bench_ray_quick_json_has_every_ray_path_verified(
     regions_before = _our_regions()
     proc = subprocess.run(
         [
-            sys.executable, "-m", "ray_triton_shm", "bench", "--ray", "--quick",
-            "--url", triton.grpc_url, "--no-progress", "--no-plot", "--json", str(json_path),
+            sys.executable,
+            "-m",
+            "ray_triton_shm",
+            "bench",
+            "--ray",
+            "--quick",
+            "--url",
+            triton.grpc_url,
+            "--no-progress",
+            "--no-plot",
+            "--json",
+            str(json_path),
         ],
-        capture_output=True, text=True, env=_env(), timeout=600,
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=600,
     )
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
 
@@ -93,7 +106,8 @@ def test_bench_ray_quick_json_has_every_ray_path_verified(
     assert _registered(triton.grpc_url) - registered_before == set()
     # (Other processes on this machine may create regions meanwhile: only live owners.)
     left = [
-        name for name in _our_regions() - regions_before
+        name
+        for name in _our_regions() - regions_before
         if (pid := owner_pid(name)) is None or not pid_alive(pid)
     ]
     assert left == []
@@ -103,8 +117,14 @@ def test_bench_without_ray_has_no_ray_paths_or_goals(triton: LocalTritonServer) 
     from ray_triton_shm._bench import BenchConfig, run_bench
 
     results = run_bench(
-        BenchConfig(models=("identity",), paths=("grpc", "shm-client"), rounds=1, slice_s=0.05,
-                    warmup_requests=1, url=triton.grpc_url)
+        BenchConfig(
+            models=("identity",),
+            paths=("grpc", "shm-client"),
+            rounds=1,
+            slice_s=0.05,
+            warmup_requests=1,
+            url=triton.grpc_url,
+        )
     )
     entry = results.to_dict()["models"]["identity"]
     assert set(entry["paths"]) == {"grpc", "shm-client"}
@@ -142,9 +162,20 @@ def test_status_ray_lists_node_actors_with_stats(triton: LocalTritonServer) -> N
             stats = ray.get(actor.stats.remote())
             address = ray.get_runtime_context().gcs_address
             proc = subprocess.run(
-                [sys.executable, "-m", "ray_triton_shm", "status", "--address", address,
-                 "--url", triton.grpc_url],
-                capture_output=True, text=True, env=_env(), timeout=120,
+                [
+                    sys.executable,
+                    "-m",
+                    "ray_triton_shm",
+                    "status",
+                    "--address",
+                    address,
+                    "--url",
+                    triton.grpc_url,
+                ],
+                capture_output=True,
+                text=True,
+                env=_env(),
+                timeout=120,
             )
             assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
             out = proc.stdout
@@ -153,13 +184,19 @@ def test_status_ray_lists_node_actors_with_stats(triton: LocalTritonServer) -> N
             assert f"url {triton.grpc_url}" in out and f"pid {stats.pid}" in out
             header = next(line for line in out.splitlines() if line.strip().startswith("model"))
             assert header.split() == [
-                "model", "slots", "in_use", "waiting", "claimed", "requests", "samples",
-                "bytes_in", "bytes_out", "errors",
+                "model",
+                "slots",
+                "in_use",
+                "waiting",
+                "claimed",
+                "requests",
+                "samples",
+                "bytes_in",
+                "bytes_out",
+                "errors",
             ]
             row = next(line for line in out.splitlines() if line.strip().startswith("identity"))
-            assert row.split()[1:] == [str(v) for v in (
-                8, 0, 0, 1, 1, 2, x.nbytes, x.nbytes, 0
-            )]
+            assert row.split()[1:] == [str(v) for v in (8, 0, 0, 1, 1, 2, x.nbytes, x.nbytes, 0)]
             # The regions report still follows, with the actor's regions registered.
             assert f"rtshm_{stats.pid}_" in out
             model.close()
@@ -172,4 +209,3 @@ def test_status_ray_lists_node_actors_with_stats(triton: LocalTritonServer) -> N
             os.environ.pop(URL_ENV_VAR, None)
         else:
             os.environ[URL_ENV_VAR] = old
-

@@ -139,9 +139,7 @@ class _AsyncCaller:
                 task.cancel()
         results = await asyncio.gather(*tasks, return_exceptions=True)
         for result in results:
-            if isinstance(result, BaseException) and not isinstance(
-                result, asyncio.CancelledError
-            ):
+            if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
                 raise result
         return self.done
 
@@ -164,13 +162,19 @@ def test_many_callers_with_cancellations_and_a_killed_caller_leak_nothing(
         "cancelled": cancelled.run.remote(250, 4),
         "killed": killed.run.remote(250, 4),
     }
-    _wait_for(lambda: ray.get(cancelled.progress.remote()) >= 30, timeout_s=120,
-              what="the caller to be cancelled to get going")
+    _wait_for(
+        lambda: ray.get(cancelled.progress.remote()) >= 30,
+        timeout_s=120,
+        what="the caller to be cancelled to get going",
+    )
     # CancelledError inside its coroutines, mid-call; recursive (the default, as Serve does),
     # so its in-flight infer_claimed calls on the node actor are cancelled too.
     ray.cancel(runs["cancelled"])
-    _wait_for(lambda: ray.get(killed.progress.remote()) >= 30, timeout_s=120,
-              what="the caller to be killed to get going")
+    _wait_for(
+        lambda: ray.get(killed.progress.remote()) >= 30,
+        timeout_s=120,
+        what="the caller to be killed to get going",
+    )
     ray.kill(killed)  # SIGKILL: nothing released; its claims stay until the sweeper sees it
 
     assert ray.get(runs["whole"], timeout=300) == 250
@@ -187,7 +191,8 @@ def test_many_callers_with_cancellations_and_a_killed_caller_leak_nothing(
     ray.get([c.close.remote() for c in (whole, cancels_tasks, cancelled)])
     stats = _wait_for(
         lambda: (s := ray.get(actor.stats.remote())).models["identity"]["claimed"] == 0 and s,
-        timeout_s=20, what="every claim, including the killed caller's, to be taken back",
+        timeout_s=20,
+        what="every claim, including the killed caller's, to be taken back",
     )
     identity = stats.models["identity"]
     assert identity["in_use"] == 0 and identity["waiting"] == 0
