@@ -28,6 +28,7 @@ serve: $(VENV)/.installed
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check ray_triton_shm tests deployments
+	$(VENV)/bin/ruff format --check ray_triton_shm tests deployments
 	$(VENV)/bin/mypy ray_triton_shm
 
 clean:
