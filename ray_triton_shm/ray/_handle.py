@@ -79,13 +79,22 @@ class _Binding:
     def close(self) -> None:
         self.views = [None] * len(self.views)
         refs = self._finalizer() or []
-        try:
-            ray.get(refs, timeout=30)
-        except Exception:
-            pass  # the actor is gone or restarting: its sweeper or reclaim takes them back
+        if not _on_event_loop():  # an event loop (a Serve replica) is never blocked
+            try:
+                ray.get(refs, timeout=30)
+            except Exception:
+                pass  # the actor is gone or restarting: its sweeper or reclaim takes them back
         for region in self.regions:
             if region is not None:
                 region.close()
+
+
+def _on_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 def _release_claims(actor: Any, claims: list[SlotClaim | None]) -> list[Any]:
@@ -219,7 +228,11 @@ class ShmModel:
         return binding.zero_copy and binding.slot(0) is not None
 
     def close(self) -> None:
-        """Gives this process's slots back to the node actor (also done at exit)."""
+        """Gives this process's slots back to the node actor (also done at exit).
+
+        Waits (up to 30 s) for the actor to take them back, except on an event loop's thread,
+        where the releases are sent and not waited for.
+        """
         with self._bind_lock:
             binding, self._binding = self._binding, None
         if binding is not None:
