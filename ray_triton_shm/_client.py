@@ -36,6 +36,7 @@ from ._exceptions import (
 from ._inputs import Batch, InputValue, prepare_batch
 from ._outputs import OutputAssembler, empty_outputs
 from ._pool import PoolStats, SlotPool
+from ._reaper import watch
 from ._reclaim import reclaim_dead_registrations
 from ._shm import SharedMemoryRegion, new_region_name
 from ._specs import ModelSpec, SlotLayout, SlotViews, SpecLike, resolve_model_spec
@@ -131,6 +132,9 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         url: Triton's gRPC address, ``host:port``. The server must run on this machine.
         verbose: Passed to tritonclient.
         *args: Passed to :class:`tritonclient.grpc.InferenceServerClient`.
+        crash_cleanup: If this process dies without closing (SIGKILL, the OOM killer), a
+            watchdog process unregisters and unlinks its regions (one per process, started
+            with the first registration; see :mod:`ray_triton_shm._reaper`).
         **kwargs: Passed to :class:`tritonclient.grpc.InferenceServerClient`.
 
     Example:
@@ -140,9 +144,16 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
     """
 
     def __init__(
-        self, url: str = "localhost:8001", verbose: bool = False, *args: Any, **kwargs: Any
+        self,
+        url: str = "localhost:8001",
+        verbose: bool = False,
+        *args: Any,
+        crash_cleanup: bool = True,
+        **kwargs: Any,
     ) -> None:
         super().__init__(url, verbose, *args, **kwargs)
+        self._url = url
+        self._crash_cleanup = crash_cleanup
         self._pools: dict[str, _ModelPool] = {}
         self._extra_pools: dict[str, _ModelPool] = {}
         self._registry_lock = threading.Lock()
@@ -236,6 +247,8 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
                 reclaim_dead_registrations(self)
             except InferenceServerException:
                 pass  # best effort; the registration below reports a dead server
+        if self._crash_cleanup:
+            watch(self._url)
         layout = SlotLayout.for_model(spec)
         region = SharedMemoryRegion.create(
             new_region_name(spec.name), layout.slot_bytes * pool_size

@@ -119,8 +119,14 @@ def status(url: str | None = DEFAULT_URL) -> StatusReport:
     return StatusReport(url=url, server_error=server_error, regions=regions)
 
 
-def reclaim_dead_registrations(client: grpcclient.InferenceServerClient) -> list[str]:
+def reclaim_dead_registrations(
+    client: grpcclient.InferenceServerClient, *, owner: int | None = None
+) -> list[str]:
     """Unregisters regions of ours whose owner process is gone; returns their names.
+
+    Args:
+        client: A client of the server.
+        owner: Only regions of this (gone) process; ``None``: of any process that is gone.
 
     Raises:
         InferenceServerException: when the server cannot be asked.
@@ -128,7 +134,7 @@ def reclaim_dead_registrations(client: grpcclient.InferenceServerClient) -> list
     reclaimed = []
     for name in _registrations(client):
         pid = owner_pid(name)
-        if pid is None or pid == os.getpid() or pid_alive(pid):
+        if not _reclaimable(pid, owner):
             continue
         try:
             client.unregister_system_shared_memory(name)
@@ -138,20 +144,31 @@ def reclaim_dead_registrations(client: grpcclient.InferenceServerClient) -> list
     return reclaimed
 
 
-def reclaim(url: str | None = DEFAULT_URL) -> ReclaimReport:
+def reclaim(url: str | None = DEFAULT_URL, *, owner: int | None = None) -> ReclaimReport:
     """Unregisters from Triton and unlinks from ``/dev/shm`` every region of ours whose owner
     process is gone.
 
     Args:
         url: Triton's gRPC address; ``None`` to clean ``/dev/shm`` only.
+        owner: Only regions of this (gone) process; ``None``: of any process that is gone.
     """
     unregistered: list[str] = []
     server_error = None
     if url is not None:
         try:
             with grpcclient.InferenceServerClient(url) as client:
-                unregistered = reclaim_dead_registrations(client)
+                unregistered = reclaim_dead_registrations(client, owner=owner)
         except InferenceServerException as exc:
             server_error = str(translate_error(exc, action="reclaiming registrations"))
-    unlinked = [r.name for r in list_local_regions() if not r.owner_alive and unlink_region(r.name)]
+    unlinked = [
+        r.name
+        for r in list_local_regions()
+        if _reclaimable(r.owner_pid, owner) and unlink_region(r.name)
+    ]
     return ReclaimReport(unregistered=unregistered, unlinked=unlinked, server_error=server_error)
+
+
+def _reclaimable(pid: int | None, owner: int | None) -> bool:
+    if pid is None or pid == os.getpid() or (owner is not None and pid != owner):
+        return False
+    return not pid_alive(pid)

@@ -51,14 +51,21 @@ def owner_pid(name: str) -> int | None:
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether a process with this pid exists on this machine."""
+    """Whether a process with this pid runs on this machine (a zombie does not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
+        pass
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            state = stat.read().rpartition(b")")[2].split()[0]
+    except FileNotFoundError:
+        return not os.path.isdir("/proc/self")  # gone meanwhile, unless there is no /proc
+    except (OSError, IndexError):
         return True
-    return True
+    return state not in (b"Z", b"X")
 
 
 class SharedMemoryRegion:

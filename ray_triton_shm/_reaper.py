@@ -1,0 +1,110 @@
+"""A watchdog process that cleans up after this process when it dies without closing.
+
+``close()`` and interpreter exit unregister and unlink every region; a process that is killed
+(SIGKILL, the OOM killer, Ray killing a worker or tearing a node down) runs no cleanup, and its
+regions stay registered in Triton, pinning memory there, and in ``/dev/shm``. So the first region
+a process registers starts one reaper for the whole process: a small stdlib-only Python process
+holding the read end of a pipe whose write end only we hold. We send it each Triton URL we
+register regions with. When the pipe reaches EOF we are gone, however we ended; the reaper waits
+for our pid to disappear, then unregisters and unlinks the regions our pid owns, and exits.
+
+The reaper is started through a launcher that exits at once (a double fork) into a session of
+its own, so that nothing that kills our children or our process group (Ray does both) takes it
+down with us. Run as a script, it imports the library only once there is work to do.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+__all__ = ["watch"]
+
+#: How long the reaper waits for the owner to disappear after the pipe closes.
+_OWNER_EXIT_WAIT_S = 60.0
+
+_lock = threading.Lock()
+_state: dict[str, object] = {}  # "pid": owner pid, "fd": pipe write end, "urls": set of URLs
+
+
+def watch(url: str | None) -> None:
+    """Makes sure this process's reaper runs and will clean up at ``url`` too.
+
+    Args:
+        url: Triton's gRPC address where this process registers regions (``None``: only
+            ``/dev/shm``).
+
+    Raises:
+        OSError: the reaper could not be started.
+    """
+    with _lock:
+        if _state.get("pid") != os.getpid():  # never started, or we are a forked child
+            _state.clear()
+            _state.update(pid=os.getpid(), fd=_start(), urls=set())
+        urls = _state["urls"]
+        assert isinstance(urls, set)
+        if url is not None and url not in urls:
+            fd = _state["fd"]
+            assert isinstance(fd, int)
+            os.write(fd, f"{url}\n".encode())
+            urls.add(url)
+
+
+def _start() -> int:
+    read_end, write_end = os.pipe()  # both non-inheritable: no other child holds them
+    try:
+        subprocess.run(
+            [sys.executable, os.path.abspath(__file__), "--launch", str(os.getpid())],
+            stdin=read_end,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            check=True,
+            timeout=60,
+        )
+    except BaseException:
+        os.close(write_end)
+        raise
+    finally:
+        os.close(read_end)
+    return write_end
+
+
+def _launch(owner: int) -> None:
+    """Starts the reaper in a session of its own and returns (the launcher then exits)."""
+    subprocess.Popen(
+        [sys.executable, os.path.abspath(__file__), str(owner)],
+        stdin=sys.stdin,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        cwd="/",
+    )
+
+
+def _reap(owner: int) -> None:
+    """Waits for the owner to be gone, then reclaims what it owned."""
+    urls = {line.strip() for line in sys.stdin.buffer.read().decode().splitlines()}
+    urls.discard("")
+    from ray_triton_shm._reclaim import reclaim
+    from ray_triton_shm._shm import pid_alive
+
+    deadline = time.monotonic() + _OWNER_EXIT_WAIT_S
+    while pid_alive(owner):
+        if time.monotonic() > deadline:
+            return  # it still runs: not ours to clean
+        time.sleep(0.05)
+    for url in sorted(urls) or [None]:
+        reclaim(url, owner=owner)
+
+
+if __name__ == "__main__":
+    # Run as a script: import the package from where this file is, not its modules as top-level
+    # ones (its "ray" subpackage would shadow Ray).
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if sys.argv[1] == "--launch":
+        _launch(int(sys.argv[2]))
+    else:
+        _reap(int(sys.argv[1]))

@@ -1,0 +1,110 @@
+"""`serve run deployments/classifier.yaml`, as a user runs it, against the session's Triton.
+
+The config is used as shipped, except for its HTTP port and Triton address (free ports here).
+Ctrl-C then tears the whole local Ray down, the detached node actor with it: nothing of it may
+stay in ``/dev/shm`` or registered in Triton.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+
+from ray_triton_shm import status
+from ray_triton_shm._server import LocalTritonServer
+
+pytest.importorskip("ray.serve")
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from deployments.classifier import synthetic_images  # noqa: E402
+
+CONFIG = ROOT / "deployments" / "classifier.yaml"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _config_for(triton: LocalTritonServer, port: int, path: Path) -> Path:
+    text = CONFIG.read_text()
+    edits = {"port: 8000": f"port: {port}", '"localhost:8001"': f'"{triton.grpc_url}"'}
+    for old, new in edits.items():
+        assert text.count(old) == 1, f"{CONFIG.name} no longer has {old!r}"
+        text = text.replace(old, new)
+    path.write_text(text)
+    return path
+
+
+def _leftovers(url: str) -> list[str]:
+    """Regions of ours, in /dev/shm or registered in Triton, whose owner is gone."""
+    return [r.name for r in status(url).regions if r.owner_alive is False]
+
+
+def test_serve_run_answers_http_and_ctrl_c_leaves_nothing(
+    triton: LocalTritonServer, tmp_path: Path
+) -> None:
+    port = _free_port()
+    config = _config_for(triton, port, tmp_path / "classifier.yaml")
+    serve_bin = Path(sys.executable).with_name("serve")
+    # RAY_ADDRESS=local: a Ray of its own, never a cluster another test left running.
+    env = {**os.environ, "RAY_ADDRESS": "local"}
+    log = (tmp_path / "serve.log").open("w")
+    proc = subprocess.Popen(
+        [str(serve_bin), "run", str(config)],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}/classify"
+    try:
+        answer = None
+        deadline = time.monotonic() + 240
+        while answer is None:
+            assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-4000:]
+            assert time.monotonic() < deadline, (tmp_path / "serve.log").read_text()[-4000:]
+            try:
+                reply = requests.post(url, json={"seed": 0, "batch": 3}, timeout=30)
+            except requests.ConnectionError:
+                time.sleep(1)
+                continue
+            if reply.status_code == 200:
+                answer = reply.json()
+            else:
+                time.sleep(1)  # 404/503 while the app deploys
+        images = synthetic_images(0, 3)
+        expected = images.reshape(3, -1)[:, :150000].reshape(3, 1000, 150).mean(axis=2)
+        assert len(answer["top_k"]) == 3
+        for row, scores in zip(answer["top_k"], expected, strict=True):
+            classes = [entry["class"] for entry in row]
+            assert classes == list(np.argsort(-scores, kind="stable")[:5])
+            np.testing.assert_allclose([e["score"] for e in row], scores[classes], rtol=1e-5)
+    finally:
+        proc.send_signal(signal.SIGINT)  # Ctrl-C
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+
+    # The node actor was killed with Ray, not shut down: its reaper cleans up after it.
+    deadline = time.monotonic() + 30
+    while (left := _leftovers(triton.grpc_url)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert left == [], f"left behind by the killed node actor: {left}"
