@@ -6,7 +6,9 @@ need it fail with the server's error (including its log tail).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -50,3 +52,27 @@ def fresh_triton(tmp_path: Path) -> Iterator[LocalTritonServer]:
 def grpc_url(triton: LocalTritonServer) -> str:
     """The session server's gRPC endpoint, ``"127.0.0.1:PORT"``."""
     return triton.grpc_url
+
+
+@pytest.fixture
+def register_then_sigkill() -> Callable[..., str]:
+    """``f(url, *, crash_cleanup)``: runs a process that registers a pool and is SIGKILLed.
+
+    Returns the region's name. With ``crash_cleanup=False`` no watchdog cleans up after it:
+    its region stays registered in Triton.
+    """
+    return _register_then_sigkill
+
+
+def _register_then_sigkill(url: str, *, crash_cleanup: bool) -> str:
+    script = (
+        "import os, signal\n"
+        "from ray_triton_shm import TritonSHMClient\n"
+        f"c = TritonSHMClient(url={url!r}, crash_cleanup={crash_cleanup})\n"
+        "c.register_shm_model('classifier', pool_size=1)\n"
+        "print(next(iter(c._pools.values())).region.name, flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == -9, done.stderr
+    return done.stdout.strip()

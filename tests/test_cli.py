@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -173,6 +174,22 @@ def test_status_shows_a_registered_region(
         out = capsys.readouterr().out
     assert f"server: {triton.grpc_url}" in out
     assert re.search(rf"rtshm_{os.getpid()}_\w+.*yes\s+yes\s+yes", out), out
+
+
+def test_status_flags_a_dead_owner_and_reclaim_takes_its_region_back(
+    triton: LocalTritonServer,
+    register_then_sigkill: Callable[..., str],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    name = register_then_sigkill(triton.grpc_url, crash_cleanup=False)
+    assert main(["status", "--url", triton.grpc_url]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if name in line)
+    assert " no " in f" {row} ", row  # owner alive: no
+    assert main(["reclaim", "--url", triton.grpc_url]) == 0
+    out = capsys.readouterr().out
+    assert "unregistered from Triton: " in out and name in out
+    assert main(["status", "--url", triton.grpc_url]) == 0
+    assert name not in capsys.readouterr().out
 
 
 def test_status_and_reclaim_local_only(capsys: pytest.CaptureFixture[str]) -> None:

@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -271,31 +271,20 @@ def test_cleanup_at_interpreter_exit(grpc_url: str) -> None:
     assert "leaked" not in done.stderr
 
 
-def _register_then_sigkill(url: str, *, crash_cleanup: bool) -> str:
-    """Runs a process that registers a pool and is SIGKILLed; returns the region's name."""
-    script = (
-        "import os, signal\n"
-        "from ray_triton_shm import TritonSHMClient\n"
-        f"c = TritonSHMClient(url={url!r}, crash_cleanup={crash_cleanup})\n"
-        "c.register_shm_model('classifier')\n"
-        "print(next(iter(c._pools.values())).region.name, flush=True)\n"
-        "os.kill(os.getpid(), signal.SIGKILL)\n"
-    )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
-    assert done.returncode == -9, done.stderr
-    return done.stdout.strip()
-
-
-def test_killed_owner_is_cleaned_up_by_its_reaper(grpc_url: str) -> None:
-    name = _register_then_sigkill(grpc_url, crash_cleanup=True)
+def test_killed_owner_is_cleaned_up_by_its_reaper(
+    grpc_url: str, register_then_sigkill: Callable[..., str]
+) -> None:
+    name = register_then_sigkill(grpc_url, crash_cleanup=True)
     assert name.startswith("rtshm_")
     # No other client involved: the killed process's watchdog unregisters and unlinks.
     assert wait_until(lambda: name not in registered_on(grpc_url), timeout_s=30)
     assert wait_until(lambda: not os.path.exists(f"/dev/shm/{name}"))
 
 
-def test_killed_owner_is_reclaimed_by_the_next_client(grpc_url: str) -> None:
-    name = _register_then_sigkill(grpc_url, crash_cleanup=False)
+def test_killed_owner_is_reclaimed_by_the_next_client(
+    grpc_url: str, register_then_sigkill: Callable[..., str]
+) -> None:
+    name = register_then_sigkill(grpc_url, crash_cleanup=False)
     assert name in registered_on(grpc_url)  # SIGKILL ran no cleanup, and no reaper ran
     with TritonSHMClient(url=grpc_url) as shm_client:
         shm_client.register_shm_model("identity", max_shapes={"INPUT0": (4,), "OUTPUT0": (4,)})
