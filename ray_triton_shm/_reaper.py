@@ -20,40 +20,57 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
+from dataclasses import dataclass, field
 
 __all__ = ["watch"]
 
 #: How long the reaper waits for the owner to disappear after the pipe closes.
 _OWNER_EXIT_WAIT_S = 60.0
 
+
+@dataclass
+class _Watch:
+    fd: int | None  # our end of the pipe; None if the reaper could not be started
+    urls: set[str] = field(default_factory=set)
+
+
 _lock = threading.Lock()
-_state: dict[str, object] = {}  # "pid": owner pid, "fd": pipe write end, "urls": set of URLs
+_watch: _Watch | None = None
+
+
+def _forget_in_child() -> None:
+    """A forked child closes its copy of our pipe (else our reaper waits for it too) and
+    starts a reaper of its own when it registers regions."""
+    global _lock, _watch
+    if _watch is not None and _watch.fd is not None:
+        os.close(_watch.fd)
+    _lock, _watch = threading.Lock(), None
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def watch(url: str | None) -> None:
     """Makes sure this process's reaper runs and will clean up at ``url`` too.
 
+    Best effort: if the reaper cannot be started, this warns once and the process goes on
+    without it (the next client, or ``ray-triton-shm reclaim``, then cleans up after a crash).
+
     Args:
         url: Triton's gRPC address where this process registers regions (``None``: only
             ``/dev/shm``).
-
-    Raises:
-        OSError: the reaper could not be started.
     """
+    global _watch
     with _lock:
-        if _state.get("pid") != os.getpid():  # never started, or we are a forked child
-            _state.clear()
-            _state.update(pid=os.getpid(), fd=_start(), urls=set())
-        urls = _state["urls"]
-        assert isinstance(urls, set)
-        if url is not None and url not in urls:
-            fd = _state["fd"]
-            assert isinstance(fd, int)
-            os.write(fd, f"{url}\n".encode())
-            urls.add(url)
+        if _watch is None:
+            _watch = _Watch(_start())
+        if _watch.fd is not None and url is not None and url not in _watch.urls:
+            os.write(_watch.fd, f"{url}\n".encode())
+            _watch.urls.add(url)
 
 
-def _start() -> int:
+def _start() -> int | None:
     read_end, write_end = os.pipe()  # both non-inheritable: no other child holds them
     try:
         subprocess.run(
@@ -64,9 +81,16 @@ def _start() -> int:
             check=True,
             timeout=60,
         )
-    except BaseException:
+    except (OSError, subprocess.SubprocessError) as exc:
         os.close(write_end)
-        raise
+        warnings.warn(
+            f"ray_triton_shm: could not start the crash-cleanup process ({exc}); if this "
+            "process is killed, its regions stay until the next client or "
+            "`ray-triton-shm reclaim` takes them back",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+        return None
     finally:
         os.close(read_end)
     return write_end

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import os
 import pickle
+import signal
 import subprocess
 import sys
 import threading
@@ -279,6 +280,35 @@ def test_killed_owner_is_cleaned_up_by_its_reaper(
     # No other client involved: the killed process's watchdog unregisters and unlinks.
     assert wait_until(lambda: name not in registered_on(grpc_url), timeout_s=30)
     assert wait_until(lambda: not os.path.exists(f"/dev/shm/{name}"))
+
+
+def test_reaper_is_not_held_up_by_a_forked_child(grpc_url: str) -> None:
+    script = (
+        "import os, signal, time\n"
+        "from ray_triton_shm import TritonSHMClient\n"
+        f"c = TritonSHMClient(url={grpc_url!r})\n"
+        "c.register_shm_model('classifier', pool_size=1)\n"
+        "child = os.fork()\n"
+        "if child == 0:\n"
+        "    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)\n"
+        "    time.sleep(120)\n"
+        "    os._exit(0)\n"
+        "print(next(iter(c._pools.values())).region.name, child, flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    # Not waiting for stderr: the resource tracker holds it until the child exits.
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
+    assert proc.stdout is not None
+    name, child = proc.stdout.readline().split()
+    try:
+        assert proc.wait(timeout=60) == -9
+        # The child still runs, holding a copy of every fd it inherited but the reaper's pipe.
+        assert os.path.exists(f"/proc/{child}")
+        assert wait_until(lambda: name not in registered_on(grpc_url), timeout_s=30)
+    finally:
+        os.kill(int(child), signal.SIGKILL)
 
 
 def test_killed_owner_is_reclaimed_by_the_next_client(
