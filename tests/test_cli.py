@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,7 +17,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from ray_triton_shm._cli import build_parser, main
-from ray_triton_shm._server import LocalTritonServer
+from ray_triton_shm._server import LocalTritonServer, _free_ports
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SUBCOMMANDS = ("setup-server", "serve-local", "bench", "status", "reclaim")
@@ -28,12 +27,6 @@ def _env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
     return env
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def test_help_lists_every_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
@@ -83,7 +76,7 @@ def test_parser_defaults() -> None:
 
 
 def test_serve_local_answers_then_stops_on_sigint() -> None:
-    grpc_port, http_port = _free_port(), _free_port()
+    grpc_port, http_port = _free_ports("127.0.0.1", 2)
     proc = subprocess.Popen(
         [
             sys.executable,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import os
-import socket
 import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -24,7 +23,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from deployments.classifier import ClassifierDeployment, synthetic_images  # noqa: E402
-from ray_triton_shm._server import LocalTritonServer  # noqa: E402
+from ray_triton_shm._server import LocalTritonServer, _free_ports  # noqa: E402
 from ray_triton_shm.ray import URL_ENV_VAR, get_node_actor  # noqa: E402
 
 ROUTE = "/classify"
@@ -34,12 +33,6 @@ def reference_scores(images: np.ndarray) -> np.ndarray:
     """The example classifier's formula, in numpy."""
     b = images.shape[0]
     return images.reshape(b, -1)[:, :150000].reshape(b, 1000, 150).mean(axis=2)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +63,7 @@ def ray_cluster(triton: LocalTritonServer) -> Iterator[None]:
 @pytest.fixture(scope="module")
 def classifier_url(ray_cluster: None) -> Iterator[str]:
     """The classifier app served on a free port; its base URL."""
-    port = _free_port()
+    (port,) = _free_ports("127.0.0.1", 1)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     try:
         serve.run(

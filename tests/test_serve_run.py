@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,7 +19,7 @@ import pytest
 import requests
 
 from ray_triton_shm import status
-from ray_triton_shm._server import LocalTritonServer
+from ray_triton_shm._server import LocalTritonServer, _free_ports
 
 pytest.importorskip("ray.serve")
 
@@ -31,12 +30,6 @@ if str(ROOT) not in sys.path:
 from deployments.classifier import synthetic_images  # noqa: E402
 
 CONFIG = ROOT / "deployments" / "classifier.yaml"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _config_for(triton: LocalTritonServer, port: int, path: Path) -> Path:
@@ -57,7 +50,7 @@ def _leftovers(url: str) -> list[str]:
 def test_serve_run_answers_http_and_ctrl_c_leaves_nothing(
     triton: LocalTritonServer, tmp_path: Path
 ) -> None:
-    port = _free_port()
+    (port,) = _free_ports("127.0.0.1", 1)
     config = _config_for(triton, port, tmp_path / "classifier.yaml")
     serve_bin = Path(sys.executable).with_name("serve")
     # RAY_ADDRESS=local: a Ray of its own, never a cluster another test left running.
