@@ -18,7 +18,7 @@ import asyncio
 import threading
 import weakref
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,10 +32,12 @@ from ._exceptions import (
     ClientClosedError,
     ModelNotRegisteredError,
     ModelSpecError,
+    TritonServerError,
 )
+from ._header import MAX_SLOTS, RegionHeader
 from ._inputs import Batch, InputValue, prepare_batch
 from ._outputs import OutputAssembler, empty_outputs
-from ._pool import PoolStats, SlotPool
+from ._pool import PoolStats, SlotPool, SlotSource
 from ._reaper import watch
 from ._reclaim import reclaim_dead_registrations
 from ._shm import SharedMemoryRegion, new_region_name
@@ -52,18 +54,52 @@ _UNREGISTER_TIMEOUT_S = 5.0
 
 @dataclass(eq=False)
 class _ModelPool:
-    """A registered model: its spec, its region cut into slots, and a request per slot."""
+    """A registered model: its spec, its region cut into slots, and a request per slot.
+
+    The client either owns the region (it created and registered it, and unregisters and
+    unlinks it) or attached a region somebody else owns (the Ray node actor), in which case
+    ``reregister`` asks the owner to register it again after Triton forgot it.
+    """
 
     spec: ModelSpec
     layout: SlotLayout
     region: SharedMemoryRegion
-    slots: SlotPool
+    slots: SlotSource
     requests: SlotRequests
     #: Typed views of every slot's tensors (they keep the mapping alive until collected).
     views: list[SlotViews]
+    header: RegionHeader
+    #: For an attached region: makes its owner register it again (may raise to give up).
+    reregister: Callable[[], None] | None = None
     #: Bumped on every re-registration; a failed request knows which registration it used.
     epoch: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @classmethod
+    def over(
+        cls,
+        spec: ModelSpec,
+        region: SharedMemoryRegion,
+        slots: SlotSource,
+        slot_count: int,
+        header: RegionHeader,
+        reregister: Callable[[], None] | None = None,
+    ) -> _ModelPool:
+        """A pool over ``slot_count`` slots of ``region``, laid out for ``spec``."""
+        layout = SlotLayout.for_model(spec)
+        return cls(
+            spec=spec,
+            layout=layout,
+            region=region,
+            slots=slots,
+            requests=SlotRequests(spec, layout, region.name, slot_count),
+            views=[
+                SlotViews(spec, layout, region.buffer, layout.slot_offset(slot))
+                for slot in range(slot_count)
+            ],
+            header=header,
+            reregister=reregister,
+        )
 
 
 @dataclass(eq=False)
@@ -77,6 +113,8 @@ class _Chunk:
     #: ``None`` until sent as a gRPC future (the one-chunk path sends a blocking call).
     call: grpc.Future | None
     epoch: int
+    rows: int
+    bytes_in: int
 
     def abandon(self) -> None:
         """Releases the slot once Triton is done with it (at once if it already is)."""
@@ -92,23 +130,33 @@ class _Chunk:
             self.call.exception()
 
     def collect(self, outputs: OutputAssembler, response: service_pb2.ModelInferResponse) -> None:
-        """Copies the outputs out of the slot, then frees the slot."""
+        """Copies the outputs out of the slot, counts the request, then frees the slot."""
+        pool, slot = self.pool, self.slot
         try:
-            outputs.add(self.pool.views[self.slot], self.start, _shapes(response))
+            bytes_out = outputs.add(pool.views[slot], self.start, _shapes(response))
+            pool.header.count(slot, self.rows, self.bytes_in, bytes_out)
         finally:
-            self.pool.slots.release(self.slot)
+            pool.slots.release(slot)
+
+    def failed(self, exc: BaseException) -> TritonServerError:
+        """Counts the failed request; returns Triton's error as ours."""
+        self.pool.header.count_error(self.slot)
+        return translate_error(exc, model=self.pool.spec.name, action="inference")
 
 
-def _release_pools(stub: Any, *registries: dict[str, _ModelPool]) -> None:
+def _release_pools(stub: Any, pools: dict[str, _ModelPool]) -> None:
     """Unregisters and unlinks every pool; the finalizer of a client, so it never sees it."""
-    for pools in registries:
-        while pools:
-            _, pool = pools.popitem()
-            _release_pool(pool, stub, _CLOSE_WAIT_S)
+    while pools:
+        _, pool = pools.popitem()
+        _release_pool(pool, stub, _CLOSE_WAIT_S)
 
 
 def _release_pool(pool: _ModelPool, stub: Any, wait_s: float) -> None:
     all_free = pool.slots.close(wait_s=wait_s)
+    if not pool.region.owner:  # attached: the owner unregisters and unlinks it
+        if all_free:
+            pool.region.close()
+        return
     try:
         stub.SystemSharedMemoryUnregister(
             service_pb2.SystemSharedMemoryUnregisterRequest(name=pool.region.name),
@@ -155,14 +203,11 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         self._url = url
         self._crash_cleanup = crash_cleanup
         self._pools: dict[str, _ModelPool] = {}
-        self._extra_pools: dict[str, _ModelPool] = {}
         self._registry_lock = threading.Lock()
         self._closed = False
         self._swept = False
         # Captures the pools and the stub, never self: the client can still be collected.
-        self._finalizer = weakref.finalize(
-            self, _release_pools, self._client_stub, self._extra_pools, self._pools
-        )
+        self._finalizer = weakref.finalize(self, _release_pools, self._client_stub, self._pools)
 
     # ------------------------------------------------------------------ registration
 
@@ -203,9 +248,10 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             TritonServerError: Triton refused (unknown model, no shared memory, ...).
         """
         self._check_open()
-        if pool_size < 1:
+        if not 1 <= pool_size <= MAX_SLOTS:
             raise ModelSpecError(
-                f"model {model_name!r}: pool_size must be >= 1, got {pool_size}", model=model_name
+                f"model {model_name!r}: pool_size must be >= 1 and <= {MAX_SLOTS}, got {pool_size}",
+                model=model_name,
             )
         spec = resolve_model_spec(
             model_name,
@@ -249,9 +295,8 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
                 pass  # best effort; the registration below reports a dead server
         if self._crash_cleanup:
             watch(self._url)
-        layout = SlotLayout.for_model(spec)
         region = SharedMemoryRegion.create(
-            new_region_name(spec.name), layout.slot_bytes * pool_size
+            new_region_name(spec.name), SlotLayout.for_model(spec).region_bytes(pool_size)
         )
         try:
             self.register_system_shared_memory(region.name, region.key, region.size)
@@ -259,17 +304,29 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             region.unlink()
             region.close()
             raise translate_error(exc, model=spec.name, action="registering shared memory") from exc
-        return _ModelPool(
-            spec=spec,
-            layout=layout,
-            region=region,
-            slots=SlotPool(pool_size, name=spec.name),
-            requests=SlotRequests(spec, layout, region.name, pool_size),
-            views=[
-                SlotViews(spec, layout, region.buffer, slot * layout.slot_bytes)
-                for slot in range(pool_size)
-            ],
-        )
+        # The region's header tells processes using its slots how many callers wait for one.
+        header = RegionHeader(region.buffer, pool_size)
+        slots = SlotPool(pool_size, name=spec.name, on_waiting=header.set_waiting)
+        return _ModelPool.over(spec, region, slots, pool_size, header)
+
+    def _attach_pool(
+        self,
+        spec: ModelSpec,
+        region: SharedMemoryRegion,
+        slots: SlotSource,
+        slot_count: int,
+        reregister: Callable[[], None],
+    ) -> None:
+        """Uses an attached region somebody else owns and registered (the Ray node actor), on
+        the slots ``slots`` hands out; replaces an earlier attachment of the model."""
+        self._check_open()
+        header = RegionHeader(region.buffer, slot_count)
+        pool = _ModelPool.over(spec, region, slots, slot_count, header, reregister)
+        with self._registry_lock:
+            stale = self._pools.get(spec.name)
+            self._pools[spec.name] = pool
+        if stale is not None:
+            _release_pool(stale, self._client_stub, _CLOSE_WAIT_S)
 
     def unregister_shm_model(self, model_name: str) -> None:
         """Unregisters a model's pool from Triton and frees its memory; idempotent.
@@ -278,12 +335,8 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         """
         with self._registry_lock:
             pool = self._pools.pop(model_name, None)
-            extras = [p for p in self._extra_pools.values() if p.spec.name == model_name]
-            for extra in extras:
-                del self._extra_pools[extra.region.name]
-        for released in (pool, *extras):
-            if released is not None:
-                _release_pool(released, self._client_stub, _CLOSE_WAIT_S)
+        if pool is not None:
+            _release_pool(pool, self._client_stub, _CLOSE_WAIT_S)
 
     @property
     def registered_models(self) -> dict[str, ModelSpec]:
@@ -311,6 +364,10 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         with pool.lock:
             if pool.epoch != epoch:
                 return  # another request already did it
+            if pool.reregister is not None:
+                pool.reregister()
+                pool.epoch += 1
+                return
             try:
                 self.unregister_system_shared_memory(pool.region.name)
                 self.register_system_shared_memory(
@@ -406,13 +463,13 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
     ) -> _Chunk:
         """Writes a chunk into a slot and prepares its request; the slot is the chunk's now."""
         try:
-            batch.write_chunk(pool.views[slot], start, stop)
+            written = batch.write_chunk(pool.views[slot], start, stop)
             rows = stop - start if batch.batched else None
             request = pool.requests.prepare(slot, rows, batch.sample_shapes, request_id)
         except BaseException:
             pool.slots.release(slot)
             raise
-        return _Chunk(pool, slot, start, request, None, pool.epoch)
+        return _Chunk(pool, slot, start, request, None, pool.epoch, stop - start, written)
 
     def _send(self, chunk: _Chunk, metadata: Any, client_timeout_s: float | None) -> _Chunk:
         chunk.call = self._client_stub.ModelInfer.future(
@@ -435,12 +492,12 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             return chunk.call.result()
         except grpc.RpcError as exc:
             if not is_missing_region(exc):
-                raise translate_error(exc, model=chunk.pool.spec.name, action="inference") from exc
+                raise chunk.failed(exc) from exc
         self._reregister(chunk.pool, chunk.epoch)
         try:
             return self._send(chunk, metadata, client_timeout_s).call.result()  # type: ignore[union-attr]
         except grpc.RpcError as exc:
-            raise translate_error(exc, model=chunk.pool.spec.name, action="inference") from exc
+            raise chunk.failed(exc) from exc
 
     async def _response_async(
         self,
@@ -455,13 +512,13 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             return await as_asyncio_future(chunk.call, loop)
         except grpc.RpcError as exc:
             if not is_missing_region(exc):
-                raise translate_error(exc, model=chunk.pool.spec.name, action="inference") from exc
+                raise chunk.failed(exc) from exc
         await asyncio.to_thread(self._reregister, chunk.pool, chunk.epoch)
         self._send(chunk, metadata, client_timeout_s)
         try:
             return await as_asyncio_future(chunk.call, loop)
         except grpc.RpcError as exc:
-            raise translate_error(exc, model=chunk.pool.spec.name, action="inference") from exc
+            raise chunk.failed(exc) from exc
 
     async def infer_shm_async(
         self,
@@ -517,63 +574,6 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
                 chunk.abandon()
             raise
         return outputs.result()
-
-    # ------------------------------------------------------------------ extra regions
-
-    def add_region(self, model_name: str, slots: int = 1) -> tuple[str, SlotLayout]:
-        """Creates and registers one more region for a registered model.
-
-        For processes that write inputs straight into shared memory (the Ray node actor hands
-        such regions to its callers): the caller fills a slot, then asks for
-        :meth:`infer_region` on it. The region lives until :meth:`remove_region` or
-        :meth:`close`.
-
-        Returns:
-            ``(region_name, layout)``: slot ``i`` starts at byte ``i * layout.slot_bytes``.
-        """
-        pool = self._create_pool(self._pool(model_name).spec, slots)
-        with self._registry_lock:
-            self._extra_pools[pool.region.name] = pool
-        return pool.region.name, pool.layout
-
-    def remove_region(self, region_name: str) -> None:
-        """Unregisters and frees a region made by :meth:`add_region`; idempotent."""
-        with self._registry_lock:
-            pool = self._extra_pools.pop(region_name, None)
-        if pool is not None:
-            _release_pool(pool, self._client_stub, _CLOSE_WAIT_S)
-
-    def infer_region(
-        self,
-        region_name: str,
-        slot: int,
-        rows: int | None,
-        sample_shapes: Mapping[str, tuple[int, ...]],
-        *,
-        client_timeout_s: float | None = None,
-    ) -> dict[str, tuple[int, ...]]:
-        """Runs inference on inputs a caller already wrote into a slot of an extra region.
-
-        The outputs stay in the slot for the caller to read. Blocks until Triton answers.
-
-        Args:
-            region_name: A region made by :meth:`add_region`.
-            slot: The slot written.
-            rows: Samples written (``None`` for a model that does not batch).
-            sample_shapes: Per-sample shape of each input written.
-            client_timeout_s: gRPC deadline.
-
-        Returns:
-            The shape of each output, as Triton wrote it into the slot.
-        """
-        pool = self._extra_pools.get(region_name)
-        if pool is None:
-            self._check_open()
-            raise ModelNotRegisteredError(f"no region {region_name!r} in this client")
-        with pool.lock:  # the pool's requests are per slot; a slot has one writer at a time
-            request = pool.requests.prepare(slot, rows, sample_shapes, "")
-        chunk = _Chunk(pool, slot, 0, request, None, pool.epoch)
-        return dict(_shapes(self._response(chunk, (), client_timeout_s)))
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -7,6 +7,7 @@
     │   └── UnsupportedDatatypeError           BYTES/string tensors (not supported yet)
     ├── ModelSpecError (ValueError)            specs that cannot be turned into a slot layout
     ├── ModelNotRegisteredError (LookupError)  infer on a model never registered
+    ├── StaleLeaseError (LookupError)          the Ray node actor restarted: bind again
     ├── SlotTimeoutError (TimeoutError)        no slot became free within ``timeout_s``
     ├── OverloadedError (RuntimeError)         too many callers already waiting (Ray layer)
     ├── ClientClosedError (RuntimeError)       the client or pool was closed
@@ -31,6 +32,7 @@ __all__ = [
     "OverloadedError",
     "SharedMemoryNotAllowedError",
     "SlotTimeoutError",
+    "StaleLeaseError",
     "TritonSHMError",
     "TritonServerError",
     "UnsupportedDatatypeError",
@@ -109,6 +111,13 @@ class ModelSpecError(TritonSHMError, ValueError):
 
 class ModelNotRegisteredError(TritonSHMError, LookupError):
     """Inference was requested for a model that has no shared-memory pool."""
+
+
+class StaleLeaseError(TritonSHMError, LookupError):
+    """The Ray node actor restarted since this process bound to it; its slots are gone.
+
+    ``ShmModel`` binds again and retries once when it sees this.
+    """
 
 
 class SlotTimeoutError(TritonSHMError, TimeoutError):

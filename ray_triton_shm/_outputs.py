@@ -33,8 +33,8 @@ class OutputAssembler:
 
     def add(
         self, slot: SlotViews, start: int, shapes: Iterable[tuple[str, tuple[int, ...]]]
-    ) -> None:
-        """Copies one chunk's outputs out of a slot.
+    ) -> int:
+        """Copies one chunk's outputs out of a slot; returns the bytes copied.
 
         Args:
             slot: The slot the chunk used.
@@ -45,6 +45,7 @@ class OutputAssembler:
             TritonServerError: an output larger than its place in the slot, or chunks whose
                 per-sample output shapes differ.
         """
+        copied = 0
         for name, shape in shapes:
             space = slot.outputs[name]
             count = math.prod(shape)
@@ -56,6 +57,7 @@ class OutputAssembler:
                     model=self._spec.name,
                 )
             view = space[:count].reshape(shape)
+            copied += view.nbytes
             if not self._spec.batched or (start == 0 and shape[0] == self._total):
                 self._arrays[name] = view.copy()  # the whole result in one chunk
                 continue
@@ -71,6 +73,7 @@ class OutputAssembler:
                     model=self._spec.name,
                 )
             array[start : start + shape[0]] = view
+        return copied
 
     def result(self) -> dict[str, np.ndarray]:
         """The outputs, by name, in the model's order."""

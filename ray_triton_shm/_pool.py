@@ -10,11 +10,13 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
-from ._exceptions import ClientClosedError, SlotTimeoutError
+from ._exceptions import ClientClosedError, OverloadedError, SlotTimeoutError
 
-__all__ = ["PoolStats", "SlotPool"]
+__all__ = ["PoolStats", "SlotPool", "SlotSource"]
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,25 @@ class PoolStats:
     size: int
     in_use: int
     waiting: int
+
+
+class SlotSource(Protocol):
+    """Where a model's requests get their slots: a :class:`SlotPool` of the slots a client
+    owns, or (in the Ray layer) the slots a process leased from its node actor."""
+
+    size: int
+
+    def acquire(self, timeout_s: float | None = None) -> int: ...
+
+    def try_acquire(self) -> int | None: ...
+
+    async def acquire_async(self, timeout_s: float | None = None) -> int: ...
+
+    def release(self, slot: int) -> None: ...
+
+    def stats(self) -> PoolStats: ...
+
+    def close(self, *, wait_s: float | None = None) -> bool: ...
 
 
 class _ThreadWaiter:
@@ -83,13 +104,25 @@ class SlotPool:
     Args:
         size: Number of slots.
         name: Used in error messages (usually the model name).
+        on_waiting: Called with the number of waiters each time it changes, under the pool's
+            lock (keep it tiny: it is stored in the region's header).
+        max_waiting: Callers that may wait at once; past it, :class:`OverloadedError`.
     """
 
-    def __init__(self, size: int, *, name: str = "") -> None:
+    def __init__(
+        self,
+        size: int,
+        *,
+        name: str = "",
+        on_waiting: Callable[[int], None] | None = None,
+        max_waiting: int | None = None,
+    ) -> None:
         if size < 1:
             raise ValueError(f"a slot pool needs at least one slot, got {size}")
         self.size = size
         self.name = name
+        self._on_waiting = on_waiting
+        self._max_waiting = max_waiting
         self._free = list(range(size - 1, -1, -1))  # pop() gives slot 0 first
         self._waiters: deque[_ThreadWaiter | _AsyncWaiter] = deque()
         self._lock = threading.Lock()
@@ -101,6 +134,7 @@ class SlotPool:
 
         Raises:
             SlotTimeoutError: no slot came free in time.
+            OverloadedError: ``max_waiting`` callers already wait.
             ClientClosedError: the pool was closed.
         """
         with self._lock:
@@ -108,13 +142,12 @@ class SlotPool:
             if self._free:
                 return self._free.pop()
             waiter = _ThreadWaiter()
-            self._waiters.append(waiter)
+            self._enqueue(waiter)
         waiter.event.wait(timeout_s)
         with self._lock:
             if waiter.slot is not None:
                 return waiter.slot
-            if waiter in self._waiters:
-                self._waiters.remove(waiter)
+            self._dequeue(waiter)
             self._check_open()
         raise self._timeout(timeout_s)
 
@@ -138,7 +171,7 @@ class SlotPool:
             if self._free:
                 return self._free.pop()
             waiter = _AsyncWaiter(self, asyncio.get_running_loop())
-            self._waiters.append(waiter)
+            self._enqueue(waiter)
         try:
             return await asyncio.wait_for(waiter.future, timeout_s)
         except asyncio.TimeoutError:
@@ -152,22 +185,39 @@ class SlotPool:
         # Still queued: nobody gave it a slot. Otherwise a slot is on its way and _deliver,
         # seeing the future done, puts it back.
         with self._lock:
-            if waiter in self._waiters:
-                self._waiters.remove(waiter)
+            if self._dequeue(waiter):
                 return
         future = waiter.future
         if future.done() and not future.cancelled() and future.exception() is None:
             self.release(future.result())  # delivered, but our caller gave up in between
 
-    def release(self, slot: int) -> None:
-        """Returns a slot, handing it to the longest waiter if there is one."""
+    def release(self, slot: int, *, cold: bool = False) -> None:
+        """Returns a slot, handing it to the longest waiter if there is one.
+
+        Args:
+            slot: The slot.
+            cold: Hand it out after every other free slot (not first, as LIFO would).
+        """
         with self._lock:
             if self._waiters and not self._closed:
-                self._waiters.popleft().give(slot)
+                waiter = self._waiters.popleft()
+                self._waiters_changed()
+                waiter.give(slot)
                 return
-            self._free.append(slot)
+            if cold:
+                self._free.insert(0, slot)
+            else:
+                self._free.append(slot)
             if len(self._free) == self.size:
                 self._all_free.notify_all()
+
+    def take_free(self, select: Callable[[int], bool]) -> list[int]:
+        """Takes every free slot that ``select`` picks, without waiting; they are the caller's
+        until released."""
+        with self._lock:
+            taken = [slot for slot in self._free if select(slot)]
+            self._free = [slot for slot in self._free if slot not in taken]
+            return taken
 
     def stats(self) -> PoolStats:
         """A consistent snapshot of the pool."""
@@ -187,7 +237,29 @@ class SlotPool:
             self._closed = True
             while self._waiters:
                 self._waiters.popleft().fail()
+            self._waiters_changed()
             return self._all_free.wait_for(lambda: len(self._free) == self.size, wait_s)
+
+    def _enqueue(self, waiter: _ThreadWaiter | _AsyncWaiter) -> None:
+        if self._max_waiting is not None and len(self._waiters) >= self._max_waiting:
+            raise OverloadedError(
+                f"{self._max_waiting} calls already wait for a slot of {self.name!r}; slow "
+                "down, or allow more with a larger max_waiting",
+                model=self.name,
+            )
+        self._waiters.append(waiter)
+        self._waiters_changed()
+
+    def _dequeue(self, waiter: _ThreadWaiter | _AsyncWaiter) -> bool:
+        if waiter not in self._waiters:
+            return False
+        self._waiters.remove(waiter)
+        self._waiters_changed()
+        return True
+
+    def _waiters_changed(self) -> None:
+        if self._on_waiting is not None:
+            self._on_waiting(len(self._waiters))
 
     def _check_open(self) -> None:
         if self._closed:

@@ -24,6 +24,8 @@ __all__ = ["ModelSpec", "SlotLayout", "SlotViews", "TensorSpec", "resolve_model_
 TENSOR_ALIGNMENT = 64
 #: Slots start on page boundaries so two slots never share a page.
 SLOT_ALIGNMENT = 4096
+#: A region starts with a header before its slots (see :mod:`ray_triton_shm._header`).
+REGION_HEADER_BYTES = 16 * SLOT_ALIGNMENT
 
 DTypeLike = np.dtype | type | str
 #: ``(name, shape_without_batch, dtype)`` as in the seed's ``register_shm_model``.
@@ -104,6 +106,9 @@ class ModelSpec:
 class SlotLayout:
     """Byte layout of one slot: where each tensor of one full batch lives.
 
+    A region holds a header (:class:`~ray_triton_shm._header.RegionHeader`), then its slots
+    one after the other.
+
     Attributes:
         input_offsets: Offset of each input inside a slot.
         output_offsets: Offset of each output inside a slot.
@@ -133,6 +138,14 @@ class SlotLayout:
                 capacities[f"{kind}:{tensor.name}"] = capacity
                 offset += _align(max(capacity, 1), TENSOR_ALIGNMENT)
         return cls(input_offsets, output_offsets, capacities, _align(offset, SLOT_ALIGNMENT))
+
+    def slot_offset(self, slot: int) -> int:
+        """Where slot ``slot`` starts in its region."""
+        return REGION_HEADER_BYTES + slot * self.slot_bytes
+
+    def region_bytes(self, slots: int) -> int:
+        """Size of a region of ``slots`` slots, header included."""
+        return self.slot_offset(slots)
 
 
 class SlotViews:

@@ -85,7 +85,7 @@ class SlotRequests:
         self._spec = spec
         self._itemsizes = [t.dtype.itemsize for t in spec.inputs]
         self._requests = [
-            self._build(spec, layout, region_name, slot * layout.slot_bytes)
+            self._build(spec, layout, region_name, layout.slot_offset(slot))
             for slot in range(slot_count)
         ]
         # Shapes each slot's request was last sent with: most calls repeat them.

@@ -1,6 +1,6 @@
 """The node actor under many callers, cancellations, killed callers, overload and restarts.
 
-After all of it: no slot in use, no claim of a dead caller kept, and after ``shutdown()`` no
+After all of it: no slot in use, no lease of a dead caller kept, and after ``shutdown()`` no
 region of the actor left in ``/dev/shm`` or registered in Triton.
 """
 
@@ -168,14 +168,14 @@ def test_many_callers_with_cancellations_and_a_killed_caller_leak_nothing(
         what="the caller to be cancelled to get going",
     )
     # CancelledError inside its coroutines, mid-call; recursive (the default, as Serve does),
-    # so its in-flight infer_claimed calls on the node actor are cancelled too.
+    # which would cancel its calls on the node actor too, if it made any from the task.
     ray.cancel(runs["cancelled"])
     _wait_for(
         lambda: ray.get(killed.progress.remote()) >= 30,
         timeout_s=120,
         what="the caller to be killed to get going",
     )
-    ray.kill(killed)  # SIGKILL: nothing released; its claims stay until the sweeper sees it
+    ray.kill(killed)  # SIGKILL: nothing released; its leases stay until the sweeper sees it
 
     assert ray.get(runs["whole"], timeout=300) == 250
     assert ray.get(runs["cancels_tasks"], timeout=300) >= 240
@@ -186,13 +186,13 @@ def test_many_callers_with_cancellations_and_a_killed_caller_leak_nothing(
     made = [ray.get(c.progress.remote()) for c in (whole, cancels_tasks, cancelled)]
     assert 0 < made[2] < 250
 
-    # The cancelled caller's in-flight calls end on the actor side; then every caller alive
-    # gives its slots back. The killed caller's claims are taken back by the sweeper.
+    # Every caller alive gives its slots back. The killed caller's leases are taken back by
+    # the sweeper, after a grace period for requests it may have left in Triton.
     ray.get([c.close.remote() for c in (whole, cancels_tasks, cancelled)])
     stats = _wait_for(
-        lambda: (s := ray.get(actor.stats.remote())).models["identity"]["claimed"] == 0 and s,
-        timeout_s=20,
-        what="every claim, including the killed caller's, to be taken back",
+        lambda: (s := ray.get(actor.stats.remote())).models["identity"]["leased"] == 0 and s,
+        timeout_s=30,
+        what="every lease, including the killed caller's, to be taken back",
     )
     identity = stats.models["identity"]
     assert identity["in_use"] == 0 and identity["waiting"] == 0
@@ -231,7 +231,7 @@ def test_queueing_more_than_max_waiting_raises_overloaded(
     assert len(overloaded) + len(served) == 8, results
     assert overloaded, "no call was refused past max_waiting"
     assert "max_waiting" in str(overloaded[0])
-    assert 1 <= len(served) <= 2
+    assert 1 <= len(served) <= 1 + 2  # the slot's call, and max_waiting waiting for it
     for i, outputs in served:
         np.testing.assert_array_equal(outputs["OUTPUT0"], x * i)
     # The refused calls failed at once, not after queueing behind the slow model.
@@ -260,9 +260,9 @@ def test_killed_node_actor_restarts_reclaims_and_serves_the_same_handle(
     for model in (by_ref, by_value):
         np.testing.assert_array_equal(model.infer({"INPUT0": x})["OUTPUT0"], x)
     before = ray.get(actor.stats.remote())
-    assert before.models["identity"]["claimed"] == 1
+    assert before.models["identity"]["leased"] == 1
     old_regions = _regions_in_dev_shm(before.pid)
-    assert len(old_regions) == 2  # the by-value pool and the claimed slot
+    assert len(old_regions) == 1  # one region: by-value calls and leases share its slots
     assert _registered(ray_local, before.pid) == old_regions
 
     ray.kill(actor, no_restart=False)
@@ -281,13 +281,13 @@ def test_killed_node_actor_restarts_reclaims_and_serves_the_same_handle(
     assert _registered(ray_local, before.pid) == []
     assert _regions_in_dev_shm(before.pid) == []
 
-    # The same handles rebind (new registration, new claim) and serve again.
+    # The same handles rebind (new registration, new lease) and serve again.
     for model in (by_ref, by_value):
         np.testing.assert_array_equal(model.infer({"INPUT0": x + 1})["OUTPUT0"], x + 1)
     assert asyncio.run(by_ref.infer_async({"INPUT0": x}))["OUTPUT0"].tolist() == x.tolist()
     stats = ray.get(actor.stats.remote())
     assert stats.pid == after.pid
-    assert stats.models["identity"]["claimed"] == 1
+    assert stats.models["identity"]["leased"] == 1
     assert stats.models["identity"]["requests"] == 3
     by_ref.close()
     by_value.close()

@@ -1,4 +1,5 @@
-"""The Ray layer: one node-local actor owns the shm pools; Serve and Ray Data call it.
+"""The Ray layer: a node actor per node owns the regions; processes lease slots and call
+Triton directly.
 
 Importing this subpackage imports Ray (``pip install "ray-triton-shm[ray]"``)::
 
@@ -8,14 +9,13 @@ Importing this subpackage imports Ray (``pip install "ray-triton-shm[ray]"``)::
     outputs = model.infer({"INPUT0": images})    # or: await model.infer_async(...)
 """
 
+from .._exceptions import StaleLeaseError
 from ._actor import (
     NAMESPACE,
     URL_ENV_VAR,
     ModelRegistration,
     NodeActorConfig,
     NodeStats,
-    SlotClaim,
-    StaleClaimError,
     TritonNodeActor,
     actor_name,
     get_node_actor,
@@ -31,8 +31,7 @@ __all__ = [
     "NodeStats",
     "ShmModel",
     "ShmPredictor",
-    "SlotClaim",
-    "StaleClaimError",
+    "StaleLeaseError",
     "TritonNodeActor",
     "actor_name",
     "get_node_actor",

@@ -1,29 +1,33 @@
-"""The node actor: one per Ray node, owning the shm pools and the Triton registrations.
+"""The node actor: the control plane of one Ray node's shared-memory inference.
 
 :class:`TritonNodeActor` is a plain class; :func:`get_node_actor` makes it a Ray actor pinned
 to the caller's node (named after the node, detached, restarted on failure, ``num_cpus=0``).
 Only :class:`NodeActorConfig` crosses the pickle boundary: the ``TritonSHMClient`` is built
 inside the actor's process.
 
-It is a threaded actor (blocking gRPC calls on threads cost less CPU per request than asyncio
-here) whose methods run in two concurrency groups:
+For every model it owns one region of ``pool_size`` slots, registered in the node's Triton. The
+slots are the node's budget for that model: no more requests are in flight on the node than
+there are slots, over every process. Processes on the node **lease** slots (:meth:`lease`),
+attach the region once, and then send their requests straight to Triton; a request makes no Ray
+call. The actor's part is to hand out and take back leases, register the regions (again, after
+Triton restarts), keep the counters, and serve by value the callers that cannot attach the
+region.
 
-* ``"infer"`` (``max_concurrency = slots`` threads): by-value inference and zero-copy inference
-  on a claimed slot. No more of them run than there are slots; the rest wait in Ray's queue,
-  which is bounded per caller by ``max_pending_calls`` (an :class:`OverloadedError` past it).
-  A running call is never interrupted (Ray cancels only queued calls of threaded actors), so a
-  slot is never given back while Triton still works on it.
-* ``"control"``: registration, claims, stats; never waits behind inference.
+It is a threaded actor whose methods run in three concurrency groups:
 
-Zero-copy callers each hold a few slots of their own (:class:`SlotClaim`, one region each),
-so an inference costs them one small Ray call: write the slot, ``infer_claimed``, read the
-slot. Claims of processes that exit are taken back by a sweeper.
+* ``"lease"``: lease calls, which may wait (briefly, see :meth:`lease`) for a slot;
+* ``"infer"`` (``slots`` threads): by-value inference;
+* ``"control"``: registration, releases, stats.
+
+The actor executes calls in order. Ray's out-of-order execution (the default for threaded
+actors) can crash the actor inside Ray core when callers die with calls in flight, which is what
+Ray Data does at the end of every job. In-order execution stalls a caller's later calls behind a
+cancelled one; callers therefore make their control calls from a thread of their own, outside
+any Ray task, so a Ray cancellation never reaches them (see :mod:`._lease`).
 """
 
 from __future__ import annotations
 
-import itertools
-import math
 import os
 import threading
 import time
@@ -34,12 +38,21 @@ from typing import Any
 import numpy as np
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+from tritonclient.utils import InferenceServerException
 
 from .._client import TritonSHMClient
-from .._exceptions import ModelSpecError, TritonSHMError
+from .._exceptions import (
+    ModelSpecError,
+    OverloadedError,
+    SlotTimeoutError,
+    StaleLeaseError,
+    TritonSHMError,
+)
+from .._header import SlotCounters
 from .._reclaim import reclaim
 from .._shm import pid_alive
-from .._specs import ModelSpec, SlotLayout
+from .._specs import ModelSpec
+from .._transport import translate_error
 
 __all__ = [
     "NAMESPACE",
@@ -47,8 +60,6 @@ __all__ = [
     "ModelRegistration",
     "NodeActorConfig",
     "NodeStats",
-    "SlotClaim",
-    "StaleClaimError",
     "TritonNodeActor",
     "actor_name",
     "get_node_actor",
@@ -73,79 +84,44 @@ class NodeActorConfig:
     Attributes:
         url: Triton's gRPC address; ``None`` reads ``$RAY_TRITON_SHM_URL`` on the actor's node,
             then falls back to ``localhost:8001``.
-        slots: Inference calls running at once: the ``"infer"`` group's ``max_concurrency``, and
-            the default ``pool_size`` of each model.
-        max_waiting: Calls a caller may have queued before it gets :class:`OverloadedError`.
-        max_claims: Zero-copy slots that callers may hold per model (each is one batch of
-            memory); past it, callers pass arrays by value.
-        sweep_interval_s: How often claims of processes that are gone are taken back and the
+        slots: The default ``pool_size`` of each model (requests in flight on the node for it),
+            and the most by-value calls running at once.
+        max_waiting: Callers that may wait for a slot of one model; past it,
+            :class:`OverloadedError`.
+        sweep_interval_s: How often leases of processes that are gone are taken back and the
             Ray metrics are updated.
+        dead_lease_grace_s: How long a slot of a process that died stays out of use, so that a
+            request it left in Triton cannot write into the slot's next user's outputs.
     """
 
     url: str | None = None
     slots: int = 8
     max_waiting: int = 64
-    max_claims: int = 64
     sweep_interval_s: float = 1.0
+    dead_lease_grace_s: float = 5.0
 
 
 @dataclass(frozen=True)
 class ModelRegistration:
-    """What a caller needs to use a model's slots directly.
+    """What a process needs to use a model's slots directly.
 
     Attributes:
         spec: The model's spec.
-        layout: Where each tensor lives inside a slot.
-        slot_count: Slots of the by-value pool.
+        region_name: The region holding the slots.
+        slot_count: Slots in the region.
         node_id: The node the region lives on.
+        url: The Triton the region is registered with.
         incarnation: Changes when the actor restarts (and its regions with it).
+        max_waiting: Callers that may wait for a slot (in the actor, and in each process).
     """
 
     spec: ModelSpec
-    layout: SlotLayout
+    region_name: str
     slot_count: int
     node_id: str
+    url: str
     incarnation: str
-
-
-@dataclass(frozen=True)
-class SlotClaim:
-    """A slot of its own handed to a calling process for zero-copy inference.
-
-    The caller attaches ``region_name``, writes its inputs into the slot, calls
-    ``infer_claimed`` (one small Ray call), and reads its outputs from the same slot. The claim
-    lasts until released, or until the actor sees the owner process gone.
-
-    Attributes:
-        claim_id: Identifies the claim in later calls.
-        model: The model.
-        region_name: The region holding the slot (slot 0).
-        layout: Where each tensor lives inside the slot.
-        owner_pid: The calling process.
-        incarnation: The actor incarnation that granted it.
-    """
-
-    claim_id: int
-    model: str
-    region_name: str
-    layout: SlotLayout
-    owner_pid: int
-    incarnation: str
-
-
-@dataclass
-class _ModelCounters:
-    requests: int = 0
-    samples: int = 0
-    bytes_in: int = 0
-    bytes_out: int = 0
-    errors: int = 0
-
-    def add(self, samples: int, bytes_in: int, bytes_out: int) -> None:
-        self.requests += 1
-        self.samples += samples
-        self.bytes_in += bytes_in
-        self.bytes_out += bytes_out
+    max_waiting: int
 
 
 @dataclass(frozen=True)
@@ -157,9 +133,11 @@ class NodeStats:
         url: The Triton it talks to.
         pid: The actor's process id.
         incarnation: Changes on every restart.
-        models: Per model: ``slots`` and ``in_use`` (the by-value pool), ``waiting``,
-            ``claimed`` (zero-copy slots held by callers), ``requests``, ``samples``,
-            ``bytes_in``, ``bytes_out``, ``errors``.
+        models: Per model: ``slots``, ``in_use`` (slots leased or running a by-value call),
+            ``leased``, ``lessees`` (processes holding leases), ``waiting``, ``shm_bytes`` (the
+            region's size in ``/dev/shm``), ``by_value`` (calls the actor served by value), and
+            the counters ``requests``, ``samples``, ``bytes_in``, ``bytes_out``, ``errors`` over
+            every process.
     """
 
     node_id: str
@@ -178,13 +156,20 @@ class NodeStats:
         """Slots in use over every model."""
         return sum(m["in_use"] for m in self.models.values())
 
+    @property
+    def shm_bytes(self) -> int:
+        """Shared memory held over every model."""
+        return sum(m["shm_bytes"] for m in self.models.values())
 
-class StaleClaimError(TritonSHMError, LookupError):
-    """A claim this actor incarnation did not grant (it restarted), or already took back."""
+
+@dataclass(frozen=True)
+class _Lease:
+    model: str
+    owner_pid: int
 
 
 class TritonNodeActor:
-    """Owns one ``TritonSHMClient`` to the node's Triton, its models and their slot pools.
+    """Owns one ``TritonSHMClient`` to the node's Triton, its regions and their leases.
 
     Made a Ray actor by :func:`get_node_actor`; usable as a plain object in tests.
 
@@ -200,11 +185,10 @@ class TritonNodeActor:
         # A restarted actor first takes back what its previous incarnation left behind.
         reclaim(self._url)
         self._client = TritonSHMClient(url=self._url)
-        self._claims: dict[int, SlotClaim] = {}
-        self._claim_ids = itertools.count(1)
         self._lock = threading.Lock()
-        self._counters: dict[str, _ModelCounters] = {}
-        self._output_itemsizes: dict[str, list[tuple[str, int]]] = {}
+        self._leases: dict[tuple[str, int], _Lease] = {}  # (model, slot) -> lease
+        self._quarantine: list[tuple[float, str, int]] = []  # (free at, model, slot)
+        self._by_value: dict[str, int] = {}
         self._metrics = _Metrics(self._node_id)
         self._stop = threading.Event()
         threading.Thread(target=self._housekeeping, name="housekeeping", daemon=True).start()
@@ -232,10 +216,10 @@ class TritonNodeActor:
         if size > self._config.slots:
             raise ModelSpecError(
                 f"model {model_name!r}: pool_size {size} exceeds the node actor's "
-                f"{self._config.slots} inference slots; create the node actor with more slots",
+                f"{self._config.slots} slots; create the node actor with more slots",
                 model=model_name,
             )
-        self._client.register_shm_model(
+        spec = self._client.register_shm_model(
             model_name,
             inputs,
             outputs,
@@ -244,66 +228,73 @@ class TritonNodeActor:
             model_version=model_version,
             max_shapes=max_shapes,
         )
-        self._counters.setdefault(model_name, _ModelCounters())
-        spec = self._client.registered_models[model_name]
-        self._output_itemsizes[model_name] = [(t.name, t.dtype.itemsize) for t in spec.outputs]
-        return self._registration(model_name)
-
-    def _registration(self, model_name: str) -> ModelRegistration:
-        spec = self._client.registered_models[model_name]
+        pool = self._client._pool(model_name)
         return ModelRegistration(
             spec=spec,
-            layout=SlotLayout.for_model(spec),
-            slot_count=self._client.shm_stats(model_name).size,
+            region_name=pool.region.name,
+            slot_count=pool.slots.size,
             node_id=self._node_id,
+            url=self._url,
             incarnation=self._incarnation,
+            max_waiting=self._config.max_waiting,
         )
 
     @ray.method(concurrency_group="control")
-    def claim(self, model_name: str, owner_pid: int) -> SlotClaim | None:
-        """Hands ``owner_pid`` a slot of its own in a new region; ``None`` past ``max_claims``."""
-        with self._lock:
-            held = sum(1 for c in self._claims.values() if c.model == model_name)
-            if held >= self._config.max_claims:
-                return None
-            claim_id = next(self._claim_ids)
-        region_name, layout = self._client.add_region(model_name, 1)
-        claim = SlotClaim(claim_id, model_name, region_name, layout, owner_pid, self._incarnation)
-        with self._lock:
-            self._claims[claim_id] = claim
-        return claim
+    def release(self, model_name: str, slots: Sequence[int], incarnation: str) -> None:
+        """Takes leased slots back; idempotent, and a no-op for another incarnation's leases."""
+        if incarnation != self._incarnation:
+            return
+        pool = self._client._pool(model_name).slots
+        for slot in slots:
+            with self._lock:
+                lease = self._leases.pop((model_name, slot), None)
+            if lease is not None:
+                pool.release(slot)
 
     @ray.method(concurrency_group="control")
-    def release_claim(self, claim_id: int, incarnation: str | None = None) -> None:
-        """Takes a claimed slot back and frees its region; idempotent.
+    def ensure_registered(self, model_name: str, incarnation: str) -> None:
+        """Registers the model's region in Triton again if Triton lost it (it restarted).
 
-        Args:
-            claim_id: The claim.
-            incarnation: The incarnation that granted it; a claim of an earlier incarnation
-                (whose ids may repeat) is ignored.
+        Raises:
+            StaleLeaseError: ``incarnation`` is not this actor's (it restarted).
+            TritonServerError: Triton refused.
         """
-        if incarnation is not None and incarnation != self._incarnation:
-            return
-        with self._lock:
-            claim = self._claims.pop(claim_id, None)
-        if claim is not None:
-            self._client.remove_region(claim.region_name)
+        self._check_incarnation(incarnation)
+        pool = self._client._pool(model_name)
+        try:
+            self._client.get_system_shared_memory_status(pool.region.name)
+            return  # registered
+        except InferenceServerException:
+            pass
+        try:
+            self._client.register_system_shared_memory(
+                pool.region.name, pool.region.key, pool.region.size
+            )
+        except InferenceServerException as exc:
+            if "already" not in str(exc):  # another caller did it meanwhile
+                raise translate_error(
+                    exc, model=model_name, action="registering shared memory again"
+                ) from exc
 
     @ray.method(concurrency_group="control")
     def stats(self) -> NodeStats:
-        """Slots, waiting calls, claims and counters per model."""
+        """Slots, leases, waiting callers, shared memory and counters per model."""
         models = {}
         with self._lock:
-            claimed = [claim.model for claim in self._claims.values()]
+            leases = list(self._leases.values())
         for name in self._client.registered_models:
-            pool = self._client.shm_stats(name)
-            counters = self._counters.setdefault(name, _ModelCounters())
+            pool = self._client._pool(name)
+            slots = pool.slots.stats()
+            mine = [lease for lease in leases if lease.model == name]
             models[name] = {
-                "slots": pool.size,
-                "in_use": pool.in_use,
-                "waiting": pool.waiting,
-                "claimed": claimed.count(name),
-                **vars(counters),
+                "slots": slots.size,
+                "in_use": slots.in_use,
+                "leased": len(mine),
+                "lessees": len({lease.owner_pid for lease in mine}),
+                "waiting": slots.waiting,
+                "shm_bytes": pool.region.size,
+                "by_value": self._by_value.get(name, 0),
+                **vars(pool.header.totals()),
             }
         return NodeStats(self._node_id, self._url, os.getpid(), self._incarnation, models)
 
@@ -311,92 +302,94 @@ class TritonNodeActor:
     def shutdown(self) -> None:
         """Unregisters every model and frees its memory (the actor can then be killed)."""
         self._stop.set()
+        with self._lock:
+            leased = list(self._leases)
+            self._leases.clear()
+        for model, slot in leased:
+            self._client._pool(model).slots.release(slot)
         self._client.close()
+
+    # ---------------------------------------------------------------- lease group
+
+    @ray.method(concurrency_group="lease")
+    def lease(self, model_name: str, owner_pid: int, incarnation: str, wait_s: float) -> int | None:
+        """Leases one slot of a model to process ``owner_pid``, waiting up to ``wait_s``.
+
+        Callers keep ``wait_s`` short (about a second) and call again, so no call stays long in
+        the actor; waiting callers are served in order, and their number is published in the
+        region's header, so processes holding leases give them back while somebody waits.
+
+        Returns:
+            The slot, or ``None`` if none came free within ``wait_s``.
+
+        Raises:
+            StaleLeaseError: ``incarnation`` is not this actor's (it restarted): bind again.
+            OverloadedError: ``max_waiting`` callers already wait for a slot of this model.
+        """
+        self._check_incarnation(incarnation)
+        pool = self._client._pool(model_name).slots
+        if pool.stats().waiting >= self._config.max_waiting:
+            raise OverloadedError(
+                f"model {model_name!r}: {self._config.max_waiting} callers already wait for one "
+                f"of its {pool.size} slots on this node; slow down, or create the node actor "
+                "with more slots or a larger max_waiting"
+            )
+        try:
+            slot = pool.acquire(wait_s)
+        except SlotTimeoutError:
+            return None
+        with self._lock:
+            self._leases[(model_name, slot)] = _Lease(model_name, owner_pid)
+        return slot
 
     # ---------------------------------------------------------------- infer group
 
     @ray.method(concurrency_group="infer")
-    def infer(self, model_name: str, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        """By-value inference: arrays in, arrays out (through Ray's object store)."""
-        counters = self._counters.setdefault(model_name, _ModelCounters())
-        try:
-            outputs = self._client.infer_shm(model_name, inputs)
-        except BaseException:
-            counters.errors += 1
-            raise
-        counters.add(_rows(inputs), _nbytes(inputs), _nbytes(outputs))
-        return outputs
-
-    @ray.method(concurrency_group="infer")
-    def infer_claimed(
-        self,
-        claim_id: int,
-        incarnation: str,
-        rows: int | None,
-        sample_shapes: Mapping[str, tuple[int, ...]],
-        bytes_in: int = 0,
-    ) -> dict[str, tuple[int, ...]]:
-        """Runs inference on a claimed slot the caller has filled; outputs stay in the slot.
-
-        Args:
-            claim_id: The claim's id.
-            incarnation: The incarnation that granted the claim.
-            rows: Samples written (``None`` for a model that does not batch).
-            sample_shapes: Per-sample shape of each input written.
-            bytes_in: Input bytes written (for the counters).
-
-        Returns:
-            The shape of each output.
+    def infer(
+        self, model_name: str, incarnation: str, inputs: Mapping[str, Any]
+    ) -> dict[str, np.ndarray]:
+        """By-value inference: arrays in, arrays out (through Ray's object store).
 
         Raises:
-            StaleClaimError: the claim is unknown (the actor restarted) or was taken back.
+            StaleLeaseError: ``incarnation`` is not this actor's (it restarted): bind again.
         """
-        claim = self._claims.get(claim_id)
-        if claim is None or incarnation != self._incarnation:
-            raise StaleClaimError(
-                f"claim {claim_id} is not held (the node actor restarted, or took it back)",
-                claim_id=claim_id,
-            )
-        counters = self._counters[claim.model]
-        try:
-            shapes = self._client.infer_region(claim.region_name, 0, rows, sample_shapes)
-        except BaseException:
-            counters.errors += 1
-            raise
-        itemsizes = self._output_itemsizes[claim.model]
-        counters.add(rows or 1, bytes_in, sum(math.prod(shapes[n]) * i for n, i in itemsizes))
-        return shapes
+        self._check_incarnation(incarnation)
+        with self._lock:
+            self._by_value[model_name] = self._by_value.get(model_name, 0) + 1
+        return self._client.infer_shm(model_name, inputs)
 
     # ---------------------------------------------------------------- internals
 
+    def _check_incarnation(self, incarnation: str) -> None:
+        if incarnation != self._incarnation:
+            raise StaleLeaseError(
+                "the node actor restarted since this process bound to it (incarnation "
+                f"{incarnation}, now {self._incarnation}); bind again",
+                incarnation=incarnation,
+            )
+
     def _housekeeping(self) -> None:
-        """Takes back claims of processes that are gone; exports counters as Ray metrics."""
+        """Takes back leases of processes that are gone; exports the Ray metrics."""
         while not self._stop.wait(self._config.sweep_interval_s):
+            now = time.monotonic()
             with self._lock:
-                gone = [c.claim_id for c in self._claims.values() if not pid_alive(c.owner_pid)]
-            for claim_id in gone:
-                self.release_claim(claim_id)  # type: ignore[operator]  # ray.method-wrapped
-            for name in list(self._counters):
+                gone = [k for k, lease in self._leases.items() if not pid_alive(lease.owner_pid)]
+                for key in gone:
+                    del self._leases[key]
+                    self._quarantine.append((now + self._config.dead_lease_grace_s, *key))
+                due = [item for item in self._quarantine if item[0] <= now]
+                self._quarantine = [item for item in self._quarantine if item[0] > now]
+            for _, model, slot in due:
                 try:
-                    pool = self._client.shm_stats(name)
+                    self._client._pool(model).slots.release(slot)
+                except TritonSHMError:
+                    pass  # unregistered meanwhile
+            for name in self._client.registered_models:
+                try:
+                    pool = self._client._pool(name)
                 except TritonSHMError:
                     continue  # unregistered meanwhile
-                self._metrics.export(name, self._counters[name], pool)
-
-
-def _rows(inputs: Mapping[str, Any]) -> int:
-    first = next(iter(inputs.values()), None)
-    return len(first) if first is not None and hasattr(first, "__len__") else 1
-
-
-def _nbytes(arrays: Mapping[str, Any]) -> int:
-    total = 0
-    for value in arrays.values():
-        if isinstance(value, np.ndarray):
-            total += value.nbytes
-        elif isinstance(value, (list, tuple)):
-            total += sum(v.nbytes for v in value if isinstance(v, np.ndarray))
-    return total
+                self._metrics.export(name, pool.header.totals(), pool.slots.stats())
 
 
 def _current_node_id() -> str:
@@ -407,52 +400,45 @@ def _current_node_id() -> str:
 
 
 class _Metrics:
-    """The actor's counters and gauges as Ray metrics (Prometheus / dashboard).
+    """The counters and gauges of the node's regions as Ray metrics (Prometheus, dashboard).
 
-    Exported from the housekeeping thread, not per request: the hot path only bumps ints.
+    Exported from the housekeeping thread, not per request: requests only bump counters in the
+    regions' headers.
     """
+
+    _COUNTERS = (
+        ("requests", "Inference requests answered"),
+        ("samples", "Samples inferred"),
+        ("bytes_in", "Input bytes sent to Triton"),
+        ("bytes_out", "Output bytes read from Triton"),
+        ("errors", "Inference requests that failed"),
+    )
 
     def __init__(self, node_id: str) -> None:
         from ray.util import metrics
 
         tags = ("model", "node_id")
         self._node_id = node_id
-        self._exported: dict[str, _ModelCounters] = {}
-        self._requests = metrics.Counter(
-            "ray_triton_shm_requests", "Inference requests served", tag_keys=tags
-        )
-        self._samples = metrics.Counter("ray_triton_shm_samples", "Samples inferred", tag_keys=tags)
-        self._bytes_in = metrics.Counter(
-            "ray_triton_shm_input_bytes", "Input bytes sent to Triton", tag_keys=tags
-        )
-        self._bytes_out = metrics.Counter(
-            "ray_triton_shm_output_bytes", "Output bytes read from Triton", tag_keys=tags
-        )
-        self._errors = metrics.Counter(
-            "ray_triton_shm_errors", "Inference calls that failed", tag_keys=tags
-        )
+        self._exported: dict[str, SlotCounters] = {}
+        self._counters = {
+            name: metrics.Counter(f"ray_triton_shm_{name}", text, tag_keys=tags)
+            for name, text in self._COUNTERS
+        }
         self._in_use = metrics.Gauge("ray_triton_shm_slots_in_use", "Slots in use", tag_keys=tags)
         self._total = metrics.Gauge("ray_triton_shm_slots", "Slots in the pool", tag_keys=tags)
         self._waiting = metrics.Gauge(
-            "ray_triton_shm_waiting", "Calls waiting for a slot", tag_keys=tags
+            "ray_triton_shm_waiting", "Callers waiting for a slot", tag_keys=tags
         )
 
-    def export(self, model: str, counters: _ModelCounters, pool: Any) -> None:
+    def export(self, model: str, totals: SlotCounters, pool: Any) -> None:
         """Adds what the counters gained since the last export; sets the gauges."""
         tags = {"model": model, "node_id": self._node_id}
-        last = self._exported.setdefault(model, _ModelCounters())
-        for metric, field_name in (
-            (self._requests, "requests"),
-            (self._samples, "samples"),
-            (self._bytes_in, "bytes_in"),
-            (self._bytes_out, "bytes_out"),
-            (self._errors, "errors"),
-        ):
-            value = getattr(counters, field_name)
-            delta = value - getattr(last, field_name)
+        last = self._exported.get(model, SlotCounters())
+        for name, metric in self._counters.items():
+            delta = getattr(totals, name) - getattr(last, name)
             if delta > 0:
                 metric.inc(delta, tags)
-                setattr(last, field_name, value)
+        self._exported[model] = totals
         self._in_use.set(pool.in_use, tags)
         self._total.set(pool.size, tags)
         self._waiting.set(pool.waiting, tags)
@@ -463,7 +449,6 @@ def get_node_actor(
     url: str | None = None,
     slots: int = 8,
     max_waiting: int = 64,
-    max_claims: int = 64,
     node_id: str | None = None,
 ) -> ray.actor.ActorHandle:
     """Returns the node actor of this node (or of ``node_id``), creating it when missing.
@@ -474,9 +459,9 @@ def get_node_actor(
     Args:
         url: Triton's gRPC address on that node; ``None`` reads ``$RAY_TRITON_SHM_URL`` on
             the node, then uses ``localhost:8001``.
-        slots: Inference calls running at once, and the default pool size of each model.
-        max_waiting: Calls one caller may have queued before :class:`OverloadedError`.
-        max_claims: Zero-copy slots callers may hold per model.
+        slots: The default pool size of each model, and the most by-value calls at once.
+        max_waiting: Callers that may wait for a slot of one model before
+            :class:`OverloadedError`.
         node_id: The node; default the caller's.
     """
     node = node_id or ray.get_runtime_context().get_node_id()
@@ -485,13 +470,10 @@ def get_node_actor(
         return ray.get_actor(name, namespace=NAMESPACE)
     except ValueError:
         pass
-    config = NodeActorConfig(url=url, slots=slots, max_waiting=max_waiting, max_claims=max_claims)
+    config = NodeActorConfig(url=url, slots=slots, max_waiting=max_waiting)
     actor_class = ray.remote(  # type: ignore[call-overload]
-        concurrency_groups={"infer": slots, "control": 4},
-        # Every method runs in a named group; the default group's max_concurrency > 1 is what
-        # makes Ray execute calls out of order. In order, a caller's call that waits for its
-        # arguments, or one it cancelled, holds up all its later calls, releases included.
-        max_concurrency=2,
+        concurrency_groups={"lease": max_waiting + 1, "infer": slots, "control": 4},
+        allow_out_of_order_execution=False,  # see the module docstring
     )(TritonNodeActor)
     return actor_class.options(
         name=name,
