@@ -190,12 +190,12 @@ def test_many_callers_with_cancellations_and_a_killed_caller_leak_nothing(
     # the sweeper, after a grace period for requests it may have left in Triton.
     ray.get([c.close.remote() for c in (whole, cancels_tasks, cancelled)])
     stats = _wait_for(
-        lambda: (s := ray.get(actor.stats.remote())).models["identity"]["leased"] == 0 and s,
+        lambda: (s := ray.get(actor.stats.remote())).models["identity"]["in_use"] == 0 and s,
         timeout_s=30,
         what="every lease, including the killed caller's, to be taken back",
     )
     identity = stats.models["identity"]
-    assert identity["in_use"] == 0 and identity["waiting"] == 0
+    assert identity["leased"] == identity["quarantined"] == identity["waiting"] == 0
     # Only the cancelled caller's in-flight calls (at most its 4) may have ended in error.
     assert identity["errors"] <= 4
     assert identity["requests"] >= 250 + 240 + made[2] + 30

@@ -49,6 +49,7 @@ from .._exceptions import (
     TritonSHMError,
 )
 from .._header import SlotCounters
+from .._pool import SlotPool
 from .._reclaim import reclaim
 from .._shm import pid_alive
 from .._specs import ModelSpec
@@ -134,7 +135,8 @@ class NodeStats:
         pid: The actor's process id.
         incarnation: Changes on every restart.
         models: Per model: ``slots``, ``in_use`` (slots leased or running a by-value call),
-            ``leased``, ``lessees`` (processes holding leases), ``waiting``, ``shm_bytes`` (the
+            ``leased``, ``lessees`` (processes holding leases), ``quarantined`` (slots of dead
+            lessees, free again after ``dead_lease_grace_s``), ``waiting``, ``shm_bytes`` (the
             region's size in ``/dev/shm``), ``by_value`` (calls the actor served by value), and
             the counters ``requests``, ``samples``, ``bytes_in``, ``bytes_out``, ``errors`` over
             every process.
@@ -282,6 +284,7 @@ class TritonNodeActor:
         models = {}
         with self._lock:
             leases = list(self._leases.values())
+            quarantined = [model for _, model, _ in self._quarantine]
         for name in self._client.registered_models:
             pool = self._client._pool(name)
             slots = pool.slots.stats()
@@ -291,6 +294,7 @@ class TritonNodeActor:
                 "in_use": slots.in_use,
                 "leased": len(mine),
                 "lessees": len({lease.owner_pid for lease in mine}),
+                "quarantined": quarantined.count(name),
                 "waiting": slots.waiting,
                 "shm_bytes": pool.region.size,
                 "by_value": self._by_value.get(name, 0),
@@ -327,13 +331,7 @@ class TritonNodeActor:
             OverloadedError: ``max_waiting`` callers already wait for a slot of this model.
         """
         self._check_incarnation(incarnation)
-        pool = self._client._pool(model_name).slots
-        if pool.stats().waiting >= self._config.max_waiting:
-            raise OverloadedError(
-                f"model {model_name!r}: {self._config.max_waiting} callers already wait for one "
-                f"of its {pool.size} slots on this node; slow down, or create the node actor "
-                "with more slots or a larger max_waiting"
-            )
+        pool = self._check_not_overloaded(model_name)
         try:
             slot = pool.acquire(wait_s)
         except SlotTimeoutError:
@@ -352,8 +350,10 @@ class TritonNodeActor:
 
         Raises:
             StaleLeaseError: ``incarnation`` is not this actor's (it restarted): bind again.
+            OverloadedError: ``max_waiting`` callers already wait for a slot of this model.
         """
         self._check_incarnation(incarnation)
+        self._check_not_overloaded(model_name)
         with self._lock:
             self._by_value[model_name] = self._by_value.get(model_name, 0) + 1
         return self._client.infer_shm(model_name, inputs)
@@ -367,6 +367,18 @@ class TritonNodeActor:
                 f"{incarnation}, now {self._incarnation}); bind again",
                 incarnation=incarnation,
             )
+
+    def _check_not_overloaded(self, model_name: str) -> SlotPool:
+        pool = self._client._pool(model_name).slots
+        assert isinstance(pool, SlotPool)
+        if pool.stats().waiting >= self._config.max_waiting:
+            raise OverloadedError(
+                f"model {model_name!r}: {self._config.max_waiting} callers already wait for one "
+                f"of its {pool.size} slots on this node; slow down, or create the node actor "
+                "with more slots or a larger max_waiting",
+                model=model_name,
+            )
+        return pool
 
     def _housekeeping(self) -> None:
         """Takes back leases of processes that are gone; exports the Ray metrics."""
@@ -472,7 +484,13 @@ def get_node_actor(
         pass
     config = NodeActorConfig(url=url, slots=slots, max_waiting=max_waiting)
     actor_class = ray.remote(  # type: ignore[call-overload]
-        concurrency_groups={"lease": max_waiting + 1, "infer": slots, "control": 4},
+        # Waiting lease and by-value calls wait in the model's pool, where they are counted
+        # (and refused past max_waiting), not in Ray's queue.
+        concurrency_groups={
+            "lease": max_waiting + 1,
+            "infer": slots + max_waiting + 1,
+            "control": 4,
+        },
         allow_out_of_order_execution=False,  # see the module docstring
     )(TritonNodeActor)
     return actor_class.options(
@@ -482,6 +500,5 @@ def get_node_actor(
         lifetime="detached",
         num_cpus=0,
         max_restarts=-1,
-        max_pending_calls=max_waiting,
         scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
     ).remote(config)

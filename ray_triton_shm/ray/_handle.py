@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 import ray
-from ray.exceptions import PendingCallsLimitExceeded, RayActorError
+from ray.exceptions import RayActorError
 
 from .._client import TritonSHMClient
-from .._exceptions import OverloadedError, StaleLeaseError
+from .._exceptions import StaleLeaseError
 from .._header import RegionHeader
 from .._inputs import InputValue
 from .._shm import SharedMemoryRegion
@@ -88,7 +88,7 @@ class _Binding:
 
     def _by_value(self, inputs: Mapping[str, InputValue]) -> Any:
         incarnation = self.registration.incarnation
-        return _submit(self.actor.infer, self.spec.name, incarnation, inputs)
+        return self.actor.infer.remote(self.spec.name, incarnation, inputs)
 
     def close(self) -> None:
         if self.client is not None:
@@ -261,16 +261,6 @@ class ShmModel:
             self._rebind(binding)
         binding = await self._bind_async()
         return await binding.infer_async(inputs, self._slot_timeout_s)  # type: ignore[no-any-return]
-
-
-def _submit(method: Any, *args: Any) -> Any:
-    try:
-        return method.remote(*args)
-    except PendingCallsLimitExceeded as exc:
-        raise OverloadedError(
-            f"the node actor already has too many queued calls from this process ({exc}); "
-            "slow down, or create the node actor with a larger max_waiting",
-        ) from exc
 
 
 async def _awaited(ref: Any) -> Any:
