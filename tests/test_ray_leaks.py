@@ -239,9 +239,9 @@ def test_queueing_more_than_max_waiting_raises_overloaded(
 
     # After the burst the actor serves again, with nothing left in use.
     np.testing.assert_array_equal(model.infer({"INPUT0": x})["OUTPUT0"], x)
+    model.close()
     stats = ray.get(actor.stats.remote()).models["slow_identity"]
     assert stats["in_use"] == 0 and stats["waiting"] == 0
-    model.close()
     _shutdown_and_check_clean(actor, ray_local)
 
 

@@ -43,6 +43,8 @@ class ModelCase:
             ``TritonSHMClient.register_shm_model(max_shapes=...)`` expects; ``None`` if the
             model has none.
         identity: The model returns ``INPUT0`` unchanged as ``OUTPUT0`` (an extra check).
+        name: The case's name (``--models``, tables); the model's name unless one model has
+            several cases.
     """
 
     model: str
@@ -51,6 +53,11 @@ class ModelCase:
     outputs: Mapping[str, TensorSpec]
     max_shapes: Mapping[str, tuple[int, ...]] | None = None
     identity: bool = False
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            object.__setattr__(self, "name", self.model)
 
     def batched_shape(self, spec: TensorSpec) -> tuple[int, ...]:
         """The shape of one request's tensor for ``spec``."""
@@ -97,7 +104,7 @@ _INT32 = np.dtype(np.int32)
 
 #: The example models (``ray_triton_shm/models``) and how the benchmark drives them.
 CASES: dict[str, ModelCase] = {
-    case.model: case
+    case.name: case
     for case in (
         ModelCase(
             model="identity",
@@ -106,6 +113,13 @@ CASES: dict[str, ModelCase] = {
             outputs={"OUTPUT0": TensorSpec((16,), _FP32)},
             max_shapes={"INPUT0": (16,), "OUTPUT0": (16,)},
             identity=True,
+        ),
+        ModelCase(
+            model="classifier",
+            batch_size=1,
+            inputs={"INPUT0": TensorSpec((3, 224, 224), _FP32)},
+            outputs={"OUTPUT0": TensorSpec((1000,), _FP32)},
+            name="classifier-1",
         ),
         ModelCase(
             model="classifier",

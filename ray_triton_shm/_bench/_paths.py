@@ -141,6 +141,10 @@ class BenchPath(abc.ABC):
         """CPU seconds used so far by the processes doing this path's client work."""
         return time.process_time()
 
+    def side_cpu_time(self) -> float | None:
+        """CPU seconds used so far by the Ray node actor, for paths that use one."""
+        return None
+
 
 _P = TypeVar("_P", bound=type[BenchPath])
 _REGISTRY: dict[str, type[BenchPath]] = {}

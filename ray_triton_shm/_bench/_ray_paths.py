@@ -1,22 +1,22 @@
-"""The Ray paths of ``bench --ray``: Ray Serve over plain gRPC against the node actor.
+"""The Ray paths of ``bench --ray``: the choices a Ray user makes, each in one topology.
 
-Three paths, each driven by the same number of concurrent callers (Ray actors, default 4),
-so every one of them sees the same client-side parallelism:
+**Serve**: the same deployment (one replica, fed by ``ray_callers`` caller actors through a
+``DeploymentHandle``, default 4), whose replica calls Triton one of three ways:
 
-* ``serve-grpc``: a Ray Serve deployment whose replica calls Triton with
-  ``tritonclient.grpc.aio``; callers go through a ``DeploymentHandle`` (arrays travel through
-  Ray's object store to the replica, then through gRPC to Triton). What Ray users do today.
-* ``actor-by-value``: ``ShmModel(..., zero_copy=False)``: arrays through Ray's object store
-  to the node actor, which writes them into shared memory.
-* ``actor-zero-copy``: ``ShmModel(...)``: each caller writes into a slot of its own and makes
-  one small Ray call.
+* ``serve-grpc``: ``tritonclient.grpc.aio``, what Serve users write today;
+* ``serve-shm``: ``ShmModel`` (slots leased from the node actor, requests straight to Triton);
+* ``serve-inproc``: a ``TritonSHMClient`` of the replica's own: the upper bound.
 
-Ray is started once per benchmark (:class:`RayBenchSession`, entered by the runner through
-:attr:`BenchPath.session_factory`) with ``$RAY_TRITON_SHM_URL`` set to the server being benchmarked,
-and everything it created (callers, Serve, the node actor and its regions) is gone when the
-benchmark returns. A request counts once per caller: a slice in which 4 callers each finish 10
-requests counts 40. CPU time is that of every process doing client work: the driver, the
-callers, and the Serve replica or the node actor.
+**Ray Data**: the same ``map_batches`` job (every batch is the case's request, ``ray_callers``
+predictor actors), with a plain gRPC predictor (``data-grpc``), ``ShmPredictor``
+(``data-shm``), or a predictor that calls nothing (``data-noop``): the ceiling the job itself
+sets. Only on the ``classifier`` case; a slice is one whole job.
+
+For the paths that use the node actor, its CPU time per request is reported too. Ray is
+started once per benchmark (:class:`RayBenchSession`) with ``$RAY_TRITON_SHM_URL`` set to the
+server benchmarked, and everything it created is gone when the benchmark returns. A request
+counts once per caller. The CPU time of a Serve path is that of the driver, the callers and
+the replica; of a Ray Data path, the driver's only.
 """
 
 from __future__ import annotations
@@ -39,13 +39,16 @@ from ray_triton_shm._bench._paths import (
 )
 
 __all__ = [
-    "ActorByValuePath",
-    "ActorZeroCopyPath",
     "DEFAULT_RAY_CALLERS",
     "RAY_GROUP",
     "RAY_PATHS",
+    "DataGrpcPath",
+    "DataNoopPath",
+    "DataShmPath",
     "RayBenchSession",
     "ServeGrpcPath",
+    "ServeInProcessPath",
+    "ServeShmPath",
     "ray_session",
 ]
 
@@ -54,7 +57,14 @@ RAY_GROUP = "ray"
 #: Concurrent callers per Ray path unless ``--ray-callers`` says otherwise.
 DEFAULT_RAY_CALLERS = 4
 #: The Ray paths, in table order.
-RAY_PATHS: tuple[str, ...] = ("serve-grpc", "actor-by-value", "actor-zero-copy")
+RAY_PATHS: tuple[str, ...] = (
+    "serve-grpc",
+    "serve-shm",
+    "serve-inproc",
+    "data-grpc",
+    "data-shm",
+    "data-noop",
+)
 
 _SERVE_APP = "ray-triton-shm-bench"
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -95,28 +105,11 @@ class _Caller:
         """This process's id."""
         return os.getpid()
 
-    def add_model(self, key: str, shm_model: Any, inputs: Mapping[str, np.ndarray]) -> bool:
-        """Sends requests of ``key`` through ``shm_model`` (a ``ShmModel``); binds it now.
-
-        Returns:
-            Whether calls in this process go zero-copy.
-        """
-        shm_model.infer(inputs)  # binds, registers, claims its slot
-        self._targets[key] = (shm_model.infer, inputs, shm_model.close)
-        return bool(shm_model.zero_copy)
-
-    def add_serve(
-        self,
-        key: str,
-        handle: Any,
-        model: str,
-        outputs: list[str],
-        inputs: Mapping[str, np.ndarray],
-    ) -> None:
+    def add_serve(self, key: str, handle: Any, inputs: Mapping[str, np.ndarray]) -> None:
         """Sends requests of ``key`` through a Serve ``DeploymentHandle``."""
 
         def call(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-            return handle.remote(model, arrays, outputs).result()
+            return handle.remote(arrays).result()  # type: ignore[no-any-return]
 
         call(inputs)
         self._targets[key] = (call, inputs, None)
@@ -138,32 +131,70 @@ class _Caller:
                 return done
 
     def remove(self, key: str) -> None:
-        """Forgets ``key``; closes its ``ShmModel`` (its claimed slot goes back)."""
+        """Forgets ``key``."""
         target = self._targets.pop(key, None)
         if target is not None and target[2] is not None:
             with contextlib.suppress(Exception):
                 target[2]()
 
 
-class _TritonGrpcReplica:
-    """The Serve deployment of ``serve-grpc``: plain ``tritonclient.grpc.aio`` to Triton."""
+class _BenchReplica:
+    """The one Serve deployment of the Serve paths; ``backend`` is the user's choice.
 
-    def __init__(self, url: str) -> None:
+    * ``"grpc"``: plain ``tritonclient.grpc.aio``, what Serve users write today;
+    * ``"shm"``: :class:`~ray_triton_shm.ray.ShmModel` (leased slots, straight to Triton);
+    * ``"inproc"``: a ``TritonSHMClient`` of the replica's own (the upper bound: shared
+      memory with nothing shared with other processes).
+    """
+
+    def __init__(self, backend: str, url: str, case: ModelCase, slots: int) -> None:
+        self._backend = backend
         self._url = url
+        self._model = case.model
+        self._outputs = list(case.outputs)
+        self._max_shapes = dict(case.max_shapes) if case.max_shapes else None
+        self._slots = slots
         self._client: Any = None
 
     def pid(self) -> int:
         """The replica's process id."""
         return os.getpid()
 
-    async def __call__(
-        self, model: str, inputs: Mapping[str, np.ndarray], outputs: list[str]
-    ) -> dict[str, np.ndarray]:
+    async def __call__(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self._client is None:  # made on the replica's event loop
+            self._client = self._connect()
+        if self._backend == "shm":
+            return await self._client.infer_async(inputs)  # type: ignore[no-any-return]
+        if self._backend == "inproc":
+            return await self._client.infer_shm_async(self._model, inputs)  # type: ignore[no-any-return]
+        return await self._grpc(inputs)
+
+    def _connect(self) -> Any:
+        if self._backend == "shm":
+            from ray_triton_shm.ray import ShmModel
+
+            return ShmModel(
+                self._model,
+                max_shapes=self._max_shapes,
+                local_slots=self._slots,
+                actor_options={"slots": self._slots},
+            )
+        if self._backend == "inproc":
+            from ray_triton_shm import TritonSHMClient
+
+            client = TritonSHMClient(self._url)
+            client.register_shm_model(
+                self._model, pool_size=self._slots, max_shapes=self._max_shapes
+            )
+            return client
+        import tritonclient.grpc.aio as grpcclient
+
+        return grpcclient.InferenceServerClient(self._url)
+
+    async def _grpc(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         import tritonclient.grpc.aio as grpcclient
         from tritonclient.utils import np_to_triton_dtype
 
-        if self._client is None:  # made on the replica's event loop
-            self._client = grpcclient.InferenceServerClient(self._url)
         infer_inputs = []
         for name, array in inputs.items():
             infer_input = grpcclient.InferInput(
@@ -171,9 +202,57 @@ class _TritonGrpcReplica:
             )
             infer_input.set_data_from_numpy(np.ascontiguousarray(array))
             infer_inputs.append(infer_input)
-        requested = [grpcclient.InferRequestedOutput(name) for name in outputs]
-        result = await self._client.infer(model, infer_inputs, outputs=requested)
-        return {name: result.as_numpy(name) for name in outputs}
+        requested = [grpcclient.InferRequestedOutput(name) for name in self._outputs]
+        result = await self._client.infer(self._model, infer_inputs, outputs=requested)
+        return {name: result.as_numpy(name) for name in self._outputs}
+
+
+class _GrpcPredictor:
+    """The Ray Data predictor a user writes without this library: plain tritonclient gRPC."""
+
+    def __init__(self, url: str, model: str, outputs: list[str]) -> None:
+        import tritonclient.grpc as grpcclient
+
+        self._client = grpcclient.InferenceServerClient(url)
+        self._model = model
+        self._outputs = outputs
+
+    def __call__(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        import tritonclient.grpc as grpcclient
+        from tritonclient.utils import np_to_triton_dtype
+
+        infer_inputs = []
+        for name, array in batch.items():
+            infer_input = grpcclient.InferInput(
+                name, list(array.shape), np_to_triton_dtype(array.dtype)
+            )
+            infer_input.set_data_from_numpy(np.ascontiguousarray(array))
+            infer_inputs.append(infer_input)
+        requested = [grpcclient.InferRequestedOutput(name) for name in self._outputs]
+        result = self._client.infer(self._model, infer_inputs, outputs=requested)
+        return {name: result.as_numpy(name) for name in self._outputs}
+
+
+class _NoopPredictor:
+    """The ceiling Ray Data itself sets: answers every batch with outputs computed before."""
+
+    def __init__(self, outputs: Mapping[str, np.ndarray]) -> None:
+        self._outputs = dict(outputs)
+
+    def __call__(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        rows = len(next(iter(batch.values())))
+        return {name: array[:rows] for name, array in self._outputs.items()}
+
+
+class _Batches:
+    """Ray Data source stage: every batch is the benchmark's request inputs."""
+
+    def __init__(self, inputs: Mapping[str, np.ndarray]) -> None:
+        self._inputs = dict(inputs)
+
+    def __call__(self, ids: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        rows = len(ids["id"])
+        return {name: array[:rows] for name, array in self._inputs.items()}
 
 
 # --------------------------------------------------------------------------------------
@@ -198,8 +277,8 @@ class RayBenchSession:
         self.error: BaseException | None = None
         self.actors: list[Any] = []
         self.caller_pids: list[int] = []
-        self._serve_handle: Any = None
-        self._replica_pid: int | None = None
+        self._serve_started = False
+        self.replica_pids: dict[str, int] = {}
         self._node_actor_pid: int | None = None
         self._started_ray = False
         self._old_url: str | None = None
@@ -242,33 +321,36 @@ class RayBenchSession:
                 raise self.error
             raise RuntimeError(f"Ray could not be started: {self.error}") from self.error
 
-    def serve_handle(self) -> Any:
-        """The ``DeploymentHandle`` of the ``serve-grpc`` replica (deployed on first use)."""
-        if self._serve_handle is None:
-            from ray import serve
+    def deploy(self, backend: str, case: ModelCase) -> Any:
+        """Runs the bench deployment with ``backend`` for ``case`` (one replica); returns its
+        ``DeploymentHandle``. Each backend is an app of its own, replaced per case."""
+        from ray import serve
 
+        if not self._serve_started:
             logging.getLogger("ray.serve").setLevel(logging.WARNING)
             serve.start(proxy_location="Disabled", logging_config={"log_level": "WARNING"})
-            deployment = serve.deployment(
-                _TritonGrpcReplica,
-                name="triton-grpc",
-                num_replicas=1,
-                max_ongoing_requests=max(8, 2 * self.callers),
-                ray_actor_options={"num_cpus": 0},
-            )
-            handle = serve.run(
-                deployment.bind(self.target.grpc_url),  # type: ignore[attr-defined]
-                name=_SERVE_APP,
-                route_prefix=None,
-            )
-            self._replica_pid = handle.pid.remote().result()
-            self._serve_handle = handle
-        return self._serve_handle
+            self._serve_started = True
+        deployment = serve.deployment(
+            _BenchReplica,
+            name=f"triton-{backend}",
+            num_replicas=1,
+            max_ongoing_requests=max(8, 2 * self.callers),
+            ray_actor_options={"num_cpus": 0},
+        )
+        slots = max(8, self.callers)
+        handle = serve.run(
+            deployment.bind(backend, self.target.grpc_url, case, slots),  # type: ignore[attr-defined]
+            name=f"{_SERVE_APP}-{backend}",
+            route_prefix=None,
+        )
+        self.replica_pids[backend] = handle.pid.remote().result()
+        return handle
 
-    def note_node_actor(self) -> None:
-        """Remembers the node actor's pid (for CPU accounting)."""
+    def node_actor_cpu_s(self) -> float:
+        """CPU seconds the node actor used so far (it exists once something bound to it)."""
         if self._node_actor_pid is None:
             self._node_actor_pid = self.node_actor_stats().pid
+        return _process_cpu_s(self._node_actor_pid)
 
     def node_actor(self) -> Any:
         """This node's actor (it exists once a caller bound a ``ShmModel``)."""
@@ -285,10 +367,10 @@ class RayBenchSession:
 
         return ray.get(self.node_actor().stats.remote(), timeout=60)
 
-    def pids(self, kind: str) -> list[int]:
-        """The processes doing client work for a path of ``kind`` (``"serve"``/``"actor"``)."""
-        extra = self._replica_pid if kind == "serve" else self._node_actor_pid
-        return [os.getpid(), *self.caller_pids, *([extra] if extra else [])]
+    def pids(self, backend: str) -> list[int]:
+        """The processes doing client work for a Serve path: driver, callers, replica."""
+        replica = self.replica_pids.get(backend)
+        return [os.getpid(), *self.caller_pids, *([replica] if replica else [])]
 
     def close(self) -> None:
         """Removes the callers, Serve, the node actor, and Ray if it started it; never raises."""
@@ -302,12 +384,12 @@ class RayBenchSession:
                     with contextlib.suppress(Exception):
                         ray.kill(actor)
                 self.actors = []
-                if self._serve_handle is not None:
+                if self._serve_started:
                     from ray import serve
 
                     with contextlib.suppress(Exception):
                         serve.shutdown()
-                    self._serve_handle = None
+                    self._serve_started = False
                 with contextlib.suppress(Exception):
                     actor = self.node_actor()
                     with contextlib.suppress(Exception):
@@ -345,12 +427,12 @@ def ray_session(target: BenchTarget, config: Any) -> Iterator[RayBenchSession]:
 
 
 class _RayPath(BenchPath):
-    """Shared by the Ray paths: every caller sends requests through the same target."""
+    """Shared by the Ray paths: the session, and the node actor's CPU when it is used."""
 
     group = RAY_GROUP
     session_factory = staticmethod(ray_session)  # type: ignore[assignment]
-    #: ``"serve"`` or ``"actor"``: which process besides the callers does client work.
-    kind: ClassVar[str] = "actor"
+    #: Whether the path uses the node actor (its CPU per request is reported).
+    uses_node_actor: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -362,8 +444,7 @@ class _RayPath(BenchPath):
     ) -> None:
         super().__init__(target=target, case=case, inputs=inputs, reference=reference)
         self._session: RayBenchSession | None = None
-        self._key = f"{self.name}:{case.model}"
-        self._added = False
+        self._key = f"{self.name}:{case.name}"
 
     def setup(self) -> None:
         session = _ACTIVE
@@ -371,30 +452,39 @@ class _RayPath(BenchPath):
             raise PathUnavailableError("the Ray paths run only inside `bench --ray`")
         session.check()
         self._session = session
+
+    def side_cpu_time(self) -> float | None:
+        if not self.uses_node_actor or self._session is None:
+            return None
+        return self._session.node_actor_cpu_s()
+
+
+class _ServePath(_RayPath):
+    """The same Serve deployment, fed the same way (``ray_callers`` caller actors through a
+    ``DeploymentHandle``); only its ``backend`` differs."""
+
+    backend: ClassVar[str]
+
+    def setup(self) -> None:
+        super().setup()
         import ray
 
+        assert self._session is not None
+        handle = self._session.deploy(self.backend, self.case)
         inputs_ref = ray.put(self.inputs)
-        self._added = True
-        answers = ray.get([self._add(actor, inputs_ref) for actor in session.actors])
-        self._check_added(answers)
-
-    def _add(self, actor: Any, inputs_ref: Any) -> Any:
-        raise NotImplementedError
-
-    def _check_added(self, answers: list[Any]) -> None:
-        """Checks what the callers answered to ``_add``."""
+        ray.get([a.add_serve.remote(self._key, handle, inputs_ref) for a in self._session.actors])
 
     def run_once(self) -> Mapping[str, np.ndarray]:
         """One request from every caller at once; checks them all, returns the first."""
         import ray
 
-        assert self._session is not None
-        answers = ray.get([a.once.remote(self._key) for a in self._session.actors])
         from ray_triton_shm._bench._runner import _check_outputs
 
+        assert self._session is not None
+        answers = ray.get([a.once.remote(self._key) for a in self._session.actors])
         for answer in answers[1:]:
             _check_outputs(answer, self.reference)
-        return answers[0]
+        return answers[0]  # type: ignore[no-any-return]
 
     def run_slice(self, slice_s: float) -> int:
         import ray
@@ -404,81 +494,132 @@ class _RayPath(BenchPath):
 
     def cpu_time(self) -> float:
         assert self._session is not None
-        return sum(_process_cpu_s(pid) for pid in self._session.pids(self.kind))
+        return sum(_process_cpu_s(pid) for pid in self._session.pids(self.backend))
 
     def teardown(self) -> None:
         session = self._session
-        if session is None or not self._added:
+        if session is None:
             return
-        self._added = False
         with contextlib.suppress(Exception):
             import ray
+            from ray import serve
 
             ray.get([a.remove.remote(self._key) for a in session.actors], timeout=60)
+            serve.delete(f"{_SERVE_APP}-{self.backend}")
 
 
 @register_path
-class ServeGrpcPath(_RayPath):
-    """Ray Serve: callers -> ``DeploymentHandle`` -> replica -> ``tritonclient.grpc.aio``."""
+class ServeGrpcPath(_ServePath):
+    """The Serve replica calls Triton with ``tritonclient.grpc.aio``."""
 
     name = "serve-grpc"
-    label = "Ray Serve replica, plain gRPC"
-    kind = "serve"
-
-    def _add(self, actor: Any, inputs_ref: Any) -> Any:
-        assert self._session is not None
-        handle = self._session.serve_handle()
-        return actor.add_serve.remote(
-            self._key, handle, self.case.model, list(self.case.outputs), inputs_ref
-        )
+    label = "Serve replica, plain gRPC"
+    backend = "grpc"
 
 
-class _ShmModelPath(_RayPath):
-    zero_copy: ClassVar[bool] = True
+@register_path
+class ServeShmPath(_ServePath):
+    """The Serve replica calls Triton through ``ShmModel`` (leased slots of the node actor)."""
 
-    def _add(self, actor: Any, inputs_ref: Any) -> Any:
-        from ray_triton_shm.ray import ShmModel
+    name = "serve-shm"
+    label = "Serve replica, ShmModel"
+    backend = "shm"
+    uses_node_actor = True
 
-        assert self._session is not None
-        shm_model = ShmModel(
-            self.case.model,
-            max_batch_size=self.case.batch_size,
-            max_shapes=dict(self.case.max_shapes) if self.case.max_shapes else None,
-            url=self.target.grpc_url,
-            zero_copy=self.zero_copy,
-            local_slots=1,
-            actor_options={"slots": max(8, self._session.callers)},
-        )
-        return actor.add_model.remote(self._key, shm_model, inputs_ref)
 
-    def _check_added(self, answers: list[Any]) -> None:
-        if self.zero_copy and not all(answers):
-            raise RuntimeError(
-                "the callers could not go zero-copy (no claimed slot, or the region could not "
-                "be attached); they would silently pass arrays by value"
-            )
-        if not self.zero_copy and any(answers):
-            raise RuntimeError("ShmModel(zero_copy=False) went zero-copy")
+@register_path
+class ServeInProcessPath(_ServePath):
+    """The Serve replica owns a ``TritonSHMClient`` (upper bound of shared memory)."""
+
+    name = "serve-inproc"
+    label = "Serve replica, own TritonSHMClient"
+    backend = "inproc"
+
+
+#: The case the Ray Data job runs on, and its size in batches.
+DATA_CASE = "classifier"
+DATA_JOB_BATCHES = 48
+
+
+class _DataPath(_RayPath):
+    """The same Ray Data job, ``map_batches`` with one predictor or another: every batch is
+    the case's request; ``ray_callers`` predictor actors. A slice is one whole job."""
 
     def setup(self) -> None:
+        if self.case.name != DATA_CASE:
+            raise PathUnavailableError(f"the Ray Data job runs on the {DATA_CASE} case")
         super().setup()
+
+    def _predictor(self) -> tuple[Any, dict[str, Any]]:
+        raise NotImplementedError
+
+    def _job(self, batches: int) -> Any:
+        import ray
+
+        inputs_ref = ray.put(dict(self.inputs))
+
+        def source(ids: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+            rows = len(ids["id"])
+            return {name: array[:rows] for name, array in ray.get(inputs_ref).items()}
+
         assert self._session is not None
-        self._session.note_node_actor()
+        size = self.case.batch_size
+        predictor, kwargs = self._predictor()
+        return (
+            ray.data.range(batches * size, override_num_blocks=batches)
+            .map_batches(source, batch_size=size, batch_format="numpy")
+            .map_batches(
+                predictor,
+                fn_constructor_kwargs=kwargs,
+                batch_size=size,
+                batch_format="numpy",
+                concurrency=self._session.callers,
+                num_cpus=0,
+            )
+        )
+
+    def run_once(self) -> Mapping[str, np.ndarray]:
+        return dict(self._job(1).take_batch(self.case.batch_size, batch_format="numpy"))
+
+    def run_slice(self, slice_s: float) -> int:
+        rows = sum(len(b[next(iter(b))]) for b in self._job(DATA_JOB_BATCHES).iter_batches())
+        return rows // self.case.batch_size
 
 
 @register_path
-class ActorByValuePath(_ShmModelPath):
-    """``ShmModel(zero_copy=False)``: arrays through Ray's object store to the node actor."""
+class DataGrpcPath(_DataPath):
+    """Ray Data with a predictor calling Triton over plain gRPC."""
 
-    name = "actor-by-value"
-    label = "node actor, arrays by value"
-    zero_copy = False
+    name = "data-grpc"
+    label = "Ray Data, plain gRPC predictor"
+
+    def _predictor(self) -> tuple[Any, dict[str, Any]]:
+        url, outputs = self.target.grpc_url, list(self.case.outputs)
+        return _GrpcPredictor, {"url": url, "model": self.case.model, "outputs": outputs}
 
 
 @register_path
-class ActorZeroCopyPath(_ShmModelPath):
-    """``ShmModel``: each caller writes its own claimed slot; one small Ray call."""
+class DataShmPath(_DataPath):
+    """Ray Data with ``ShmPredictor``."""
 
-    name = "actor-zero-copy"
-    label = "node actor, zero-copy slots"
-    zero_copy = True
+    name = "data-shm"
+    label = "Ray Data, ShmPredictor"
+    uses_node_actor = True
+
+    def _predictor(self) -> tuple[Any, dict[str, Any]]:
+        from ray_triton_shm.ray import ShmPredictor
+
+        assert self._session is not None
+        options = {"slots": max(8, self._session.callers)}
+        return ShmPredictor, {"model_name": self.case.model, "actor_options": options}
+
+
+@register_path
+class DataNoopPath(_DataPath):
+    """Ray Data with a predictor that calls nothing (the ceiling of the job itself)."""
+
+    name = "data-noop"
+    label = "Ray Data, no-op predictor (ceiling)"
+
+    def _predictor(self) -> tuple[Any, dict[str, Any]]:
+        return _NoopPredictor, {"outputs": dict(self.reference)}

@@ -46,7 +46,7 @@ def _rows(model: ModelResult) -> list[list[str]]:
         vs_floor = model.cpu_vs(name, "memcpy") if name != "memcpy" else None
         rows.append(
             [
-                model.case.model,
+                model.case.name,
                 name,
                 _num(r.mb_per_s),
                 _num(r.requests_per_s),
@@ -121,7 +121,7 @@ def _ray_ratio_lines(results: BenchResults) -> list[str]:
         return []
     header = ["model", *(f"{path} / {base}" for path, base in pairs)]
     rows = [
-        [m.case.model, *(_ratio(m.mbps_vs(path, base)) for path, base in pairs)]
+        [m.case.name, *(_ratio(m.mbps_vs(path, base)) for path, base in pairs)]
         for m in results.models
     ]
     widths = [max(len(header[i]), *(len(r[i]) for r in rows)) for i in range(len(header))]
@@ -220,7 +220,7 @@ def write_plot(results: BenchResults, path: str | Path) -> Path:
     ax.set_xticks(range(len(models)))
     ax.set_xticklabels(
         [
-            f"{m.case.model}\n(batch {m.case.batch_size}, {m.case.input_nbytes / 1e6:.3g} MB in)"
+            f"{m.case.name}\n(batch {m.case.batch_size}, {m.case.input_nbytes / 1e6:.3g} MB in)"
             for m in models
         ],
         fontsize=8,
