@@ -14,7 +14,7 @@ import tritonclient.grpc as grpcclient
 
 from ray_triton_shm._bench import CASES, DEFAULT_PATHS
 from ray_triton_shm._bench._paths import BenchTarget, PathUnavailableError
-from ray_triton_shm._bench._ray_paths import RAY_PATHS, ActorZeroCopyPath
+from ray_triton_shm._bench._ray_paths import DATA_CASE, RAY_PATHS, ServeShmPath
 from ray_triton_shm._server import LocalTritonServer
 from ray_triton_shm._shm import owner_pid, pid_alive
 
@@ -58,6 +58,9 @@ def test_bench_ray_quick_json_has_every_ray_path_verified(
             "--no-plot",
             "--json",
             str(json_path),
+            "--models",
+            "identity",
+            DATA_CASE,
         ],
         capture_output=True,
         text=True,
@@ -69,39 +72,42 @@ def test_bench_ray_quick_json_has_every_ray_path_verified(
     data = json.loads(json_path.read_text())
     assert data["config"]["ray_callers"] == 4
     assert data["failures"] == []
-    assert set(data["models"]) == set(CASES)
+    assert set(data["models"]) == {"identity", DATA_CASE}
     for model, entry in data["models"].items():
         expected = [p for p in DEFAULT_PATHS if p != "http"] + list(RAY_PATHS)
         assert [p for p in entry["paths"] if p != "http"] == expected, model
         for path in RAY_PATHS:
             result = entry["paths"][path]
             where = f"{model}/{path}"
+            if path.startswith("data-") and model != DATA_CASE:
+                assert result["skipped"] and not result["ok"], where
+                continue
             assert result["ok"] and result["verified"], (where, result)
             assert result["error"] is None and result["skipped"] is None, where
-            # Every caller finishes at least one request per slice.
-            assert result["requests"] >= 4 * data["config"]["rounds"], where
             for key in ("mb_per_s", "requests_per_s", "cpu_s_per_gb"):
                 assert result[key] is not None and result[key] > 0, (where, key)
+            uses_actor = path in ("serve-shm", "data-shm")
+            assert (result["node_actor_cpu_us_per_request"] is not None) == uses_actor, where
         ratios = entry["ratios"]
-        for key in (
-            "actor_zero_copy_vs_shm_client_mb_per_s",
-            "actor_zero_copy_vs_serve_grpc_mb_per_s",
-            "actor_by_value_vs_serve_grpc_mb_per_s",
-        ):
+        for key in ("serve_shm_vs_serve_grpc_mb_per_s", "serve_shm_vs_serve_inproc_mb_per_s"):
             assert ratios[key] is not None and ratios[key] > 0, (model, key)
-    ray_goals = [g for g in data["goals"] if g["kind"] == "mbps_vs"]
+    data_ratios = data["models"][DATA_CASE]["ratios"]
+    for key in ("data_shm_vs_data_grpc_mb_per_s", "data_shm_vs_data_noop_mb_per_s"):
+        assert data_ratios[key] is not None and data_ratios[key] > 0, key
+    ray_goals = [g for g in data["goals"] if g["kind"] in ("mbps_vs", "actor_cpu_us")]
     assert {(g["model"], g["description"]) for g in ray_goals} == {
-        (model, text)
-        for model in ("classifier", "large_image")
-        for text in (
-            "actor-zero-copy MB/s >= 0.9x shm-client",
-            "actor-zero-copy MB/s >= 3x serve-grpc",
-            "actor-by-value MB/s >= 3x serve-grpc",
-        )
+        ("identity", "serve-shm MB/s >= 1x serve-grpc"),
+        ("identity", "serve-shm MB/s >= 0.95x serve-inproc"),
+        (DATA_CASE, "serve-shm MB/s >= 2.3x serve-grpc"),
+        (DATA_CASE, "serve-shm MB/s >= 0.95x serve-inproc"),
+        (DATA_CASE, "data-shm MB/s >= 0.95x data-noop"),
+        (DATA_CASE, "data-shm MB/s >= 1x data-grpc"),
+        (DATA_CASE, "serve-shm: node actor CPU <= 58.5 us/request"),
+        (DATA_CASE, "data-shm: node actor CPU <= 58.5 us/request"),
     }
     assert all(isinstance(g["met"], bool) for g in ray_goals)
 
-    assert "actor-zero-copy" in proc.stdout and "Ray paths" in proc.stdout
+    assert "serve-shm / serve-grpc" in proc.stdout and "Ray paths" in proc.stdout
     # Ray, Serve, the callers and the node actor are gone, and so are their regions.
     assert _registered(triton.grpc_url) - registered_before == set()
     # (Other processes on this machine may create regions meanwhile: only live owners.)
@@ -128,14 +134,14 @@ def test_bench_without_ray_has_no_ray_paths_or_goals(triton: LocalTritonServer) 
     )
     entry = results.to_dict()["models"]["identity"]
     assert set(entry["paths"]) == {"grpc", "shm-client"}
-    assert not any(key.startswith("actor") for key in entry["ratios"])
+    assert not any(key.startswith(("serve", "data")) for key in entry["ratios"])
     assert all(g["kind"] != "mbps_vs" for g in results.to_dict()["goals"])
 
 
 def test_ray_path_outside_bench_ray_is_skipped(triton: LocalTritonServer) -> None:
     case = CASES["identity"]
     inputs = case.make_inputs()
-    path = ActorZeroCopyPath(
+    path = ServeShmPath(
         target=BenchTarget(triton.grpc_url), case=case, inputs=inputs, reference=inputs
     )
     with pytest.raises(PathUnavailableError, match="bench --ray"):
@@ -156,7 +162,9 @@ def test_status_ray_lists_node_actors_with_stats(triton: LocalTritonServer) -> N
     try:
         actor = get_node_actor(url=triton.grpc_url)
         try:
-            model = ShmModel("identity", max_shapes={"INPUT0": (16,), "OUTPUT0": (16,)})
+            model = ShmModel(
+                "identity", max_shapes={"INPUT0": (16,), "OUTPUT0": (16,)}, idle_release_s=600
+            )
             x = np.arange(32, dtype=np.float32).reshape(2, 16)
             np.testing.assert_array_equal(model.infer({"INPUT0": x})["OUTPUT0"], x)
             stats = ray.get(actor.stats.remote())
@@ -188,7 +196,9 @@ def test_status_ray_lists_node_actors_with_stats(triton: LocalTritonServer) -> N
                 "slots",
                 "in_use",
                 "waiting",
-                "claimed",
+                "leased",
+                "lessees",
+                "shm_bytes",
                 "requests",
                 "samples",
                 "bytes_in",
@@ -196,7 +206,9 @@ def test_status_ray_lists_node_actors_with_stats(triton: LocalTritonServer) -> N
                 "errors",
             ]
             row = next(line for line in out.splitlines() if line.strip().startswith("identity"))
-            assert row.split()[1:] == [str(v) for v in (8, 0, 0, 1, 1, 2, x.nbytes, x.nbytes, 0)]
+            shm_bytes = stats.models["identity"]["shm_bytes"]
+            expected = (8, 1, 0, 1, 1, shm_bytes, 1, 2, x.nbytes, x.nbytes, 0)
+            assert row.split()[1:] == [str(v) for v in expected]
             # The regions report still follows, with the actor's regions registered.
             assert f"rtshm_{stats.pid}_" in out
             model.close()

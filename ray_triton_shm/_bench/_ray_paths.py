@@ -67,23 +67,28 @@ RAY_PATHS: tuple[str, ...] = (
 )
 
 _SERVE_APP = "ray-triton-shm-bench"
-_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 #: The session the Ray paths of the running benchmark use (set by :func:`ray_session`).
 _ACTIVE: RayBenchSession | None = None
 
 
 def _process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of ``pid`` (all threads); 0 when it is gone."""
+    """CPU seconds ``pid`` ran so far, over all its threads, to the nanosecond (from
+    ``/proc/<pid>/task/*/schedstat``; clock-tick counts are too coarse for short slices)."""
     if pid == os.getpid():
         return time.process_time()
+    total_ns = 0
     try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
+        tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return 0.0
-    # After the command name: state is field 3, utime 14 and stime 15 (1-based).
-    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat", encoding="ascii") as stat:
+                total_ns += int(stat.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue  # the thread ended meanwhile
+    return total_ns / 1e9
 
 
 # --------------------------------------------------------------------------------------
@@ -538,7 +543,7 @@ class ServeInProcessPath(_ServePath):
 
 #: The case the Ray Data job runs on, and its size in batches.
 DATA_CASE = "classifier"
-DATA_JOB_BATCHES = 48
+DATA_JOB_BATCHES = 64
 
 
 class _DataPath(_RayPath):
@@ -584,6 +589,9 @@ class _DataPath(_RayPath):
     def run_slice(self, slice_s: float) -> int:
         rows = sum(len(b[next(iter(b))]) for b in self._job(DATA_JOB_BATCHES).iter_batches())
         return rows // self.case.batch_size
+
+    def teardown(self) -> None:
+        """Nothing to undo: each job's predictor actors end with the job."""
 
 
 @register_path

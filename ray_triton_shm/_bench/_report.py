@@ -127,9 +127,9 @@ def _ray_ratio_lines(results: BenchResults) -> list[str]:
     widths = [max(len(header[i]), *(len(r[i]) for r in rows)) for i in range(len(header))]
     lines = [
         "",
-        f"Ray paths (MB/s ratios; each Ray path driven by {results.config.ray_callers} "
-        "concurrent caller actors; their CPU includes the callers and the replica or node "
-        "actor):",
+        f"Ray paths (MB/s ratios of the same topology; Serve: one replica fed by "
+        f"{results.config.ray_callers} caller actors; Ray Data: the same job with "
+        f"{results.config.ray_callers} predictor actors):",
     ]
     for row in (header, *rows):
         lines.append(
@@ -138,6 +138,14 @@ def _ray_ratio_lines(results: BenchResults) -> list[str]:
                 c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))
             ).rstrip()
         )
+    actor = [
+        f"{m.case.name} {name} {cpu:.0f} us"
+        for m in results.models
+        for name, r in m.paths.items()
+        if (cpu := r.side_cpu_us_per_request) is not None
+    ]
+    if actor:
+        lines.append("  node actor CPU per request (all its threads): " + ", ".join(actor))
     return lines
 
 
@@ -146,8 +154,9 @@ def format_goals(results: BenchResults) -> str:
     lines = ["Goals (shm-client = TritonSHMClient.infer_shm, one max batch per call):"]
     for g in results.goals():
         status = {True: "MET ", False: "MISS", None: "n/a "}[g.met]
-        value = "not measured" if g.value is None else f"got {g.value:.2f}x"
-        lines.append(f"  [{status}] {g.goal.model:<12} {g.goal.description:<42} {value}")
+        unit = " us" if g.goal.kind == "actor_cpu_us" else "x"
+        value = "not measured" if g.value is None else f"got {g.value:.2f}{unit}"
+        lines.append(f"  [{status}] {g.goal.model:<12} {g.goal.description:<46} {value}")
     return "\n".join(lines)
 
 
