@@ -9,7 +9,7 @@
     ├── ModelNotRegisteredError (LookupError)  infer on a model never registered
     ├── StaleLeaseError (LookupError)          the Ray node actor restarted: bind again
     ├── SlotTimeoutError (TimeoutError)        no slot became free within ``timeout_s``
-    ├── OverloadedError (RuntimeError)         too many callers already waiting (Ray layer)
+    ├── OverloadedError (RuntimeError)         too many callers already waiting
     ├── ClientClosedError (RuntimeError)       the client or pool was closed
     ├── LocalServerError (RuntimeError)        the embedded Triton could not be set up or started
     └── TritonServerError (RuntimeError)       Triton answered with an error; keeps its status
