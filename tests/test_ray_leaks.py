@@ -292,3 +292,74 @@ def test_killed_node_actor_restarts_reclaims_and_serves_the_same_handle(
     by_ref.close()
     by_value.close()
     _shutdown_and_check_clean(actor, ray_local)
+
+
+# --------------------------------------------------------------------------------------
+# Callers ending mid-call never crash the node actor
+# --------------------------------------------------------------------------------------
+
+
+@ray.remote(num_cpus=0, max_concurrency=8)
+class _LoopingCaller:
+    """Calls the model in a loop until it ends, however it ends."""
+
+    def __init__(self) -> None:
+        self.model = ShmModel("identity", max_shapes=IDENTITY_SHAPES, local_slots=2)
+        self.done = 0
+
+    def progress(self) -> int:
+        return self.done
+
+    async def run(self) -> None:
+        x = np.ones((4, 16), np.float32)
+        while True:
+            await self.model.infer_async({"INPUT0": x})
+            self.done += 1
+
+
+def test_callers_ending_mid_call_never_restart_the_node_actor(
+    node_actor_factory: Callable[..., Any], ray_local: str
+) -> None:
+    """Rounds of callers ending with calls in flight: gracefully (``__ray_terminate__``, as
+    Serve downscaling does), killed (``ray.kill``), and a Ray Data job ending its worker pool.
+    The actor's incarnation never changes and every slot comes back."""
+    from ray_triton_shm.ray import ShmPredictor
+
+    actor = node_actor_factory(slots=4)
+    incarnation = ray.get(actor.stats.remote()).incarnation
+    ended = []
+    for _ in range(3):
+        callers = [_LoopingCaller.remote(), _LoopingCaller.remote()]
+        graceful, killed = callers
+        for caller in callers:
+            caller.run.remote()
+        _wait_for(
+            lambda callers=callers: min(ray.get([c.progress.remote() for c in callers])) >= 5,
+            timeout_s=60,
+            what="both callers to get going",
+        )
+        graceful.__ray_terminate__.remote()
+        ray.kill(killed)
+        ended.append(graceful)
+        ds = ray.data.range(64, override_num_blocks=8).map_batches(
+            lambda b: {"INPUT0": np.ones((len(b["id"]), 16), np.float32)}, batch_size=8
+        )
+        rows = ds.map_batches(
+            ShmPredictor,
+            fn_constructor_kwargs={"model_name": "identity", "max_shapes": IDENTITY_SHAPES},
+            batch_size=8,
+            batch_format="numpy",
+            concurrency=2,
+            num_cpus=0,
+        ).count()
+        assert rows == 64
+        assert ray.get(actor.stats.remote()).incarnation == incarnation
+    for caller in ended:  # a terminate waits behind the endless call: end them for good
+        ray.kill(caller)
+    stats = _wait_for(
+        lambda: (s := ray.get(actor.stats.remote())).models["identity"]["in_use"] == 0 and s,
+        timeout_s=60,
+        what="every slot of the ended callers to come back",
+    )
+    assert stats.incarnation == incarnation
+    _shutdown_and_check_clean(actor, ray_local)
