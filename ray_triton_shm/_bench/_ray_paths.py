@@ -197,19 +197,24 @@ class _BenchReplica:
         return grpcclient.InferenceServerClient(self._url)
 
     async def _grpc(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        import tritonclient.grpc.aio as grpcclient
-        from tritonclient.utils import np_to_triton_dtype
-
-        infer_inputs = []
-        for name, array in inputs.items():
-            infer_input = grpcclient.InferInput(
-                name, list(array.shape), np_to_triton_dtype(array.dtype)
-            )
-            infer_input.set_data_from_numpy(np.ascontiguousarray(array))
-            infer_inputs.append(infer_input)
-        requested = [grpcclient.InferRequestedOutput(name) for name in self._outputs]
+        infer_inputs, requested = _grpc_request(inputs, self._outputs)
         result = await self._client.infer(self._model, infer_inputs, outputs=requested)
         return {name: result.as_numpy(name) for name in self._outputs}
+
+
+def _grpc_request(inputs: Mapping[str, np.ndarray], outputs: list[str]) -> tuple[Any, Any]:
+    """tritonclient's inputs and requested outputs for one request (sync and aio share them)."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import np_to_triton_dtype
+
+    infer_inputs = []
+    for name, array in inputs.items():
+        infer_input = grpcclient.InferInput(
+            name, list(array.shape), np_to_triton_dtype(array.dtype)
+        )
+        infer_input.set_data_from_numpy(np.ascontiguousarray(array))
+        infer_inputs.append(infer_input)
+    return infer_inputs, [grpcclient.InferRequestedOutput(name) for name in outputs]
 
 
 class _GrpcPredictor:
@@ -223,17 +228,7 @@ class _GrpcPredictor:
         self._outputs = outputs
 
     def __call__(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        import tritonclient.grpc as grpcclient
-        from tritonclient.utils import np_to_triton_dtype
-
-        infer_inputs = []
-        for name, array in batch.items():
-            infer_input = grpcclient.InferInput(
-                name, list(array.shape), np_to_triton_dtype(array.dtype)
-            )
-            infer_input.set_data_from_numpy(np.ascontiguousarray(array))
-            infer_inputs.append(infer_input)
-        requested = [grpcclient.InferRequestedOutput(name) for name in self._outputs]
+        infer_inputs, requested = _grpc_request(batch, self._outputs)
         result = self._client.infer(self._model, infer_inputs, outputs=requested)
         return {name: result.as_numpy(name) for name in self._outputs}
 
@@ -247,17 +242,6 @@ class _NoopPredictor:
     def __call__(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         rows = len(next(iter(batch.values())))
         return {name: array[:rows] for name, array in self._outputs.items()}
-
-
-class _Batches:
-    """Ray Data source stage: every batch is the benchmark's request inputs."""
-
-    def __init__(self, inputs: Mapping[str, np.ndarray]) -> None:
-        self._inputs = dict(inputs)
-
-    def __call__(self, ids: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        rows = len(ids["id"])
-        return {name: array[:rows] for name, array in self._inputs.items()}
 
 
 # --------------------------------------------------------------------------------------
