@@ -208,12 +208,6 @@ class LeasedSlots:
 
     # ---------------------------------------------------------------- leases
 
-    @property
-    def leased(self) -> int:
-        """Slots this process holds now."""
-        with self._lock:
-            return len(self._token_of)
-
     def give_back_idle(self, now: float) -> None:
         """Gives back the free slots unused for ``idle_release_s``, or all of them while other
         callers wait for a slot."""
