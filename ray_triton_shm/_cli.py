@@ -235,13 +235,13 @@ def _print_status(report: Any) -> int:
     where = getattr(report, "url", None)
     print(f"server: {where if where else '(not asked)'}")
     if regions:
-        header = ("region", "size", "owner pid", "alive", "/dev/shm", "registered")
+        header = ("region", "size", "owner pid", "owner", "/dev/shm", "registered")
         rows = [
             (
                 r.name,
                 _size(int(r.size)),
                 "-" if r.owner_pid is None else str(r.owner_pid),
-                _yes_no(r.owner_alive),
+                r.owner or "-",
                 _yes_no(r.in_dev_shm),
                 _yes_no(r.registered),
             )
@@ -250,11 +250,16 @@ def _print_status(report: Any) -> int:
         widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
         for row in (header, tuple("-" * w for w in widths), *rows):
             print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
-        stale = [r for r in regions if r.owner_alive is False]
+        stale = [r for r in regions if r.owner == "dead"]
         if stale:
             print(
                 f"{len(stale)} region(s) belong to processes that are gone; "
                 f"`{PROG} reclaim` removes them."
+            )
+        if any(r.owner == "other namespace" for r in regions):
+            print(
+                "regions of 'other namespace' belong to processes of another pid namespace "
+                "(container) that shares /dev/shm; they are left alone."
             )
     else:
         print("no regions")
@@ -367,6 +372,10 @@ def _print_node_actors(address: str | None, *, timeout_s: float) -> int:
         if not stats.models:
             print("    no models registered")
             continue
+        print(
+            f"    shared memory: {_size(stats.shm_bytes)} held in /dev/shm over every slot and "
+            f"lease ({_size(stats.shm_free)} free of {_size(stats.shm_capacity)})"
+        )
         header = ("model", *columns)
         rows = [
             (name, *(str(m.get(c, "-")) for c in columns))

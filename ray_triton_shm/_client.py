@@ -10,6 +10,10 @@ every slot is busy, callers wait.
 A slot is only reused once Triton has answered the request that used it: a caller that gives up
 (an error in another chunk, a cancelled coroutine) leaves the slot to be released when its
 request completes, so Triton never writes into a slot that a new request already owns.
+
+A request that finds Triton unreachable (it restarts) waits for it, up to
+``reconnect_timeout_s``, and is sent again (see :mod:`._reconnect`); one that finds its region
+forgotten by Triton registers the region again and is sent again, once.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from ._exceptions import (
     ModelNotRegisteredError,
     ModelSpecError,
     TritonServerError,
+    TritonSHMError,
 )
 from ._header import MAX_SLOTS, RegionHeader
 from ._inputs import Batch, InputValue, prepare_batch
@@ -40,11 +45,28 @@ from ._outputs import OutputAssembler, empty_outputs
 from ._pool import PoolStats, SlotPool, SlotSource
 from ._reaper import watch
 from ._reclaim import reclaim_dead_registrations
-from ._shm import SharedMemoryRegion, new_region_name
+from ._reconnect import (
+    DEFAULT_RECONNECT_TIMEOUT_S,
+    Reconnect,
+    channel_options,
+    is_restart_symptom,
+)
+from ._shm import SharedMemoryRegion, ensure_room, new_region_name
 from ._specs import ModelSpec, SlotLayout, SlotViews, SpecLike, resolve_model_spec
 from ._transport import SlotRequests, as_asyncio_future, is_missing_region, translate_error
 
 __all__ = ["TritonSHMClient"]
+
+#: tritonclient's positional arguments after ``url`` and ``verbose``.
+_TRITONCLIENT_OPTIONS = (
+    "ssl",
+    "root_certificates",
+    "private_key",
+    "certificate_chain",
+    "creds",
+    "keepalive_options",
+    "channel_args",
+)
 
 #: How long ``close()`` waits for in-flight requests before unmapping their memory anyway.
 _CLOSE_WAIT_S = 30.0
@@ -115,6 +137,8 @@ class _Chunk:
     epoch: int
     rows: int
     bytes_in: int
+    #: Whether this chunk already had its region registered again.
+    reregistered: bool = False
 
     def abandon(self) -> None:
         """Releases the slot once Triton is done with it (at once if it already is)."""
@@ -142,6 +166,21 @@ class _Chunk:
         """Counts the failed request; returns Triton's error as ours."""
         self.pool.header.count_error(self.slot)
         return translate_error(exc, model=self.pool.spec.name, action="inference")
+
+    def recovery(self, exc: BaseException) -> str:
+        """What may save the chunk after its call failed with ``exc``: ``"reconnect"`` (Triton
+        may be restarting) or ``"reregister"`` (Triton forgot the region, and this chunk has not
+        registered it again yet).
+
+        Raises:
+            TritonServerError: nothing can (counted as the slot's error).
+        """
+        if is_restart_symptom(exc):
+            return "reconnect"
+        if is_missing_region(exc) and not self.reregistered:
+            self.reregistered = True
+            return "reregister"
+        raise self.failed(exc) from exc
 
 
 def _release_pools(stub: Any, pools: dict[str, _ModelPool]) -> None:
@@ -183,6 +222,9 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         crash_cleanup: If this process dies without closing (SIGKILL, the OOM killer), a
             watchdog process unregisters and unlinks its regions (one per process, started
             with the first registration; see :mod:`ray_triton_shm._reaper`).
+        reconnect_timeout_s: How long a request or registration waits for Triton while it is
+            unreachable (restarting), before :class:`ServerUnreachableError`; ``0`` fails at
+            once. Requests wait on their own, so none fails because Triton was briefly away.
         **kwargs: Passed to :class:`tritonclient.grpc.InferenceServerClient`.
 
     Example:
@@ -197,11 +239,19 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         verbose: bool = False,
         *args: Any,
         crash_cleanup: bool = True,
+        reconnect_timeout_s: float = DEFAULT_RECONNECT_TIMEOUT_S,
         **kwargs: Any,
     ) -> None:
-        super().__init__(url, verbose, *args, **kwargs)
+        if reconnect_timeout_s < 0:
+            raise ValueError(f"reconnect_timeout_s must be >= 0, got {reconnect_timeout_s}")
+        options = dict(zip(_TRITONCLIENT_OPTIONS, args, strict=False)) | kwargs
+        options["channel_args"] = channel_options(
+            options.get("channel_args"), options.pop("keepalive_options", None)
+        )
+        super().__init__(url, verbose, **options)
         self._url = url
         self._crash_cleanup = crash_cleanup
+        self._reconnect_timeout_s = reconnect_timeout_s
         self._pools: dict[str, _ModelPool] = {}
         self._registry_lock = threading.Lock()
         self._closed = False
@@ -245,7 +295,9 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         Raises:
             ModelSpecError: unusable specs, or the model is registered with other specs.
             UnsupportedDatatypeError: a BYTES tensor.
+            SharedMemoryFullError: ``/dev/shm`` has no room for the pool (nothing was created).
             TritonServerError: Triton refused (unknown model, no shared memory, ...).
+            ServerUnreachableError: Triton stayed unreachable for ``reconnect_timeout_s``.
         """
         self._check_open()
         if not 1 <= pool_size <= MAX_SLOTS:
@@ -277,33 +329,55 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         return spec
 
     def _load_config(self, model_name: str, model_version: str) -> Mapping[str, Any]:
+        reconnect = self._reconnect(model_name)
         try:
-            config = self.get_model_config(model_name, model_version, as_json=True)
+            config = reconnect.call(
+                lambda: self.get_model_config(model_name, model_version, as_json=True)
+            )
         except InferenceServerException as exc:
             raise translate_error(
                 exc, model=model_name, action="reading the model configuration"
             ) from exc
         return config.get("config", config)
 
+    def _reconnect(self, model: str | None, timeout_s: float | None = None) -> Reconnect:
+        """A reconnect budget for one request (``timeout_s``: the client's by default)."""
+        budget = self._reconnect_timeout_s if timeout_s is None else timeout_s
+        return Reconnect(self._channel, self._url, budget, model)
+
     def _create_pool(self, spec: ModelSpec, pool_size: int) -> _ModelPool:
+        reconnect = self._reconnect(spec.name)
         if not self._swept:
             # Registrations left by crashed processes pin memory in Triton: drop them once.
-            self._swept = True
             try:
-                reclaim_dead_registrations(self)
+                reconnect.call(lambda: reclaim_dead_registrations(self))
+                self._swept = True
             except InferenceServerException:
-                pass  # best effort; the registration below reports a dead server
+                pass  # best effort; the registration below reports what is wrong
+        layout = SlotLayout.for_model(spec)
+        size = layout.region_bytes(pool_size)
+        ensure_room(
+            size,
+            what=f"model {spec.name!r}: a pool of {pool_size} slot(s) of "
+            f"{layout.slot_bytes / 2**20:,.1f} MiB",
+            model=spec.name,
+            fix="register the model with a smaller pool_size or max_batch_size",
+        )
         if self._crash_cleanup:
             watch(self._url)
-        region = SharedMemoryRegion.create(
-            new_region_name(spec.name), SlotLayout.for_model(spec).region_bytes(pool_size)
-        )
+        region = SharedMemoryRegion.create(new_region_name(spec.name), size)
         try:
-            self.register_system_shared_memory(region.name, region.key, region.size)
-        except InferenceServerException as exc:
+            reconnect.call(
+                lambda: self.register_system_shared_memory(region.name, region.key, region.size)
+            )
+        except BaseException as exc:
             region.unlink()
             region.close()
-            raise translate_error(exc, model=spec.name, action="registering shared memory") from exc
+            if isinstance(exc, InferenceServerException):
+                raise translate_error(
+                    exc, model=spec.name, action="registering shared memory"
+                ) from exc
+            raise
         # The region's header tells processes using its slots how many callers wait for one.
         header = RegionHeader(region.buffer, pool_size)
         slots = SlotPool(pool_size, name=spec.name, on_waiting=header.set_waiting)
@@ -359,7 +433,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             )
         return pool
 
-    def _reregister(self, pool: _ModelPool, epoch: int) -> None:
+    def _reregister(self, pool: _ModelPool, epoch: int, reconnect: Reconnect) -> None:
         """Registers the pool's region again after Triton forgot it (e.g. it restarted)."""
         with pool.lock:
             if pool.epoch != epoch:
@@ -368,10 +442,11 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
                 pool.reregister()
                 pool.epoch += 1
                 return
+            region = pool.region
             try:
-                self.unregister_system_shared_memory(pool.region.name)
-                self.register_system_shared_memory(
-                    pool.region.name, pool.region.key, pool.region.size
+                reconnect.call(lambda: self.unregister_system_shared_memory(region.name))
+                reconnect.call(
+                    lambda: self.register_system_shared_memory(region.name, region.key, region.size)
                 )
             except InferenceServerException as exc:
                 raise translate_error(
@@ -390,6 +465,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         client_timeout_s: float | None = None,
         headers: Mapping[str, str] | None = None,
         request_id: str = "",
+        reconnect_timeout_s: float | None = None,
     ) -> dict[str, np.ndarray]:
         """Runs inference through the model's shared-memory slots.
 
@@ -404,6 +480,8 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             client_timeout_s: gRPC deadline of each request.
             headers: Extra gRPC metadata.
             request_id: Triton request id, sent with every chunk.
+            reconnect_timeout_s: How long to wait for Triton while it is unreachable; ``None``
+                for the client's ``reconnect_timeout_s``.
 
         Returns:
             ``{output name: array}``; the arrays belong to the caller.
@@ -413,12 +491,14 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             InvalidInputError: the inputs do not match the model (nothing was sent).
             SlotTimeoutError: no slot came free within ``slot_timeout_s``.
             TritonServerError: Triton answered with an error.
+            ServerUnreachableError: Triton stayed unreachable for ``reconnect_timeout_s``.
         """
         pool = self._pool(model_name)
         batch = prepare_batch(pool.spec, inputs)
         if batch.size == 0:
             return empty_outputs(pool.spec)
         metadata = self._get_metadata(headers)
+        reconnect = self._reconnect(model_name, reconnect_timeout_s)
         outputs = OutputAssembler(pool.spec, batch.size)
         if batch.size <= pool.spec.batch_capacity:
             # One chunk, the common case: a blocking call costs less CPU than a gRPC future.
@@ -426,7 +506,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
                 pool, pool.slots.acquire(slot_timeout_s), batch, 0, batch.size, request_id
             )
             try:
-                response = self._response(chunk, metadata, client_timeout_s)
+                response = self._response(chunk, metadata, client_timeout_s, reconnect)
             except BaseException:
                 chunk.abandon()
                 raise
@@ -437,14 +517,14 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             for start, stop in batch.chunks():
                 free = pool.slots.try_acquire()
                 while free is None and pending:  # never wait for a slot while holding one
-                    response = self._response(pending[0], metadata, client_timeout_s)
+                    response = self._response(pending[0], metadata, client_timeout_s, reconnect)
                     pending.popleft().collect(outputs, response)
                     free = pool.slots.try_acquire()
                 slot = pool.slots.acquire(slot_timeout_s) if free is None else free
                 chunk = self._submit(pool, slot, batch, start, stop, request_id)
                 pending.append(self._send(chunk, metadata, client_timeout_s))
             while pending:
-                response = self._response(pending[0], metadata, client_timeout_s)
+                response = self._response(pending[0], metadata, client_timeout_s, reconnect)
                 pending.popleft().collect(outputs, response)
         except Exception:
             # Wait out the other chunks still in flight, so every slot is free on return.
@@ -478,47 +558,55 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         return chunk
 
     def _response(
-        self, chunk: _Chunk, metadata: Any, client_timeout_s: float | None
+        self, chunk: _Chunk, metadata: Any, client_timeout_s: float | None, reconnect: Reconnect
     ) -> service_pb2.ModelInferResponse:
-        """Waits for a chunk's answer (a blocking call if it was not sent yet).
-
-        If Triton forgot the region (it restarted), registers it again and resends once.
-        """
-        try:
-            if chunk.call is None:
-                return self._client_stub.ModelInfer(
-                    chunk.request, metadata=metadata, timeout=client_timeout_s
-                )
-            return chunk.call.result()
-        except grpc.RpcError as exc:
-            if not is_missing_region(exc):
-                raise chunk.failed(exc) from exc
-        self._reregister(chunk.pool, chunk.epoch)
-        try:
-            return self._send(chunk, metadata, client_timeout_s).call.result()  # type: ignore[union-attr]
-        except grpc.RpcError as exc:
-            raise chunk.failed(exc) from exc
+        """Waits for a chunk's answer (a blocking call if it was not sent yet), sending it
+        again while :meth:`_Chunk.recovery` finds a way."""
+        while True:
+            try:
+                if chunk.call is None:
+                    return self._client_stub.ModelInfer(
+                        chunk.request, metadata=metadata, timeout=client_timeout_s
+                    )
+                return chunk.call.result()
+            except grpc.RpcError as exc:
+                step = chunk.recovery(exc)
+                try:
+                    if step == "reconnect":
+                        reconnect.wait(exc)
+                    else:
+                        self._reregister(chunk.pool, chunk.epoch, reconnect)
+                except TritonSHMError:
+                    chunk.pool.header.count_error(chunk.slot)
+                    raise
+            self._send(chunk, metadata, client_timeout_s)
 
     async def _response_async(
         self,
         chunk: _Chunk,
         metadata: Any,
         client_timeout_s: float | None,
+        reconnect: Reconnect,
         loop: asyncio.AbstractEventLoop,
     ) -> service_pb2.ModelInferResponse:
         """:meth:`_response` for coroutines; the chunk must have been sent."""
-        assert chunk.call is not None
-        try:
-            return await as_asyncio_future(chunk.call, loop)
-        except grpc.RpcError as exc:
-            if not is_missing_region(exc):
-                raise chunk.failed(exc) from exc
-        await asyncio.to_thread(self._reregister, chunk.pool, chunk.epoch)
-        self._send(chunk, metadata, client_timeout_s)
-        try:
-            return await as_asyncio_future(chunk.call, loop)
-        except grpc.RpcError as exc:
-            raise chunk.failed(exc) from exc
+        while True:
+            assert chunk.call is not None
+            try:
+                return await as_asyncio_future(chunk.call, loop)
+            except grpc.RpcError as exc:
+                step = chunk.recovery(exc)
+                try:
+                    if step == "reconnect":
+                        await reconnect.wait_async(exc, loop)
+                    else:
+                        await asyncio.to_thread(
+                            self._reregister, chunk.pool, chunk.epoch, reconnect
+                        )
+                except TritonSHMError:
+                    chunk.pool.header.count_error(chunk.slot)
+                    raise
+            self._send(chunk, metadata, client_timeout_s)
 
     async def infer_shm_async(
         self,
@@ -529,6 +617,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         client_timeout_s: float | None = None,
         headers: Mapping[str, str] | None = None,
         request_id: str = "",
+        reconnect_timeout_s: float | None = None,
     ) -> dict[str, np.ndarray]:
         """:meth:`infer_shm` for coroutines: same semantics, no thread blocked while waiting.
 
@@ -541,6 +630,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             return empty_outputs(pool.spec)
         loop = asyncio.get_running_loop()
         metadata = self._get_metadata(headers)
+        reconnect = self._reconnect(model_name, reconnect_timeout_s)
         outputs = OutputAssembler(pool.spec, batch.size)
         pending: deque[_Chunk] = deque()
         try:
@@ -548,7 +638,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
                 free = pool.slots.try_acquire()
                 while free is None and pending:  # never wait for a slot while holding one
                     response = await self._response_async(
-                        pending[0], metadata, client_timeout_s, loop
+                        pending[0], metadata, client_timeout_s, reconnect, loop
                     )
                     pending.popleft().collect(outputs, response)
                     free = pool.slots.try_acquire()
@@ -556,7 +646,9 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
                 chunk = self._submit(pool, slot, batch, start, stop, request_id)
                 pending.append(self._send(chunk, metadata, client_timeout_s))
             while pending:
-                response = await self._response_async(pending[0], metadata, client_timeout_s, loop)
+                response = await self._response_async(
+                    pending[0], metadata, client_timeout_s, reconnect, loop
+                )
                 pending.popleft().collect(outputs, response)
         except Exception:
             # Wait out the other chunks still in flight, so every slot is free on return.

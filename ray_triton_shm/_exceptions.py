@@ -21,6 +21,7 @@ exceptions between processes.
 
 from __future__ import annotations
 
+from errno import ENOSPC
 from typing import Any
 
 __all__ = [
@@ -30,6 +31,8 @@ __all__ = [
     "ModelNotRegisteredError",
     "ModelSpecError",
     "OverloadedError",
+    "ServerUnreachableError",
+    "SharedMemoryFullError",
     "SharedMemoryNotAllowedError",
     "SlotTimeoutError",
     "StaleLeaseError",
@@ -64,7 +67,8 @@ class TritonSHMError(Exception):
 
 
 def _rebuild(cls: type[TritonSHMError], message: str, state: dict[str, Any]) -> TritonSHMError:
-    error = cls.__new__(cls)
+    # OSError subclasses must be made by OSError.__new__, which any other base refuses to do.
+    error = (OSError.__new__ if issubclass(cls, OSError) else Exception.__new__)(cls)
     Exception.__init__(error, message)
     error.__dict__.update(state)
     return error
@@ -132,6 +136,26 @@ class ClientClosedError(TritonSHMError, RuntimeError):
     """The client, or the pool being waited on, was closed."""
 
 
+class SharedMemoryFullError(TritonSHMError, OSError):
+    """``/dev/shm`` has no room for a region; raised before anything is created.
+
+    Its ``errno`` is ``ENOSPC``, as for the ``OSError`` it replaces.
+
+    Attributes:
+        model: The model whose pool did not fit.
+        needed: Bytes the region needs.
+        free: Bytes free in ``/dev/shm``.
+    """
+
+    errno = ENOSPC
+    model: str
+    needed: int
+    free: int
+
+    def __init__(self, message: str, *, model: str = "", needed: int = 0, free: int = 0) -> None:
+        super().__init__(message, model=model, needed=needed, free=free)
+
+
 class LocalServerError(TritonSHMError, RuntimeError):
     """The embedded local Triton server could not be found, installed, started or stopped."""
 
@@ -167,3 +191,30 @@ class SharedMemoryNotAllowedError(TritonServerError):
     Newer Triton releases only accept client shared memory when started with
     ``--allow-client-shm=true`` (or an equivalent setting).
     """
+
+
+class ServerUnreachableError(TritonServerError, ConnectionError):
+    """Triton could not be reached at its address, and did not come back within
+    ``reconnect_timeout_s`` (``0``: not waited for).
+
+    Attributes:
+        url: The address tried.
+        waited_s: How long the request waited for Triton.
+    """
+
+    url: str
+    waited_s: float
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        url: str = "",
+        waited_s: float = 0.0,
+        status: str | None = None,
+        server_message: str = "",
+        model: str | None = None,
+    ) -> None:
+        super().__init__(message, status=status, server_message=server_message, model=model)
+        self.url = url
+        self.waited_s = waited_s

@@ -1,9 +1,10 @@
 """Finding and reclaiming regions whose owner process is gone.
 
 A process killed with SIGKILL runs no cleanup: its regions stay registered in Triton (which
-keeps them mapped), and on some paths stay in ``/dev/shm``. Our region names carry the owner's
-pid (see :mod:`._shm`), so anything of ours whose owner no longer exists can be reclaimed. Owner
-liveness is checked in this machine's pid namespace, which is the one Triton shares memory in.
+keeps them mapped), and on some paths stay in ``/dev/shm``. Our region names carry their owner
+(see :mod:`._shm`), so anything of ours whose owner is proven dead can be reclaimed. Regions of
+owners in other pid namespaces (other containers sharing ``/dev/shm`` and Triton) are taken back
+only when their file's lock proves the owner gone; otherwise they are left alone.
 """
 
 from __future__ import annotations
@@ -14,7 +15,15 @@ from dataclasses import dataclass, field
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from ._shm import list_local_regions, owner_pid, pid_alive, unlink_region
+from ._shm import (
+    DEAD,
+    Owner,
+    list_local_regions,
+    owner_state,
+    pid_namespace,
+    region_owner,
+    unlink_region,
+)
 from ._transport import translate_error
 
 __all__ = [
@@ -36,8 +45,10 @@ class RegionStatus:
     Attributes:
         name: Region name.
         size: Size in bytes (from ``/dev/shm`` or from Triton).
-        owner_pid: The owner pid in its name, ``None`` for regions that are not ours.
-        owner_alive: Whether the owner still runs (``None`` when unknown).
+        owner_pid: The owner's pid (in its own pid namespace), ``None`` for regions that are not
+            ours.
+        owner: ``"alive"``, ``"dead"`` (proven), ``"other namespace"`` (left alone), or
+            ``None`` for regions that are not ours.
         in_dev_shm: Whether the name exists in ``/dev/shm``.
         registered: Whether Triton has it registered (``None`` when no server was asked).
     """
@@ -45,7 +56,7 @@ class RegionStatus:
     name: str
     size: int
     owner_pid: int | None
-    owner_alive: bool | None
+    owner: str | None
     in_dev_shm: bool
     registered: bool | None
 
@@ -104,14 +115,14 @@ def status(url: str | None = DEFAULT_URL) -> StatusReport:
     names = sorted(set(local) | set(registered or {}))
     regions = []
     for name in names:
-        pid = owner_pid(name)
+        owner = region_owner(name)
         region = local.get(name)
         regions.append(
             RegionStatus(
                 name=name,
                 size=region.size if region else (registered or {}).get(name, 0),
-                owner_pid=pid,
-                owner_alive=None if pid is None else pid_alive(pid),
+                owner_pid=None if owner is None else owner.pid,
+                owner=region.owner_state if region else owner_state(name),
                 in_dev_shm=region is not None,
                 registered=None if registered is None else name in registered,
             )
@@ -122,19 +133,19 @@ def status(url: str | None = DEFAULT_URL) -> StatusReport:
 def reclaim_dead_registrations(
     client: grpcclient.InferenceServerClient, *, owner: int | None = None
 ) -> list[str]:
-    """Unregisters regions of ours whose owner process is gone; returns their names.
+    """Unregisters regions of ours whose owner is proven dead; returns their names.
 
     Args:
         client: A client of the server.
-        owner: Only regions of this (gone) process; ``None``: of any process that is gone.
+        owner: Only regions of this (gone) process of our pid namespace; ``None``: of any
+            owner proven dead.
 
     Raises:
         InferenceServerException: when the server cannot be asked.
     """
     reclaimed = []
     for name in _registrations(client):
-        pid = owner_pid(name)
-        if not _reclaimable(pid, owner):
+        if not _reclaimable(name, owner):
             continue
         try:
             client.unregister_system_shared_memory(name)
@@ -146,11 +157,13 @@ def reclaim_dead_registrations(
 
 def reclaim(url: str | None = DEFAULT_URL, *, owner: int | None = None) -> ReclaimReport:
     """Unregisters from Triton and unlinks from ``/dev/shm`` every region of ours whose owner
-    process is gone.
+    is proven dead (see :func:`._shm.owner_state`); regions of other pid namespaces whose owner
+    may live are left alone.
 
     Args:
         url: Triton's gRPC address; ``None`` to clean ``/dev/shm`` only.
-        owner: Only regions of this (gone) process; ``None``: of any process that is gone.
+        owner: Only regions of this (gone) process of our pid namespace; ``None``: of any
+            owner proven dead.
     """
     unregistered: list[str] = []
     server_error = None
@@ -163,12 +176,15 @@ def reclaim(url: str | None = DEFAULT_URL, *, owner: int | None = None) -> Recla
     unlinked = [
         r.name
         for r in list_local_regions()
-        if _reclaimable(r.owner_pid, owner) and unlink_region(r.name)
+        if _reclaimable(r.name, owner) and unlink_region(r.name)
     ]
     return ReclaimReport(unregistered=unregistered, unlinked=unlinked, server_error=server_error)
 
 
-def _reclaimable(pid: int | None, owner: int | None) -> bool:
-    if pid is None or pid == os.getpid() or (owner is not None and pid != owner):
+def _reclaimable(name: str, only: int | None) -> bool:
+    owner = region_owner(name)
+    if owner is None or owner == Owner(os.getpid(), pid_namespace()):
         return False
-    return not pid_alive(pid)
+    if only is not None and owner != Owner(only, pid_namespace()):
+        return False
+    return owner_state(name) == DEAD

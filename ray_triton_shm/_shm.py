@@ -1,53 +1,187 @@
 """POSIX shared-memory regions: naming, creating, attaching, unlinking, and finding our own.
 
-Region names look like ``rtshm_<pid>_<token>_<label>``: a fixed prefix, the owning process id
-(so a leftover region can be traced to a dead owner and reclaimed), a random token (so one
-process can own several regions for the same model), and a readable label.
+Region names look like ``rtshm_<pid>-<pidns>_<token>_<label>``: a fixed prefix, the owner, a
+random token (so one process can own several regions for the same model), and a readable label.
+The owner is its pid and the inode of its pid namespace: containers that share ``/dev/shm``
+(``docker run --ipc=host``, Kubernetes ``hostIPC``) do not share pid namespaces, and a pid means
+nothing outside its own. The owner also holds an ``flock`` on its region's file for as long as
+the region lives, which every namespace sharing the file can see.
+
+So a region's owner is proven dead (:func:`owner_state`) when it ran in our pid namespace and its
+pid is gone, or when it ran in another one and nobody holds the lock of the region's file. Where
+neither can be proven, the region is another namespace's and is left alone.
 
 The owner creates the region with owner-only permissions and also hands it to
 :mod:`multiprocessing.resource_tracker`, so the name is unlinked even if the owner is killed.
 Other processes :meth:`SharedMemoryRegion.attach` without the tracker: on Python < 3.13 the
 tracker of an attaching process would unlink a region it does not own when that process exits.
+A region is only created where ``/dev/shm`` has room for it (:func:`ensure_room`), so that a
+full ``/dev/shm`` is a :class:`SharedMemoryFullError` and not a ``SIGBUS`` on first write.
 """
 
 from __future__ import annotations
 
 import _posixshmem  # CPython's shm_open/shm_unlink, as used by multiprocessing.shared_memory
+import errno
+import fcntl
+import functools
+import math
 import mmap
 import os
 import re
 import secrets
+import time
 from dataclasses import dataclass
 from multiprocessing import resource_tracker
 from pathlib import Path
 
+from ._exceptions import SharedMemoryFullError
+
 __all__ = [
+    "ALIVE",
+    "DEAD",
+    "OTHER_NAMESPACE",
     "REGION_PREFIX",
     "LocalRegion",
+    "Owner",
     "SharedMemoryRegion",
+    "ensure_room",
     "list_local_regions",
     "new_region_name",
-    "owner_pid",
+    "owner_state",
     "pid_alive",
+    "pid_namespace",
+    "region_owner",
+    "shm_space",
 ]
 
 REGION_PREFIX = "rtshm"
-_SHM_DIR = Path("/dev/shm")
-_NAME_RE = re.compile(rf"^{REGION_PREFIX}_(\d+)_[0-9a-f]+_")
+SHM_DIR = Path("/dev/shm")
+_NAME_RE = re.compile(rf"^{REGION_PREFIX}_(\d+)-(\d+)_[0-9a-f]+_")
 _MAX_NAME = 200
+#: A region's file this young may still be taking its owner's lock: never judged dead.
+_CREATE_GRACE_S = 5.0
+
+#: What :func:`owner_state` can tell of a region's owner.
+ALIVE, DEAD, OTHER_NAMESPACE = "alive", "dead", "other namespace"
 
 
-def new_region_name(label: str, *, pid: int | None = None) -> str:
-    """Returns a fresh, unique region name for ``label`` owned by ``pid`` (default: this one)."""
+@dataclass(frozen=True)
+class Owner:
+    """Who owns one of our regions.
+
+    Attributes:
+        pid: Its pid, in its own pid namespace.
+        pid_namespace: The inode of that namespace (``0`` where ``/proc`` did not tell).
+    """
+
+    pid: int
+    pid_namespace: int
+
+
+@functools.cache
+def pid_namespace() -> int:
+    """The inode of this process's pid namespace, ``0`` where ``/proc`` does not tell."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
+def _forget_namespace_in_child() -> None:
+    pid_namespace.cache_clear()  # a child of unshare --pid --fork is in a new namespace
+
+
+os.register_at_fork(after_in_child=_forget_namespace_in_child)
+
+
+def new_region_name(label: str) -> str:
+    """Returns a fresh, unique region name for ``label``, owned by this process."""
     safe = re.sub(r"[^A-Za-z0-9_.-]", "-", label)
-    name = f"{REGION_PREFIX}_{os.getpid() if pid is None else pid}_{secrets.token_hex(4)}_{safe}"
-    return name[:_MAX_NAME]
+    token = secrets.token_hex(4)
+    return f"{REGION_PREFIX}_{os.getpid()}-{pid_namespace()}_{token}_{safe}"[:_MAX_NAME]
 
 
-def owner_pid(name: str) -> int | None:
-    """The owner's pid encoded in one of our region names, or ``None`` for foreign names."""
+def region_owner(name: str) -> Owner | None:
+    """The owner encoded in one of our region names, or ``None`` for foreign names."""
     match = _NAME_RE.match(name.lstrip("/"))
-    return int(match.group(1)) if match else None
+    return Owner(int(match.group(1)), int(match.group(2))) if match else None
+
+
+def owner_state(name: str) -> str | None:
+    """Whether the owner of one of our regions is :data:`ALIVE`, proven :data:`DEAD`, or runs in
+    :data:`OTHER_NAMESPACE` where that cannot be proven; ``None`` for foreign names.
+
+    A region of another pid namespace is dead only if its file is in our ``/dev/shm``, is not
+    brand new, and nobody holds its lock.
+    """
+    owner = region_owner(name)
+    if owner is None:
+        return None
+    if owner.pid_namespace == pid_namespace():
+        return ALIVE if pid_alive(owner.pid) else DEAD
+    return DEAD if _lock_is_free(name.lstrip("/")) else OTHER_NAMESPACE
+
+
+def _lock_is_free(name: str) -> bool:
+    try:
+        fd = os.open(SHM_DIR / name, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return False  # gone, or not ours to open: nothing proven
+    try:
+        if time.time() - os.fstat(fd).st_ctime < _CREATE_GRACE_S:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False  # held: its owner lives, in whatever namespace
+        return True
+    finally:
+        os.close(fd)  # and with it our lock
+
+
+def shm_space() -> tuple[int, int] | None:
+    """``(free, total)`` bytes of ``/dev/shm``, or ``None`` where it cannot be read."""
+    try:
+        fs = os.statvfs(SHM_DIR)
+    except OSError:
+        return None
+    return fs.f_bavail * fs.f_frsize, fs.f_blocks * fs.f_frsize
+
+
+def ensure_room(needed: int, *, what: str, model: str = "", fix: str = "") -> None:
+    """Raises :class:`SharedMemoryFullError` if ``/dev/shm`` has less than ``needed`` bytes free.
+
+    Args:
+        needed: Bytes about to be created.
+        what: What needs them, for the message (e.g. ``"model 'x': 4 slots of 12 MB"``).
+        model: The model, for the error's attributes.
+        fix: A remedy of the caller's own, offered besides a bigger ``/dev/shm``.
+    """
+    space = shm_space()
+    if space is not None and needed > space[0]:
+        raise _full(needed, *space, what=what, model=model, fix=fix)
+
+
+def _full(
+    needed: int, free: int, total: int, *, what: str, model: str, fix: str
+) -> SharedMemoryFullError:
+    # Room for what is there now plus this region, rounded up to a power of two of MiB.
+    suggested = 2 ** math.ceil(math.log2(max(1, (total - free + needed) / 2**20)))
+    remedy = f", or {fix}" if fix else ""
+    return SharedMemoryFullError(
+        f"{what} needs {_mib(needed)} of shared memory, but /dev/shm has {_mib(free)} free "
+        f"(of {_mib(total)}). Give /dev/shm more room: `docker run --shm-size={suggested}m ...`, "
+        "or in Kubernetes mount an emptyDir with `medium: Memory` (and a sizeLimit) at /dev/shm"
+        f"{remedy}.",
+        model=model,
+        needed=needed,
+        free=free,
+    )
+
+
+def _mib(size: int) -> str:
+    return f"{size / 2**20:,.1f} MiB"
 
 
 def pid_alive(pid: int) -> bool:
@@ -79,11 +213,14 @@ class SharedMemoryRegion:
         owner: Whether this process created the region (and will unlink it).
     """
 
-    def __init__(self, name: str, size: int, mapping: mmap.mmap, *, owner: bool) -> None:
+    def __init__(
+        self, name: str, size: int, mapping: mmap.mmap, *, owner: bool, lock_fd: int | None = None
+    ) -> None:
         self.name = name
         self.size = size
         self.owner = owner
         self._mmap: mmap.mmap | None = mapping
+        self._lock_fd = lock_fd  # the owner's open file, flock-ed while the region lives
 
     @property
     def key(self) -> str:
@@ -99,26 +236,28 @@ class SharedMemoryRegion:
 
     @classmethod
     def create(cls, name: str, size: int) -> SharedMemoryRegion:
-        """Creates a new region (mode 0600), reserves its pages, and maps it.
+        """Creates a new region (mode 0600), locks it, reserves its pages, and maps it.
 
         Raises:
             FileExistsError: if the name is taken.
-            OSError: if ``/dev/shm`` has no room for ``size`` bytes (raised now, instead of a
-                SIGBUS on first write).
+            SharedMemoryFullError: if ``/dev/shm`` has no room for ``size`` bytes (raised now,
+                instead of a SIGBUS on first write); nothing is left behind.
         """
         fd = _posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
         try:
-            try:
-                os.posix_fallocate(fd, 0, size)
-                flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-                mapping = mmap.mmap(fd, size, flags=flags)
-            except BaseException:
-                _posixshmem.shm_unlink("/" + name)
-                raise
-        finally:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.posix_fallocate(fd, 0, size)
+            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+            mapping = mmap.mmap(fd, size, flags=flags)
+        except BaseException as exc:
+            _posixshmem.shm_unlink("/" + name)
             os.close(fd)
+            if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+                space = shm_space() or (0, 0)
+                raise _full(size, *space, what=f"region {name!r}", model="", fix="") from exc
+            raise
         resource_tracker.register("/" + name, "shared_memory")
-        return cls(name, size, mapping, owner=True)
+        return cls(name, size, mapping, owner=True, lock_fd=fd)
 
     @classmethod
     def attach(cls, name: str) -> SharedMemoryRegion:
@@ -133,6 +272,7 @@ class SharedMemoryRegion:
 
     def close(self) -> None:
         """Unmaps the region; if NumPy views still use it, the unmapping waits for GC."""
+        self._unlock()
         mapping, self._mmap = self._mmap, None
         if mapping is not None:
             try:
@@ -147,6 +287,12 @@ class SharedMemoryRegion:
         self.owner = False
         unlink_region(self.name)
         resource_tracker.unregister("/" + self.name, "shared_memory")
+        self._unlock()  # nobody can find the file by its name any more
+
+    def _unlock(self) -> None:
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is not None:
+            os.close(fd)
 
     def __repr__(self) -> str:
         return f"SharedMemoryRegion(name={self.name!r}, size={self.size}, owner={self.owner})"
@@ -168,28 +314,28 @@ class LocalRegion:
     Attributes:
         name: Region name.
         size: Size in bytes.
-        owner_pid: The pid encoded in the name.
-        owner_alive: Whether that process still exists.
+        owner: Its owner, from the name.
+        owner_state: :data:`ALIVE`, :data:`DEAD` or :data:`OTHER_NAMESPACE`.
     """
 
     name: str
     size: int
-    owner_pid: int
-    owner_alive: bool
+    owner: Owner
+    owner_state: str
 
 
 def list_local_regions() -> list[LocalRegion]:
     """Our regions present in ``/dev/shm`` on this machine, sorted by name."""
     regions: list[LocalRegion] = []
-    if not _SHM_DIR.is_dir():
+    if not SHM_DIR.is_dir():
         return regions
-    for path in sorted(_SHM_DIR.iterdir()):
-        pid = owner_pid(path.name)
-        if pid is None:
+    for path in sorted(SHM_DIR.iterdir()):
+        owner = region_owner(path.name)
+        if owner is None:
             continue
         try:
             size = path.stat().st_size
         except FileNotFoundError:
             continue
-        regions.append(LocalRegion(path.name, size, pid, pid_alive(pid)))
+        regions.append(LocalRegion(path.name, size, owner, owner_state(path.name) or DEAD))
     return regions

@@ -19,12 +19,19 @@ from tritonclient.utils import InferenceServerException
 from ._exceptions import SharedMemoryNotAllowedError, TritonServerError
 from ._specs import ModelSpec, SlotLayout
 
-__all__ = ["SlotRequests", "as_asyncio_future", "is_missing_region", "translate_error"]
+__all__ = [
+    "SlotRequests",
+    "as_asyncio_future",
+    "is_missing_region",
+    "status_and_message",
+    "translate_error",
+]
 
 _REFUSAL_WORDS = ("not allowed", "disabled", "not enabled", "not permitted", "allow-client-shm")
 
 
-def _status_and_message(exc: BaseException) -> tuple[str | None, str]:
+def status_and_message(exc: BaseException) -> tuple[str | None, str]:
+    """The gRPC status name and the message of a gRPC or tritonclient error."""
     if isinstance(exc, grpc.RpcError) and hasattr(exc, "code"):
         return str(exc.code()), exc.details() or ""
     if isinstance(exc, InferenceServerException):
@@ -34,7 +41,7 @@ def _status_and_message(exc: BaseException) -> tuple[str | None, str]:
 
 def is_missing_region(exc: BaseException) -> bool:
     """Whether Triton no longer knows our region (it restarted, or someone unregistered it)."""
-    _, message = _status_and_message(exc)
+    _, message = status_and_message(exc)
     return "Unable to find shared memory region" in message
 
 
@@ -48,7 +55,7 @@ def translate_error(
         model: The model concerned, for the message.
         action: What was being done, e.g. ``"inference"``, for the message.
     """
-    status, message = _status_and_message(exc)
+    status, message = status_and_message(exc)
     about = f" for model {model!r}" if model else ""
     lower = message.lower()
     if ("shared memory" in lower or "shm" in lower) and any(w in lower for w in _REFUSAL_WORDS):

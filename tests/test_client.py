@@ -43,7 +43,7 @@ def my_model_expected(x0: np.ndarray, x1: np.ndarray) -> tuple[np.ndarray, np.nd
 
 
 def my_regions() -> list[str]:
-    return [r.name for r in list_local_regions() if r.owner_pid == os.getpid()]
+    return [r.name for r in list_local_regions() if r.owner.pid == os.getpid()]
 
 
 def registered_on(url: str) -> set[str]:

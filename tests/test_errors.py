@@ -18,6 +18,8 @@ from ray_triton_shm import (
     ModelNotRegisteredError,
     ModelSpecError,
     OverloadedError,
+    ServerUnreachableError,
+    SharedMemoryFullError,
     SharedMemoryNotAllowedError,
     SlotTimeoutError,
     TritonServerError,
@@ -197,6 +199,8 @@ ALL_ERRORS = [
     ClientClosedError("m"),
     TritonServerError("m", status="StatusCode.INTERNAL", server_message="s", model="x"),
     SharedMemoryNotAllowedError("m", status="StatusCode.UNAVAILABLE", server_message="s"),
+    ServerUnreachableError("m", url="h:1", waited_s=1.5, status="StatusCode.UNAVAILABLE"),
+    SharedMemoryFullError("m", model="x", needed=10, free=1),
 ]
 
 
@@ -207,6 +211,8 @@ def test_every_exception_survives_pickle(error: TritonSHMError) -> None:
     assert str(copy) == str(error)
     assert copy.__dict__ == error.__dict__
     assert isinstance(copy, TritonSHMError)
+    if isinstance(error, OSError):
+        assert copy.errno == error.errno
 
 
 def test_builtin_bases() -> None:

@@ -38,7 +38,7 @@ def node_actor(triton) -> Iterator[ray.actor.ActorHandle]:  # type: ignore[no-un
         ray.kill(actor)
         ray.shutdown()
         del os.environ[URL_ENV_VAR]
-        assert [r.name for r in list_local_regions() if r.owner_pid == pid] == []
+        assert [r.name for r in list_local_regions() if r.owner.pid == pid] == []
 
 
 def classifier_expected(x: np.ndarray) -> np.ndarray:

@@ -16,7 +16,7 @@ from ray_triton_shm._bench import CASES, DEFAULT_PATHS
 from ray_triton_shm._bench._paths import BenchTarget, PathUnavailableError
 from ray_triton_shm._bench._ray_paths import DATA_CASE, RAY_PATHS, ServeShmPath
 from ray_triton_shm._server import LocalTritonServer
-from ray_triton_shm._shm import owner_pid, pid_alive
+from ray_triton_shm._shm import ALIVE, owner_state
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHM_DIR = Path("/dev/shm")
@@ -114,7 +114,7 @@ def test_bench_ray_quick_json_has_every_ray_path_verified(
     left = [
         name
         for name in _our_regions() - regions_before
-        if (pid := owner_pid(name)) is None or not pid_alive(pid)
+        if owner_state(name) != ALIVE
     ]
     assert left == []
 

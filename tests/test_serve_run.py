@@ -44,7 +44,7 @@ def _config_for(triton: LocalTritonServer, port: int, path: Path) -> Path:
 
 def _leftovers(url: str) -> list[str]:
     """Regions of ours, in /dev/shm or registered in Triton, whose owner is gone."""
-    return [r.name for r in status(url).regions if r.owner_alive is False]
+    return [r.name for r in status(url).regions if r.owner == "dead"]
 
 
 def test_serve_run_answers_http_and_ctrl_c_leaves_nothing(

@@ -51,7 +51,8 @@ from .._exceptions import (
 from .._header import SlotCounters
 from .._pool import SlotPool
 from .._reclaim import reclaim
-from .._shm import pid_alive
+from .._reconnect import DEFAULT_RECONNECT_TIMEOUT_S
+from .._shm import pid_alive, shm_space
 from .._specs import ModelSpec
 from .._transport import translate_error
 
@@ -93,6 +94,8 @@ class NodeActorConfig:
             Ray metrics are updated.
         dead_lease_grace_s: How long a slot of a process that died stays out of use, so that a
             request it left in Triton cannot write into the slot's next user's outputs.
+        reconnect_timeout_s: How long the actor's registrations wait for Triton while it is
+            unreachable (restarting); by-value calls wait as long as their caller says.
     """
 
     url: str | None = None
@@ -100,6 +103,7 @@ class NodeActorConfig:
     max_waiting: int = 64
     sweep_interval_s: float = 1.0
     dead_lease_grace_s: float = 5.0
+    reconnect_timeout_s: float = DEFAULT_RECONNECT_TIMEOUT_S
 
 
 @dataclass(frozen=True)
@@ -134,6 +138,8 @@ class NodeStats:
         url: The Triton it talks to.
         pid: The actor's process id.
         incarnation: Changes on every restart.
+        shm_free: Bytes free in the node's ``/dev/shm`` (Ray's object store lives there too).
+        shm_capacity: Size of the node's ``/dev/shm``.
         models: Per model: ``slots``, ``in_use`` (slots leased or running a by-value call),
             ``leased``, ``lessees`` (processes holding leases), ``quarantined`` (slots of dead
             lessees, free again after ``dead_lease_grace_s``), ``waiting``, ``shm_bytes`` (the
@@ -147,6 +153,8 @@ class NodeStats:
     pid: int
     incarnation: str
     models: dict[str, dict[str, int]] = field(default_factory=dict)
+    shm_free: int = 0
+    shm_capacity: int = 0
 
     @property
     def slots_total(self) -> int:
@@ -186,7 +194,9 @@ class TritonNodeActor:
         self._incarnation = f"{os.getpid()}-{time.time_ns()}"
         # A restarted actor first takes back what its previous incarnation left behind.
         reclaim(self._url)
-        self._client = TritonSHMClient(url=self._url)
+        self._client = TritonSHMClient(
+            url=self._url, reconnect_timeout_s=config.reconnect_timeout_s
+        )
         self._lock = threading.Lock()
         self._leases: dict[tuple[str, int], _Lease] = {}  # (model, slot) -> lease
         self._quarantine: list[tuple[float, str, int]] = []  # (free at, model, slot)
@@ -262,15 +272,16 @@ class TritonNodeActor:
             TritonServerError: Triton refused.
         """
         self._check_incarnation(incarnation)
-        pool = self._client._pool(model_name)
+        client, region = self._client, self._client._pool(model_name).region
+        reconnect = client._reconnect(model_name)
         try:
-            self._client.get_system_shared_memory_status(pool.region.name)
+            reconnect.call(lambda: client.get_system_shared_memory_status(region.name))
             return  # registered
         except InferenceServerException:
             pass
         try:
-            self._client.register_system_shared_memory(
-                pool.region.name, pool.region.key, pool.region.size
+            reconnect.call(
+                lambda: client.register_system_shared_memory(region.name, region.key, region.size)
             )
         except InferenceServerException as exc:
             if "already" not in str(exc):  # another caller did it meanwhile
@@ -300,7 +311,10 @@ class TritonNodeActor:
                 "by_value": self._by_value.get(name, 0),
                 **vars(pool.header.totals()),
             }
-        return NodeStats(self._node_id, self._url, os.getpid(), self._incarnation, models)
+        free, capacity = shm_space() or (0, 0)
+        return NodeStats(
+            self._node_id, self._url, os.getpid(), self._incarnation, models, free, capacity
+        )
 
     @ray.method(concurrency_group="control")
     def shutdown(self) -> None:
@@ -344,9 +358,16 @@ class TritonNodeActor:
 
     @ray.method(concurrency_group="infer")
     def infer(
-        self, model_name: str, incarnation: str, inputs: Mapping[str, Any]
+        self,
+        model_name: str,
+        incarnation: str,
+        inputs: Mapping[str, Any],
+        reconnect_timeout_s: float | None = None,
     ) -> dict[str, np.ndarray]:
         """By-value inference: arrays in, arrays out (through Ray's object store).
+
+        ``reconnect_timeout_s`` is the caller's: how long to wait for Triton while it is
+        unreachable (``None``: the actor's).
 
         Raises:
             StaleLeaseError: ``incarnation`` is not this actor's (it restarted): bind again.
@@ -356,7 +377,7 @@ class TritonNodeActor:
         self._check_not_overloaded(model_name)
         with self._lock:
             self._by_value[model_name] = self._by_value.get(model_name, 0) + 1
-        return self._client.infer_shm(model_name, inputs)
+        return self._client.infer_shm(model_name, inputs, reconnect_timeout_s=reconnect_timeout_s)
 
     # ---------------------------------------------------------------- internals
 
@@ -461,6 +482,7 @@ def get_node_actor(
     url: str | None = None,
     slots: int = 8,
     max_waiting: int = 64,
+    reconnect_timeout_s: float = DEFAULT_RECONNECT_TIMEOUT_S,
     node_id: str | None = None,
 ) -> ray.actor.ActorHandle:
     """Returns the node actor of this node (or of ``node_id``), creating it when missing.
@@ -474,6 +496,8 @@ def get_node_actor(
         slots: The default pool size of each model, and the most by-value calls at once.
         max_waiting: Callers that may wait for a slot of one model before
             :class:`OverloadedError`.
+        reconnect_timeout_s: How long the actor's registrations wait for an unreachable
+            Triton.
         node_id: The node; default the caller's.
     """
     node = node_id or ray.get_runtime_context().get_node_id()
@@ -482,7 +506,9 @@ def get_node_actor(
         return ray.get_actor(name, namespace=NAMESPACE)
     except ValueError:
         pass
-    config = NodeActorConfig(url=url, slots=slots, max_waiting=max_waiting)
+    config = NodeActorConfig(
+        url=url, slots=slots, max_waiting=max_waiting, reconnect_timeout_s=reconnect_timeout_s
+    )
     actor_class = ray.remote(  # type: ignore[call-overload]
         # Waiting lease and by-value calls wait in the model's pool, where they are counted
         # (and refused past max_waiting), not in Ray's queue.

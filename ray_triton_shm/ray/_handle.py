@@ -23,6 +23,7 @@ from .._client import TritonSHMClient
 from .._exceptions import StaleLeaseError
 from .._header import RegionHeader
 from .._inputs import InputValue
+from .._reconnect import DEFAULT_RECONNECT_TIMEOUT_S
 from .._shm import SharedMemoryRegion
 from .._specs import ModelSpec
 from ._actor import ModelRegistration, get_node_actor
@@ -46,9 +47,11 @@ class _Binding:
         zero_copy: bool,
         local_slots: int,
         idle_release_s: float,
+        reconnect_timeout_s: float,
     ) -> None:
         self.actor = actor
         self.registration = registration
+        self.reconnect_timeout_s = reconnect_timeout_s
         self.spec: ModelSpec = registration.spec
         self.client: TritonSHMClient | None = None
         if zero_copy:
@@ -64,7 +67,11 @@ class _Binding:
                 size=local_slots,
                 idle_release_s=idle_release_s,
             )
-            client = TritonSHMClient(url=registration.url, crash_cleanup=False)
+            client = TritonSHMClient(
+                url=registration.url,
+                crash_cleanup=False,
+                reconnect_timeout_s=reconnect_timeout_s,
+            )
             client._attach_pool(self.spec, region, slots, count, self._ensure_registered)
             self.client = client
 
@@ -88,7 +95,9 @@ class _Binding:
 
     def _by_value(self, inputs: Mapping[str, InputValue]) -> Any:
         incarnation = self.registration.incarnation
-        return self.actor.infer.remote(self.spec.name, incarnation, inputs)
+        return self.actor.infer.remote(
+            self.spec.name, incarnation, inputs, self.reconnect_timeout_s
+        )
 
     def close(self) -> None:
         if self.client is not None:
@@ -116,8 +125,11 @@ class ShmModel:
         local_slots: Most slots this process leases at once (its requests in flight).
         slot_timeout_s: How long a call waits for a slot (``None``: no limit).
         idle_release_s: A leased slot unused this long goes back to the node actor.
+        reconnect_timeout_s: How long a call waits for the node's Triton while it is
+            unreachable (restarting) before :class:`ServerUnreachableError`; ``0`` fails at
+            once.
         actor_options: Extra keyword arguments for :func:`get_node_actor` (``slots``,
-            ``max_waiting``), used if this call creates the actor.
+            ``max_waiting``, ``reconnect_timeout_s``), used if this call creates the actor.
 
     Example:
         >>> model = ShmModel("classifier")
@@ -139,6 +151,7 @@ class ShmModel:
         local_slots: int = 4,
         slot_timeout_s: float | None = None,
         idle_release_s: float = 1.0,
+        reconnect_timeout_s: float = DEFAULT_RECONNECT_TIMEOUT_S,
         actor_options: Mapping[str, Any] | None = None,
     ) -> None:
         self.model_name = model_name
@@ -155,6 +168,7 @@ class ShmModel:
         self._local_slots = local_slots
         self._slot_timeout_s = slot_timeout_s
         self._idle_release_s = idle_release_s
+        self._reconnect_timeout_s = reconnect_timeout_s
         self._actor_options = dict(actor_options or {})
         self._binding: _Binding | None = None
         self._bind_lock = threading.Lock()
@@ -192,6 +206,7 @@ class ShmModel:
                     zero_copy=self._zero_copy and same_node,
                     local_slots=self._local_slots,
                     idle_release_s=self._idle_release_s,
+                    reconnect_timeout_s=self._reconnect_timeout_s,
                 )
             return self._binding
 
@@ -241,6 +256,7 @@ class ShmModel:
             SlotTimeoutError: no slot came free within ``slot_timeout_s``.
             OverloadedError: too many callers already wait for a slot on this node.
             TritonServerError: Triton answered with an error.
+            ServerUnreachableError: Triton stayed unreachable for ``reconnect_timeout_s``.
         """
         binding = self._bind()
         try:

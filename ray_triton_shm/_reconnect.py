@@ -1,0 +1,190 @@
+"""Waiting for Triton to come back after it restarted or was briefly unreachable.
+
+While a server is down, gRPC backs off between connection attempts, up to two minutes by
+default, and fails every call made meanwhile with ``UNAVAILABLE``, even once the server is back.
+So our channels retry connecting at least every second (:func:`channel_options`), and a request
+that fails with ``UNAVAILABLE`` waits for the channel to be ready again and is sent again, for at
+most ``reconnect_timeout_s`` in all (:class:`Reconnect`). Past that it raises
+:class:`ServerUnreachableError`, which says where Triton was tried and for how long.
+
+Triton answers a request for a model it does not know with ``NOT_FOUND``, so ``UNAVAILABLE``
+means the connection, not the request. While Triton shuts down it still answers, but its models
+are gone: "has no available versions". That answer is waited out like an unreachable server if
+Triton says it is not ready; from a ready server it is a real error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import grpc
+from tritonclient.grpc import MAX_GRPC_MESSAGE_SIZE, KeepAliveOptions, service_pb2, service_pb2_grpc
+
+from ._exceptions import ServerUnreachableError
+from ._transport import as_asyncio_future, status_and_message, translate_error
+
+__all__ = [
+    "DEFAULT_RECONNECT_TIMEOUT_S",
+    "Reconnect",
+    "channel_options",
+    "is_restart_symptom",
+    "is_unreachable",
+]
+
+#: How long a request waits for an unreachable Triton by default.
+DEFAULT_RECONNECT_TIMEOUT_S = 60.0
+#: The longest pause between two connection attempts while Triton is down.
+_MAX_BACKOFF_MS = 1000
+#: Pause before resending when Triton answered ``UNAVAILABLE`` over a connected channel.
+_READY_PAUSE_S = 0.1
+#: Deadline of the readiness question asked when a model has vanished.
+_READY_CHECK_S = 2.0
+
+T = TypeVar("T")
+
+
+def channel_options(
+    channel_args: Sequence[tuple[str, Any]] | None, keepalive_options: KeepAliveOptions | None
+) -> list[tuple[str, Any]]:
+    """tritonclient's channel options (or the caller's own), with a reconnect backoff of at
+    most a second unless the caller set one."""
+    if channel_args is not None:
+        options = list(channel_args)
+    else:
+        keepalive = keepalive_options or KeepAliveOptions()
+        options = [
+            ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
+            ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_SIZE),
+            ("grpc.keepalive_time_ms", keepalive.keepalive_time_ms),
+            ("grpc.keepalive_timeout_ms", keepalive.keepalive_timeout_ms),
+            ("grpc.keepalive_permit_without_calls", keepalive.keepalive_permit_without_calls),
+            ("grpc.http2.max_pings_without_data", keepalive.http2_max_pings_without_data),
+        ]
+    if not any(name == "grpc.max_reconnect_backoff_ms" for name, _ in options):
+        options.append(("grpc.max_reconnect_backoff_ms", _MAX_BACKOFF_MS))
+    return options
+
+
+def is_unreachable(exc: BaseException) -> bool:
+    """Whether a gRPC or tritonclient error means Triton could not be reached."""
+    status, _ = status_and_message(exc)
+    return status == str(grpc.StatusCode.UNAVAILABLE)
+
+
+def is_restart_symptom(exc: BaseException) -> bool:
+    """Whether an error may come from Triton restarting: it was unreachable, or its model had
+    no versions loaded (what a server shutting down answers)."""
+    status, message = status_and_message(exc)
+    if status == str(grpc.StatusCode.UNAVAILABLE):
+        return True
+    return status == str(grpc.StatusCode.NOT_FOUND) and "no available versions" in message
+
+
+class Reconnect:
+    """The reconnect budget of one request: waits for the channel, at most ``timeout_s`` in
+    all, counted from the request's first failure.
+
+    Args:
+        channel: The client's channel.
+        url: Triton's address, for the error.
+        timeout_s: The budget; ``0`` raises at the first failure.
+        model: The model concerned, for the error.
+    """
+
+    def __init__(
+        self, channel: grpc.Channel, url: str, timeout_s: float, model: str | None = None
+    ) -> None:
+        self._channel = channel
+        self._url = url
+        self._timeout_s = timeout_s
+        self._model = model
+        self._first_failure: float | None = None
+
+    def wait(self, exc: BaseException) -> None:
+        """Blocks until the channel is ready again, after ``exc`` (a restart symptom).
+
+        Raises:
+            ServerUnreachableError: the budget ran out (from ``exc``).
+            TritonServerError: ``exc`` was the answer of a ready Triton, not a restart.
+        """
+        self._check_restarting(exc)
+        remaining = self._remaining(exc)
+        ready = grpc.channel_ready_future(self._channel)
+        started = time.monotonic()
+        try:
+            ready.result(timeout=remaining)
+        except grpc.FutureTimeoutError:
+            raise self._unreachable(exc) from exc
+        finally:
+            ready.cancel()
+        if time.monotonic() - started < 0.001:  # connected: Triton itself said UNAVAILABLE
+            time.sleep(min(_READY_PAUSE_S, self._remaining(exc)))
+
+    async def wait_async(self, exc: BaseException, loop: asyncio.AbstractEventLoop) -> None:
+        """:meth:`wait` for coroutines."""
+        if not is_unreachable(exc):
+            await asyncio.to_thread(self._check_restarting, exc)
+        remaining = self._remaining(exc)
+        ready = grpc.channel_ready_future(self._channel)
+        started = time.monotonic()
+        try:
+            await asyncio.wait_for(as_asyncio_future(ready, loop), remaining)
+        except asyncio.TimeoutError:
+            raise self._unreachable(exc) from exc
+        finally:
+            ready.cancel()
+        if time.monotonic() - started < 0.001:
+            await asyncio.sleep(min(_READY_PAUSE_S, self._remaining(exc)))
+
+    def call(self, action: Callable[[], T]) -> T:
+        """Runs ``action`` (a tritonclient call), waiting and trying again while Triton is
+        restarting; any other error is raised as it is."""
+        while True:
+            try:
+                return action()
+            except Exception as exc:
+                if not is_restart_symptom(exc):
+                    raise
+                self.wait(exc)
+
+    def _check_restarting(self, exc: BaseException) -> None:
+        """Raises ``exc`` as ours unless Triton is unreachable or says it is not ready."""
+        if is_unreachable(exc):
+            return
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
+        try:
+            ready = stub.ServerReady(service_pb2.ServerReadyRequest(), timeout=_READY_CHECK_S)
+        except grpc.RpcError:
+            return  # gone meanwhile: a restart
+        if ready.ready:
+            raise translate_error(exc, model=self._model, action="inference") from exc
+
+    def _remaining(self, exc: BaseException) -> float:
+        now = time.monotonic()
+        if self._first_failure is None:
+            self._first_failure = now
+        remaining = self._first_failure + self._timeout_s - now
+        if remaining <= 0:
+            raise self._unreachable(exc) from exc
+        return remaining
+
+    def _unreachable(self, exc: BaseException) -> ServerUnreachableError:
+        status, message = status_and_message(exc)
+        waited = 0.0 if self._first_failure is None else time.monotonic() - self._first_failure
+        tried = (
+            f"waited {waited:.1f} s for it (reconnect_timeout_s={self._timeout_s:g})"
+            if self._timeout_s > 0
+            else "not waited for (reconnect_timeout_s=0)"
+        )
+        about = f" for model {self._model!r}" if self._model else ""
+        return ServerUnreachableError(
+            f"Triton is unreachable at {self._url}{about}: {tried}; last error: {message}",
+            url=self._url,
+            waited_s=waited,
+            status=status,
+            server_message=message,
+            model=self._model,
+        )
