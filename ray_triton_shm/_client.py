@@ -367,16 +367,10 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             watch(self._url)
         region = SharedMemoryRegion.create(new_region_name(spec.name), size)
         try:
-            reconnect.call(
-                lambda: self.register_system_shared_memory(region.name, region.key, region.size)
-            )
-        except BaseException as exc:
+            self._register_region(region, reconnect, model=spec.name)
+        except BaseException:
             region.unlink()
             region.close()
-            if isinstance(exc, InferenceServerException):
-                raise translate_error(
-                    exc, model=spec.name, action="registering shared memory"
-                ) from exc
             raise
         # The region's header tells processes using its slots how many callers wait for one.
         header = RegionHeader(region.buffer, pool_size)
@@ -442,17 +436,26 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
                 pool.reregister()
                 pool.epoch += 1
                 return
-            region = pool.region
-            try:
-                reconnect.call(lambda: self.unregister_system_shared_memory(region.name))
-                reconnect.call(
-                    lambda: self.register_system_shared_memory(region.name, region.key, region.size)
-                )
-            except InferenceServerException as exc:
-                raise translate_error(
-                    exc, model=pool.spec.name, action="registering shared memory again"
-                ) from exc
+            self._register_region(pool.region, reconnect, model=pool.spec.name)
             pool.epoch += 1
+
+    def _register_region(
+        self, region: SharedMemoryRegion, reconnect: Reconnect, *, model: str
+    ) -> None:
+        """Registers a region in Triton; one already registered (by a concurrent caller that
+        found it missing too) is fine.
+
+        Raises:
+            TritonServerError: Triton refused.
+            ServerUnreachableError: Triton stayed unreachable.
+        """
+        try:
+            reconnect.call(
+                lambda: self.register_system_shared_memory(region.name, region.key, region.size)
+            )
+        except InferenceServerException as exc:
+            if exc.status() != str(grpc.StatusCode.ALREADY_EXISTS):
+                raise translate_error(exc, model=model, action="registering shared memory") from exc
 
     # ------------------------------------------------------------------ inference
 

@@ -3,8 +3,9 @@
 While a server is down, gRPC backs off between connection attempts, up to two minutes by
 default, and fails every call made meanwhile with ``UNAVAILABLE``, even once the server is back.
 So our channels retry connecting at least every second (:func:`channel_options`), and a request
-that fails with ``UNAVAILABLE`` waits for the channel to be ready again and is sent again, for at
-most ``reconnect_timeout_s`` in all (:class:`Reconnect`). Past that it raises
+that fails with ``UNAVAILABLE`` waits until Triton says it is ready again and is sent again, for
+at most ``reconnect_timeout_s`` in all (:class:`Reconnect`). The wait is a ``ServerReady`` call
+made with gRPC's ``wait_for_ready``: gRPC holds it until the channel connects. Past that it raises
 :class:`ServerUnreachableError`, which says where Triton was tried and for how long.
 
 Triton answers a request for a model it does not know with ``NOT_FOUND``, so ``UNAVAILABLE``
@@ -38,10 +39,11 @@ __all__ = [
 DEFAULT_RECONNECT_TIMEOUT_S = 60.0
 #: The longest pause between two connection attempts while Triton is down.
 _MAX_BACKOFF_MS = 1000
-#: Pause before resending when Triton answered ``UNAVAILABLE`` over a connected channel.
+#: Pause between two readiness questions to a server that answers "not ready".
 _READY_PAUSE_S = 0.1
 #: Deadline of the readiness question asked when a model has vanished.
 _READY_CHECK_S = 2.0
+_READY_REQUEST = service_pb2.ServerReadyRequest()
 
 T = TypeVar("T")
 
@@ -97,7 +99,7 @@ class Reconnect:
     def __init__(
         self, channel: grpc.Channel, url: str, timeout_s: float, model: str | None = None
     ) -> None:
-        self._channel = channel
+        self._stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
         self._url = url
         self._timeout_s = timeout_s
         self._model = model
@@ -111,32 +113,32 @@ class Reconnect:
             TritonServerError: ``exc`` was the answer of a ready Triton, not a restart.
         """
         self._check_restarting(exc)
-        remaining = self._remaining(exc)
-        ready = grpc.channel_ready_future(self._channel)
-        started = time.monotonic()
-        try:
-            ready.result(timeout=remaining)
-        except grpc.FutureTimeoutError:
-            raise self._unreachable(exc) from exc
-        finally:
-            ready.cancel()
-        if time.monotonic() - started < 0.001:  # connected: Triton itself said UNAVAILABLE
+        while True:
+            ready = self._stub.ServerReady.future(
+                _READY_REQUEST, timeout=self._remaining(exc), wait_for_ready=True
+            )
+            try:
+                if ready.result().ready:
+                    return
+            except grpc.RpcError as error:
+                exc = _last_cause(exc, error)
             time.sleep(min(_READY_PAUSE_S, self._remaining(exc)))
 
     async def wait_async(self, exc: BaseException, loop: asyncio.AbstractEventLoop) -> None:
         """:meth:`wait` for coroutines."""
         if not is_unreachable(exc):
             await asyncio.to_thread(self._check_restarting, exc)
-        remaining = self._remaining(exc)
-        ready = grpc.channel_ready_future(self._channel)
-        started = time.monotonic()
-        try:
-            await asyncio.wait_for(as_asyncio_future(ready, loop), remaining)
-        except asyncio.TimeoutError:
-            raise self._unreachable(exc) from exc
-        finally:
-            ready.cancel()
-        if time.monotonic() - started < 0.001:
+        while True:
+            ready = self._stub.ServerReady.future(
+                _READY_REQUEST, timeout=self._remaining(exc), wait_for_ready=True
+            )
+            try:
+                if (await as_asyncio_future(ready, loop)).ready:
+                    return
+            except grpc.RpcError as error:
+                exc = _last_cause(exc, error)
+            finally:
+                ready.cancel()  # cancelled while waiting: stop the call too
             await asyncio.sleep(min(_READY_PAUSE_S, self._remaining(exc)))
 
     def call(self, action: Callable[[], T]) -> T:
@@ -154,9 +156,8 @@ class Reconnect:
         """Raises ``exc`` as ours unless Triton is unreachable or says it is not ready."""
         if is_unreachable(exc):
             return
-        stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
         try:
-            ready = stub.ServerReady(service_pb2.ServerReadyRequest(), timeout=_READY_CHECK_S)
+            ready = self._stub.ServerReady(_READY_REQUEST, timeout=_READY_CHECK_S)
         except grpc.RpcError:
             return  # gone meanwhile: a restart
         if ready.ready:
@@ -188,3 +189,8 @@ class Reconnect:
             server_message=message,
             model=self._model,
         )
+
+
+def _last_cause(exc: BaseException, error: grpc.RpcError) -> BaseException:
+    """The error worth reporting: a readiness call that ran out of time tells nothing new."""
+    return exc if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED else error

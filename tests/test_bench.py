@@ -45,7 +45,7 @@ def _registered(url: str) -> set[str]:
 
 def _regions_of(pid: int) -> list[str]:
     """Regions in /dev/shm created by ``pid`` through the library or the bench's manual path."""
-    prefixes = (f"rtshm_{pid}_", f"{bench_paths.SHM_KEY_PREFIX}{pid}_")
+    prefixes = (f"rtshm_{pid}-", f"{bench_paths.SHM_KEY_PREFIX}{pid}_")
     return sorted(p.name for p in SHM_DIR.iterdir() if p.name.startswith(prefixes))
 
 
@@ -130,7 +130,7 @@ def test_bench_ctrl_c_cleans_up(triton: LocalTritonServer, tmp_path: Path) -> No
     try:
         deadline = time.monotonic() + 120
         # Both shm paths have set up once the library's region exists (set up second).
-        while not any(n.startswith(f"rtshm_{proc.pid}_") for n in _regions_of(proc.pid)):
+        while not any(n.startswith(f"rtshm_{proc.pid}-") for n in _regions_of(proc.pid)):
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "the bench never created its regions"
             time.sleep(0.1)

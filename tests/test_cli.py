@@ -166,7 +166,7 @@ def test_status_shows_a_registered_region(
         assert main(["status", "--url", triton.grpc_url]) == 0
         out = capsys.readouterr().out
     assert f"server: {triton.grpc_url}" in out
-    assert re.search(rf"rtshm_{os.getpid()}_\w+.*yes\s+yes\s+yes", out), out
+    assert re.search(rf"rtshm_{os.getpid()}-\w+.*alive\s+yes\s+yes", out), out
 
 
 def test_status_flags_a_dead_owner_and_reclaim_takes_its_region_back(

@@ -155,5 +155,5 @@ def test_each_node_uses_its_own_actor_and_triton(two_nodes: dict[str, Any]) -> N
         ray.kill(actor)
     for label, url in urls.items():
         assert _registered(url) == before[label]
-        left = [p.name for p in SHM_DIR.iterdir() if p.name.startswith(f"rtshm_{pids[label]}_")]
+        left = [p.name for p in SHM_DIR.iterdir() if p.name.startswith(f"rtshm_{pids[label]}-")]
         assert left == [], (label, left)

@@ -111,11 +111,7 @@ def test_bench_ray_quick_json_has_every_ray_path_verified(
     # Ray, Serve, the callers and the node actor are gone, and so are their regions.
     assert _registered(triton.grpc_url) - registered_before == set()
     # (Other processes on this machine may create regions meanwhile: only live owners.)
-    left = [
-        name
-        for name in _our_regions() - regions_before
-        if owner_state(name) != ALIVE
-    ]
+    left = [name for name in _our_regions() - regions_before if owner_state(name) != ALIVE]
     assert left == []
 
 
@@ -210,7 +206,7 @@ def test_status_ray_lists_node_actors_with_stats(triton: LocalTritonServer) -> N
             expected = (8, 1, 0, 1, 1, shm_bytes, 1, 2, x.nbytes, x.nbytes, 0)
             assert row.split()[1:] == [str(v) for v in expected]
             # The regions report still follows, with the actor's regions registered.
-            assert f"rtshm_{stats.pid}_" in out
+            assert f"rtshm_{stats.pid}-" in out
             model.close()
         finally:
             ray.get(actor.shutdown.remote())

@@ -44,13 +44,13 @@ def _wait_for(condition: Callable[[], Any], *, timeout_s: float, what: str) -> A
 
 
 def _regions_in_dev_shm(pid: int) -> list[str]:
-    return sorted(p.name for p in SHM_DIR.iterdir() if p.name.startswith(f"rtshm_{pid}_"))
+    return sorted(p.name for p in SHM_DIR.iterdir() if p.name.startswith(f"rtshm_{pid}-"))
 
 
 def _registered(url: str, pid: int) -> list[str]:
     with grpcclient.InferenceServerClient(url) as client:
         regions = client.get_system_shared_memory_status(as_json=True).get("regions", {})
-    return sorted(name for name in regions if name.startswith(f"rtshm_{pid}_"))
+    return sorted(name for name in regions if name.startswith(f"rtshm_{pid}-"))
 
 
 @pytest.fixture(scope="module")

@@ -38,7 +38,6 @@ from typing import Any
 import numpy as np
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-from tritonclient.utils import InferenceServerException
 
 from .._client import TritonSHMClient
 from .._exceptions import (
@@ -54,7 +53,6 @@ from .._reclaim import reclaim
 from .._reconnect import DEFAULT_RECONNECT_TIMEOUT_S
 from .._shm import pid_alive, shm_space
 from .._specs import ModelSpec
-from .._transport import translate_error
 
 __all__ = [
     "NAMESPACE",
@@ -272,22 +270,8 @@ class TritonNodeActor:
             TritonServerError: Triton refused.
         """
         self._check_incarnation(incarnation)
-        client, region = self._client, self._client._pool(model_name).region
-        reconnect = client._reconnect(model_name)
-        try:
-            reconnect.call(lambda: client.get_system_shared_memory_status(region.name))
-            return  # registered
-        except InferenceServerException:
-            pass
-        try:
-            reconnect.call(
-                lambda: client.register_system_shared_memory(region.name, region.key, region.size)
-            )
-        except InferenceServerException as exc:
-            if "already" not in str(exc):  # another caller did it meanwhile
-                raise translate_error(
-                    exc, model=model_name, action="registering shared memory again"
-                ) from exc
+        region = self._client._pool(model_name).region
+        self._client._register_region(region, self._client._reconnect(model_name), model=model_name)
 
     @ray.method(concurrency_group="control")
     def stats(self) -> NodeStats:
