@@ -203,6 +203,9 @@ def test_status_ray_lists_node_actors_with_stats(triton: LocalTritonServer) -> N
             ]
             row = next(line for line in out.splitlines() if line.strip().startswith("identity"))
             shm_bytes = stats.models["identity"]["shm_bytes"]
+            # The node's whole footprint in /dev/shm, beside what is free there.
+            assert stats.shm_bytes == shm_bytes and 0 < stats.shm_free <= stats.shm_capacity
+            assert "held in /dev/shm over every slot and lease" in out
             expected = (8, 1, 0, 1, 1, shm_bytes, 1, 2, x.nbytes, x.nbytes, 0)
             assert row.split()[1:] == [str(v) for v in expected]
             # The regions report still follows, with the actor's regions registered.
