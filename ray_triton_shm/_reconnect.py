@@ -17,6 +17,7 @@ Triton says it is not ready; from a ready server it is a real error.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -99,11 +100,16 @@ class Reconnect:
     def __init__(
         self, channel: grpc.Channel, url: str, timeout_s: float, model: str | None = None
     ) -> None:
-        self._stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        self._channel = channel
         self._url = url
         self._timeout_s = timeout_s
         self._model = model
         self._first_failure: float | None = None
+
+    @functools.cached_property
+    def _stub(self) -> service_pb2_grpc.GRPCInferenceServiceStub:
+        # Made only when needed: every request makes a Reconnect, few ever wait.
+        return service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
 
     def wait(self, exc: BaseException) -> None:
         """Blocks until the channel is ready again, after ``exc`` (a restart symptom).

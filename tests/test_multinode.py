@@ -22,6 +22,7 @@ from ray import cloudpickle
 from ray.cluster_utils import Cluster
 
 from ray_triton_shm._server import EXAMPLE_MODEL_REPOSITORY, LocalTritonServer
+from ray_triton_shm._shm import region_owner
 from ray_triton_shm.ray import NAMESPACE, URL_ENV_VAR, ShmModel, actor_name, get_node_actor
 
 # Ship this module's remote functions by value (workers cannot import the test module).
@@ -37,7 +38,9 @@ def _registered(url: str) -> list[str]:
 
 
 def _region_pid(name: str) -> int:
-    return int(name.split("_")[1])
+    owner = region_owner(name)
+    assert owner is not None, name
+    return owner.pid
 
 
 def _reference(url: str, x: np.ndarray) -> np.ndarray:
