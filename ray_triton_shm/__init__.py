@@ -23,7 +23,6 @@ from ._exceptions import (
     SlotTimeoutError,
     TritonServerError,
     TritonSHMError,
-    UnsupportedDatatypeError,
 )
 from ._pool import PoolStats, SlotPool
 from ._reclaim import ReclaimReport, RegionStatus, StatusReport, reclaim, status
@@ -56,7 +55,6 @@ __all__ = [
     "TritonSHMClient",
     "TritonSHMError",
     "TritonServerError",
-    "UnsupportedDatatypeError",
     "__version__",
     "ensure_server_env",
     "reclaim",

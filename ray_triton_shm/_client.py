@@ -41,7 +41,7 @@ from ._exceptions import (
 )
 from ._header import MAX_SLOTS, RegionHeader
 from ._inputs import Batch, InputValue, prepare_batch
-from ._outputs import OutputAssembler, empty_outputs
+from ._outputs import OutputAssembler, empty_outputs, overflow_message
 from ._pool import PoolStats, SlotPool, SlotSource
 from ._reaper import watch
 from ._reclaim import reclaim_dead_registrations
@@ -165,7 +165,16 @@ class _Chunk:
     def failed(self, exc: BaseException) -> TritonServerError:
         """Counts the failed request; returns Triton's error as ours."""
         self.pool.header.count_error(self.slot)
-        return translate_error(exc, model=self.pool.spec.name, action="inference")
+        error = translate_error(exc, model=self.pool.spec.name, action="inference")
+        overflow = overflow_message(self.pool.spec, error.server_message)
+        if overflow is not None:
+            return TritonServerError(
+                overflow,
+                status=error.status,
+                server_message=error.server_message,
+                model=error.model,
+            )
+        return error
 
     def recovery(self, exc: BaseException) -> str:
         """What may save the chunk after its call failed with ``exc``: ``"reconnect"`` (Triton
@@ -271,6 +280,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         *,
         model_version: str = "",
         max_shapes: Mapping[str, Sequence[int]] | None = None,
+        max_element_bytes: Mapping[str, int] | None = None,
     ) -> ModelSpec:
         """Allocates a slot pool for a model and registers it with Triton.
 
@@ -288,13 +298,15 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             model_version: Model version; ``""`` lets the server choose.
             max_shapes: Per-sample maximum for tensors with ``-1`` dims, e.g.
                 ``{"INPUT0": (16,)}``: slots are sized for it.
+            max_element_bytes: The longest element of each BYTES (string) tensor, e.g.
+                ``{"TEXT": 256, "UPPER": 256}``: slots are sized for it.
 
         Returns:
             The resolved :class:`ModelSpec`.
 
         Raises:
-            ModelSpecError: unusable specs, or the model is registered with other specs.
-            UnsupportedDatatypeError: a BYTES tensor.
+            ModelSpecError: unusable specs (a BYTES tensor without ``max_element_bytes``...),
+                or the model is registered with other specs.
             SharedMemoryFullError: ``/dev/shm`` has no room for the pool (nothing was created).
             TritonServerError: Triton refused (unknown model, no shared memory, ...).
             ServerUnreachableError: Triton stayed unreachable for ``reconnect_timeout_s``.
@@ -313,6 +325,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             model_version=model_version,
             max_shapes=max_shapes,
             load_config=lambda: self._load_config(model_name, model_version),
+            max_element_bytes=max_element_bytes,
         )
         with self._registry_lock:
             existing = self._pools.get(model_name)
@@ -548,11 +561,11 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         try:
             written = batch.write_chunk(pool.views[slot], start, stop)
             rows = stop - start if batch.batched else None
-            request = pool.requests.prepare(slot, rows, batch.sample_shapes, request_id)
+            request = pool.requests.prepare(slot, rows, batch.sample_shapes, written, request_id)
         except BaseException:
             pool.slots.release(slot)
             raise
-        return _Chunk(pool, slot, start, request, None, pool.epoch, stop - start, written)
+        return _Chunk(pool, slot, start, request, None, pool.epoch, stop - start, sum(written))
 
     def _send(self, chunk: _Chunk, metadata: Any, client_timeout_s: float | None) -> _Chunk:
         chunk.call = self._client_stub.ModelInfer.future(

@@ -4,7 +4,6 @@
 
     TritonSHMError
     ├── InvalidInputError (ValueError)         bad tensors, raised before any byte is written
-    │   └── UnsupportedDatatypeError           BYTES/string tensors (not supported yet)
     ├── ModelSpecError (ValueError)            specs that cannot be turned into a slot layout
     ├── ModelNotRegisteredError (LookupError)  infer on a model never registered
     ├── StaleLeaseError (LookupError)          the Ray node actor restarted: bind again
@@ -38,7 +37,6 @@ __all__ = [
     "StaleLeaseError",
     "TritonSHMError",
     "TritonServerError",
-    "UnsupportedDatatypeError",
 ]
 
 
@@ -99,10 +97,6 @@ class InvalidInputError(TritonSHMError, ValueError):
         actual: Any = None,
     ) -> None:
         super().__init__(message, model=model, tensor=tensor, expected=expected, actual=actual)
-
-
-class UnsupportedDatatypeError(InvalidInputError):
-    """A tensor has a datatype the shared-memory path does not carry yet (BYTES)."""
 
 
 class ModelSpecError(TritonSHMError, ValueError):

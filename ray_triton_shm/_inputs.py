@@ -2,7 +2,8 @@
 
 Inputs are ``{name: array}`` where an array is either one ``np.ndarray`` holding the whole batch
 or a list of per-sample arrays (as in the seed). Every check happens here, up front, so a bad
-input never leaves half a batch written into a slot.
+input never leaves half a batch written into a slot. BYTES inputs are serialized here too (see
+:mod:`._bytes`), which is where an element too long for its slot is found.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from ._exceptions import InvalidInputError, UnsupportedDatatypeError
+from ._bytes import EncodedBytes, encode
+from ._exceptions import InvalidInputError
 from ._specs import ModelSpec, SlotViews, TensorSpec
 
 __all__ = ["Batch", "prepare_batch"]
@@ -31,9 +33,10 @@ class Batch:
         batched: Whether the model batches (arrays carry a leading batch dim).
         sample_shapes: Actual per-sample shape of each input (the whole shape when unbatched).
         values: Each input as given: an array, or a tuple of per-sample arrays.
+        encoded: Each BYTES input, serialized.
     """
 
-    __slots__ = ("batched", "sample_shapes", "size", "spec", "values")
+    __slots__ = ("batched", "encoded", "sample_shapes", "size", "spec", "values")
 
     def __init__(
         self,
@@ -41,26 +44,34 @@ class Batch:
         size: int,
         sample_shapes: Mapping[str, tuple[int, ...]],
         values: Mapping[str, np.ndarray | tuple[np.ndarray, ...]],
+        encoded: Mapping[str, EncodedBytes] | None = None,
     ) -> None:
         self.spec = spec
         self.size = size
         self.batched = spec.batched
         self.sample_shapes = sample_shapes
         self.values = values
+        self.encoded = encoded or {}
 
     def chunks(self) -> list[tuple[int, int]]:
         """``(start, stop)`` of each chunk of at most ``batch_capacity`` samples."""
         size = self.spec.batch_capacity
         return [(start, min(start + size, self.size)) for start in range(0, self.size, size)]
 
-    def write_chunk(self, slot: SlotViews, start: int, stop: int) -> int:
+    def write_chunk(self, slot: SlotViews, start: int, stop: int) -> list[int]:
         """Copies samples ``start:stop`` of every input into a slot.
 
         Returns:
-            The number of bytes written.
+            The bytes written for each input, in the model's order.
         """
-        written = 0
+        written = []
         for tensor in self.spec.inputs:
+            encoded = self.encoded.get(tensor.name)
+            if encoded is not None:
+                data = encoded.chunk(start, stop)
+                slot.inputs[tensor.name][: len(data)] = np.frombuffer(data, np.uint8)
+                written.append(len(data))
+                continue
             value = self.values[tensor.name]
             sample_shape = self.sample_shapes[tensor.name]
             shape = (stop - start, *sample_shape) if self.batched else sample_shape
@@ -72,7 +83,7 @@ class Batch:
             else:
                 for row, sample in zip(destination, value[start:stop]):
                     np.copyto(row, sample)
-            written += destination.nbytes
+            written.append(destination.nbytes)
         return written
 
 
@@ -81,7 +92,6 @@ def prepare_batch(spec: ModelSpec, inputs: Mapping[str, InputValue]) -> Batch:
 
     Raises:
         InvalidInputError: naming the model, the tensor, what was expected and what came.
-        UnsupportedDatatypeError: for string/object arrays.
     """
     batch = _common_case(spec, inputs)
     if batch is not None:
@@ -140,13 +150,33 @@ def prepare_batch(spec: ModelSpec, inputs: Mapping[str, InputValue]) -> Batch:
             expected=sizes[first],
             actual=sizes[other],
         )
-    return Batch(spec, next(iter(sizes.values())), shapes, values)
+    size = next(iter(sizes.values()))
+    encoded = {
+        t.name: _encode(model, t, values[t.name], size if spec.batched else 1)
+        for t in spec.inputs
+        if t.is_bytes
+    }
+    return Batch(spec, size, shapes, values, encoded)
+
+
+def _encode(
+    model: str, tensor: TensorSpec, value: np.ndarray | tuple[np.ndarray, ...], samples: int
+) -> EncodedBytes:
+    array = value if isinstance(value, np.ndarray) else np.array(value, dtype=np.object_)
+    return encode(
+        array, samples, model=model, tensor=tensor.name, max_element_bytes=tensor.max_element_bytes
+    )
 
 
 def _common_case(spec: ModelSpec, inputs: Any) -> Batch | None:
     """The checks of a dict of batched arrays that are all fine, on the hot path; ``None``
     sends anything else through the full checks, which name what is wrong."""
-    if type(inputs) is not dict or not spec.batched or len(inputs) != len(spec.inputs):
+    if (
+        type(inputs) is not dict
+        or not spec.batched
+        or spec.has_bytes
+        or len(inputs) != len(spec.inputs)
+    ):
         return None
     size = -1
     shapes = {}
@@ -219,15 +249,15 @@ def _unbatched_input(
 
 
 def _check_dtype(model: str, tensor: TensorSpec, array: np.ndarray) -> None:
-    if array.dtype == tensor.dtype:
-        return
-    if array.dtype.kind in "OSUV":
-        raise UnsupportedDatatypeError(
-            f"model {model!r}: input {tensor.name!r} is a {array.dtype} (string/object) array; "
-            "BYTES tensors are not supported by shared-memory inference yet",
+    if array.dtype == tensor.dtype or (tensor.is_bytes and array.dtype.kind in "SU"):
+        return  # BYTES elements are checked as they are serialized
+    if tensor.is_bytes:
+        raise InvalidInputError(
+            f"model {model!r}: input {tensor.name!r} is a BYTES tensor: give an array of bytes "
+            f"or str (dtype object, S or U), got dtype {array.dtype}",
             model=model,
             tensor=tensor.name,
-            expected=str(tensor.dtype),
+            expected="bytes or str",
             actual=str(array.dtype),
         )
     raise InvalidInputError(

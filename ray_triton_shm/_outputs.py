@@ -2,20 +2,25 @@
 
 A call's outputs may come back in several chunks (one per slot used); each chunk's outputs are
 copied out of shared memory as soon as it is answered, so the slot can be reused, and put in
-place in the caller's arrays.
+place in the caller's arrays. BYTES outputs become object arrays of ``bytes``.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable
 
 import numpy as np
 
+from ._bytes import decode
 from ._exceptions import TritonServerError
-from ._specs import ModelSpec, SlotViews
+from ._specs import ModelSpec, SlotViews, TensorSpec
 
-__all__ = ["OutputAssembler", "empty_outputs"]
+__all__ = ["OutputAssembler", "empty_outputs", "overflow_message"]
+
+# Triton's answer when an output does not fit the shared memory the request gave it.
+_OVERFLOW = re.compile(r"for output '([^']+)' \((\d+) bytes\) should be at least (\d+) bytes")
 
 
 class OutputAssembler:
@@ -49,6 +54,9 @@ class OutputAssembler:
         for name, shape in shapes:
             space = slot.outputs[name]
             count = math.prod(shape)
+            if self._spec_of(name).is_bytes:
+                copied += self._add_bytes(name, space, start, shape)
+                continue
             if count > space.size:
                 raise TritonServerError(
                     f"model {self._spec.name!r}: output {name!r} has shape {shape}, larger "
@@ -75,6 +83,30 @@ class OutputAssembler:
             array[start : start + shape[0]] = view
         return copied
 
+    def _spec_of(self, name: str) -> TensorSpec:
+        return next(t for t in self._spec.outputs if t.name == name)
+
+    def _add_bytes(self, name: str, space: np.ndarray, start: int, shape: tuple[int, ...]) -> int:
+        decoded = decode(space, math.prod(shape))
+        if decoded is None:
+            raise TritonServerError(
+                f"model {self._spec.name!r}: output {name!r} of shape {shape} runs past the "
+                f"{space.nbytes} bytes its slot holds; register a larger max_element_bytes "
+                f"entry for {name!r}",
+                model=self._spec.name,
+            )
+        elements, used = decoded
+        values = elements.reshape(shape)
+        if not self._spec.batched or (start == 0 and shape[0] == self._total):
+            self._arrays[name] = values
+            return used
+        array = self._arrays.get(name)
+        if array is None:
+            array = np.empty((self._total, *shape[1:]), np.object_)
+            self._arrays[name] = array
+        array[start : start + shape[0]] = values
+        return used
+
     def result(self) -> dict[str, np.ndarray]:
         """The outputs, by name, in the model's order."""
         return {t.name: self._arrays[t.name] for t in self._spec.outputs}
@@ -83,3 +115,23 @@ class OutputAssembler:
 def empty_outputs(spec: ModelSpec) -> dict[str, np.ndarray]:
     """Outputs of an empty batch: zero samples, each variable dim 0."""
     return {t.name: np.empty((0, *(max(d, 0) for d in t.shape)), t.dtype) for t in spec.outputs}
+
+
+def overflow_message(spec: ModelSpec, server_message: str) -> str | None:
+    """A message that says which maximum to raise, when Triton answered that an output did not
+    fit its place in the slot; ``None`` for any other answer."""
+    match = _OVERFLOW.search(server_message)
+    if match is None:
+        return None
+    name, given, needed = match.group(1), int(match.group(2)), int(match.group(3))
+    tensor = next((t for t in spec.outputs if t.name == name), None)
+    if tensor is not None and tensor.is_bytes:
+        raise_this = (
+            f"max_element_bytes={{{name!r}: ...}} (now {tensor.max_element_bytes} per element)"
+        )
+    else:
+        raise_this = f"max_shapes={{{name!r}: ...}}"
+    return (
+        f"model {spec.name!r}: output {name!r} did not fit its slot: Triton needed {needed} "
+        f"bytes, the slot holds {given}; register the model with a larger {raise_this}"
+    )

@@ -3,6 +3,9 @@
 A :class:`ModelSpec` is built once per ``register_shm_model`` call, from the caller's specs, the
 model's configuration on the server, or both. :class:`SlotLayout` turns it into byte offsets:
 every input and output of one batch of ``max_batch_size`` samples at an aligned offset.
+
+A BYTES (string) tensor has the dtype ``object`` and a per-element maximum, so that its slots
+can be sized: each element takes at most ``4 + max_element_bytes`` bytes serialized.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any, Union
 import numpy as np
 from tritonclient.utils import np_to_triton_dtype, triton_to_np_dtype
 
-from ._exceptions import ModelSpecError, UnsupportedDatatypeError
+from ._exceptions import ModelSpecError
 
 __all__ = ["ModelSpec", "SlotLayout", "SlotViews", "TensorSpec", "resolve_model_spec"]
 
@@ -39,14 +42,16 @@ class TensorSpec:
     Attributes:
         name: Tensor name, as in the model configuration.
         shape: Per-sample dims as the model declares them; ``-1`` marks a variable dim.
-        dtype: NumPy dtype of the tensor (native byte order).
+        dtype: NumPy dtype of the tensor (native byte order); ``object`` for BYTES.
         max_shape: Per-sample maximum used to size slots; equals ``shape`` when nothing varies.
+        max_element_bytes: For a BYTES tensor, the longest element its slots hold.
     """
 
     name: str
     shape: tuple[int, ...]
     dtype: np.dtype
     max_shape: tuple[int, ...] = field(default=())
+    max_element_bytes: int = 0
 
     def __post_init__(self) -> None:
         if not self.max_shape:
@@ -63,8 +68,15 @@ class TensorSpec:
         return -1 in self.shape
 
     @property
+    def is_bytes(self) -> bool:
+        """Whether this is a BYTES (string) tensor."""
+        return self.dtype.kind == "O"
+
+    @property
     def max_sample_bytes(self) -> int:
-        """Bytes of one sample at its maximum shape."""
+        """Bytes of one sample at its maximum shape (serialized, for BYTES)."""
+        if self.is_bytes:
+            return math.prod(self.max_shape) * (4 + self.max_element_bytes)
         return math.prod(self.max_shape) * self.dtype.itemsize
 
 
@@ -100,6 +112,11 @@ class ModelSpec:
     def input(self, name: str) -> TensorSpec:
         """Returns the input spec called ``name``."""
         return next(t for t in self.inputs if t.name == name)
+
+    @functools.cached_property
+    def has_bytes(self) -> bool:
+        """Whether any tensor is a BYTES tensor."""
+        return any(t.is_bytes for t in (*self.inputs, *self.outputs))
 
 
 @dataclass(frozen=True)
@@ -160,15 +177,14 @@ class SlotViews:
 
     def __init__(self, spec: ModelSpec, layout: SlotLayout, buffer: Any, base: int) -> None:
         def views(tensors: tuple[TensorSpec, ...], kind: str, offsets: Mapping[str, int]) -> Any:
-            return {
-                t.name: np.frombuffer(
-                    buffer,
-                    t.dtype,
-                    layout.capacities[f"{kind}:{t.name}"] // t.dtype.itemsize,
-                    base + offsets[t.name],
+            result = {}
+            for t in tensors:
+                dtype = np.dtype(np.uint8) if t.is_bytes else t.dtype  # BYTES: serialized
+                capacity = layout.capacities[f"{kind}:{t.name}"]
+                result[t.name] = np.frombuffer(
+                    buffer, dtype, capacity // dtype.itemsize, base + offsets[t.name]
                 )
-                for t in tensors
-            }
+            return result
 
         self.inputs: dict[str, np.ndarray] = views(spec.inputs, "in", layout.input_offsets)
         self.outputs: dict[str, np.ndarray] = views(spec.outputs, "out", layout.output_offsets)
@@ -181,14 +197,16 @@ def _align(value: int, alignment: int) -> int:
 def to_numpy_dtype(dtype: DTypeLike, *, model: str, tensor: str) -> np.dtype:
     """Converts a NumPy dtype or a Triton datatype name (``FP32``/``TYPE_FP32``) to a dtype.
 
+    BYTES tensors (``BYTES``, ``TYPE_STRING``, ``np.object_``, ``np.bytes_``, ``np.str_``) get
+    the dtype ``object``.
+
     Raises:
-        UnsupportedDatatypeError: for BYTES/string tensors, which have no fixed size.
         ModelSpecError: for anything that is not a known datatype.
     """
     if isinstance(dtype, str) and dtype.upper().removeprefix("TYPE_") in _TRITON_NAMES:
         name = dtype.upper().removeprefix("TYPE_")
         if name in ("BYTES", "STRING"):
-            raise _bytes_error(model, tensor)
+            return np.dtype(np.object_)
         converted = triton_to_np_dtype(name)
         if converted is None:
             raise ModelSpecError(
@@ -205,8 +223,8 @@ def to_numpy_dtype(dtype: DTypeLike, *, model: str, tensor: str) -> np.dtype:
             model=model,
             tensor=tensor,
         ) from exc
-    if result.kind in "OSUV":
-        raise _bytes_error(model, tensor)
+    if result.kind in "OSU":
+        return np.dtype(np.object_)
     if np_to_triton_dtype(result) is None:
         raise ModelSpecError(
             f"tensor {tensor!r} of model {model!r}: dtype {result} has no Triton datatype",
@@ -222,17 +240,6 @@ _TRITON_NAMES = {
 }  # fmt: skip
 
 
-def _bytes_error(model: str, tensor: str) -> UnsupportedDatatypeError:
-    return UnsupportedDatatypeError(
-        f"tensor {tensor!r} of model {model!r} is a BYTES (string) tensor; shared-memory "
-        "inference of BYTES tensors is not supported yet: use the plain gRPC infer() for it",
-        model=model,
-        tensor=tensor,
-        expected="a fixed-size numeric dtype",
-        actual="BYTES",
-    )
-
-
 def resolve_model_spec(
     model_name: str,
     *,
@@ -242,14 +249,15 @@ def resolve_model_spec(
     model_version: str,
     max_shapes: Mapping[str, Sequence[int]] | None,
     load_config: Callable[[], Mapping[str, Any]],
+    max_element_bytes: Mapping[str, int] | None = None,
 ) -> ModelSpec:
     """Builds a :class:`ModelSpec` from the caller's specs, completed by the model config.
 
     ``load_config`` is only called when something was left out.
 
     Raises:
-        ModelSpecError: for a ``-1`` dim without a maximum, duplicate names, bad shapes.
-        UnsupportedDatatypeError: for BYTES tensors.
+        ModelSpecError: for a ``-1`` dim without a maximum, a BYTES tensor without a
+            ``max_element_bytes`` entry, duplicate names, bad shapes.
     """
     config: Mapping[str, Any] = {}
     if inputs is None or outputs is None or max_batch_size is None:
@@ -262,8 +270,11 @@ def resolve_model_spec(
             model=model_name,
         )
     max_shapes = dict(max_shapes or {})
-    input_specs = _resolve_tensors(model_name, inputs, config.get("input", []), max_shapes)
-    output_specs = _resolve_tensors(model_name, outputs, config.get("output", []), max_shapes)
+    maxima = dict(max_element_bytes or {})
+    input_specs = _resolve_tensors(model_name, inputs, config.get("input", []), max_shapes, maxima)
+    output_specs = _resolve_tensors(
+        model_name, outputs, config.get("output", []), max_shapes, maxima
+    )
     names = [t.name for t in input_specs]
     if not input_specs or not output_specs:
         raise ModelSpecError(
@@ -284,6 +295,13 @@ def resolve_model_spec(
             f"model {model_name!r}: max_shapes names unknown tensors {sorted(unknown)}",
             model=model_name,
         )
+    strings = {t.name for t in (*input_specs, *output_specs) if t.is_bytes}
+    if set(maxima) - strings:
+        raise ModelSpecError(
+            f"model {model_name!r}: max_element_bytes names {sorted(set(maxima) - strings)}, "
+            f"which are not BYTES tensors (the BYTES tensors are {sorted(strings)})",
+            model=model_name,
+        )
     return ModelSpec(
         name=model_name,
         version=model_version,
@@ -298,6 +316,7 @@ def _resolve_tensors(
     given: Sequence[SpecLike] | None,
     config_tensors: Sequence[Mapping[str, Any]],
     max_shapes: Mapping[str, Sequence[int]],
+    max_element_bytes: Mapping[str, int],
 ) -> list[TensorSpec]:
     if given is not None:
         raw = [_split_spec(model, item) for item in given]
@@ -305,7 +324,10 @@ def _resolve_tensors(
         raw = [
             (t["name"], [int(d) for d in t.get("dims", [])], t["data_type"]) for t in config_tensors
         ]
-    return [_tensor_spec(model, name, shape, dtype, max_shapes) for name, shape, dtype in raw]
+    return [
+        _tensor_spec(model, name, shape, dtype, max_shapes, max_element_bytes)
+        for name, shape, dtype in raw
+    ]
 
 
 def _split_spec(model: str, item: SpecLike) -> tuple[str, Sequence[int], DTypeLike]:
@@ -325,6 +347,7 @@ def _tensor_spec(
     shape: Sequence[int],
     dtype: DTypeLike,
     max_shapes: Mapping[str, Sequence[int]],
+    max_element_bytes: Mapping[str, int],
 ) -> TensorSpec:
     try:
         dims = tuple(int(d) for d in shape)
@@ -360,4 +383,33 @@ def _tensor_spec(
             model=model,
             tensor=name,
         )
-    return TensorSpec(name=name, shape=dims, dtype=np_dtype, max_shape=max_dims)
+    element_bytes = 0
+    if np_dtype.kind == "O":
+        element_bytes = _max_element_bytes(model, name, max_element_bytes)
+    return TensorSpec(
+        name=name,
+        shape=dims,
+        dtype=np_dtype,
+        max_shape=max_dims,
+        max_element_bytes=element_bytes,
+    )
+
+
+def _max_element_bytes(model: str, name: str, maxima: Mapping[str, int]) -> int:
+    if name not in maxima:
+        raise ModelSpecError(
+            f"tensor {name!r} of model {model!r} is a BYTES (string) tensor; slots need the "
+            f"longest element it may hold: pass max_element_bytes={{{name!r}: 256}} (your "
+            "maximum in bytes, UTF-8 for str)",
+            model=model,
+            tensor=name,
+        )
+    value = maxima[name]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ModelSpecError(
+            f"tensor {name!r} of model {model!r}: max_element_bytes must be an int >= 0, "
+            f"got {value!r}",
+            model=model,
+            tensor=name,
+        )
+    return value

@@ -8,8 +8,7 @@ place where errors from Triton become :class:`TritonServerError`.
 from __future__ import annotations
 
 import asyncio
-import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -90,15 +89,15 @@ class SlotRequests:
         self, spec: ModelSpec, layout: SlotLayout, region_name: str, slot_count: int
     ) -> None:
         self._spec = spec
-        self._itemsizes = [t.dtype.itemsize for t in spec.inputs]
         self._requests = [
             self._build(spec, layout, region_name, layout.slot_offset(slot))
             for slot in range(slot_count)
         ]
-        # Shapes each slot's request was last sent with: most calls repeat them.
+        # Shapes and byte sizes each slot's request was last sent with: most calls repeat them.
         self._shapes: list[list[tuple[int, ...] | None]] = [
             [None] * len(spec.inputs) for _ in range(slot_count)
         ]
+        self._sizes: list[list[int]] = [[-1] * len(spec.inputs) for _ in range(slot_count)]
 
     @staticmethod
     def _build(
@@ -121,6 +120,7 @@ class SlotRequests:
         slot: int,
         rows: int | None,
         sample_shapes: Mapping[str, tuple[int, ...]],
+        byte_sizes: Sequence[int],
         request_id: str,
     ) -> service_pb2.ModelInferRequest:
         """Returns the slot's request, updated for this chunk.
@@ -129,22 +129,23 @@ class SlotRequests:
             slot: The slot.
             rows: Samples in this chunk; ``None`` for a model that does not batch.
             sample_shapes: Actual per-sample shape of each input.
+            byte_sizes: Bytes written for each input.
             request_id: Triton request id (may be empty).
         """
         request = self._requests[slot]
         request.id = request_id
-        last = self._shapes[slot]
+        last_shapes, last_sizes = self._shapes[slot], self._sizes[slot]
         for index, tensor in enumerate(self._spec.inputs):
             sample_shape = sample_shapes[tensor.name]
             shape = sample_shape if rows is None else (rows, *sample_shape)
-            if last[index] != shape:
-                last[index] = shape
-                entry = request.inputs[index]
+            entry = request.inputs[index]
+            if last_shapes[index] != shape:
+                last_shapes[index] = shape
                 del entry.shape[:]
                 entry.shape.extend(shape)
-                entry.parameters["shared_memory_byte_size"].int64_param = (
-                    math.prod(shape) * self._itemsizes[index]
-                )
+            if last_sizes[index] != byte_sizes[index]:
+                last_sizes[index] = byte_sizes[index]
+                entry.parameters["shared_memory_byte_size"].int64_param = byte_sizes[index]
         return request
 
 

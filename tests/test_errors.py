@@ -25,7 +25,6 @@ from ray_triton_shm import (
     TritonServerError,
     TritonSHMClient,
     TritonSHMError,
-    UnsupportedDatatypeError,
 )
 from ray_triton_shm._transport import translate_error
 
@@ -74,8 +73,8 @@ BAD_INPUTS: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
      InvalidInputError, r"'INPUT1'.*\(10,\).*\(9,\)"),
     ("not a mapping", lambda: [GOOD["INPUT0"], GOOD["INPUT1"]], InvalidInputError,
      r"mapping.*got list"),
-    ("string tensor", lambda: with_input("INPUT1", np.array([["a"] * 10] * 2)),
-     UnsupportedDatatypeError, r"'INPUT1'.*BYTES"),
+    ("strings into a numeric tensor", lambda: with_input("INPUT1", np.array([["a"] * 10] * 2)),
+     InvalidInputError, r"'INPUT1'.*int32.*got <U1"),
 ]  # fmt: skip
 
 
@@ -115,13 +114,21 @@ def test_unregistered_model(client: TritonSHMClient) -> None:
     assert isinstance(info.value, LookupError)
 
 
-def test_bytes_model_cannot_be_registered_yet(client: TritonSHMClient) -> None:
-    with pytest.raises(UnsupportedDatatypeError, match=r"'INPUT0'.*'strings'.*BYTES"):
+def test_a_bytes_tensor_needs_max_element_bytes(client: TritonSHMClient) -> None:
+    with pytest.raises(ModelSpecError, match=r"'INPUT0'.*'strings'.*max_element_bytes=") as info:
         client.register_shm_model("strings")
-    with pytest.raises(UnsupportedDatatypeError, match="BYTES"):
+    assert info.value.tensor == "INPUT0"
+    with pytest.raises(ModelSpecError, match=r"'OUTPUT0'.*max_element_bytes"):
         client.register_shm_model(
-            "strings", inputs=[("INPUT0", (1,), np.object_)], outputs=[("OUTPUT0", (1,), "BYTES")]
+            "strings",
+            inputs=[("INPUT0", (1,), np.bytes_)],
+            outputs=[("OUTPUT0", (1,), "BYTES")],
+            max_batch_size=8,
+            max_element_bytes={"INPUT0": 16},
         )
+    with pytest.raises(ModelSpecError, match=r"\['INPUT1'\], which are not BYTES"):
+        client.register_shm_model("my_model", max_element_bytes={"INPUT1": 16})
+    assert "strings" not in client.registered_models
 
 
 @pytest.mark.parametrize(
@@ -191,7 +198,6 @@ def test_refused_client_shm_says_how_to_allow_it() -> None:
 
 ALL_ERRORS = [
     InvalidInputError("m", model="x", tensor="t", expected=1, actual=2),
-    UnsupportedDatatypeError("m", model="x", tensor="t", expected="FP32", actual="BYTES"),
     ModelSpecError("m", model="x", tensor="t"),
     ModelNotRegisteredError("m", model="x"),
     SlotTimeoutError("m", model="x", timeout_s=0.5),

@@ -27,7 +27,7 @@ from ray_triton_shm._server import (
 )
 
 TEST_MODEL_REPOSITORY = Path(__file__).resolve().parent / "models"
-EXAMPLE_MODELS = {"identity", "classifier", "my_model", "large_image", "add_nobatch"}
+EXAMPLE_MODELS = {"identity", "classifier", "my_model", "large_image", "add_nobatch", "upper"}
 TEST_MODELS = {"slow_identity", "fail_on_negative", "strings", "variable_output"}
 
 

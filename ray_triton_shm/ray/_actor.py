@@ -216,6 +216,7 @@ class TritonNodeActor:
         *,
         model_version: str = "",
         max_shapes: Mapping[str, Sequence[int]] | None = None,
+        max_element_bytes: Mapping[str, int] | None = None,
     ) -> ModelRegistration:
         """Registers a model (a no-op when already registered with the same specs).
 
@@ -237,6 +238,7 @@ class TritonNodeActor:
             size,
             model_version=model_version,
             max_shapes=max_shapes,
+            max_element_bytes=max_element_bytes,
         )
         pool = self._client._pool(model_name)
         return ModelRegistration(

@@ -165,12 +165,22 @@ class ShmPredictor:
             )
         values = batch[column]
         array = values if isinstance(values, np.ndarray) else np.asarray(values)
+        tensor = self._spec.input(name)
+        if tensor.is_bytes and array.dtype.kind in "OSU" and not _holds_arrays(array):
+            # A string column: one element per row, as a tensor of one element per sample.
+            if array.ndim == 1 and tensor.shape == (1,):
+                array = array.reshape(-1, 1)
+            return array
         if array.dtype == object:
             array = _stack_rows(model, name, column, array)
-        dtype = self._spec.input(name).dtype
+        dtype = tensor.dtype
         if self._cast and array.dtype != dtype and array.dtype.kind in "biuf":
             array = array.astype(dtype)
         return array
+
+
+def _holds_arrays(array: np.ndarray) -> bool:
+    return array.dtype == object and array.size > 0 and isinstance(array.flat[0], np.ndarray)
 
 
 def _stack_rows(model: str, name: str, column: str, rows: np.ndarray) -> np.ndarray:

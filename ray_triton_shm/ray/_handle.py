@@ -118,6 +118,8 @@ class ShmModel:
         pool_size: Slots of the model on the node (requests in flight there, over every
             process); ``None`` for the node actor's ``slots``.
         max_shapes: Maxima for ``-1`` dims, e.g. ``{"INPUT0": (16,)}``.
+        max_element_bytes: The longest element of each BYTES (string) tensor, e.g.
+            ``{"TEXT": 256, "UPPER": 256}``.
         model_version: Model version (``""`` lets Triton choose).
         url: Triton's gRPC address on the node (see :func:`get_node_actor`).
         zero_copy: Send requests straight to Triton on leased slots when possible; ``False``
@@ -145,6 +147,7 @@ class ShmModel:
         max_batch_size: int | None = None,
         pool_size: int | None = None,
         max_shapes: Mapping[str, Sequence[int]] | None = None,
+        max_element_bytes: Mapping[str, int] | None = None,
         model_version: str = "",
         url: str | None = None,
         zero_copy: bool = True,
@@ -162,6 +165,7 @@ class ShmModel:
             "pool_size": pool_size,
             "model_version": model_version,
             "max_shapes": dict(max_shapes) if max_shapes is not None else None,
+            "max_element_bytes": dict(max_element_bytes) if max_element_bytes else None,
         }
         self._url = url
         self._zero_copy = zero_copy
