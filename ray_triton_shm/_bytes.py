@@ -9,6 +9,7 @@ Outputs are read back from the slot, element by element, within the slot's space
 
 from __future__ import annotations
 
+import itertools
 import struct
 from dataclasses import dataclass
 
@@ -31,7 +32,7 @@ class EncodedBytes:
     """
 
     data: bytes
-    sample_offsets: np.ndarray
+    sample_offsets: list[int]
 
     def chunk(self, start: int, stop: int) -> memoryview:
         """The bytes of samples ``start:stop``."""
@@ -54,27 +55,29 @@ def encode(
     Raises:
         InvalidInputError: an element is neither bytes nor str, or is longer than allowed.
     """
-    elements = [_as_bytes(e, model=model, tensor=tensor) for e in array.reshape(-1).tolist()]
-    lengths = np.fromiter(map(len, elements), np.int64, len(elements))
-    if lengths.size and int(lengths.max()) > max_element_bytes:
-        index = int(np.argmax(lengths))
+    elements = [
+        e if type(e) is bytes else _as_bytes(e, model=model, tensor=tensor)
+        for e in array.reshape(-1).tolist()
+    ]
+    lengths = list(map(len, elements))
+    longest = max(lengths, default=0)
+    if longest > max_element_bytes:
+        index = lengths.index(longest)
         raise InvalidInputError(
-            f"model {model!r}: input {tensor!r} element {index} is {int(lengths[index])} bytes, "
-            f"more than its max_element_bytes of {max_element_bytes}; register the model with "
-            f"max_element_bytes={{{tensor!r}: {int(lengths[index])}}} or more",
+            f"model {model!r}: input {tensor!r} element {index} is {longest} bytes, more than "
+            f"its max_element_bytes of {max_element_bytes}; register the model with "
+            f"max_element_bytes={{{tensor!r}: {longest}}} or more",
             model=model,
             tensor=tensor,
             expected=max_element_bytes,
-            actual=int(lengths[index]),
+            actual=longest,
         )
-    parts: list[bytes] = []
-    for element in elements:
-        parts.append(_LENGTH.pack(len(element)))
-        parts.append(element)
-    per_sample = (lengths + _LENGTH.size).reshape(samples, -1).sum(axis=1) if samples else lengths
-    offsets = np.zeros(samples + 1, np.int64)
-    np.cumsum(per_sample, out=offsets[1:])
-    return EncodedBytes(b"".join(parts), offsets)
+    data = b"".join(itertools.chain.from_iterable(zip(map(_LENGTH.pack, lengths), elements)))
+    sizes = [n + _LENGTH.size for n in lengths]
+    per_sample = len(sizes) // samples if samples else 0
+    if per_sample != 1:
+        sizes = [sum(sizes[i : i + per_sample]) for i in range(0, len(sizes), per_sample or 1)]
+    return EncodedBytes(data, [0, *itertools.accumulate(sizes)])
 
 
 def _as_bytes(element: object, *, model: str, tensor: str) -> bytes:
@@ -103,15 +106,18 @@ def decode(space: np.ndarray, count: int) -> tuple[np.ndarray, int] | None:
     """
     buffer = space.data
     end = len(buffer)
-    result = np.empty(count, np.object_)
+    unpack = _LENGTH.unpack_from
+    elements = []
     position = 0
-    for index in range(count):
-        if position + _LENGTH.size > end:
+    for _ in range(count):
+        if position + 4 > end:
             return None
-        (length,) = _LENGTH.unpack_from(buffer, position)
-        position += _LENGTH.size
+        (length,) = unpack(buffer, position)
+        position += 4
         if position + length > end:
             return None
-        result[index] = bytes(buffer[position : position + length])
+        elements.append(buffer[position : position + length].tobytes())
         position += length
+    result = np.empty(count, np.object_)
+    result[:] = elements
     return result, position

@@ -15,7 +15,7 @@ import numpy as np
 
 from ._bytes import decode
 from ._exceptions import TritonServerError
-from ._specs import ModelSpec, SlotViews, TensorSpec
+from ._specs import ModelSpec, SlotViews
 
 __all__ = ["OutputAssembler", "empty_outputs", "overflow_message"]
 
@@ -54,7 +54,7 @@ class OutputAssembler:
         for name, shape in shapes:
             space = slot.outputs[name]
             count = math.prod(shape)
-            if self._spec_of(name).is_bytes:
+            if name in self._spec.bytes_outputs:
                 copied += self._add_bytes(name, space, start, shape)
                 continue
             if count > space.size:
@@ -82,9 +82,6 @@ class OutputAssembler:
                 )
             array[start : start + shape[0]] = view
         return copied
-
-    def _spec_of(self, name: str) -> TensorSpec:
-        return next(t for t in self._spec.outputs if t.name == name)
 
     def _add_bytes(self, name: str, space: np.ndarray, start: int, shape: tuple[int, ...]) -> int:
         decoded = decode(space, math.prod(shape))

@@ -118,6 +118,11 @@ class ModelSpec:
         """Whether any tensor is a BYTES tensor."""
         return any(t.is_bytes for t in (*self.inputs, *self.outputs))
 
+    @functools.cached_property
+    def bytes_outputs(self) -> frozenset[str]:
+        """The names of the BYTES outputs."""
+        return frozenset(t.name for t in self.outputs if t.is_bytes)
+
 
 @dataclass(frozen=True)
 class SlotLayout:

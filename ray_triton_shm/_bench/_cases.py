@@ -1,4 +1,7 @@
-"""The workloads: one per example model, with the batch each request carries."""
+"""The workloads: one per example model, with the batch each request carries.
+
+The ``upper`` cases carry BYTES tensors: one text per sample, of ``element_bytes`` bytes.
+"""
 
 from __future__ import annotations
 
@@ -23,6 +26,11 @@ class TensorSpec:
     dtype: np.dtype
 
     @property
+    def is_bytes(self) -> bool:
+        """Whether this is a BYTES (string) tensor."""
+        return self.dtype.kind == "O"
+
+    @property
     def triton_datatype(self) -> str:
         """The Triton datatype string (``"FP32"``, ``"INT32"``, ...)."""
         from tritonclient.utils import np_to_triton_dtype
@@ -45,6 +53,7 @@ class ModelCase:
         identity: The model returns ``INPUT0`` unchanged as ``OUTPUT0`` (an extra check).
         name: The case's name (``--models``, tables); the model's name unless one model has
             several cases.
+        element_bytes: Bytes of each element of a BYTES input (and output).
     """
 
     model: str
@@ -54,10 +63,27 @@ class ModelCase:
     max_shapes: Mapping[str, tuple[int, ...]] | None = None
     identity: bool = False
     name: str = ""
+    element_bytes: int = 0
 
     def __post_init__(self) -> None:
         if not self.name:
             object.__setattr__(self, "name", self.model)
+
+    @property
+    def has_bytes(self) -> bool:
+        """Whether any tensor is a BYTES tensor."""
+        return any(s.is_bytes for s in (*self.inputs.values(), *self.outputs.values()))
+
+    @property
+    def max_element_bytes(self) -> dict[str, int] | None:
+        """The ``max_element_bytes`` to register the model with."""
+        specs = {**self.inputs, **self.outputs}
+        maxima = {name: self.element_bytes for name, spec in specs.items() if spec.is_bytes}
+        return maxima or None
+
+    def _nbytes(self, spec: TensorSpec) -> int:
+        itemsize = self.element_bytes if spec.is_bytes else np.dtype(spec.dtype).itemsize
+        return int(np.prod(self.batched_shape(spec))) * itemsize
 
     def batched_shape(self, spec: TensorSpec) -> tuple[int, ...]:
         """The shape of one request's tensor for ``spec``."""
@@ -65,19 +91,13 @@ class ModelCase:
 
     @property
     def input_nbytes(self) -> int:
-        """Bytes of input per request."""
-        return sum(
-            int(np.prod(self.batched_shape(s))) * np.dtype(s.dtype).itemsize
-            for s in self.inputs.values()
-        )
+        """Bytes of input per request (of text, for BYTES tensors)."""
+        return sum(self._nbytes(s) for s in self.inputs.values())
 
     @property
     def output_nbytes(self) -> int:
-        """Bytes of output per request."""
-        return sum(
-            int(np.prod(self.batched_shape(s))) * np.dtype(s.dtype).itemsize
-            for s in self.outputs.values()
-        )
+        """Bytes of output per request (of text, for BYTES tensors)."""
+        return sum(self._nbytes(s) for s in self.outputs.values())
 
     def make_inputs(self, *, seed: int = 0) -> dict[str, np.ndarray]:
         """Build one request's inputs (deterministic for a given seed).
@@ -92,7 +112,11 @@ class ModelCase:
         arrays: dict[str, np.ndarray] = {}
         for name, spec in self.inputs.items():
             shape = self.batched_shape(spec)
-            if np.issubdtype(spec.dtype, np.floating):
+            if spec.is_bytes:
+                letters = rng.integers(97, 123, (int(np.prod(shape)), self.element_bytes))
+                texts = [row.astype(np.uint8).tobytes() for row in letters]
+                arrays[name] = np.array(texts, dtype=np.object_).reshape(shape)
+            elif np.issubdtype(spec.dtype, np.floating):
                 arrays[name] = rng.standard_normal(shape, dtype=np.float32).astype(spec.dtype)
             else:
                 arrays[name] = rng.integers(-1000, 1000, size=shape).astype(spec.dtype)
@@ -101,6 +125,9 @@ class ModelCase:
 
 _FP32 = np.dtype(np.float32)
 _INT32 = np.dtype(np.int32)
+_BYTES = np.dtype(np.object_)
+_UPPER_IN = {"TEXT": TensorSpec((1,), _BYTES)}
+_UPPER_OUT = {"UPPER": TensorSpec((1,), _BYTES), "LENGTH": TensorSpec((1,), _INT32)}
 
 #: The example models (``ray_triton_shm/models``) and how the benchmark drives them.
 CASES: dict[str, ModelCase] = {
@@ -144,6 +171,22 @@ CASES: dict[str, ModelCase] = {
             batch_size=2,
             inputs={"INPUT0": TensorSpec((3, 1024, 1024), _FP32)},
             outputs={"OUTPUT0": TensorSpec((3, 1024, 1024), _FP32)},
+        ),
+        ModelCase(
+            model="upper",
+            batch_size=8,
+            inputs=_UPPER_IN,
+            outputs=_UPPER_OUT,
+            name="upper-short",
+            element_bytes=64,
+        ),
+        ModelCase(
+            model="upper",
+            batch_size=8,
+            inputs=_UPPER_IN,
+            outputs=_UPPER_OUT,
+            name="upper-long",
+            element_bytes=64 * 1024,
         ),
     )
 }

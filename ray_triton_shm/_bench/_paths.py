@@ -178,6 +178,8 @@ def path_class(name: str) -> type[BenchPath]:
 
 def _requested_nbytes(case: ModelCase, name: str, specs: Mapping[str, Any]) -> int:
     spec = specs[name]
+    if spec.is_bytes:  # serialized: a 4-byte length before each element
+        return int(np.prod(case.batched_shape(spec))) * (4 + case.element_bytes)
     return int(np.prod(case.batched_shape(spec))) * np.dtype(spec.dtype).itemsize
 
 
@@ -281,7 +283,10 @@ class ShmManualPath(BenchPath):
     def setup(self) -> None:
         import tritonclient.grpc as grpcclient
         import tritonclient.utils.shared_memory as shm
+        from tritonclient.utils import serialize_byte_tensor, triton_to_np_dtype
 
+        self._serialize = serialize_byte_tensor
+        self._np_dtype = triton_to_np_dtype
         self._grpc = grpcclient
         self._shm = shm
         self._handles: dict[str, Any] = {}
@@ -311,11 +316,17 @@ class ShmManualPath(BenchPath):
         for name, array in self.inputs.items():
             handle = self._handles[f"in:{name}"]
             region, _ = self._region_of[f"in:{name}"]
-            shm.set_shared_memory_region(handle, [array])
+            if self.case.inputs[name].is_bytes:
+                serialized = self._serialize(array)
+                shm.set_shared_memory_region(handle, [serialized])
+                nbytes = len(serialized.item())
+            else:
+                shm.set_shared_memory_region(handle, [array])
+                nbytes = array.nbytes
             infer_input = grpcclient.InferInput(
                 name, list(array.shape), self.case.inputs[name].triton_datatype
             )
-            infer_input.set_shared_memory(region, array.nbytes)
+            infer_input.set_shared_memory(region, nbytes)
             infer_inputs.append(infer_input)
         outputs = []
         for name in self.case.outputs:
@@ -324,14 +335,12 @@ class ShmManualPath(BenchPath):
             requested.set_shared_memory(region, nbytes)
             outputs.append(requested)
         result = self._client.infer(self.case.model, infer_inputs, outputs=outputs)
-        from tritonclient.utils import triton_to_np_dtype
-
         arrays: dict[str, np.ndarray] = {}
         for name in self.case.outputs:
             output = result.get_output(name)
             view = shm.get_contents_as_numpy(
                 self._handles[f"out:{name}"],
-                triton_to_np_dtype(output.datatype),
+                self._np_dtype(output.datatype),
                 list(output.shape),
             )
             arrays[name] = view.copy()
@@ -371,6 +380,7 @@ class ShmClientPath(BenchPath):
             self.case.model,
             max_batch_size=self.case.batch_size,
             max_shapes=dict(self.case.max_shapes) if self.case.max_shapes else None,
+            max_element_bytes=self.case.max_element_bytes,
         )
 
     def run_once(self) -> Mapping[str, np.ndarray]:
@@ -399,6 +409,8 @@ class MemcpyFloorPath(BenchPath):
     uses_server = False
 
     def setup(self) -> None:
+        if self.case.has_bytes:
+            raise PathUnavailableError("BYTES tensors have no fixed-size bytes to copy")
         self._in_bufs = {n: np.empty_like(a) for n, a in self.inputs.items()}
         self._out_src = {n: np.ascontiguousarray(a).copy() for n, a in self.reference.items()}
         self._out_bufs = {n: np.empty_like(a) for n, a in self._out_src.items()}

@@ -439,6 +439,8 @@ class _RayPath(BenchPath):
         session = _ACTIVE
         if session is None:
             raise PathUnavailableError("the Ray paths run only inside `bench --ray`")
+        if self.case.has_bytes:
+            raise PathUnavailableError("the string cases run in the core paths only")
         session.check()
         self._session = session
 

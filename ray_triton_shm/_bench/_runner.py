@@ -304,6 +304,8 @@ GOALS: tuple[Goal, ...] = (
     Goal("large_image", "mbps_vs_grpc", 8.0),
     Goal("classifier", "cpu_vs_memcpy", 1.5),
     Goal("large_image", "cpu_vs_memcpy", 1.5),
+    Goal("upper-short", "mbps_vs_grpc", 1.0),
+    Goal("upper-long", "mbps_vs_grpc", 1.5),
     # bench --ray: the same Serve deployment with its replica on each client, and the same
     # Ray Data job with each predictor.
     Goal("identity", "mbps_vs", 1.0, "serve-shm", "serve-grpc"),
