@@ -157,7 +157,7 @@ class _Chunk:
         """Copies the outputs out of the slot, counts the request, then frees the slot."""
         pool, slot = self.pool, self.slot
         try:
-            bytes_out = outputs.add(pool.views[slot], self.start, _shapes(response))
+            bytes_out = outputs.add(pool.views[slot], self.start, _answered(response))
             pool.header.count(slot, self.rows, self.bytes_in, bytes_out)
         finally:
             pool.slots.release(slot)
@@ -710,5 +710,10 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         return f"<TritonSHMClient {state}>"
 
 
-def _shapes(response: service_pb2.ModelInferResponse) -> list[tuple[str, tuple[int, ...]]]:
-    return [(output.name, tuple(output.shape)) for output in response.outputs]
+def _answered(response: service_pb2.ModelInferResponse) -> list[tuple[str, tuple[int, ...], bytes]]:
+    """Name, shape and inline contents (empty for outputs in the slot) of each output."""
+    raw = response.raw_output_contents
+    return [
+        (output.name, tuple(output.shape), raw[index] if index < len(raw) else b"")
+        for index, output in enumerate(response.outputs)
+    ]

@@ -37,24 +37,30 @@ class OutputAssembler:
         self._arrays: dict[str, np.ndarray] = {}
 
     def add(
-        self, slot: SlotViews, start: int, shapes: Iterable[tuple[str, tuple[int, ...]]]
+        self,
+        slot: SlotViews,
+        start: int,
+        answered: Iterable[tuple[str, tuple[int, ...], bytes]],
     ) -> int:
         """Copies one chunk's outputs out of a slot; returns the bytes copied.
 
         Args:
             slot: The slot the chunk used.
             start: Index of the chunk's first sample in the call.
-            shapes: Name and shape of each output, as Triton answered.
+            answered: Name, shape and inline contents of each output, as Triton answered
+                (contents only for the model's ``inline_outputs``).
 
         Raises:
             TritonServerError: an output larger than its place in the slot, or chunks whose
                 per-sample output shapes differ.
         """
         copied = 0
-        for name, shape in shapes:
+        for name, shape, contents in answered:
             space = slot.outputs[name]
             count = math.prod(shape)
             if name in self._spec.bytes_outputs:
+                if name in self._spec.inline_outputs:
+                    space = np.frombuffer(contents, np.uint8)
                 copied += self._add_bytes(name, space, start, shape)
                 continue
             if count > space.size:

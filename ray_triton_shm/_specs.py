@@ -29,6 +29,10 @@ TENSOR_ALIGNMENT = 64
 SLOT_ALIGNMENT = 4096
 #: A region starts with a header before its slots (see :mod:`ray_triton_shm._header`).
 REGION_HEADER_BYTES = 16 * SLOT_ALIGNMENT
+#: BYTES outputs with at most this much room in a slot come back in Triton's response instead:
+#: Triton's Python backend answers small BYTES outputs faster inline than through shared memory
+#: (0.63 against 0.68 ms for 8 x 64 bytes here; from 8 x 1 KB on, shared memory is faster).
+INLINE_BYTES_OUTPUT_MAX = 4096
 
 DTypeLike = np.dtype | type | str
 #: ``(name, shape_without_batch, dtype)`` as in the seed's ``register_shm_model``.
@@ -122,6 +126,16 @@ class ModelSpec:
     def bytes_outputs(self) -> frozenset[str]:
         """The names of the BYTES outputs."""
         return frozenset(t.name for t in self.outputs if t.is_bytes)
+
+    @functools.cached_property
+    def inline_outputs(self) -> frozenset[str]:
+        """BYTES outputs small enough to come back in the response (see
+        :data:`INLINE_BYTES_OUTPUT_MAX`); every other output is written into the slot."""
+        return frozenset(
+            t.name
+            for t in self.outputs
+            if t.is_bytes and self.batch_capacity * t.max_sample_bytes <= INLINE_BYTES_OUTPUT_MAX
+        )
 
 
 @dataclass(frozen=True)

@@ -109,6 +109,8 @@ class SlotRequests:
             _point_at(entry.parameters, region_name, base + layout.input_offsets[tensor.name])
         for tensor in spec.outputs:
             entry = request.outputs.add(name=tensor.name)
+            if tensor.name in spec.inline_outputs:
+                continue  # answered in the response
             _point_at(entry.parameters, region_name, base + layout.output_offsets[tensor.name])
             entry.parameters["shared_memory_byte_size"].int64_param = layout.capacities[
                 f"out:{tensor.name}"

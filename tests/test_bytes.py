@@ -125,18 +125,30 @@ def test_too_long_an_element_is_refused_before_anything_is_written(
 def test_an_output_larger_than_its_slot_says_which_maximum_to_raise(
     client: TritonSHMClient,
 ) -> None:
-    client.register_shm_model(
-        "strings", pool_size=1, max_element_bytes={"INPUT0": 64, "OUTPUT0": 4}
-    )
-    texts = np.array([[b"x" * 40]] * 8, dtype=np.object_)  # 8 x 44 bytes out, the slot holds 64
+    # 8 x 604 bytes of room for OUTPUT0: more than is answered inline, so it is in the slot.
+    maxima = {"INPUT0": 2000, "OUTPUT0": 600}
+    client.register_shm_model("strings", pool_size=1, max_element_bytes=maxima)
+    assert client.registered_models["strings"].inline_outputs == frozenset()
+    texts = np.array([[b"x" * 1000]] * 8, dtype=np.object_)  # 8 x 1004 bytes out
     with pytest.raises(
         TritonServerError, match=r"'OUTPUT0' did not fit.*max_element_bytes"
     ) as info:
         client.infer_shm("strings", {"INPUT0": texts})
     assert "should be at least" in info.value.server_message
     assert client.shm_stats("strings").in_use == 0
-    out = client.infer_shm("strings", {"INPUT0": texts[:1]})  # one element still fits
-    assert out["OUTPUT0"].tolist() == [[b"x" * 40]]
+    out = client.infer_shm("strings", {"INPUT0": texts[:4]})  # 4 x 1004 bytes still fit
+    assert out["OUTPUT0"].tolist() == [[b"x" * 1000]] * 4
+
+
+def test_small_bytes_outputs_come_back_in_the_response(client: TritonSHMClient) -> None:
+    client.register_shm_model("upper", pool_size=1, max_element_bytes={"TEXT": 64, "UPPER": 64})
+    assert client.registered_models["upper"].inline_outputs == frozenset({"UPPER"})
+    short = [t for t in random_texts(6)[:, 0] if len(t) <= 64]  # the awkward ones: "", NULs
+    texts = np.array(short * 3, dtype=np.object_).reshape(-1, 1)  # two chunks
+    out = client.infer_shm("upper", {"TEXT": texts})
+    upper, length = upper_expected(texts)
+    assert out["UPPER"].tolist() == upper.tolist()
+    np.testing.assert_array_equal(out["LENGTH"], length)
 
 
 def test_a_bytes_spec_from_np_bytes_needs_its_maximum(client: TritonSHMClient) -> None:
