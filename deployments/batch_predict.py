@@ -140,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ray_triton_shm._server import LocalTritonServer
 
         print("Starting the embedded Triton ...", flush=True)
-        server = LocalTritonServer().start()
+        server = LocalTritonServer(install=True).start()
     url = args.url or server.grpc_url
     # The node actor reads it on its node; also passed explicitly in case we create the actor.
     os.environ[URL_ENV_VAR] = url

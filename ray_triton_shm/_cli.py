@@ -104,6 +104,7 @@ def _cmd_serve_local(args: argparse.Namespace) -> int:
         grpc_port=args.grpc_port,
         http_port=args.http_port,
         startup_timeout_s=args.startup_timeout_s,
+        install=True,  # a command of its own: sets the server side up on first use
     )
     try:
         print("Starting Triton ...", file=sys.stderr, flush=True)

@@ -339,15 +339,15 @@ def _install_for_binary(binary: Path, source: str) -> TritonServerInstall:
     )
 
 
-def find_tritonserver(*, install: bool = True, quiet: bool = True) -> TritonServerInstall:
+def find_tritonserver(*, install: bool = False, quiet: bool = True) -> TritonServerInstall:
     """Locate a ``tritonserver`` binary.
 
     Resolution order: ``$TRITONSERVER`` (a path to the binary), a ``tritonserver`` on
-    ``PATH``, then the server environment (created on demand, see
-    :func:`ensure_server_env`).
+    ``PATH``, then the server environment (see :func:`ensure_server_env`).
 
     Args:
-        install: Create the server environment if nothing else is found.
+        install: Create the server environment (pip) if nothing else is found; without it,
+            a missing server is an error that says how to install one.
         quiet: Passed to :func:`ensure_server_env`.
 
     Returns:
@@ -370,8 +370,9 @@ def find_tritonserver(*, install: bool = True, quiet: bool = True) -> TritonServ
     if binary is None:
         if not install:
             raise LocalServerError(
-                f"no tritonserver found (${_ENV_VAR_TRITONSERVER}, PATH, {env_dir}); run "
-                "`ray-triton-shm setup-server`"
+                f"no tritonserver found (${_ENV_VAR_TRITONSERVER}, PATH, {env_dir}); install "
+                "the server side with `ray-triton-shm setup-server` (or `make`), or pass "
+                "install=True to set it up on first use"
             )
         env_dir = ensure_server_env(quiet=quiet)
         binary = _env_tritonserver(env_dir)
@@ -512,7 +513,8 @@ class LocalTritonServer:
         python_shm_default_byte_size: Initial size of each Python-backend model
             instance's shared-memory pool.
         python_shm_growth_byte_size: Growth step of those pools.
-        install: A specific binary to use; :func:`find_tritonserver` if ``None``.
+        install: A specific binary to use; otherwise :func:`find_tritonserver` finds one,
+            and ``True`` lets it create the server environment (pip) when there is none.
     """
 
     def __init__(
@@ -529,7 +531,7 @@ class LocalTritonServer:
         extra_args: Sequence[str] = (),
         python_shm_default_byte_size: int = DEFAULT_PYTHON_SHM_DEFAULT_BYTE_SIZE,
         python_shm_growth_byte_size: int = DEFAULT_PYTHON_SHM_GROWTH_BYTE_SIZE,
-        install: TritonServerInstall | None = None,
+        install: TritonServerInstall | bool = False,
     ) -> None:
         if model_repository is None:
             repos = [EXAMPLE_MODEL_REPOSITORY]
@@ -554,7 +556,8 @@ class LocalTritonServer:
         self._extra_args = tuple(str(a) for a in extra_args)
         self._python_shm_default_byte_size = int(python_shm_default_byte_size)
         self._python_shm_growth_byte_size = int(python_shm_growth_byte_size)
-        self._install = install
+        self._may_install = install is True
+        self._install = install if isinstance(install, TritonServerInstall) else None
         self._tmpdir = tempfile.mkdtemp(prefix="ray-triton-shm-server-")
         self._log_path = (
             Path(log_path).expanduser().absolute()
@@ -668,7 +671,7 @@ class LocalTritonServer:
             if not repo.is_dir():
                 raise LocalServerError(f"model repository {repo} is not a directory")
         if self._install is None:
-            self._install = find_tritonserver()
+            self._install = find_tritonserver(install=self._may_install)
         if not self._backend_prepared:
             self._backend_dir = self._install.prepare_backend_directory(
                 Path(self._tmpdir) / "backends"

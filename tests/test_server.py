@@ -396,6 +396,28 @@ def test_find_tritonserver_honours_env_var(
         find_tritonserver()
 
 
+def test_a_library_call_never_installs_the_server(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("RAY_TRITON_SHM_SERVER_ENV", str(tmp_path / "empty-env"))
+    monkeypatch.delenv("TRITONSERVER", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no tritonserver on it
+
+    def no_subprocess(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a library call ran a command (pip) without install=True")
+
+    monkeypatch.setattr(_server.subprocess, "run", no_subprocess)
+    with pytest.raises(LocalServerError, match=r"ray-triton-shm setup-server.*install=True"):
+        find_tritonserver()
+    server = LocalTritonServer()
+    try:
+        with pytest.raises(LocalServerError, match="setup-server"):
+            server.start()
+    finally:
+        server.close()
+    assert not (tmp_path / "empty-env").exists()
+
+
 def test_test_model_repository_layout() -> None:
     for repo, names in (
         (EXAMPLE_MODEL_REPOSITORY, EXAMPLE_MODELS),

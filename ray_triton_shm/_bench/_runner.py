@@ -492,7 +492,7 @@ def _server_target(config: BenchConfig) -> Iterator[tuple[BenchTarget, str]]:
         return
     from ray_triton_shm._server import LocalTritonServer
 
-    server = LocalTritonServer(startup_timeout_s=config.startup_timeout_s)
+    server = LocalTritonServer(startup_timeout_s=config.startup_timeout_s, install=True)
     try:
         server.start()
         yield BenchTarget(server.grpc_url, server.http_url), "embedded"
