@@ -24,15 +24,14 @@ from ._exceptions import (
     TritonServerError,
     TritonSHMError,
 )
-from ._pool import PoolStats, SlotPool
+from ._pool import PoolStats
 from ._reclaim import ReclaimReport, RegionStatus, StatusReport, reclaim, status
-from ._server import EXAMPLE_MODEL_REPOSITORY, LocalTritonServer, ensure_server_env
-from ._specs import ModelSpec, SlotLayout, TensorSpec
+from ._server import LocalTritonServer
+from ._specs import ModelSpec, TensorSpec
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "EXAMPLE_MODEL_REPOSITORY",
     "ClientClosedError",
     "InvalidInputError",
     "LocalServerError",
@@ -47,8 +46,6 @@ __all__ = [
     "ServerUnreachableError",
     "SharedMemoryFullError",
     "SharedMemoryNotAllowedError",
-    "SlotLayout",
-    "SlotPool",
     "SlotTimeoutError",
     "StatusReport",
     "TensorSpec",
@@ -56,7 +53,6 @@ __all__ = [
     "TritonSHMError",
     "TritonServerError",
     "__version__",
-    "ensure_server_env",
     "reclaim",
     "status",
 ]

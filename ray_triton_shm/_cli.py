@@ -23,10 +23,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from types import FrameType
 from typing import Any
 
+from ray_triton_shm._transport import DEFAULT_URL
+
 __all__ = ["build_parser", "main"]
 
 PROG = "ray-triton-shm"
-_DEFAULT_URL = "localhost:8001"
 
 
 def _version() -> str:
@@ -303,7 +304,7 @@ def _node_actor_reports(address: str | None, *, timeout_s: float) -> list[dict[s
 
     import ray
 
-    from ray_triton_shm.ray import NAMESPACE, actor_name
+    from ray_triton_shm.ray._actor import NAMESPACE, actor_name
 
     ray.init(
         address=address or "auto",
@@ -333,7 +334,7 @@ def _node_actor_reports(address: str | None, *, timeout_s: float) -> list[dict[s
 
 
 def _print_node_actors(address: str | None, *, timeout_s: float) -> int:
-    from ray_triton_shm.ray import NAMESPACE
+    from ray_triton_shm.ray._actor import NAMESPACE
 
     try:
         reports = _node_actor_reports(address, timeout_s=timeout_s)
@@ -475,7 +476,7 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
         p.add_argument(
             "--url",
-            default=_DEFAULT_URL,
+            default=DEFAULT_URL,
             metavar="HOST:PORT",
             help="gRPC endpoint of the Triton server (default: %(default)s)",
         )

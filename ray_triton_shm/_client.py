@@ -53,7 +53,13 @@ from ._reconnect import (
 )
 from ._shm import SharedMemoryRegion, ensure_room, new_region_name
 from ._specs import ModelSpec, SlotLayout, SlotViews, SpecLike, resolve_model_spec
-from ._transport import SlotRequests, as_asyncio_future, is_missing_region, translate_error
+from ._transport import (
+    DEFAULT_URL,
+    SlotRequests,
+    as_asyncio_future,
+    is_missing_region,
+    translate_error,
+)
 
 __all__ = ["TritonSHMClient"]
 
@@ -244,7 +250,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
 
     def __init__(
         self,
-        url: str = "localhost:8001",
+        url: str = DEFAULT_URL,
         verbose: bool = False,
         *args: Any,
         crash_cleanup: bool = True,

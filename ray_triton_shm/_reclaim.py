@@ -24,7 +24,7 @@ from ._shm import (
     region_owner,
     unlink_region,
 )
-from ._transport import translate_error
+from ._transport import DEFAULT_URL, translate_error
 
 __all__ = [
     "ReclaimReport",
@@ -34,8 +34,6 @@ __all__ = [
     "reclaim_dead_registrations",
     "status",
 ]
-
-DEFAULT_URL = "localhost:8001"
 
 
 @dataclass(frozen=True)

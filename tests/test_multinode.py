@@ -23,7 +23,8 @@ from ray.cluster_utils import Cluster
 
 from ray_triton_shm._server import EXAMPLE_MODEL_REPOSITORY, LocalTritonServer
 from ray_triton_shm._shm import region_owner
-from ray_triton_shm.ray import NAMESPACE, URL_ENV_VAR, ShmModel, actor_name, get_node_actor
+from ray_triton_shm.ray import URL_ENV_VAR, ShmModel, get_node_actor
+from ray_triton_shm.ray._actor import NAMESPACE, actor_name
 
 # Ship this module's remote functions by value (workers cannot import the test module).
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -13,14 +13,8 @@ import ray
 
 from ray_triton_shm import InvalidInputError, ModelSpecError, TritonServerError
 from ray_triton_shm._shm import list_local_regions
-from ray_triton_shm.ray import (
-    NAMESPACE,
-    URL_ENV_VAR,
-    ShmModel,
-    StaleLeaseError,
-    actor_name,
-    get_node_actor,
-)
+from ray_triton_shm.ray import URL_ENV_VAR, ShmModel, StaleLeaseError, get_node_actor
+from ray_triton_shm.ray._actor import NAMESPACE, actor_name
 
 SHAPES = {"INPUT0": (16,), "OUTPUT0": (16,)}
 

@@ -345,7 +345,7 @@ class RayBenchSession:
         """This node's actor (it exists once a caller bound a ``ShmModel``)."""
         import ray
 
-        from ray_triton_shm.ray import NAMESPACE, actor_name
+        from ray_triton_shm.ray._actor import NAMESPACE, actor_name
 
         node = ray.get_runtime_context().get_node_id()
         return ray.get_actor(actor_name(node), namespace=NAMESPACE)

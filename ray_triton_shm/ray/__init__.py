@@ -10,29 +10,16 @@ Importing this subpackage imports Ray (``pip install "ray-triton-shm[ray]"``)::
 """
 
 from .._exceptions import StaleLeaseError
-from ._actor import (
-    NAMESPACE,
-    URL_ENV_VAR,
-    ModelRegistration,
-    NodeActorConfig,
-    NodeStats,
-    TritonNodeActor,
-    actor_name,
-    get_node_actor,
-)
+from ._actor import URL_ENV_VAR, NodeStats, TritonNodeActor, get_node_actor
 from ._data import ShmPredictor
 from ._handle import ShmModel
 
 __all__ = [
-    "NAMESPACE",
     "URL_ENV_VAR",
-    "ModelRegistration",
-    "NodeActorConfig",
     "NodeStats",
     "ShmModel",
     "ShmPredictor",
     "StaleLeaseError",
     "TritonNodeActor",
-    "actor_name",
     "get_node_actor",
 ]

@@ -53,6 +53,7 @@ from .._reclaim import reclaim
 from .._reconnect import DEFAULT_RECONNECT_TIMEOUT_S
 from .._shm import pid_alive, shm_space
 from .._specs import ModelSpec
+from .._transport import DEFAULT_URL
 
 __all__ = [
     "NAMESPACE",
@@ -69,7 +70,6 @@ __all__ = [
 NAMESPACE = "ray_triton_shm"
 #: Environment variable with the Triton gRPC address of a node (read on that node).
 URL_ENV_VAR = "RAY_TRITON_SHM_URL"
-DEFAULT_URL = "localhost:8001"
 
 
 def actor_name(node_id: str) -> str:
