@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from ._exceptions import ClientClosedError, OverloadedError, SlotTimeoutError
+from ._exceptions import ClientClosedError, ModelSpecError, OverloadedError, SlotTimeoutError
 
 __all__ = ["PoolStats", "SlotPool", "SlotSource"]
 
@@ -118,7 +118,9 @@ class SlotPool:
         max_waiting: int | None = None,
     ) -> None:
         if size < 1:
-            raise ValueError(f"a slot pool needs at least one slot, got {size}")
+            raise ModelSpecError(
+                f"slot pool {name!r} needs at least one slot, got {size}", model=name
+            )
         self.size = size
         self.name = name
         self._on_waiting = on_waiting

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from multiprocessing import resource_tracker
 from pathlib import Path
 
-from ._exceptions import SharedMemoryFullError
+from ._exceptions import ClientClosedError, SharedMemoryFullError
 
 __all__ = [
     "ALIVE",
@@ -231,7 +231,7 @@ class SharedMemoryRegion:
     def buffer(self) -> mmap.mmap:
         """The mapping; NumPy views are made with ``np.frombuffer(region.buffer, ...)``."""
         if self._mmap is None:
-            raise ValueError(f"shared memory region {self.name!r} is closed")
+            raise ClientClosedError(f"shared memory region {self.name!r} is closed")
         return self._mmap
 
     @classmethod

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from .._exceptions import InvalidInputError
+from .._exceptions import InvalidInputError, ModelSpecError
 from .._specs import ModelSpec
 from ._handle import ShmModel
 
@@ -47,8 +47,8 @@ class ShmPredictor:
             ``local_slots``, ``actor_options``, ...).
 
     Raises:
-        ValueError: ``input_columns`` or ``output_columns`` do not match the model (raised when
-            the worker builds the predictor).
+        ModelSpecError: ``input_columns`` or ``output_columns`` do not match the model (a
+            ``ValueError``, raised when the worker builds the predictor).
         InvalidInputError: a batch lacks a column, or holds a ragged or mistyped one (raised by
             :meth:`__call__`).
 
@@ -215,28 +215,32 @@ def _input_columns(spec: ModelSpec, mapping: Mapping[str, str] | None) -> dict[s
     if mapping is None:
         return {name: name for name in names}
     if not isinstance(mapping, Mapping):
-        raise ValueError(
+        raise ModelSpecError(
             f"ShmPredictor({spec.name!r}): input_columns must map column names to input names, "
-            f"got {type(mapping).__name__}"
+            f"got {type(mapping).__name__}",
+            model=spec.name,
         )
     by_input: dict[str, str] = {}
     for column, name in mapping.items():
         if name not in names:
-            raise ValueError(
+            raise ModelSpecError(
                 f"ShmPredictor({spec.name!r}): input_columns maps column {column!r} to "
-                f"{name!r}, which is not an input of the model (inputs: {names})"
+                f"{name!r}, which is not an input of the model (inputs: {names})",
+                model=spec.name,
             )
         if name in by_input:
-            raise ValueError(
+            raise ModelSpecError(
                 f"ShmPredictor({spec.name!r}): input_columns maps both {by_input[name]!r} and "
-                f"{column!r} to input {name!r}"
+                f"{column!r} to input {name!r}",
+                model=spec.name,
             )
         by_input[name] = column
     missing = [name for name in names if name not in by_input]
     if missing:
-        raise ValueError(
+        raise ModelSpecError(
             f"ShmPredictor({spec.name!r}): input_columns gives no column for input(s) "
-            f"{missing} (mapping: {dict(mapping)}; inputs: {names})"
+            f"{missing} (mapping: {dict(mapping)}; inputs: {names})",
+            model=spec.name,
         )
     return {name: by_input[name] for name in names}
 
@@ -250,14 +254,16 @@ def _output_columns(spec: ModelSpec, mapping: Mapping[str, str] | str | None) ->
         return {name: f"{mapping}{name}" for name in names}
     unknown = [name for name in mapping if name not in names]
     if unknown:
-        raise ValueError(
+        raise ModelSpecError(
             f"ShmPredictor({spec.name!r}): output_columns names {unknown}, which are not "
-            f"outputs of the model (outputs: {names})"
+            f"outputs of the model (outputs: {names})",
+            model=spec.name,
         )
     columns = list(mapping.values())
     if len(set(columns)) != len(columns):
-        raise ValueError(
+        raise ModelSpecError(
             f"ShmPredictor({spec.name!r}): output_columns writes two outputs to one column "
-            f"({dict(mapping)})"
+            f"({dict(mapping)})",
+            model=spec.name,
         )
     return dict(mapping)
