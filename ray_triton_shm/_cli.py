@@ -72,7 +72,7 @@ def _interrupts_as_keyboard_interrupt() -> Iterator[None]:
 def _cmd_setup_server(args: argparse.Namespace) -> int:
     from ray_triton_shm._server import setup_server_main
 
-    return int(setup_server_main([]))
+    return setup_server_main()
 
 
 # --------------------------------------------------------------------------------------
@@ -107,6 +107,7 @@ def _cmd_serve_local(args: argparse.Namespace) -> int:
         startup_timeout_s=args.startup_timeout_s,
         install=True,  # a command of its own: sets the server side up on first use
     )
+    interrupted = False
     try:
         print("Starting Triton ...", file=sys.stderr, flush=True)
         try:
@@ -134,14 +135,14 @@ def _cmd_serve_local(args: argparse.Namespace) -> int:
         return 1
     except KeyboardInterrupt:
         print("\nStopping Triton ...", file=sys.stderr, flush=True)
+        interrupted = True
+        return 0
+    finally:
         # A second Ctrl-C must not abort the cleanup half-way.
         with _ignore_interrupts():
             server.close()
-        print("Stopped.", file=sys.stderr, flush=True)
-        return 0
-    finally:
-        with _ignore_interrupts():
-            server.close()
+        if interrupted:
+            print("Stopped.", file=sys.stderr, flush=True)
 
 
 @contextlib.contextmanager

@@ -693,6 +693,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
 
     def close(self) -> None:
         """Unregisters and frees every pool, then closes the channel; idempotent."""
+        # tritonclient's __del__ calls close() even when __init__ failed half-way.
         if getattr(self, "_closed", True):
             if hasattr(self, "_channel"):
                 super().close()

@@ -184,16 +184,12 @@ def ensure_server_env(*, quiet: bool = False) -> Path:
     return env_dir
 
 
-def setup_server_main(argv: Sequence[str] | None = None) -> int:
+def setup_server_main() -> int:
     """Entry point of ``ray-triton-shm setup-server``: create the server environment.
-
-    Args:
-        argv: Ignored; accepted for symmetry with other CLI entry points.
 
     Returns:
         A process exit status (0 on success).
     """
-    del argv
     try:
         env_dir = ensure_server_env(quiet=False)
         install = find_tritonserver()

@@ -178,8 +178,6 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         raise ValueError(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(CASES)}")
     groups = ("core", "ray") if args.ray else ("core",)
     available = registered_paths(groups=groups)
-    if args.ray and not registered_paths(groups=("ray",)):
-        raise ValueError("--ray: the Ray paths are not available yet")
     paths = _names(args.paths) or [
         *[p for p in DEFAULT_PATHS if p in available],
         *[p for p in available if p not in DEFAULT_PATHS],

@@ -55,11 +55,6 @@ class ProgressBar:
         except (AttributeError, ValueError):
             self._tty = False
 
-    @property
-    def done(self) -> int:
-        """Units completed so far."""
-        return self._done
-
     def set_total(self, total: int) -> None:
         """Change the amount of work (e.g. when a path is skipped)."""
         self._total = max(1, int(total), self._done)

@@ -6,7 +6,7 @@ import contextlib
 import dataclasses
 import time
 import zlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -587,7 +587,6 @@ def run_bench(
     config: BenchConfig,
     *,
     progress: ProgressBar | None = None,
-    on_model_done: Callable[[ModelResult], None] | None = None,
 ) -> BenchResults:
     """Run the benchmark.
 
@@ -597,7 +596,6 @@ def run_bench(
     Args:
         config: What to run.
         progress: Progress bar to drive; none is drawn if ``None``.
-        on_model_done: Called with each model's results as soon as they are complete.
 
     Returns:
         The results.
@@ -619,8 +617,6 @@ def run_bench(
         for case in cases:
             model_result = _run_model(case, target, config, bar, units_per_path)
             models.append(model_result)
-            if on_model_done is not None:
-                on_model_done(model_result)
         bar.update(status="stopping the server" if config.url is None else "done")
     return BenchResults(
         config=config,
@@ -628,14 +624,3 @@ def run_bench(
         server=server_desc,
         duration_s=time.perf_counter() - start,
     )
-
-
-def select_paths(names: Sequence[str]) -> tuple[str, ...]:
-    """Validate path names; returns them as a tuple.
-
-    Raises:
-        KeyError: If a name is not registered.
-    """
-    for name in names:
-        path_class(name)
-    return tuple(names)
