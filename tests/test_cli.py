@@ -14,10 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from _helpers import free_ports
 from tritonclient.utils import InferenceServerException
 
 from ray_triton_shm._cli import build_parser, main
-from ray_triton_shm._server import LocalTritonServer, _free_ports
+from ray_triton_shm._server import LocalTritonServer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SUBCOMMANDS = ("setup-server", "serve-local", "bench", "status", "reclaim")
@@ -76,7 +77,7 @@ def test_parser_defaults() -> None:
 
 
 def test_serve_local_answers_then_stops_on_sigint() -> None:
-    grpc_port, http_port = _free_ports("127.0.0.1", 2)
+    grpc_port, http_port = free_ports(2)
     proc = subprocess.Popen(
         [
             sys.executable,

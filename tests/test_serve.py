@@ -22,8 +22,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from _helpers import free_ports  # noqa: E402
+
 from deployments.classifier import ClassifierDeployment, synthetic_images  # noqa: E402
-from ray_triton_shm._server import LocalTritonServer, _free_ports  # noqa: E402
+from ray_triton_shm._server import LocalTritonServer  # noqa: E402
 from ray_triton_shm.ray import URL_ENV_VAR, get_node_actor  # noqa: E402
 
 ROUTE = "/classify"
@@ -63,7 +65,7 @@ def ray_cluster(triton: LocalTritonServer) -> Iterator[None]:
 @pytest.fixture(scope="module")
 def classifier_url(ray_cluster: None) -> Iterator[str]:
     """The classifier app served on a free port; its base URL."""
-    (port,) = _free_ports("127.0.0.1", 1)
+    (port,) = free_ports(1)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     try:
         serve.run(

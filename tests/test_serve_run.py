@@ -17,9 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import requests
+from _helpers import free_ports
 
 from ray_triton_shm import status
-from ray_triton_shm._server import LocalTritonServer, _free_ports
+from ray_triton_shm._server import LocalTritonServer
 
 pytest.importorskip("ray.serve")
 
@@ -50,7 +51,7 @@ def _leftovers(url: str) -> list[str]:
 def test_serve_run_answers_http_and_ctrl_c_leaves_nothing(
     triton: LocalTritonServer, tmp_path: Path
 ) -> None:
-    (port,) = _free_ports("127.0.0.1", 1)
+    (port,) = free_ports(1)
     config = _config_for(triton, port, tmp_path / "classifier.yaml")
     serve_bin = Path(sys.executable).with_name("serve")
     # RAY_ADDRESS=local: a Ray of its own, never a cluster another test left running.
