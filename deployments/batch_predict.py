@@ -137,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     server = None
     if args.url is None:
-        from ray_triton_shm._server import LocalTritonServer
+        from ray_triton_shm.local._server import LocalTritonServer
 
         print("Starting the embedded Triton ...", flush=True)
         server = LocalTritonServer(install=True).start()

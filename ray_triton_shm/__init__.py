@@ -26,8 +26,8 @@ from ._exceptions import (
 )
 from ._pool import PoolStats
 from ._reclaim import ReclaimReport, RegionStatus, StatusReport, reclaim, status
-from ._server import LocalTritonServer
 from ._specs import ModelSpec, TensorSpec
+from .local import LocalTritonServer
 
 __version__ = "0.1.0"
 

@@ -70,9 +70,17 @@ def _interrupts_as_keyboard_interrupt() -> Iterator[None]:
 
 
 def _cmd_setup_server(args: argparse.Namespace) -> int:
-    from ray_triton_shm._server import setup_server_main
+    from ray_triton_shm.local._server import LocalServerError, ensure_server_env, find_tritonserver
 
-    return setup_server_main()
+    try:
+        env_dir = ensure_server_env(quiet=False)
+        install = find_tritonserver()
+    except LocalServerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"Triton server environment: {env_dir}")
+    print(f"tritonserver ({install.source}): {install.executable}")
+    return 0
 
 
 # --------------------------------------------------------------------------------------
@@ -96,7 +104,7 @@ def _model_names(grpc_url: str) -> list[str]:
 
 
 def _cmd_serve_local(args: argparse.Namespace) -> int:
-    from ray_triton_shm._server import LocalServerError, LocalTritonServer
+    from ray_triton_shm.local._server import LocalServerError, LocalTritonServer
 
     repos = args.model_repository or None
     server = LocalTritonServer(

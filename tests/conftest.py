@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ray_triton_shm._server import EXAMPLE_MODEL_REPOSITORY, LocalTritonServer
+from ray_triton_shm.local._server import EXAMPLE_MODEL_REPOSITORY, LocalTritonServer
 
 #: Test-only Python-backend models (slow_identity, fail_on_negative, strings,
 #: variable_output).

@@ -26,7 +26,7 @@ from ray_triton_shm._bench._report import (
     write_plot,
 )
 from ray_triton_shm._cli import main
-from ray_triton_shm._server import LocalTritonServer
+from ray_triton_shm.local._server import LocalTritonServer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHM_DIR = Path("/dev/shm")

@@ -18,7 +18,7 @@ from _helpers import free_ports
 from tritonclient.utils import InferenceServerException
 
 from ray_triton_shm._cli import build_parser, main
-from ray_triton_shm._server import LocalTritonServer
+from ray_triton_shm.local._server import LocalTritonServer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SUBCOMMANDS = ("setup-server", "serve-local", "bench", "status", "reclaim")

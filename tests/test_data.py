@@ -16,7 +16,7 @@ pytest.importorskip("ray.data")
 pytest.importorskip("pyarrow")
 
 from ray_triton_shm import InvalidInputError  # noqa: E402
-from ray_triton_shm._server import LocalTritonServer  # noqa: E402
+from ray_triton_shm.local._server import LocalTritonServer  # noqa: E402
 from ray_triton_shm.ray import URL_ENV_VAR, ShmPredictor, get_node_actor  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -21,8 +21,8 @@ import tritonclient.grpc as grpcclient
 from ray import cloudpickle
 from ray.cluster_utils import Cluster
 
-from ray_triton_shm._server import EXAMPLE_MODEL_REPOSITORY, LocalTritonServer
 from ray_triton_shm._shm import region_owner
+from ray_triton_shm.local._server import EXAMPLE_MODEL_REPOSITORY, LocalTritonServer
 from ray_triton_shm.ray import URL_ENV_VAR, ShmModel, get_node_actor
 from ray_triton_shm.ray._actor import NAMESPACE, actor_name
 

@@ -15,8 +15,8 @@ import tritonclient.grpc as grpcclient
 from ray_triton_shm._bench import CASES, DEFAULT_PATHS
 from ray_triton_shm._bench._paths import BenchTarget, PathUnavailableError
 from ray_triton_shm._bench._ray_paths import DATA_CASE, RAY_PATHS, ServeShmPath
-from ray_triton_shm._server import LocalTritonServer
 from ray_triton_shm._shm import ALIVE, owner_state
+from ray_triton_shm.local._server import LocalTritonServer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHM_DIR = Path("/dev/shm")

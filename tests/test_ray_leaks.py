@@ -22,7 +22,7 @@ import tritonclient.grpc as grpcclient
 from ray import cloudpickle
 
 from ray_triton_shm import OverloadedError
-from ray_triton_shm._server import LocalTritonServer
+from ray_triton_shm.local._server import LocalTritonServer
 from ray_triton_shm.ray import URL_ENV_VAR, ShmModel, get_node_actor
 
 # Ship this module's actor classes by value (workers cannot import the test module).

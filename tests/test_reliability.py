@@ -31,8 +31,8 @@ from ray_triton_shm import (
     TritonServerError,
     TritonSHMClient,
 )
-from ray_triton_shm._server import LocalTritonServer
 from ray_triton_shm._shm import list_local_regions
+from ray_triton_shm.local._server import LocalTritonServer
 from ray_triton_shm.ray import ShmModel, get_node_actor
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

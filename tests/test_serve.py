@@ -25,7 +25,7 @@ if str(ROOT) not in sys.path:
 from _helpers import free_ports  # noqa: E402
 
 from deployments.classifier import ClassifierDeployment, synthetic_images  # noqa: E402
-from ray_triton_shm._server import LocalTritonServer  # noqa: E402
+from ray_triton_shm.local._server import LocalTritonServer  # noqa: E402
 from ray_triton_shm.ray import URL_ENV_VAR, get_node_actor  # noqa: E402
 
 ROUTE = "/classify"

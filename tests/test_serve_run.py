@@ -20,7 +20,7 @@ import requests
 from _helpers import free_ports
 
 from ray_triton_shm import status
-from ray_triton_shm._server import LocalTritonServer
+from ray_triton_shm.local._server import LocalTritonServer
 
 pytest.importorskip("ray.serve")
 

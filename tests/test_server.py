@@ -16,8 +16,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.utils.shared_memory as sysshm
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from ray_triton_shm import _server
-from ray_triton_shm._server import (
+from ray_triton_shm.local import _server
+from ray_triton_shm.local._server import (
     EXAMPLE_MODEL_REPOSITORY,
     LocalServerError,
     LocalTritonServer,
@@ -329,7 +329,7 @@ def test_fixed_port_in_use_is_reported(tmp_path: Path) -> None:
 def test_child_does_not_outlive_the_python_process(tmp_path: Path) -> None:
     repo = _one_model_repo(tmp_path)
     code = (
-        "from ray_triton_shm._server import LocalTritonServer\n"
+        "from ray_triton_shm.local._server import LocalTritonServer\n"
         f"s = LocalTritonServer({str(repo)!r}).start()\n"
         "print(s.pid, flush=True)\n"
     )

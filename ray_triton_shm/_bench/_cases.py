@@ -129,7 +129,7 @@ _BYTES = np.dtype(np.object_)
 _UPPER_IN = {"TEXT": TensorSpec((1,), _BYTES)}
 _UPPER_OUT = {"UPPER": TensorSpec((1,), _BYTES), "LENGTH": TensorSpec((1,), _INT32)}
 
-#: The example models (``ray_triton_shm/models``) and how the benchmark drives them.
+#: The example models (``ray_triton_shm/local/models``) and how the benchmark drives them.
 CASES: dict[str, ModelCase] = {
     case.name: case
     for case in (

@@ -490,7 +490,7 @@ def _server_target(config: BenchConfig) -> Iterator[tuple[BenchTarget, str]]:
     if config.url is not None:
         yield BenchTarget(config.url, config.http_url), config.url
         return
-    from ray_triton_shm._server import LocalTritonServer
+    from ray_triton_shm.local._server import LocalTritonServer
 
     server = LocalTritonServer(startup_timeout_s=config.startup_timeout_s, install=True)
     try:
@@ -602,7 +602,7 @@ def run_bench(
 
     Raises:
         KeyError: If a model or path name is unknown.
-        ray_triton_shm._server.LocalServerError: If the embedded server fails to start.
+        ray_triton_shm.local._server.LocalServerError: If the embedded server fails to start.
     """
     cases = [CASES[m] for m in config.models]
     for name in config.paths:

@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
-from ._exceptions import LocalServerError
+from .._exceptions import LocalServerError
 
 __all__ = [
     "EXAMPLE_MODEL_REPOSITORY",
@@ -46,7 +46,6 @@ __all__ = [
     "ensure_server_env",
     "find_tritonserver",
     "server_env_dir",
-    "setup_server_main",
 ]
 
 #: The example model repository that ships with the package (Python-backend models).
@@ -182,23 +181,6 @@ def ensure_server_env(*, quiet: bool = False) -> Path:
         finally:
             fcntl.flock(lock_file, fcntl.LOCK_UN)
     return env_dir
-
-
-def setup_server_main() -> int:
-    """Entry point of ``ray-triton-shm setup-server``: create the server environment.
-
-    Returns:
-        A process exit status (0 on success).
-    """
-    try:
-        env_dir = ensure_server_env(quiet=False)
-        install = find_tritonserver()
-    except LocalServerError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    print(f"Triton server environment: {env_dir}")
-    print(f"tritonserver ({install.source}): {install.executable}")
-    return 0
 
 
 # --------------------------------------------------------------------------------------

@@ -1,0 +1,27 @@
+"""An embedded Triton for demos, benchmarks and tests: the server, its environment, and the
+example models.
+
+    from ray_triton_shm.local import LocalTritonServer
+
+    with LocalTritonServer() as server:          # the example model repository
+        print(server.grpc_url)
+
+The server side lives in its own environment (``tritonserver`` from ``nvidia-pytriton`` with
+``numpy<2``), set up by ``ray-triton-shm setup-server``, by ``make``, or with ``install=True``.
+"""
+
+from ._server import (
+    EXAMPLE_MODEL_REPOSITORY,
+    LocalTritonServer,
+    TritonServerInstall,
+    ensure_server_env,
+    find_tritonserver,
+)
+
+__all__ = [
+    "EXAMPLE_MODEL_REPOSITORY",
+    "LocalTritonServer",
+    "TritonServerInstall",
+    "ensure_server_env",
+    "find_tritonserver",
+]
