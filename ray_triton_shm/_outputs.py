@@ -57,39 +57,34 @@ class OutputAssembler:
         copied = 0
         for name, shape, contents in answered:
             space = slot.outputs[name]
-            count = math.prod(shape)
-            if name in self._spec.bytes_outputs:
-                if name in self._spec.inline_outputs:
-                    space = np.frombuffer(contents, np.uint8)
-                copied += self._add_bytes(name, space, start, shape)
-                continue
-            if count > space.size:
-                raise TritonServerError(
-                    f"model {self._spec.name!r}: output {name!r} has shape {shape}, larger "
-                    f"than the {space.nbytes} bytes its slot holds; register a larger "
-                    "max_shapes entry",
-                    model=self._spec.name,
-                )
-            view = space[:count].reshape(shape)
-            copied += view.nbytes
-            if not self._spec.batched or (start == 0 and shape[0] == self._total):
-                self._arrays[name] = view.copy()  # the whole result in one chunk
-                continue
-            array = self._arrays.get(name)
-            if array is None:
-                array = np.empty((self._total, *shape[1:]), space.dtype)
-                self._arrays[name] = array
-            elif array.shape[1:] != shape[1:]:
-                raise TritonServerError(
-                    f"model {self._spec.name!r}: output {name!r} came back as "
-                    f"{shape[1:]} per sample in one chunk and {array.shape[1:]} in another; "
-                    "call with at most max_batch_size samples for such outputs",
-                    model=self._spec.name,
-                )
-            array[start : start + shape[0]] = view
+            strings = name in self._spec.bytes_outputs
+            if strings and name in self._spec.inline_outputs:
+                space = np.frombuffer(contents, np.uint8)
+            read = self._read_bytes if strings else self._read_numbers
+            values, used = read(name, space, shape)
+            copied += used
+            self._place(name, values, start, fresh=strings)
         return copied
 
-    def _add_bytes(self, name: str, space: np.ndarray, start: int, shape: tuple[int, ...]) -> int:
+    def _read_numbers(
+        self, name: str, space: np.ndarray, shape: tuple[int, ...]
+    ) -> tuple[np.ndarray, int]:
+        """A view of an output in its slot, and its size in bytes."""
+        count = math.prod(shape)
+        if count > space.size:
+            raise TritonServerError(
+                f"model {self._spec.name!r}: output {name!r} has shape {shape}, larger "
+                f"than the {space.nbytes} bytes its slot holds; register a larger "
+                "max_shapes entry",
+                model=self._spec.name,
+            )
+        view = space[:count].reshape(shape)
+        return view, view.nbytes
+
+    def _read_bytes(
+        self, name: str, space: np.ndarray, shape: tuple[int, ...]
+    ) -> tuple[np.ndarray, int]:
+        """A BYTES output as a new object array, and the serialized bytes it took."""
         decoded = decode(space, math.prod(shape))
         if decoded is None:
             raise TritonServerError(
@@ -99,16 +94,27 @@ class OutputAssembler:
                 model=self._spec.name,
             )
         elements, used = decoded
-        values = elements.reshape(shape)
+        return elements.reshape(shape), used
+
+    def _place(self, name: str, values: np.ndarray, start: int, *, fresh: bool) -> None:
+        """Puts one chunk's ``values`` at ``start`` in the caller's array (copied out of the
+        slot unless ``fresh``, i.e. already the caller's own)."""
+        shape = values.shape
         if not self._spec.batched or (start == 0 and shape[0] == self._total):
-            self._arrays[name] = values
-            return used
+            self._arrays[name] = values if fresh else values.copy()  # the whole result
+            return
         array = self._arrays.get(name)
         if array is None:
-            array = np.empty((self._total, *shape[1:]), np.object_)
+            array = np.empty((self._total, *shape[1:]), values.dtype)
             self._arrays[name] = array
+        elif array.shape[1:] != shape[1:]:
+            raise TritonServerError(
+                f"model {self._spec.name!r}: output {name!r} came back as "
+                f"{shape[1:]} per sample in one chunk and {array.shape[1:]} in another; "
+                "call with at most max_batch_size samples for such outputs",
+                model=self._spec.name,
+            )
         array[start : start + shape[0]] = values
-        return used
 
     def result(self) -> dict[str, np.ndarray]:
         """The outputs, by name, in the model's order."""
