@@ -173,16 +173,19 @@ def reclaim(url: str | None = DEFAULT_URL, *, owner: int | None = None) -> Recla
             server_error = str(translate_error(exc, action="reclaiming registrations"))
     unlinked = [
         r.name
-        for r in list_local_regions()
-        if _reclaimable(r.name, owner) and unlink_region(r.name)
+        for r in list_local_regions()  # which judged each owner already
+        if r.owner_state == DEAD and _may_take(r.owner, owner) and unlink_region(r.name)
     ]
     return ReclaimReport(unregistered=unregistered, unlinked=unlinked, server_error=server_error)
 
 
 def _reclaimable(name: str, only: int | None) -> bool:
-    owner = region_owner(name)
+    return _may_take(region_owner(name), only) and owner_state(name) == DEAD
+
+
+def _may_take(owner: Owner | None, only: int | None) -> bool:
+    """Whether a region of ``owner`` is one to take back if its owner is dead: ours, not this
+    process's, and of process ``only`` of our namespace when given."""
     if owner is None or owner == Owner(os.getpid(), pid_namespace()):
         return False
-    if only is not None and owner != Owner(only, pid_namespace()):
-        return False
-    return owner_state(name) == DEAD
+    return only is None or owner == Owner(only, pid_namespace())
