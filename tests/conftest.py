@@ -6,6 +6,7 @@ need it fail with the server's error (including its log tail).
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -46,6 +47,28 @@ def fresh_triton(tmp_path: Path) -> Iterator[LocalTritonServer]:
         yield server
     finally:
         server.close()
+
+
+@pytest.fixture(scope="module")
+def ray_local(triton: LocalTritonServer) -> Iterator[str]:
+    """A private local Ray whose processes see the session server's URL; yields the URL."""
+    import ray
+
+    from ray_triton_shm.ray import URL_ENV_VAR
+
+    if ray.is_initialized():
+        ray.shutdown()
+    old = os.environ.get(URL_ENV_VAR)
+    os.environ[URL_ENV_VAR] = triton.grpc_url
+    ray.init(address="local", num_cpus=4, include_dashboard=False)
+    try:
+        yield triton.grpc_url
+    finally:
+        ray.shutdown()
+        if old is None:
+            os.environ.pop(URL_ENV_VAR, None)
+        else:
+            os.environ[URL_ENV_VAR] = old
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ the Ray layer (zero-copy, by value, Ray Data), against the real Triton."""
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 from collections.abc import Iterator
 
@@ -16,7 +15,7 @@ from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
 
 from ray_triton_shm import InvalidInputError, ModelSpecError, TritonServerError, TritonSHMClient
 from ray_triton_shm._bytes import decode, encode
-from ray_triton_shm.ray import URL_ENV_VAR, ShmModel, ShmPredictor, get_node_actor
+from ray_triton_shm.ray import ShmModel, ShmPredictor, get_node_actor
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -167,23 +166,13 @@ def test_a_bytes_spec_from_np_bytes_needs_its_maximum(client: TritonSHMClient) -
 
 
 @pytest.fixture(scope="module")
-def ray_with_actor(triton) -> Iterator[str]:  # type: ignore[no-untyped-def]
-    if ray.is_initialized():
-        ray.shutdown()
-    old = os.environ.get(URL_ENV_VAR)
-    os.environ[URL_ENV_VAR] = triton.grpc_url
-    ray.init(address="local", num_cpus=4, include_dashboard=False)
-    actor = get_node_actor(url=triton.grpc_url, slots=4)
+def ray_with_actor(ray_local: str) -> Iterator[str]:
+    actor = get_node_actor(url=ray_local, slots=4)
     try:
-        yield triton.grpc_url
+        yield ray_local
     finally:
         ray.get(actor.shutdown.remote())
         ray.kill(actor)
-        ray.shutdown()
-        if old is None:
-            os.environ.pop(URL_ENV_VAR, None)
-        else:
-            os.environ[URL_ENV_VAR] = old
 
 
 @ray.remote(num_cpus=0)

@@ -22,8 +22,7 @@ import tritonclient.grpc as grpcclient
 from ray import cloudpickle
 
 from ray_triton_shm import OverloadedError
-from ray_triton_shm.local._server import LocalTritonServer
-from ray_triton_shm.ray import URL_ENV_VAR, ShmModel, get_node_actor
+from ray_triton_shm.ray import ShmModel, get_node_actor
 
 # Ship this module's actor classes by value (workers cannot import the test module).
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -51,24 +50,6 @@ def _registered(url: str, pid: int) -> list[str]:
     with grpcclient.InferenceServerClient(url) as client:
         regions = client.get_system_shared_memory_status(as_json=True).get("regions", {})
     return sorted(name for name in regions if name.startswith(f"rtshm_{pid}-"))
-
-
-@pytest.fixture(scope="module")
-def ray_local(triton: LocalTritonServer) -> Iterator[str]:
-    """A private local Ray whose processes see the session server's URL; yields the URL."""
-    if ray.is_initialized():
-        ray.shutdown()
-    old = os.environ.get(URL_ENV_VAR)
-    os.environ[URL_ENV_VAR] = triton.grpc_url
-    ray.init(address="local", num_cpus=4, include_dashboard=False)
-    try:
-        yield triton.grpc_url
-    finally:
-        ray.shutdown()
-        if old is None:
-            os.environ.pop(URL_ENV_VAR, None)
-        else:
-            os.environ[URL_ENV_VAR] = old
 
 
 @pytest.fixture
