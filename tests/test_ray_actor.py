@@ -211,7 +211,15 @@ def test_a_waiting_lease_holds_up_no_control_call_of_the_same_caller(node_actor)
     held = ray.get([node_actor.lease.remote("my_model", me, incarnation, 0.0) for _ in range(4)])
     assert sorted(held) == [0, 1, 2, 3]
     waiting = node_actor.lease.remote("my_model", me, incarnation, 5.0)  # every slot is leased
-    assert ray.get(node_actor.stats.remote(), timeout=2).models["my_model"]["waiting"] == 1
+
+    def waiting_callers() -> int:
+        return int(ray.get(node_actor.stats.remote(), timeout=2).models["my_model"]["waiting"])
+
+    # The lease and the stats call run in different groups: the lease may not have arrived yet.
+    deadline = time.monotonic() + 2.0
+    while waiting_callers() == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert waiting_callers() == 1
     ray.get(node_actor.release.remote("my_model", [held[0]], incarnation), timeout=2)
     assert ray.get(waiting, timeout=2) == held[0]  # handed to the waiting lease at once
     ray.get(node_actor.release.remote("my_model", held, incarnation), timeout=2)
