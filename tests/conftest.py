@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from _helpers import init_ray
 
 from ray_triton_shm.local._server import EXAMPLE_MODEL_REPOSITORY, LocalTritonServer
 
@@ -60,7 +61,7 @@ def ray_local(triton: LocalTritonServer) -> Iterator[str]:
         ray.shutdown()
     old = os.environ.get(URL_ENV_VAR)
     os.environ[URL_ENV_VAR] = triton.grpc_url
-    ray.init(address="local", num_cpus=4, include_dashboard=False)
+    init_ray(address="local", num_cpus=4, include_dashboard=False)
     try:
         yield triton.grpc_url
     finally:

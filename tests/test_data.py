@@ -15,6 +15,8 @@ ray = pytest.importorskip("ray")
 pytest.importorskip("ray.data")
 pytest.importorskip("pyarrow")
 
+from _helpers import init_ray  # noqa: E402
+
 from ray_triton_shm import InvalidInputError  # noqa: E402
 from ray_triton_shm.local._server import LocalTritonServer  # noqa: E402
 from ray_triton_shm.ray import URL_ENV_VAR, ShmPredictor, get_node_actor  # noqa: E402
@@ -54,7 +56,7 @@ def ray_cluster(triton: LocalTritonServer) -> Iterator[str]:
     """A local Ray whose node actor talks to the session's Triton; yields the GCS address."""
     saved = os.environ.get(URL_ENV_VAR)
     os.environ[URL_ENV_VAR] = triton.grpc_url  # before ray.init: the raylet passes it on
-    ray.init(num_cpus=4, include_dashboard=False)
+    init_ray(num_cpus=4, include_dashboard=False)
     try:
         yield ray.get_runtime_context().gcs_address
     finally:

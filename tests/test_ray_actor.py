@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import ray
+from _helpers import init_ray
 
 from ray_triton_shm import InvalidInputError, ModelSpecError, TritonServerError
 from ray_triton_shm._shm import list_local_regions
@@ -22,7 +23,7 @@ SHAPES = {"INPUT0": (16,), "OUTPUT0": (16,)}
 @pytest.fixture(scope="module")
 def node_actor(triton) -> Iterator[ray.actor.ActorHandle]:  # type: ignore[no-untyped-def]
     os.environ[URL_ENV_VAR] = triton.grpc_url  # the node's setting, inherited by its workers
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    init_ray(num_cpus=4, include_dashboard=False, log_to_driver=False)
     actor = get_node_actor(slots=4)
     try:
         yield actor

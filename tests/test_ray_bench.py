@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from _helpers import init_ray
 
 from ray_triton_shm._bench import CASES, DEFAULT_PATHS
 from ray_triton_shm._bench._paths import BenchTarget, PathUnavailableError
@@ -154,7 +155,7 @@ def test_status_ray_lists_node_actors_with_stats(triton: LocalTritonServer) -> N
         ray.shutdown()
     old = os.environ.get(URL_ENV_VAR)
     os.environ[URL_ENV_VAR] = triton.grpc_url
-    ray.init(address="local", num_cpus=2, include_dashboard=False)
+    init_ray(address="local", num_cpus=2, include_dashboard=False)
     try:
         actor = get_node_actor(url=triton.grpc_url)
         try:

@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 import ray
 import tritonclient.grpc as grpcclient
+from _helpers import init_ray
 from ray import cloudpickle
 
 from ray_triton_shm import (
@@ -231,7 +232,7 @@ class _RayCaller:
 def ray_on_fresh_triton(fresh_triton: LocalTritonServer) -> Iterator[LocalTritonServer]:
     if ray.is_initialized():
         ray.shutdown()
-    ray.init(address="local", num_cpus=4, include_dashboard=False)
+    init_ray(address="local", num_cpus=4, include_dashboard=False)
     try:
         yield fresh_triton
     finally:

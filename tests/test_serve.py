@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from _helpers import free_ports  # noqa: E402
+from _helpers import free_ports, init_ray  # noqa: E402
 
 from deployments.classifier import ClassifierDeployment, synthetic_images  # noqa: E402
 from ray_triton_shm.local._server import LocalTritonServer  # noqa: E402
@@ -45,7 +45,7 @@ def ray_cluster(triton: LocalTritonServer) -> Iterator[None]:
     saved = {name: os.environ.get(name) for name in (URL_ENV_VAR, "PYTHONPATH")}
     os.environ[URL_ENV_VAR] = triton.grpc_url
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), saved["PYTHONPATH"]]))
-    ray.init(num_cpus=4, include_dashboard=False)
+    init_ray(num_cpus=4, include_dashboard=False)
     try:
         yield
     finally:
