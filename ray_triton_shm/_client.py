@@ -7,13 +7,9 @@ copies the chunk in, sends Triton a request that only points at the slot, and co
 outputs out once the response arrives. Up to ``pool_size`` chunks are in flight at once; when
 every slot is busy, callers wait.
 
-A slot is only reused once Triton has answered the request that used it: a caller that gives up
-(an error in another chunk, a cancelled coroutine) leaves the slot to be released when its
-request completes, so Triton never writes into a slot that a new request already owns.
-
-A request that finds Triton unreachable (it restarts) waits for it, up to
-``reconnect_timeout_s``, and is sent again (see :mod:`._reconnect`); one that finds its region
-forgotten by Triton registers the region again and is sent again, once.
+How one call runs over the slots (chunking, slot reuse after errors and cancellation, sending
+again after Triton restarts) is written once, in :mod:`._engine`; ``infer_shm`` and
+``infer_shm_async`` only carry out its steps, by blocking and by awaiting.
 """
 
 from __future__ import annotations
@@ -21,9 +17,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import weakref
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -32,34 +26,18 @@ import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
-from ._exceptions import (
-    ClientClosedError,
-    ModelNotRegisteredError,
-    ModelSpecError,
-    TritonServerError,
-    TritonSHMError,
-)
+from ._engine import ModelPool, Step, drive, drive_async, run
+from ._exceptions import ClientClosedError, ModelNotRegisteredError, ModelSpecError
 from ._header import MAX_SLOTS, RegionHeader
-from ._inputs import Batch, InputValue, prepare_batch
-from ._outputs import OutputAssembler, empty_outputs, overflow_message
+from ._inputs import InputValue, prepare_batch
+from ._outputs import empty_outputs
 from ._pool import PoolStats, SlotPool, SlotSource
 from ._reaper import watch
 from ._reclaim import reclaim_dead_registrations
-from ._reconnect import (
-    DEFAULT_RECONNECT_TIMEOUT_S,
-    Reconnect,
-    channel_options,
-    is_restart_symptom,
-)
+from ._reconnect import DEFAULT_RECONNECT_TIMEOUT_S, Reconnect, channel_options
 from ._shm import SharedMemoryRegion, ensure_room, new_region_name
-from ._specs import ModelSpec, SlotLayout, SlotViews, SpecLike, resolve_model_spec
-from ._transport import (
-    DEFAULT_URL,
-    SlotRequests,
-    as_asyncio_future,
-    is_missing_region,
-    translate_error,
-)
+from ._specs import ModelSpec, SlotLayout, SpecLike, resolve_model_spec
+from ._transport import DEFAULT_URL, as_asyncio_future, translate_error
 
 __all__ = ["TritonSHMClient"]
 
@@ -80,132 +58,14 @@ _CLOSE_WAIT_S = 30.0
 _UNREGISTER_TIMEOUT_S = 5.0
 
 
-@dataclass(eq=False)
-class _ModelPool:
-    """A registered model: its spec, its region cut into slots, and a request per slot.
-
-    The client either owns the region (it created and registered it, and unregisters and
-    unlinks it) or attached a region somebody else owns (the Ray node actor), in which case
-    ``reregister`` asks the owner to register it again after Triton forgot it.
-    """
-
-    spec: ModelSpec
-    layout: SlotLayout
-    region: SharedMemoryRegion
-    slots: SlotSource
-    requests: SlotRequests
-    #: Typed views of every slot's tensors (they keep the mapping alive until collected).
-    views: list[SlotViews]
-    header: RegionHeader
-    #: For an attached region: makes its owner register it again (may raise to give up).
-    reregister: Callable[[], None] | None = None
-    #: Bumped on every re-registration; a failed request knows which registration it used.
-    epoch: int = 0
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    @classmethod
-    def over(
-        cls,
-        spec: ModelSpec,
-        region: SharedMemoryRegion,
-        slots: SlotSource,
-        slot_count: int,
-        header: RegionHeader,
-        reregister: Callable[[], None] | None = None,
-    ) -> _ModelPool:
-        """A pool over ``slot_count`` slots of ``region``, laid out for ``spec``."""
-        layout = SlotLayout.for_model(spec)
-        return cls(
-            spec=spec,
-            layout=layout,
-            region=region,
-            slots=slots,
-            requests=SlotRequests(spec, layout, region.name, slot_count),
-            views=[
-                SlotViews(spec, layout, region.buffer, layout.slot_offset(slot))
-                for slot in range(slot_count)
-            ],
-            header=header,
-            reregister=reregister,
-        )
-
-
-@dataclass(eq=False)
-class _Chunk:
-    """One request in flight: the slot it owns and the gRPC call using it."""
-
-    pool: _ModelPool
-    slot: int
-    start: int
-    request: service_pb2.ModelInferRequest
-    #: ``None`` until sent as a gRPC future (the one-chunk path sends a blocking call).
-    call: grpc.Future | None
-    epoch: int
-    rows: int
-    bytes_in: int
-    #: Whether this chunk already had its region registered again.
-    reregistered: bool = False
-
-    def abandon(self) -> None:
-        """Releases the slot once Triton is done with it (at once if it already is)."""
-        slots, slot = self.pool.slots, self.slot
-        if self.call is None:
-            slots.release(slot)
-        else:
-            self.call.add_done_callback(lambda _call: slots.release(slot))
-
-    def wait(self) -> None:
-        """Blocks until Triton is done with the chunk."""
-        if self.call is not None:
-            self.call.exception()
-
-    def collect(self, outputs: OutputAssembler, response: service_pb2.ModelInferResponse) -> None:
-        """Copies the outputs out of the slot, counts the request, then frees the slot."""
-        pool, slot = self.pool, self.slot
-        try:
-            bytes_out = outputs.add(pool.views[slot], self.start, _answered(response))
-            pool.header.count(slot, self.rows, self.bytes_in, bytes_out)
-        finally:
-            pool.slots.release(slot)
-
-    def failed(self, exc: BaseException) -> TritonServerError:
-        """Counts the failed request; returns Triton's error as ours."""
-        self.pool.header.count_error(self.slot)
-        error = translate_error(exc, model=self.pool.spec.name, action="inference")
-        overflow = overflow_message(self.pool.spec, error.server_message)
-        if overflow is not None:
-            return TritonServerError(
-                overflow,
-                status=error.status,
-                server_message=error.server_message,
-                model=error.model,
-            )
-        return error
-
-    def recovery(self, exc: BaseException) -> str:
-        """What may save the chunk after its call failed with ``exc``: ``"reconnect"`` (Triton
-        may be restarting) or ``"reregister"`` (Triton forgot the region, and this chunk has not
-        registered it again yet).
-
-        Raises:
-            TritonServerError: nothing can (counted as the slot's error).
-        """
-        if is_restart_symptom(exc):
-            return "reconnect"
-        if is_missing_region(exc) and not self.reregistered:
-            self.reregistered = True
-            return "reregister"
-        raise self.failed(exc) from exc
-
-
-def _release_pools(stub: Any, pools: dict[str, _ModelPool]) -> None:
+def _release_pools(stub: Any, pools: dict[str, ModelPool]) -> None:
     """Unregisters and unlinks every pool; the finalizer of a client, so it never sees it."""
     while pools:
         _, pool = pools.popitem()
         _release_pool(pool, stub, _CLOSE_WAIT_S)
 
 
-def _release_pool(pool: _ModelPool, stub: Any, wait_s: float) -> None:
+def _release_pool(pool: ModelPool, stub: Any, wait_s: float) -> None:
     all_free = pool.slots.close(wait_s=wait_s)
     if not pool.region.owner:  # attached: the owner unregisters and unlinks it
         if all_free:
@@ -267,7 +127,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         self._url = url
         self._crash_cleanup = crash_cleanup
         self._reconnect_timeout_s = reconnect_timeout_s
-        self._pools: dict[str, _ModelPool] = {}
+        self._pools: dict[str, ModelPool] = {}
         self._registry_lock = threading.Lock()
         self._closed = False
         self._swept = False
@@ -364,7 +224,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         budget = self._reconnect_timeout_s if timeout_s is None else timeout_s
         return Reconnect(self._channel, self._url, budget, model)
 
-    def _create_pool(self, spec: ModelSpec, pool_size: int) -> _ModelPool:
+    def _create_pool(self, spec: ModelSpec, pool_size: int) -> ModelPool:
         reconnect = self._reconnect(spec.name)
         if not self._swept:
             # Registrations left by crashed processes pin memory in Triton: drop them once.
@@ -394,7 +254,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         # The region's header tells processes using its slots how many callers wait for one.
         header = RegionHeader(region.buffer, pool_size)
         slots = SlotPool(pool_size, name=spec.name, on_waiting=header.set_waiting)
-        return _ModelPool.over(spec, region, slots, pool_size, header)
+        return ModelPool.over(spec, region, slots, pool_size, header)
 
     def _attach_pool(
         self,
@@ -408,7 +268,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         the slots ``slots`` hands out; replaces an earlier attachment of the model."""
         self._check_open()
         header = RegionHeader(region.buffer, slot_count)
-        pool = _ModelPool.over(spec, region, slots, slot_count, header, reregister)
+        pool = ModelPool.over(spec, region, slots, slot_count, header, reregister)
         with self._registry_lock:
             stale = self._pools.get(spec.name)
             self._pools[spec.name] = pool
@@ -434,7 +294,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         """Slots in use and callers waiting for a registered model."""
         return self._pool(model_name).slots.stats()
 
-    def _pool(self, model_name: str) -> _ModelPool:
+    def _pool(self, model_name: str) -> ModelPool:
         pool = self._pools.get(model_name)
         if pool is None:
             self._check_open()
@@ -446,7 +306,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             )
         return pool
 
-    def _reregister(self, pool: _ModelPool, epoch: int, reconnect: Reconnect) -> None:
+    def _reregister(self, pool: ModelPool, epoch: int, reconnect: Reconnect) -> None:
         """Registers the pool's region again after Triton forgot it (e.g. it restarted)."""
         with pool.lock:
             if pool.epoch != epoch:
@@ -521,114 +381,29 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             return empty_outputs(pool.spec)
         metadata = self._get_metadata(headers)
         reconnect = self._reconnect(model_name, reconnect_timeout_s)
-        outputs = OutputAssembler(pool.spec, batch.size)
-        if batch.size <= pool.spec.batch_capacity:
-            # One chunk, the common case: a blocking call costs less CPU than a gRPC future.
-            chunk = self._submit(
-                pool, pool.slots.acquire(slot_timeout_s), batch, 0, batch.size, request_id
-            )
-            try:
-                response = self._response(chunk, metadata, client_timeout_s, reconnect)
-            except BaseException:
-                chunk.abandon()
-                raise
-            chunk.collect(outputs, response)
-            return outputs.result()
-        pending: deque[_Chunk] = deque()
-        try:
-            for start, stop in batch.chunks():
-                free = pool.slots.try_acquire()
-                while free is None and pending:  # never wait for a slot while holding one
-                    response = self._response(pending[0], metadata, client_timeout_s, reconnect)
-                    pending.popleft().collect(outputs, response)
-                    free = pool.slots.try_acquire()
-                slot = pool.slots.acquire(slot_timeout_s) if free is None else free
-                chunk = self._submit(pool, slot, batch, start, stop, request_id)
-                pending.append(self._send(chunk, metadata, client_timeout_s))
-            while pending:
-                response = self._response(pending[0], metadata, client_timeout_s, reconnect)
-                pending.popleft().collect(outputs, response)
-        except Exception:
-            # Wait out the other chunks still in flight, so every slot is free on return.
-            for chunk in pending:
-                chunk.wait()
-                chunk.pool.slots.release(chunk.slot)
-            raise
-        except BaseException:  # KeyboardInterrupt: don't wait, free each slot when it's done
-            for chunk in pending:
-                chunk.abandon()
-            raise
-        return outputs.result()
+        infer = self._client_stub.ModelInfer
+        send = infer.future
 
-    def _submit(
-        self, pool: _ModelPool, slot: int, batch: Batch, start: int, stop: int, request_id: str
-    ) -> _Chunk:
-        """Writes a chunk into a slot and prepares its request; the slot is the chunk's now."""
-        try:
-            written = batch.write_chunk(pool.views[slot], start, stop)
-            rows = stop - start if batch.batched else None
-            request = pool.requests.prepare(slot, rows, batch.sample_shapes, written, request_id)
-        except BaseException:
-            pool.slots.release(slot)
-            raise
-        return _Chunk(pool, slot, start, request, None, pool.epoch, stop - start, sum(written))
+        def do(step: Step, arg: Any) -> Any:
+            match step:
+                case Step.ANSWER:
+                    if arg.call is None:
+                        return infer(arg.request, metadata=metadata, timeout=client_timeout_s)
+                    return arg.call.result()
+                case Step.SLOT:
+                    return pool.slots.acquire(arg)
+                case Step.SEND:
+                    arg.call = send(arg.request, metadata=metadata, timeout=client_timeout_s)
+                case Step.RECONNECT:
+                    reconnect.wait(arg)
+                case Step.REREGISTER:
+                    self._reregister(arg.pool, arg.epoch, reconnect)
+                case Step.SETTLE:
+                    if arg.call is not None:
+                        arg.call.exception()
 
-    def _send(self, chunk: _Chunk, metadata: Any, client_timeout_s: float | None) -> _Chunk:
-        chunk.call = self._client_stub.ModelInfer.future(
-            chunk.request, metadata=metadata, timeout=client_timeout_s
-        )
-        return chunk
-
-    def _response(
-        self, chunk: _Chunk, metadata: Any, client_timeout_s: float | None, reconnect: Reconnect
-    ) -> service_pb2.ModelInferResponse:
-        """Waits for a chunk's answer (a blocking call if it was not sent yet), sending it
-        again while :meth:`_Chunk.recovery` finds a way."""
-        while True:
-            try:
-                if chunk.call is None:
-                    return self._client_stub.ModelInfer(
-                        chunk.request, metadata=metadata, timeout=client_timeout_s
-                    )
-                return chunk.call.result()
-            except grpc.RpcError as exc:
-                step = chunk.recovery(exc)
-                try:
-                    if step == "reconnect":
-                        reconnect.wait(exc)
-                    else:
-                        self._reregister(chunk.pool, chunk.epoch, reconnect)
-                except TritonSHMError:
-                    chunk.pool.header.count_error(chunk.slot)
-                    raise
-            self._send(chunk, metadata, client_timeout_s)
-
-    async def _response_async(
-        self,
-        chunk: _Chunk,
-        metadata: Any,
-        client_timeout_s: float | None,
-        reconnect: Reconnect,
-        loop: asyncio.AbstractEventLoop,
-    ) -> service_pb2.ModelInferResponse:
-        """:meth:`_response` for coroutines; the chunk must have been sent."""
-        while True:
-            assert chunk.call is not None
-            try:
-                return await as_asyncio_future(chunk.call, loop)
-            except grpc.RpcError as exc:
-                step = chunk.recovery(exc)
-                try:
-                    if step == "reconnect":
-                        await reconnect.wait_async(exc, loop)
-                    else:
-                        await asyncio.to_thread(
-                            self._reregister, chunk.pool, chunk.epoch, reconnect
-                        )
-                except TritonSHMError:
-                    chunk.pool.header.count_error(chunk.slot)
-                    raise
-            self._send(chunk, metadata, client_timeout_s)
+        steps = run(pool, batch, slot_timeout_s=slot_timeout_s, request_id=request_id)
+        return drive(steps, do)
 
     async def infer_shm_async(
         self,
@@ -653,41 +428,28 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         loop = asyncio.get_running_loop()
         metadata = self._get_metadata(headers)
         reconnect = self._reconnect(model_name, reconnect_timeout_s)
-        outputs = OutputAssembler(pool.spec, batch.size)
-        pending: deque[_Chunk] = deque()
-        try:
-            for start, stop in batch.chunks():
-                free = pool.slots.try_acquire()
-                while free is None and pending:  # never wait for a slot while holding one
-                    response = await self._response_async(
-                        pending[0], metadata, client_timeout_s, reconnect, loop
-                    )
-                    pending.popleft().collect(outputs, response)
-                    free = pool.slots.try_acquire()
-                slot = await pool.slots.acquire_async(slot_timeout_s) if free is None else free
-                chunk = self._submit(pool, slot, batch, start, stop, request_id)
-                pending.append(self._send(chunk, metadata, client_timeout_s))
-            while pending:
-                response = await self._response_async(
-                    pending[0], metadata, client_timeout_s, reconnect, loop
-                )
-                pending.popleft().collect(outputs, response)
-        except Exception:
-            # Wait out the other chunks still in flight, so every slot is free on return.
-            try:
-                while pending:
-                    chunk = pending[0]
-                    await asyncio.wait([as_asyncio_future(chunk.call, loop)])
-                    pending.popleft().pool.slots.release(chunk.slot)
-            finally:
-                for chunk in pending:  # cancelled while waiting
-                    chunk.abandon()
-            raise
-        except BaseException:  # cancelled: free each slot once Triton is done with it
-            for chunk in pending:
-                chunk.abandon()
-            raise
-        return outputs.result()
+        send = self._client_stub.ModelInfer.future
+
+        async def do(step: Step, arg: Any) -> Any:
+            match step:
+                case Step.ANSWER:
+                    if arg.call is None:
+                        arg.call = send(arg.request, metadata=metadata, timeout=client_timeout_s)
+                    return await as_asyncio_future(arg.call, loop)
+                case Step.SLOT:
+                    return await pool.slots.acquire_async(arg)
+                case Step.SEND:
+                    arg.call = send(arg.request, metadata=metadata, timeout=client_timeout_s)
+                case Step.RECONNECT:
+                    await reconnect.wait_async(arg, loop)
+                case Step.REREGISTER:
+                    await asyncio.to_thread(self._reregister, arg.pool, arg.epoch, reconnect)
+                case Step.SETTLE:
+                    if arg.call is not None:
+                        await asyncio.wait([as_asyncio_future(arg.call, loop)])
+
+        steps = run(pool, batch, slot_timeout_s=slot_timeout_s, request_id=request_id)
+        return await drive_async(steps, do)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -715,12 +477,3 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"models={sorted(self._pools)}"
         return f"<TritonSHMClient {state}>"
-
-
-def _answered(response: service_pb2.ModelInferResponse) -> list[tuple[str, tuple[int, ...], bytes]]:
-    """Name, shape and inline contents (empty for outputs in the slot) of each output."""
-    raw = response.raw_output_contents
-    return [
-        (output.name, tuple(output.shape), raw[index] if index < len(raw) else b"")
-        for index, output in enumerate(response.outputs)
-    ]

@@ -1,0 +1,286 @@
+"""How one inference call runs over a model's slots, written once for sync and async callers.
+
+:func:`run` is a generator that does no network I/O. It decides which chunk of the batch goes
+into which slot, when a slot may be reused and what may save a failed request, and it yields
+each thing it needs done as a ``(Step, argument)`` pair. ``TritonSHMClient.infer_shm`` does the
+steps by blocking and ``infer_shm_async`` by awaiting, with :func:`drive` and
+:func:`drive_async`, which send each step's result back into the generator (or throw what it
+raised). The rules below therefore exist once:
+
+- Up to ``pool_size`` chunks are in flight; a caller holding a slot never waits for another
+  (it collects its oldest chunk first), so callers cannot deadlock each other.
+- A slot is reused only once Triton has answered the request that used it. After an error the
+  call waits for its other chunks in flight, so every slot is free when the error reaches the
+  caller. After an interrupt (Ctrl-C, a cancelled coroutine) it waits for nothing: each slot is
+  released by its request's completion callback.
+- A request that finds Triton unreachable waits for it and is sent again; one that finds its
+  region forgotten registers the region again and is sent again, once per chunk.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+from collections import deque
+from collections.abc import Awaitable, Callable, Generator
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import numpy as np
+from tritonclient.grpc import service_pb2
+
+from ._exceptions import TritonServerError, TritonSHMError
+from ._header import RegionHeader
+from ._inputs import Batch
+from ._outputs import OutputAssembler, overflow_message
+from ._pool import SlotSource
+from ._reconnect import is_restart_symptom
+from ._shm import SharedMemoryRegion
+from ._specs import ModelSpec, SlotLayout, SlotViews
+from ._transport import SlotRequests, is_missing_region, translate_error
+
+
+class Step(enum.Enum):
+    """What :func:`run` needs done, with the argument it yields and the result it expects."""
+
+    #: ``slot_timeout_s`` -> a slot (or ``SlotTimeoutError``...).
+    SLOT = enum.auto()
+    #: A :class:`Chunk` -> ``None``; sends its request without waiting for the answer.
+    SEND = enum.auto()
+    #: A :class:`Chunk` -> its response, or the ``grpc.RpcError`` raised. A chunk not sent yet
+    #: may be sent as a blocking call (one-chunk calls: less CPU than a gRPC future).
+    ANSWER = enum.auto()
+    #: The ``grpc.RpcError`` -> ``None`` once Triton is ready (or ``ServerUnreachableError``).
+    RECONNECT = enum.auto()
+    #: A :class:`Chunk` -> ``None`` once its region is registered again.
+    REREGISTER = enum.auto()
+    #: A :class:`Chunk` -> ``None`` once Triton is done with it, however it ended; never raises.
+    SETTLE = enum.auto()
+
+
+Steps = Generator[tuple[Step, Any], Any, dict[str, np.ndarray]]
+
+
+@dataclass(eq=False)
+class ModelPool:
+    """A registered model: its spec, its region cut into slots, and a request per slot.
+
+    The client either owns the region (it created and registered it, and unregisters and
+    unlinks it) or attached a region somebody else owns (the Ray node actor), in which case
+    ``reregister`` asks the owner to register it again after Triton forgot it.
+    """
+
+    spec: ModelSpec
+    layout: SlotLayout
+    region: SharedMemoryRegion
+    slots: SlotSource
+    requests: SlotRequests
+    #: Typed views of every slot's tensors (they keep the mapping alive until collected).
+    views: list[SlotViews]
+    header: RegionHeader
+    #: For an attached region: makes its owner register it again (may raise to give up).
+    reregister: Callable[[], None] | None = None
+    #: Bumped on every re-registration; a failed request knows which registration it used.
+    epoch: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @classmethod
+    def over(
+        cls,
+        spec: ModelSpec,
+        region: SharedMemoryRegion,
+        slots: SlotSource,
+        slot_count: int,
+        header: RegionHeader,
+        reregister: Callable[[], None] | None = None,
+    ) -> ModelPool:
+        """A pool over ``slot_count`` slots of ``region``, laid out for ``spec``."""
+        layout = SlotLayout.for_model(spec)
+        return cls(
+            spec=spec,
+            layout=layout,
+            region=region,
+            slots=slots,
+            requests=SlotRequests(spec, layout, region.name, slot_count),
+            views=[
+                SlotViews(spec, layout, region.buffer, layout.slot_offset(slot))
+                for slot in range(slot_count)
+            ],
+            header=header,
+            reregister=reregister,
+        )
+
+
+@dataclass(eq=False)
+class Chunk:
+    """One request: the slot it owns and, once sent as a gRPC future, the call using it."""
+
+    pool: ModelPool
+    slot: int
+    start: int
+    request: service_pb2.ModelInferRequest
+    epoch: int
+    rows: int
+    bytes_in: int
+    #: ``None`` until sent as a gRPC future (a blocking call leaves it ``None``).
+    call: grpc.Future | None = None
+    #: Whether this chunk already had its region registered again.
+    reregistered: bool = False
+
+    @classmethod
+    def write(
+        cls, pool: ModelPool, slot: int, batch: Batch, start: int, stop: int, request_id: str
+    ) -> Chunk:
+        """Writes rows ``start:stop`` into a slot and prepares their request; the slot is the
+        chunk's now (released here if writing fails)."""
+        try:
+            written = batch.write_chunk(pool.views[slot], start, stop)
+            rows = stop - start if batch.batched else None
+            request = pool.requests.prepare(slot, rows, batch.sample_shapes, written, request_id)
+        except BaseException:
+            pool.slots.release(slot)
+            raise
+        return cls(pool, slot, start, request, pool.epoch, stop - start, sum(written))
+
+    def abandon(self) -> None:
+        """Releases the slot once Triton is done with it (at once if it already is)."""
+        slots, slot = self.pool.slots, self.slot
+        if self.call is None:
+            slots.release(slot)
+        else:
+            self.call.add_done_callback(lambda _call: slots.release(slot))
+
+    def collect(self, outputs: OutputAssembler, response: service_pb2.ModelInferResponse) -> None:
+        """Copies the outputs out of the slot, counts the request, then frees the slot."""
+        pool, slot = self.pool, self.slot
+        try:
+            bytes_out = outputs.add(pool.views[slot], self.start, _answered(response))
+            pool.header.count(slot, self.rows, self.bytes_in, bytes_out)
+        finally:
+            pool.slots.release(slot)
+
+    def failed(self, exc: BaseException) -> TritonServerError:
+        """Counts the failed request; returns Triton's error as ours."""
+        self.pool.header.count_error(self.slot)
+        error = translate_error(exc, model=self.pool.spec.name, action="inference")
+        overflow = overflow_message(self.pool.spec, error.server_message)
+        if overflow is not None:
+            return TritonServerError(
+                overflow,
+                status=error.status,
+                server_message=error.server_message,
+                model=error.model,
+            )
+        return error
+
+    def recovery(self, exc: BaseException) -> tuple[Step, Any]:
+        """What may save the chunk after its call failed with ``exc``: waiting for Triton (it
+        may be restarting), or registering the region again (Triton forgot it, and this chunk
+        has not done that yet).
+
+        Raises:
+            TritonServerError: nothing can (counted as the slot's error).
+        """
+        if is_restart_symptom(exc):
+            return Step.RECONNECT, exc
+        if is_missing_region(exc) and not self.reregistered:
+            self.reregistered = True
+            return Step.REREGISTER, self
+        raise self.failed(exc) from exc
+
+
+def run(pool: ModelPool, batch: Batch, *, slot_timeout_s: float | None, request_id: str) -> Steps:
+    """The steps of one inference call of a non-empty ``batch``; returns the outputs."""
+    outputs = OutputAssembler(pool.spec, batch.size)
+    if batch.size <= pool.spec.batch_capacity:  # one chunk, the common case
+        slot = yield Step.SLOT, slot_timeout_s
+        chunk = Chunk.write(pool, slot, batch, 0, batch.size, request_id)
+        try:
+            response = yield from _answer(chunk)
+        except BaseException:
+            chunk.abandon()
+            raise
+        chunk.collect(outputs, response)
+        return outputs.result()
+    pending: deque[Chunk] = deque()
+    try:
+        for start, stop in batch.chunks():
+            slot = pool.slots.try_acquire()
+            while slot is None and pending:  # never wait for a slot while holding one
+                response = yield from _answer(pending[0])
+                pending.popleft().collect(outputs, response)
+                slot = pool.slots.try_acquire()
+            if slot is None:
+                slot = yield Step.SLOT, slot_timeout_s
+            pending.append(Chunk.write(pool, slot, batch, start, stop, request_id))
+            yield Step.SEND, pending[-1]
+        while pending:
+            response = yield from _answer(pending[0])
+            pending.popleft().collect(outputs, response)
+    except BaseException as exc:
+        try:
+            if isinstance(exc, Exception):  # not an interrupt: free every slot before raising
+                for chunk in pending:
+                    yield Step.SETTLE, chunk
+        finally:
+            for chunk in pending:
+                chunk.abandon()
+        raise
+    return outputs.result()
+
+
+def _answer(chunk: Chunk) -> Generator[tuple[Step, Any], Any, service_pb2.ModelInferResponse]:
+    """Waits for a chunk's answer, sending it again while :meth:`Chunk.recovery` finds a way."""
+    while True:
+        try:
+            return (yield Step.ANSWER, chunk)
+        except grpc.RpcError as exc:
+            step = chunk.recovery(exc)
+            try:
+                yield step
+            except TritonSHMError:
+                chunk.pool.header.count_error(chunk.slot)
+                raise
+        yield Step.SEND, chunk
+
+
+def drive(steps: Steps, do: Callable[[Step, Any], Any]) -> dict[str, np.ndarray]:
+    """Runs ``steps`` to the end, doing each step with ``do`` (which blocks)."""
+    result: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            step, argument = steps.send(result) if error is None else steps.throw(error)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        try:
+            result, error = do(step, argument), None
+        except BaseException as exc:  # the generator decides what to do with it
+            result, error = None, exc
+
+
+async def drive_async(
+    steps: Steps, do: Callable[[Step, Any], Awaitable[Any]]
+) -> dict[str, np.ndarray]:
+    """:func:`drive` for coroutines: ``do`` returns an awaitable."""
+    result: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            step, argument = steps.send(result) if error is None else steps.throw(error)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        try:
+            result, error = await do(step, argument), None
+        except BaseException as exc:  # the generator decides what to do with it
+            result, error = None, exc
+
+
+def _answered(response: service_pb2.ModelInferResponse) -> list[tuple[str, tuple[int, ...], bytes]]:
+    """Name, shape and inline contents (empty for outputs in the slot) of each output."""
+    raw = response.raw_output_contents
+    return [
+        (output.name, tuple(output.shape), raw[index] if index < len(raw) else b"")
+        for index, output in enumerate(response.outputs)
+    ]

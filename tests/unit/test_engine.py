@@ -1,0 +1,150 @@
+"""The inference engine, alone: chunk scheduling and slot reuse, driven by a scripted Triton.
+
+The real-server tests (test_client, test_async, test_reliability) cover the engine end to end;
+these pin the rules a real server cannot be made to exercise on cue: an interrupt at a given
+step, or an error in one chunk while others are in flight.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from tritonclient.grpc import service_pb2
+
+from ray_triton_shm._engine import Chunk, ModelPool, Step, drive, run
+from ray_triton_shm._header import RegionHeader
+from ray_triton_shm._inputs import prepare_batch
+from ray_triton_shm._pool import SlotPool
+from ray_triton_shm._shm import SharedMemoryRegion, new_region_name
+from ray_triton_shm._specs import ModelSpec, SlotLayout, TensorSpec
+
+SPEC = ModelSpec(
+    name="m",
+    version="",
+    inputs=(TensorSpec("X", (2,), np.dtype(np.float32)),),
+    outputs=(TensorSpec("Y", (2,), np.dtype(np.float32)),),
+    max_batch_size=2,
+)
+
+
+@pytest.fixture
+def pool() -> Iterator[ModelPool]:
+    """Two slots of two samples each, over a real region (no server needed)."""
+    size = SlotLayout.for_model(SPEC).region_bytes(2)
+    region = SharedMemoryRegion.create(new_region_name("m"), size)
+    header = RegionHeader(region.buffer, 2)
+    try:
+        yield ModelPool.over(SPEC, region, SlotPool(2, name="m"), 2, header)
+    finally:
+        region.unlink()
+
+
+class _Call:
+    """A request in flight, as far as the engine sees one (``grpc.Future``'s callback part)."""
+
+    def __init__(self) -> None:
+        self.callbacks: list[Callable[[Any], None]] = []
+        self.done = False
+
+    def add_done_callback(self, callback: Callable[[Any], None]) -> None:
+        if self.done:
+            callback(self)
+        else:
+            self.callbacks.append(callback)
+
+    def finish(self) -> None:
+        self.done = True
+        for callback in self.callbacks:
+            callback(self)
+
+
+class ScriptedTriton:
+    """Does the engine's steps like an identity model would, failing on cue; logs each step."""
+
+    def __init__(
+        self, pool: ModelPool, *, fail_at_answer: int | None = None, raise_: type = RuntimeError
+    ) -> None:
+        self.pool = pool
+        self.log: list[tuple[Step, int | None]] = []
+        self.calls: list[_Call] = []
+        self.answers = 0
+        self.fail_at_answer = fail_at_answer
+        self.raise_ = raise_
+
+    def __call__(self, step: Step, arg: Any) -> Any:
+        self.log.append((step, arg.start if isinstance(arg, Chunk) else None))
+        if step is Step.SLOT:
+            return self.pool.slots.acquire(arg)
+        if step is Step.SEND:
+            arg.call = _Call()
+            self.calls.append(arg.call)
+            return None
+        if step is Step.SETTLE:
+            arg.call.finish()
+            return None
+        assert step is Step.ANSWER
+        self.answers += 1
+        if self.answers == self.fail_at_answer:
+            raise self.raise_("scripted failure")
+        views = arg.pool.views[arg.slot]
+        views.outputs["Y"][: arg.rows * 2] = views.inputs["X"][: arg.rows * 2]
+        if arg.call is not None:
+            arg.call.finish()
+        response = service_pb2.ModelInferResponse()
+        response.outputs.add(name="Y", shape=[arg.rows, 2])
+        return response
+
+
+def _infer(triton: ScriptedTriton, rows: int) -> dict[str, np.ndarray]:
+    x = np.arange(rows * 2, dtype=np.float32).reshape(rows, 2)
+    batch = prepare_batch(triton.pool.spec, {"X": x})
+    return drive(run(triton.pool, batch, slot_timeout_s=1.0, request_id=""), triton)
+
+
+def test_chunks_come_back_in_order_and_no_slot_is_awaited_while_one_is_held(
+    pool: ModelPool,
+) -> None:
+    triton = ScriptedTriton(pool)
+    out = _infer(triton, rows=7)  # 4 chunks over 2 slots
+    np.testing.assert_array_equal(out["Y"], np.arange(14, dtype=np.float32).reshape(7, 2))
+    assert (Step.SLOT, None) not in triton.log  # a free slot always came from collecting first
+    sends = [start for step, start in triton.log if step is Step.SEND]
+    answers = [start for step, start in triton.log if step is Step.ANSWER]
+    assert sends == answers == [0, 2, 4, 6]
+    assert triton.log.index((Step.ANSWER, 0)) < triton.log.index((Step.SEND, 4))
+    assert pool.slots.stats().in_use == 0
+
+
+def test_an_error_waits_for_the_other_chunks_then_every_slot_is_free(pool: ModelPool) -> None:
+    triton = ScriptedTriton(pool, fail_at_answer=1)
+    with pytest.raises(RuntimeError, match="scripted"):
+        _infer(triton, rows=4)
+    assert [s for s in triton.log if s[0] is Step.SETTLE] == [(Step.SETTLE, 0), (Step.SETTLE, 2)]
+    assert pool.slots.stats().in_use == 0
+
+
+def test_an_interrupt_waits_for_nothing_and_each_slot_comes_back_when_triton_is_done(
+    pool: ModelPool,
+) -> None:
+    triton = ScriptedTriton(pool, fail_at_answer=1, raise_=KeyboardInterrupt)
+    with pytest.raises(KeyboardInterrupt):
+        _infer(triton, rows=4)
+    assert not any(step is Step.SETTLE for step, _ in triton.log)
+    assert pool.slots.stats().in_use == 2  # Triton may still write into both slots
+    for call in triton.calls:
+        call.finish()
+    assert pool.slots.stats().in_use == 0
+
+
+def test_one_chunk_is_answered_without_a_future_and_its_slot_freed_on_error(
+    pool: ModelPool,
+) -> None:
+    triton = ScriptedTriton(pool)
+    np.testing.assert_array_equal(_infer(triton, rows=2)["Y"], [[0, 1], [2, 3]])
+    assert [step for step, _ in triton.log] == [Step.SLOT, Step.ANSWER]
+    with pytest.raises(KeyboardInterrupt):
+        _infer(ScriptedTriton(pool, fail_at_answer=1, raise_=KeyboardInterrupt), rows=1)
+    assert pool.slots.stats().in_use == 0  # never sent as a future: nothing can write into it
