@@ -7,29 +7,43 @@ The core (this package's top level) does not import Ray::
     client = TritonSHMClient(url="localhost:8001")
     client.register_shm_model("classifier", pool_size=4)
     outputs = client.infer_shm("classifier", {"INPUT0": images})
+
+Names are imported on first use, so ``import ray_triton_shm`` (and the command line's
+``--help``) loads neither numpy nor gRPC.
 """
 
-from ._client import TritonSHMClient
-from ._exceptions import (
-    ClientClosedError,
-    InvalidInputError,
-    LocalServerError,
-    ModelNotRegisteredError,
-    ModelSpecError,
-    OverloadedError,
-    ServerUnreachableError,
-    SharedMemoryFullError,
-    SharedMemoryNotAllowedError,
-    SlotTimeoutError,
-    TritonServerError,
-    TritonSHMError,
-)
-from ._pool import PoolStats
-from ._reclaim import ReclaimReport, RegionStatus, StatusReport, reclaim, status
-from ._specs import ModelSpec, TensorSpec
-from .local import LocalTritonServer
+from __future__ import annotations
+
+import importlib
+import typing
 
 __version__ = "0.1.0"
+
+#: Each public name, and the private module that defines it.
+_EXPORTS = {
+    "TritonSHMClient": "._client",
+    "ClientClosedError": "._exceptions",
+    "InvalidInputError": "._exceptions",
+    "LocalServerError": "._exceptions",
+    "ModelNotRegisteredError": "._exceptions",
+    "ModelSpecError": "._exceptions",
+    "OverloadedError": "._exceptions",
+    "ServerUnreachableError": "._exceptions",
+    "SharedMemoryFullError": "._exceptions",
+    "SharedMemoryNotAllowedError": "._exceptions",
+    "SlotTimeoutError": "._exceptions",
+    "TritonServerError": "._exceptions",
+    "TritonSHMError": "._exceptions",
+    "PoolStats": "._pool",
+    "ReclaimReport": "._reclaim",
+    "RegionStatus": "._reclaim",
+    "StatusReport": "._reclaim",
+    "reclaim_regions": "._reclaim",
+    "region_status": "._reclaim",
+    "ModelSpec": "._specs",
+    "TensorSpec": "._specs",
+    "LocalTritonServer": ".local",
+}
 
 __all__ = [
     "ClientClosedError",
@@ -53,6 +67,41 @@ __all__ = [
     "TritonSHMError",
     "TritonServerError",
     "__version__",
-    "reclaim",
-    "status",
+    "reclaim_regions",
+    "region_status",
 ]
+
+
+def __getattr__(name: str) -> typing.Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return list(__all__)
+
+
+if typing.TYPE_CHECKING:  # what type checkers and IDEs see
+    from ._client import TritonSHMClient
+    from ._exceptions import (
+        ClientClosedError,
+        InvalidInputError,
+        LocalServerError,
+        ModelNotRegisteredError,
+        ModelSpecError,
+        OverloadedError,
+        ServerUnreachableError,
+        SharedMemoryFullError,
+        SharedMemoryNotAllowedError,
+        SlotTimeoutError,
+        TritonServerError,
+        TritonSHMError,
+    )
+    from ._pool import PoolStats
+    from ._reclaim import ReclaimReport, RegionStatus, StatusReport, reclaim_regions, region_status
+    from ._specs import ModelSpec, TensorSpec
+    from .local import LocalTritonServer

@@ -23,7 +23,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from types import FrameType
 from typing import Any
 
-from ray_triton_shm._transport import DEFAULT_URL
+from ray_triton_shm._defaults import DEFAULT_URL
 
 __all__ = ["build_parser", "main"]
 
@@ -411,13 +411,13 @@ def _cmd_status(args: argparse.Namespace) -> int:
     if args.ray or args.address:
         status = _print_node_actors(args.address, timeout_s=args.timeout_s)
         print()
-    return max(status, _print_status(_reclaim.status(url=None if args.local else args.url)))
+    return max(status, _print_status(_reclaim.region_status(url=None if args.local else args.url)))
 
 
 def _cmd_reclaim(args: argparse.Namespace) -> int:
     from ray_triton_shm import _reclaim
 
-    return _print_reclaim(_reclaim.reclaim(url=None if args.local else args.url))
+    return _print_reclaim(_reclaim.reclaim_regions(url=None if args.local else args.url))
 
 
 # --------------------------------------------------------------------------------------

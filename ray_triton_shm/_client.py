@@ -26,6 +26,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
+from ._defaults import DEFAULT_RECONNECT_TIMEOUT_S, DEFAULT_URL
 from ._engine import ModelPool, Step, drive, drive_async, run
 from ._exceptions import ClientClosedError, ModelNotRegisteredError, ModelSpecError
 from ._header import MAX_SLOTS, RegionHeader
@@ -34,10 +35,10 @@ from ._outputs import empty_outputs
 from ._pool import PoolStats, SlotPool, SlotSource
 from ._reaper import watch
 from ._reclaim import reclaim_dead_registrations
-from ._reconnect import DEFAULT_RECONNECT_TIMEOUT_S, Reconnect, channel_options
+from ._reconnect import Reconnect, channel_options
 from ._shm import SharedMemoryRegion, ensure_room, new_region_name
 from ._specs import ModelSpec, SlotLayout, SpecLike, resolve_model_spec
-from ._transport import DEFAULT_URL, as_asyncio_future, translate_error
+from ._transport import as_asyncio_future, translate_error
 
 __all__ = ["TritonSHMClient"]
 

@@ -112,7 +112,7 @@ def _reap(owner: int) -> None:
     """Waits for the owner to be gone, then reclaims what it owned."""
     urls = {line.strip() for line in sys.stdin.buffer.read().decode().splitlines()}
     urls.discard("")
-    from ray_triton_shm._reclaim import reclaim
+    from ray_triton_shm._reclaim import reclaim_regions
     from ray_triton_shm._shm import pid_alive
 
     deadline = time.monotonic() + _OWNER_EXIT_WAIT_S
@@ -121,7 +121,7 @@ def _reap(owner: int) -> None:
             return  # it still runs: not ours to clean
         time.sleep(0.05)
     for url in sorted(urls) or [None]:
-        reclaim(url, owner=owner)
+        reclaim_regions(url, owner=owner)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from ._defaults import DEFAULT_URL
 from ._shm import (
     DEAD,
     Owner,
@@ -24,15 +25,15 @@ from ._shm import (
     region_owner,
     unlink_region,
 )
-from ._transport import DEFAULT_URL, translate_error
+from ._transport import translate_error
 
 __all__ = [
     "ReclaimReport",
     "RegionStatus",
     "StatusReport",
-    "reclaim",
     "reclaim_dead_registrations",
-    "status",
+    "reclaim_regions",
+    "region_status",
 ]
 
 
@@ -95,7 +96,7 @@ def _registrations(client: grpcclient.InferenceServerClient) -> dict[str, int]:
     return {name: int(info.get("byte_size", 0)) for name, info in regions.items()}
 
 
-def status(url: str | None = DEFAULT_URL) -> StatusReport:
+def region_status(url: str | None = DEFAULT_URL) -> StatusReport:
     """Lists our regions in ``/dev/shm`` and the system shm registrations of a server.
 
     Args:
@@ -153,7 +154,7 @@ def reclaim_dead_registrations(
     return reclaimed
 
 
-def reclaim(url: str | None = DEFAULT_URL, *, owner: int | None = None) -> ReclaimReport:
+def reclaim_regions(url: str | None = DEFAULT_URL, *, owner: int | None = None) -> ReclaimReport:
     """Unregisters from Triton and unlinks from ``/dev/shm`` every region of ours whose owner
     is proven dead (see :func:`._shm.owner_state`); regions of other pid namespaces whose owner
     may live are left alone.

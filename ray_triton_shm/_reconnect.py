@@ -29,15 +29,12 @@ from ._exceptions import ServerUnreachableError
 from ._transport import as_asyncio_future, status_and_message, translate_error
 
 __all__ = [
-    "DEFAULT_RECONNECT_TIMEOUT_S",
     "Reconnect",
     "channel_options",
     "is_restart_symptom",
     "is_unreachable",
 ]
 
-#: How long a request waits for an unreachable Triton by default.
-DEFAULT_RECONNECT_TIMEOUT_S = 60.0
 #: The longest pause between two connection attempts while Triton is down.
 _MAX_BACKOFF_MS = 1000
 #: Pause between two readiness questions to a server that answers "not ready".

@@ -19,16 +19,12 @@ from ._exceptions import SharedMemoryNotAllowedError, TritonServerError
 from ._specs import ModelSpec, SlotLayout
 
 __all__ = [
-    "DEFAULT_URL",
     "SlotRequests",
     "as_asyncio_future",
     "is_missing_region",
     "status_and_message",
     "translate_error",
 ]
-
-#: Triton's gRPC address when none is given (or found in ``$RAY_TRITON_SHM_URL`` on a node).
-DEFAULT_URL = "localhost:8001"
 
 _REFUSAL_WORDS = ("not allowed", "disabled", "not enabled", "not permitted", "allow-client-shm")
 

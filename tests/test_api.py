@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import inspect
+import subprocess
+import sys
 from types import ModuleType
+
+import pytest
 
 import ray_triton_shm
 import ray_triton_shm.ray
@@ -31,8 +35,8 @@ CORE = [
     "TritonSHMError",
     "TritonServerError",
     "__version__",
-    "reclaim",
-    "status",
+    "reclaim_regions",
+    "region_status",
 ]
 RAY = [
     "NodeStats",
@@ -55,7 +59,25 @@ def _public_names(module: ModuleType) -> set[str]:
 
 def test_core_exports_exactly_its_all() -> None:
     assert sorted(ray_triton_shm.__all__, key=str.casefold) == sorted(CORE, key=str.casefold)
+    # Imported on first use: each name resolves, and nothing else is public.
+    assert all(getattr(ray_triton_shm, name) is not None for name in CORE)
     assert _public_names(ray_triton_shm) == set(CORE) - {"__version__"}
+    assert sorted(dir(ray_triton_shm)) == sorted(CORE)
+    with pytest.raises(AttributeError, match="SlotPool"):
+        ray_triton_shm.SlotPool  # noqa: B018
+
+
+def test_importing_the_package_and_the_cli_help_load_neither_numpy_nor_grpc() -> None:
+    script = (
+        "import contextlib, io, sys\n"
+        "from ray_triton_shm._cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+        "    main(['--help'])\n"
+        "print(sorted(m for m in ('numpy', 'grpc', 'tritonclient', 'ray') if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
 
 
 def test_ray_exports_exactly_its_all() -> None:

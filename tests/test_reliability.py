@@ -291,7 +291,7 @@ _INIT = (
 _TENANT = r"""
 import json, os, signal, sys, time
 import numpy as np
-from ray_triton_shm import TritonSHMClient, reclaim, status
+from ray_triton_shm import TritonSHMClient, reclaim_regions, region_status
 
 role, url, flag = sys.argv[1], sys.argv[2], sys.argv[3]
 shapes = {"INPUT0": (16,), "OUTPUT0": (16,)}
@@ -317,8 +317,8 @@ elif role == "crasher":  # registers, then dies with no cleanup at all
 else:  # the other tenant: registers (which reclaims), reclaims, reports, closes
     with TritonSHMClient(url=url) as client:
         client.register_shm_model("identity", max_shapes=shapes)
-        report = reclaim(url)
-        owners = {r.name: r.owner for r in status(url).regions}
+        report = reclaim_regions(url)
+        owners = {r.name: r.owner for r in region_status(url).regions}
     print(json.dumps({"pid": os.getpid(), "unregistered": report.unregistered,
                       "unlinked": report.unlinked, "owners": owners}), flush=True)
 """

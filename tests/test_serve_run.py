@@ -19,7 +19,7 @@ import pytest
 import requests
 from _helpers import free_ports
 
-from ray_triton_shm import status
+from ray_triton_shm import region_status
 from ray_triton_shm.local._server import LocalTritonServer
 
 pytest.importorskip("ray.serve")
@@ -45,7 +45,7 @@ def _config_for(triton: LocalTritonServer, port: int, path: Path) -> Path:
 
 def _leftovers(url: str) -> list[str]:
     """Regions of ours, in /dev/shm or registered in Triton, whose owner is gone."""
-    return [r.name for r in status(url).regions if r.owner == "dead"]
+    return [r.name for r in region_status(url).regions if r.owner == "dead"]
 
 
 def test_serve_run_answers_http_and_ctrl_c_leaves_nothing(

@@ -40,6 +40,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from .._client import TritonSHMClient
+from .._defaults import DEFAULT_RECONNECT_TIMEOUT_S, DEFAULT_URL
 from .._exceptions import (
     ModelSpecError,
     OverloadedError,
@@ -49,11 +50,9 @@ from .._exceptions import (
 )
 from .._header import SlotCounters
 from .._pool import SlotPool
-from .._reclaim import reclaim
-from .._reconnect import DEFAULT_RECONNECT_TIMEOUT_S
+from .._reclaim import reclaim_regions
 from .._shm import pid_alive, shm_space
 from .._specs import ModelSpec
-from .._transport import DEFAULT_URL
 
 __all__ = [
     "NAMESPACE",
@@ -191,7 +190,7 @@ class TritonNodeActor:
         self._node_id = _current_node_id()
         self._incarnation = f"{os.getpid()}-{time.time_ns()}"
         # A restarted actor first takes back what its previous incarnation left behind.
-        reclaim(self._url)
+        reclaim_regions(self._url)
         self._client = TritonSHMClient(
             url=self._url, reconnect_timeout_s=config.reconnect_timeout_s
         )

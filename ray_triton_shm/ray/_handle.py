@@ -20,10 +20,10 @@ import ray
 from ray.exceptions import RayActorError
 
 from .._client import TritonSHMClient
+from .._defaults import DEFAULT_RECONNECT_TIMEOUT_S
 from .._exceptions import StaleLeaseError
 from .._header import RegionHeader
 from .._inputs import InputValue
-from .._reconnect import DEFAULT_RECONNECT_TIMEOUT_S
 from .._shm import SharedMemoryRegion
 from .._specs import ModelSpec
 from ._actor import ModelRegistration, get_node_actor

@@ -1,0 +1,14 @@
+"""Defaults that appear in signatures and in the command line's help.
+
+A leaf module, importing nothing: the command line shows these without loading numpy or gRPC.
+"""
+
+from __future__ import annotations
+
+__all__ = ["DEFAULT_RECONNECT_TIMEOUT_S", "DEFAULT_URL"]
+
+#: Triton's gRPC address when none is given (or found in ``$RAY_TRITON_SHM_URL`` on a node).
+DEFAULT_URL = "localhost:8001"
+
+#: How long a request waits for an unreachable Triton by default.
+DEFAULT_RECONNECT_TIMEOUT_S = 60.0
