@@ -17,7 +17,7 @@ import tritonclient.grpc as grpcclient
 from _helpers import free_ports
 from tritonclient.utils import InferenceServerException
 
-from ray_triton_shm._cli import build_parser, main
+from ray_triton_shm._cli import main
 from ray_triton_shm.local._server import LocalTritonServer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -65,15 +65,6 @@ def test_python_dash_m_and_version() -> None:
 def test_bad_arguments_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(argv) == 2
     assert "usage:" in capsys.readouterr().err
-
-
-def test_parser_defaults() -> None:
-    args = build_parser().parse_args(["status"])
-    assert args.url == "localhost:8001" and not args.local
-    args = build_parser().parse_args(
-        ["serve-local", "--model-repository", "a", "--model-repository", "b"]
-    )
-    assert args.model_repository == ["a", "b"]
 
 
 def test_serve_local_answers_then_stops_on_sigint() -> None:

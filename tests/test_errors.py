@@ -219,11 +219,3 @@ def test_every_exception_survives_pickle(error: TritonSHMError) -> None:
     assert isinstance(copy, TritonSHMError)
     if isinstance(error, OSError):
         assert copy.errno == error.errno
-
-
-def test_builtin_bases() -> None:
-    assert issubclass(InvalidInputError, ValueError)
-    assert issubclass(ModelSpecError, ValueError)
-    assert issubclass(SlotTimeoutError, TimeoutError)
-    assert issubclass(ModelNotRegisteredError, LookupError)
-    assert issubclass(SharedMemoryNotAllowedError, TritonServerError)

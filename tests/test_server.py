@@ -416,14 +416,3 @@ def test_a_library_call_never_installs_the_server(
     finally:
         server.close()
     assert not (tmp_path / "empty-env").exists()
-
-
-def test_test_model_repository_layout() -> None:
-    for repo, names in (
-        (EXAMPLE_MODEL_REPOSITORY, EXAMPLE_MODELS),
-        (TEST_MODEL_REPOSITORY, TEST_MODELS),
-    ):
-        found = {p.parent.name for p in repo.glob("*/config.pbtxt")}
-        assert found == names
-        for name in names:
-            assert (repo / name / "1" / "model.py").is_file()
