@@ -10,12 +10,17 @@
     ├── SlotTimeoutError (TimeoutError)        no slot became free within ``timeout_s``
     ├── OverloadedError (RuntimeError)         too many callers already waiting
     ├── ClientClosedError (RuntimeError)       the client or pool was closed
+    ├── SharedMemoryFullError (OSError)        /dev/shm has no room for a pool (errno ENOSPC)
     ├── LocalServerError (RuntimeError)        the embedded Triton could not be set up or started
     └── TritonServerError (RuntimeError)       Triton answered with an error; keeps its status
-        └── SharedMemoryNotAllowedError        the server refuses client shared memory
+        ├── SharedMemoryNotAllowedError        the server refuses client shared memory
+        └── ServerUnreachableError             Triton stayed unreachable for
+            (ConnectionError)                  ``reconnect_timeout_s``
 
-Every exception survives a :mod:`pickle` round trip with its attributes, because Ray ships
-exceptions between processes.
+Details are typed attributes (``model`` on every error; ``tensor``, ``expected``, ``actual``,
+``status``... where they apply), so callers can react without parsing the message. Every
+exception survives a :mod:`pickle` round trip with its attributes, because Ray ships exceptions
+between processes.
 """
 
 from __future__ import annotations
@@ -43,17 +48,15 @@ __all__ = [
 class TritonSHMError(Exception):
     """Base class of every error raised by ``ray_triton_shm``.
 
-    Args:
+    Attributes:
         message: Human-readable description.
-        **context: Structured details (model, tensor, expected, actual, status, ...) kept as
-            attributes so callers can react without parsing the message.
+        model: The model concerned, when there is one.
     """
 
-    def __init__(self, message: str, **context: Any) -> None:
+    def __init__(self, message: str, *, model: str | None = None) -> None:
         super().__init__(message)
         self.message = message
-        for key, value in context.items():
-            setattr(self, key, value)
+        self.model = model
 
     def __str__(self) -> str:
         return self.message
@@ -82,21 +85,19 @@ class InvalidInputError(TritonSHMError, ValueError):
         actual: What was given.
     """
 
-    model: str
-    tensor: str | None
-    expected: Any
-    actual: Any
-
     def __init__(
         self,
         message: str,
         *,
-        model: str = "",
+        model: str | None = None,
         tensor: str | None = None,
         expected: Any = None,
         actual: Any = None,
     ) -> None:
-        super().__init__(message, model=model, tensor=tensor, expected=expected, actual=actual)
+        super().__init__(message, model=model)
+        self.tensor = tensor
+        self.expected = expected
+        self.actual = actual
 
 
 class ModelSpecError(TritonSHMError, ValueError):
@@ -104,7 +105,16 @@ class ModelSpecError(TritonSHMError, ValueError):
 
     Examples: a ``-1`` dimension without a maximum, a tensor named twice, or a model registered
     again with different specs.
+
+    Attributes:
+        tensor: The tensor concerned, when there is one.
     """
+
+    def __init__(
+        self, message: str, *, model: str | None = None, tensor: str | None = None
+    ) -> None:
+        super().__init__(message, model=model)
+        self.tensor = tensor
 
 
 class ModelNotRegisteredError(TritonSHMError, LookupError):
@@ -115,11 +125,30 @@ class StaleLeaseError(TritonSHMError, LookupError):
     """The Ray node actor restarted since this process bound to it; its slots are gone.
 
     ``ShmModel`` binds again and retries once when it sees this.
+
+    Attributes:
+        incarnation: The actor incarnation the caller's lease came from.
     """
+
+    def __init__(
+        self, message: str, *, model: str | None = None, incarnation: str | None = None
+    ) -> None:
+        super().__init__(message, model=model)
+        self.incarnation = incarnation
 
 
 class SlotTimeoutError(TritonSHMError, TimeoutError):
-    """No slot of the model's pool became free within the timeout."""
+    """No slot of the model's pool became free within the timeout.
+
+    Attributes:
+        timeout_s: How long the caller waited.
+    """
+
+    def __init__(
+        self, message: str, *, model: str | None = None, timeout_s: float | None = None
+    ) -> None:
+        super().__init__(message, model=model)
+        self.timeout_s = timeout_s
 
 
 class OverloadedError(TritonSHMError, RuntimeError):
@@ -142,12 +171,13 @@ class SharedMemoryFullError(TritonSHMError, OSError):
     """
 
     errno = ENOSPC
-    model: str
-    needed: int
-    free: int
 
-    def __init__(self, message: str, *, model: str = "", needed: int = 0, free: int = 0) -> None:
-        super().__init__(message, model=model, needed=needed, free=free)
+    def __init__(
+        self, message: str, *, model: str | None = None, needed: int = 0, free: int = 0
+    ) -> None:
+        super().__init__(message, model=model)
+        self.needed = needed
+        self.free = free
 
 
 class LocalServerError(TritonSHMError, RuntimeError):
@@ -164,10 +194,6 @@ class TritonServerError(TritonSHMError, RuntimeError):
         model: The model concerned, when there is one.
     """
 
-    status: str | None
-    server_message: str
-    model: str | None
-
     def __init__(
         self,
         message: str,
@@ -176,7 +202,9 @@ class TritonServerError(TritonSHMError, RuntimeError):
         server_message: str = "",
         model: str | None = None,
     ) -> None:
-        super().__init__(message, status=status, server_message=server_message, model=model)
+        super().__init__(message, model=model)
+        self.status = status
+        self.server_message = server_message
 
 
 class SharedMemoryNotAllowedError(TritonServerError):
@@ -195,9 +223,6 @@ class ServerUnreachableError(TritonServerError, ConnectionError):
         url: The address tried.
         waited_s: How long the request waited for Triton.
     """
-
-    url: str
-    waited_s: float
 
     def __init__(
         self,

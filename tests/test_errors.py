@@ -26,6 +26,7 @@ from ray_triton_shm import (
     TritonSHMClient,
     TritonSHMError,
 )
+from ray_triton_shm._exceptions import StaleLeaseError
 from ray_triton_shm._transport import translate_error
 
 GOOD = {
@@ -201,7 +202,8 @@ ALL_ERRORS = [
     ModelSpecError("m", model="x", tensor="t"),
     ModelNotRegisteredError("m", model="x"),
     SlotTimeoutError("m", model="x", timeout_s=0.5),
-    OverloadedError("m", model="x", waiting=10),
+    OverloadedError("m", model="x"),
+    StaleLeaseError("m", model="x", incarnation="abc"),
     ClientClosedError("m"),
     TritonServerError("m", status="StatusCode.INTERNAL", server_message="s", model="x"),
     SharedMemoryNotAllowedError("m", status="StatusCode.UNAVAILABLE", server_message="s"),
