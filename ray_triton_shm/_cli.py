@@ -14,16 +14,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ray_triton_shm._defaults import DEFAULT_URL
+
+if TYPE_CHECKING:
+    from ray_triton_shm._reclaim import ReclaimReport, StatusReport
 
 __all__ = ["build_parser", "main"]
 
@@ -182,51 +184,6 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------------------
 
 
-def _plain(value: Any) -> Any:
-    """Turn dataclasses, mappings and sequences into plain dicts/lists for printing."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return [_plain(v) for v in value]
-    return value
-
-
-def _print_report(value: Any, *, indent: int = 0, file: Any = None) -> None:
-    """Print a (nested) report as indented ``key: value`` lines."""
-    out = file if file is not None else sys.stdout
-    pad = "  " * indent
-    value = _plain(value)
-    if value is None:
-        return
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if isinstance(item, (dict, list)) and item:
-                print(f"{pad}{key}:", file=out)
-                _print_report(item, indent=indent + 1, file=out)
-            else:
-                shown = "(none)" if isinstance(item, (dict, list)) else item
-                print(f"{pad}{key}: {shown}", file=out)
-    elif isinstance(value, list):
-        if not value:
-            print(f"{pad}(none)", file=out)
-        for item in value:
-            if (
-                isinstance(item, dict)
-                and item
-                and not any(isinstance(v, (dict, list)) for v in item.values())
-            ):
-                print(f"{pad}- " + ", ".join(f"{k}={v}" for k, v in item.items()), file=out)
-            elif isinstance(item, (dict, list)):
-                print(f"{pad}-", file=out)
-                _print_report(item, indent=indent + 1, file=out)
-            else:
-                print(f"{pad}- {item}", file=out)
-    else:
-        print(f"{pad}{value}", file=out)
-
-
 def _size(nbytes: int) -> str:
     for unit, factor in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if nbytes >= factor:
@@ -238,13 +195,9 @@ def _yes_no(value: bool | None) -> str:
     return "?" if value is None else ("yes" if value else "no")
 
 
-def _print_status(report: Any) -> int:
-    regions = getattr(report, "regions", None)
-    if regions is None:  # an unexpected shape: show it anyway
-        _print_report(report)
-        return 0
-    where = getattr(report, "url", None)
-    print(f"server: {where if where else '(not asked)'}")
+def _print_status(report: StatusReport) -> int:
+    regions = report.regions
+    print(f"server: {report.url or '(not asked)'}")
     if regions:
         header = ("region", "size", "owner pid", "owner", "/dev/shm", "registered")
         rows = [
@@ -277,10 +230,7 @@ def _print_status(report: Any) -> int:
     return _report_server_error(report)
 
 
-def _print_reclaim(report: Any) -> int:
-    if not hasattr(report, "unregistered") or not hasattr(report, "unlinked"):
-        _print_report(report)
-        return 0
+def _print_reclaim(report: ReclaimReport) -> int:
     for label, names in (
         ("unregistered from Triton", report.unregistered),
         ("unlinked from /dev/shm", report.unlinked),
@@ -291,10 +241,9 @@ def _print_reclaim(report: Any) -> int:
     return _report_server_error(report)
 
 
-def _report_server_error(report: Any) -> int:
-    error = getattr(report, "server_error", None)
-    if error:
-        print(f"{PROG}: the server could not be asked: {error}", file=sys.stderr)
+def _report_server_error(report: StatusReport | ReclaimReport) -> int:
+    if report.server_error:
+        print(f"{PROG}: the server could not be asked: {report.server_error}", file=sys.stderr)
         return 1
     return 0
 
