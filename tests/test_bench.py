@@ -15,16 +15,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from rich.console import Console
 
-from ray_triton_shm._bench import CASES, DEFAULT_PATHS, BenchConfig, ProgressBar, run_bench
 from ray_triton_shm._bench import _paths as bench_paths
-from ray_triton_shm._bench._paths import BenchPath
-from ray_triton_shm._bench._report import (
-    PlotUnavailableError,
-    format_goals,
-    format_table,
-    write_plot,
+from ray_triton_shm._bench import _ray_paths, _runner
+from ray_triton_shm._bench._cases import CASES
+from ray_triton_shm._bench._config import (
+    CASE_NAMES,
+    DEFAULT_PATHS,
+    DEFAULT_RAY_CALLERS,
+    RAY_PATHS,
+    BenchConfig,
 )
+from ray_triton_shm._bench._paths import BenchPath, SkipPath
+from ray_triton_shm._bench._report import num, print_results, write_plot
+from ray_triton_shm._bench._runner import BenchResults, run_bench
 from ray_triton_shm._cli import main
 from ray_triton_shm.local._server import LocalTritonServer
 
@@ -49,7 +54,7 @@ def _regions_of(pid: int) -> list[str]:
     return sorted(p.name for p in SHM_DIR.iterdir() if p.name.startswith(prefixes))
 
 
-def _bench_cmd(triton: LocalTritonServer, *extra: str) -> list[str]:
+def _bench_cmd(triton: LocalTritonServer, *extra: str, progress: bool = False) -> list[str]:
     return [
         sys.executable,
         "-m",
@@ -59,9 +64,16 @@ def _bench_cmd(triton: LocalTritonServer, *extra: str) -> list[str]:
         triton.grpc_url,
         "--http-url",
         triton.http_url,
-        "--no-progress",
+        *(() if progress else ("--no-progress",)),
         *extra,
     ]
+
+
+def _printed(results: BenchResults) -> str:
+    """What ``bench`` prints for ``results`` when stdout is not a terminal."""
+    out = io.StringIO()
+    print_results(results, Console(file=out, width=1000))
+    return out.getvalue()
 
 
 def test_bench_quick_json_has_every_model_and_path(
@@ -71,7 +83,9 @@ def test_bench_quick_json_has_every_model_and_path(
     plot_path = tmp_path / "out" / "bench.png"
     registered_before = _registered(triton.grpc_url)
     proc = subprocess.Popen(
-        _bench_cmd(triton, "--quick", "--json", str(json_path), "--plot", str(plot_path)),
+        _bench_cmd(
+            triton, "--quick", "--json", str(json_path), "--plot", str(plot_path), progress=True
+        ),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -106,6 +120,9 @@ def test_bench_quick_json_has_every_model_and_path(
     assert data["failures"] == []
 
     assert "shm-client" in stdout and "Goals" in stdout
+    # Not a terminal: plain text, and the progress bar draws nothing.
+    assert "\x1b" not in stdout + stderr and "\r" not in stdout + stderr
+    assert "%" not in stderr
     assert plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     assert _regions_of(proc.pid) == []
@@ -173,7 +190,7 @@ class _Unavailable(BenchPath):
     label = "unavailable"
 
     def setup(self) -> None:
-        raise bench_paths.PathUnavailableError("not here")
+        raise SkipPath("not here")
 
     def run_once(self) -> Mapping[str, np.ndarray]:
         raise AssertionError("never run")
@@ -186,7 +203,7 @@ def test_a_wrong_path_posts_no_numbers(
     triton: LocalTritonServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     for cls in (_WrongOutputs, _Unavailable):
-        monkeypatch.setitem(bench_paths._REGISTRY, cls.name, cls)
+        monkeypatch.setitem(_runner.PATHS, cls.name, cls)
     config = BenchConfig(
         models=("classifier",),
         paths=("grpc", _WrongOutputs.name, _Unavailable.name, "memcpy"),
@@ -204,10 +221,11 @@ def test_a_wrong_path_posts_no_numbers(
     assert model.paths[_Unavailable.name].skipped == "not here"
     assert model.paths["grpc"].ok and model.paths["memcpy"].ok
     assert results.failures == [f"classifier/{_WrongOutputs.name}: {wrong.error}"]
-    table = format_table(results)
-    assert "FAILED" in table and "skipped: not here" in table
+    printed = _printed(results)
+    assert f"FAILED: {wrong.error}" in printed and "skipped: not here" in printed
     # Goals about the shm client are reported as not measured, not as met or missed.
-    assert "not measured" in format_goals(results)
+    goal_lines = [line for line in printed.splitlines() if "not measured" in line]
+    assert goal_lines and all(line.startswith("n/a") for line in goal_lines)
     assert all(g.met is None for g in results.goals())
 
 
@@ -242,26 +260,53 @@ def test_bench_unreachable_server_fails_cleanly(capsys: pytest.CaptureFixture[st
     assert "reference gRPC request failed" in capsys.readouterr().err
 
 
-def test_progress_bar_without_a_terminal() -> None:
-    stream = io.StringIO()
-    bar = ProgressBar(20, stream=stream)
-    for i in range(20):
-        bar.update(advance=1, status=f"step {i}")
-    bar.close()
-    lines = stream.getvalue().splitlines()
-    assert 1 <= len(lines) <= 11  # one line per tenth, not one per step
-    assert "100%" in lines[-1] and "\r" not in stream.getvalue()
-    disabled = io.StringIO()
-    ProgressBar(5, stream=disabled, enabled=False).update(advance=5)
-    assert disabled.getvalue() == ""
+def test_the_light_names_are_those_of_the_cases_and_paths() -> None:
+    assert tuple(CASES) == CASE_NAMES
+    assert tuple(cls.name for cls in bench_paths.PATHS) == DEFAULT_PATHS
+    assert tuple(cls.name for cls in _ray_paths.PATHS) == RAY_PATHS
+    assert tuple(_runner.PATHS) == (*DEFAULT_PATHS, *RAY_PATHS)
+    assert BenchConfig().ray_callers == DEFAULT_RAY_CALLERS
+
+
+def test_bench_help_loads_neither_numpy_nor_the_clients() -> None:
+    script = (
+        "import contextlib, io, sys\n"
+        "from ray_triton_shm._cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+        "    main(['bench', '--help'])\n"
+        "heavy = ('numpy', 'grpc', 'tritonclient', 'ray', 'rich', 'matplotlib')\n"
+        "print(sorted(m for m in heavy if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_one_number_format() -> None:
+    cases = {
+        None: "-",
+        0: "0",
+        0.000123456: "0.000123",
+        0.93: "0.93",
+        1: "1.00",
+        3.8149: "3.81",
+        10.83: "10.8",
+        449.4: "449",
+        0.99999: "1.00",
+        9.996: "10.0",
+        99.96: "100",
+        1758.2: "1,758",
+        123456.0: "1.23e+05",
+        -2.5: "-2.50",
+    }
+    assert {value: num(value) for value in cases} == cases
+    assert num(1.0, "x") == "1.00x" and num(None, "x") == "-" and num(55.4, " us") == "55.4 us"
 
 
 def test_plot_without_matplotlib_says_how_to_install(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    from ray_triton_shm._bench._runner import BenchResults
-
     results = BenchResults(config=BenchConfig(), models=[], server="test")
-    with pytest.raises(PlotUnavailableError, match="pip install"):
+    with pytest.raises(ModuleNotFoundError, match="pip install"):
         write_plot(results, tmp_path / "x.png")

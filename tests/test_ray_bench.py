@@ -9,13 +9,12 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
 import tritonclient.grpc as grpcclient
 from _helpers import init_ray
 
-from ray_triton_shm._bench import CASES, DEFAULT_PATHS
-from ray_triton_shm._bench._paths import BenchTarget, PathUnavailableError
-from ray_triton_shm._bench._ray_paths import DATA_CASE, RAY_PATHS, ServeShmPath
+from ray_triton_shm._bench._config import DEFAULT_PATHS, RAY_PATHS, BenchConfig
+from ray_triton_shm._bench._ray_paths import DATA_CASE
+from ray_triton_shm._bench._runner import run_bench
 from ray_triton_shm._shm import ALIVE, owner_state
 from ray_triton_shm.local._server import LocalTritonServer
 
@@ -117,8 +116,6 @@ def test_bench_ray_quick_json_has_every_ray_path_verified(
 
 
 def test_bench_without_ray_has_no_ray_paths_or_goals(triton: LocalTritonServer) -> None:
-    from ray_triton_shm._bench import BenchConfig, run_bench
-
     results = run_bench(
         BenchConfig(
             models=("identity",),
@@ -133,17 +130,6 @@ def test_bench_without_ray_has_no_ray_paths_or_goals(triton: LocalTritonServer) 
     assert set(entry["paths"]) == {"grpc", "shm-client"}
     assert not any(key.startswith(("serve", "data")) for key in entry["ratios"])
     assert all(g["kind"] != "mbps_vs" for g in results.to_dict()["goals"])
-
-
-def test_ray_path_outside_bench_ray_is_skipped(triton: LocalTritonServer) -> None:
-    case = CASES["identity"]
-    inputs = case.make_inputs()
-    path = ServeShmPath(
-        target=BenchTarget(triton.grpc_url), case=case, inputs=inputs, reference=inputs
-    )
-    with pytest.raises(PathUnavailableError, match="bench --ray"):
-        path.setup()
-    path.teardown()
 
 
 def test_status_ray_lists_node_actors_with_stats(triton: LocalTritonServer) -> None:

@@ -1,12 +1,9 @@
-"""The ways of getting a request to Triton that the benchmark compares.
+"""The ways of getting a request to Triton that the benchmark compares, without Ray.
 
 Each way is a :class:`BenchPath`: ``setup()`` once per model, ``run_once()`` for one request
 carrying one full batch (returning the outputs as arrays the caller may keep), and
 ``teardown()``, which must be safe after a partial ``setup()`` and must never raise.
-
-Paths live in a registry keyed by name; :func:`register_path` adds one. Each path has a
-``group``: the default run uses group ``"core"``; other groups (e.g. ``"ray"``, for Ray
-Serve/Data paths) are opted into from the command line.
+:data:`PATHS` lists them; the Ray paths are in :mod:`~ray_triton_shm._bench._ray_paths`.
 """
 
 from __future__ import annotations
@@ -17,26 +14,24 @@ import dataclasses
 import os
 import time
 import uuid
-from collections.abc import Callable, Mapping
-from typing import Any, ClassVar, TypeVar
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import numpy as np
 
 from ray_triton_shm._bench._cases import ModelCase
 
 __all__ = [
+    "PATHS",
+    "SHM_KEY_PREFIX",
     "BenchPath",
     "BenchTarget",
     "GrpcPath",
     "HttpPath",
     "MemcpyFloorPath",
-    "PathUnavailableError",
-    "SHM_KEY_PREFIX",
     "ShmClientPath",
     "ShmManualPath",
-    "path_class",
-    "register_path",
-    "registered_paths",
+    "check_outputs",
 ]
 
 #: Prefix of the shared-memory keys and region names the hand-written shm path creates
@@ -44,8 +39,36 @@ __all__ = [
 SHM_KEY_PREFIX = "rtsbench_"
 
 
-class PathUnavailableError(RuntimeError):
-    """A path cannot run in this configuration (e.g. no HTTP endpoint); it is skipped."""
+class SkipPath(Exception):
+    """Raised by ``BenchPath.setup`` when the path cannot run here (e.g. no HTTP endpoint).
+
+    Control flow inside the bench, like ``unittest.SkipTest``: the runner records the path
+    as skipped with this message, and it never leaves the bench.
+    """
+
+
+class OutputMismatch(AssertionError):
+    """A path's outputs differ from the plain gRPC reference (the path then fails)."""
+
+
+def check_outputs(outputs: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray]) -> None:
+    """Check a path's outputs against the reference.
+
+    Raises:
+        OutputMismatch: Saying which output differs and how.
+    """
+    for name, expected in reference.items():
+        got = outputs.get(name)
+        if got is None:
+            raise OutputMismatch(f"output {name} missing (got {sorted(outputs)})")
+        got = np.asarray(got)
+        if got.shape != expected.shape or got.dtype != expected.dtype:
+            raise OutputMismatch(
+                f"output {name}: got {got.shape} {got.dtype}, "
+                f"expected {expected.shape} {expected.dtype}"
+            )
+        if not np.array_equal(got, expected, equal_nan=np.issubdtype(expected.dtype, np.floating)):
+            raise OutputMismatch(f"output {name}: values differ from the gRPC reference")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +86,7 @@ class BenchTarget:
 
 
 class BenchPath(abc.ABC):
-    """One way of sending a request; subclasses register with :func:`register_path`.
+    """One way of sending a request.
 
     Args:
         target: The server.
@@ -72,19 +95,10 @@ class BenchPath(abc.ABC):
         reference: The expected outputs for ``inputs`` (from a plain gRPC request).
     """
 
-    #: Registry key, also used in the JSON output.
+    #: The path's name (``--paths``, tables, the JSON output).
     name: ClassVar[str]
     #: Human-readable description for tables and plots.
     label: ClassVar[str]
-    #: Selection group (``"core"`` runs by default).
-    group: ClassVar[str] = "core"
-    #: Whether this path talks to the server (the memcpy floor does not).
-    uses_server: ClassVar[bool] = True
-    #: Context shared by the paths that name the same one, entered once per run around all
-    #: models as ``session_factory(target, config)`` (e.g. a Ray instance); ``None``: none.
-    session_factory: ClassVar[
-        Callable[[BenchTarget, Any], contextlib.AbstractContextManager[Any]] | None
-    ] = None
 
     def __init__(
         self,
@@ -104,7 +118,7 @@ class BenchPath(abc.ABC):
         """Prepare (connect, create and register regions, ...).
 
         Raises:
-            PathUnavailableError: If the path cannot run here (it is skipped).
+            SkipPath: If the path cannot run here (it is skipped).
         """
 
     @abc.abstractmethod
@@ -146,36 +160,6 @@ class BenchPath(abc.ABC):
         return None
 
 
-_P = TypeVar("_P", bound=type[BenchPath])
-_REGISTRY: dict[str, type[BenchPath]] = {}
-
-
-def register_path(cls: _P) -> _P:
-    """Class decorator adding a path to the registry (in definition order).
-
-    Raises:
-        ValueError: If a path with the same name is already registered.
-    """
-    if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
-        raise ValueError(f"a benchmark path named {cls.name!r} is already registered")
-    _REGISTRY[cls.name] = cls
-    return cls
-
-
-def registered_paths(*, groups: tuple[str, ...] | None = None) -> dict[str, type[BenchPath]]:
-    """Return the registered paths by name, optionally only those in ``groups``."""
-    return {n: c for n, c in _REGISTRY.items() if groups is None or c.group in groups}
-
-
-def path_class(name: str) -> type[BenchPath]:
-    """Return the registered path called ``name``.
-
-    Raises:
-        KeyError: If there is none.
-    """
-    return _REGISTRY[name]
-
-
 def _requested_nbytes(case: ModelCase, name: str, specs: Mapping[str, Any]) -> int:
     spec = specs[name]
     if spec.is_bytes:  # serialized: a 4-byte length before each element
@@ -188,7 +172,6 @@ def _requested_nbytes(case: ModelCase, name: str, specs: Mapping[str, Any]) -> i
 # --------------------------------------------------------------------------------------
 
 
-@register_path
 class GrpcPath(BenchPath):
     """``tritonclient.grpc``: ``InferInput.set_data_from_numpy`` and ``as_numpy``."""
 
@@ -223,7 +206,6 @@ class GrpcPath(BenchPath):
 # --------------------------------------------------------------------------------------
 
 
-@register_path
 class HttpPath(BenchPath):
     """``tritonclient.http`` with ``binary_data=True`` for inputs and outputs."""
 
@@ -232,11 +214,11 @@ class HttpPath(BenchPath):
 
     def setup(self) -> None:
         if self.target.http_url is None:
-            raise PathUnavailableError("no HTTP endpoint given (--http-url)")
+            raise SkipPath("no HTTP endpoint given (--http-url)")
         try:
             import tritonclient.http as httpclient
         except ImportError as exc:
-            raise PathUnavailableError(
+            raise SkipPath(
                 f"tritonclient[http] is not installed ({exc}); pip install 'ray-triton-shm[bench]'"
             ) from exc
         self._http = httpclient
@@ -268,7 +250,6 @@ class HttpPath(BenchPath):
 # --------------------------------------------------------------------------------------
 
 
-@register_path
 class ShmManualPath(BenchPath):
     """``tritonclient.utils.shared_memory`` by hand, as in Triton's ``simple_grpc_shm_client``.
 
@@ -365,7 +346,6 @@ class ShmManualPath(BenchPath):
 # --------------------------------------------------------------------------------------
 
 
-@register_path
 class ShmClientPath(BenchPath):
     """``TritonSHMClient.infer_shm``: one full batch per call."""
 
@@ -396,7 +376,6 @@ class ShmClientPath(BenchPath):
 # --------------------------------------------------------------------------------------
 
 
-@register_path
 class MemcpyFloorPath(BenchPath):
     """Copy the input bytes into, and the output bytes out of, preallocated buffers.
 
@@ -406,11 +385,10 @@ class MemcpyFloorPath(BenchPath):
 
     name = "memcpy"
     label = "memcpy floor"
-    uses_server = False
 
     def setup(self) -> None:
         if self.case.has_bytes:
-            raise PathUnavailableError("BYTES tensors have no fixed-size bytes to copy")
+            raise SkipPath("BYTES tensors have no fixed-size bytes to copy")
         self._in_bufs = {n: np.empty_like(a) for n, a in self.inputs.items()}
         self._out_src = {n: np.ascontiguousarray(a).copy() for n, a in self.reference.items()}
         self._out_bufs = {n: np.empty_like(a) for n, a in self._out_src.items()}
@@ -426,3 +404,13 @@ class MemcpyFloorPath(BenchPath):
         self._in_bufs = {}
         self._out_src = {}
         self._out_bufs = {}
+
+
+#: The paths without Ray, in table order (their names are ``_config.DEFAULT_PATHS``).
+PATHS: tuple[type[BenchPath], ...] = (
+    GrpcPath,
+    HttpPath,
+    ShmManualPath,
+    ShmClientPath,
+    MemcpyFloorPath,
+)

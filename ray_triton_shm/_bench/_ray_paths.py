@@ -12,9 +12,10 @@ predictor actors), with a plain gRPC predictor (``data-grpc``), ``ShmPredictor``
 (``data-shm``), or a predictor that calls nothing (``data-noop``): the ceiling the job itself
 sets. Only on the ``classifier`` case; a slice is one whole job.
 
-For the paths that use the node actor, its CPU time per request is reported too. Ray is
-started once per benchmark (:class:`RayBenchSession`) with ``$RAY_TRITON_SHM_URL`` set to the
-server benchmarked, and everything it created is gone when the benchmark returns. A request
+For the paths that use the node actor, its CPU time per request is reported too. The runner
+starts Ray once per benchmark (:class:`RayBenchSession`, given to every Ray path) with
+``$RAY_TRITON_SHM_URL`` set to the server benchmarked, and everything it created is gone when
+the benchmark returns. A request
 counts once per caller. The CPU time of a Serve path is that of the driver, the callers and
 the replica; of a Ray Data path, the driver's only.
 """
@@ -25,51 +26,28 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import numpy as np
 
 from ray_triton_shm._bench._cases import ModelCase
-from ray_triton_shm._bench._paths import (
-    BenchPath,
-    BenchTarget,
-    PathUnavailableError,
-    register_path,
-)
+from ray_triton_shm._bench._paths import BenchPath, BenchTarget, SkipPath, check_outputs
 
 __all__ = [
-    "DEFAULT_RAY_CALLERS",
-    "RAY_GROUP",
-    "RAY_PATHS",
+    "DATA_CASE",
+    "PATHS",
     "DataGrpcPath",
     "DataNoopPath",
     "DataShmPath",
     "RayBenchSession",
+    "RayPath",
     "ServeGrpcPath",
     "ServeInProcessPath",
     "ServeShmPath",
-    "ray_session",
 ]
 
-#: The registry group of the Ray paths (``bench --ray``).
-RAY_GROUP = "ray"
-#: Concurrent callers per Ray path unless ``--ray-callers`` says otherwise.
-DEFAULT_RAY_CALLERS = 4
-#: The Ray paths, in table order.
-RAY_PATHS: tuple[str, ...] = (
-    "serve-grpc",
-    "serve-shm",
-    "serve-inproc",
-    "data-grpc",
-    "data-shm",
-    "data-noop",
-)
-
 _SERVE_APP = "ray-triton-shm-bench"
-
-#: The session the Ray paths of the running benchmark use (set by :func:`ray_session`).
-_ACTIVE: RayBenchSession | None = None
 
 
 def _process_cpu_s(pid: int) -> float:
@@ -99,12 +77,12 @@ def _process_cpu_s(pid: int) -> float:
 class _Caller:
     """A Ray actor sending one request at a time through a path, in a closed loop.
 
-    It holds one "target" per (path, model): the callable that sends one request, the
-    request's inputs (resolved once from the object store) and how to close it.
+    It holds one "target" per (path, model): the callable that sends one request and the
+    request's inputs (resolved once from the object store).
     """
 
     def __init__(self) -> None:
-        self._targets: dict[str, tuple[Any, Mapping[str, np.ndarray], Any]] = {}
+        self._targets: dict[str, tuple[Any, Mapping[str, np.ndarray]]] = {}
 
     def pid(self) -> int:
         """This process's id."""
@@ -117,16 +95,16 @@ class _Caller:
             return handle.remote(arrays).result()  # type: ignore[no-any-return]
 
         call(inputs)
-        self._targets[key] = (call, inputs, None)
+        self._targets[key] = (call, inputs)
 
     def once(self, key: str) -> dict[str, np.ndarray]:
         """One request; returns its outputs."""
-        call, inputs, _ = self._targets[key]
+        call, inputs = self._targets[key]
         return dict(call(inputs))
 
     def loop(self, key: str, duration_s: float) -> int:
         """Requests back to back for ``duration_s`` (at least one); returns how many."""
-        call, inputs, _ = self._targets[key]
+        call, inputs = self._targets[key]
         done = 0
         deadline = time.perf_counter() + duration_s
         while True:
@@ -137,10 +115,7 @@ class _Caller:
 
     def remove(self, key: str) -> None:
         """Forgets ``key``."""
-        target = self._targets.pop(key, None)
-        if target is not None and target[2] is not None:
-            with contextlib.suppress(Exception):
-                target[2]()
+        self._targets.pop(key, None)
 
 
 class _BenchReplica:
@@ -250,19 +225,17 @@ class _NoopPredictor:
 
 
 class RayBenchSession:
-    """Starts a private local Ray for the benchmark and removes everything at the end.
+    """A private local Ray for the benchmark: started on entry, everything removed on exit.
 
     Args:
         target: The server benchmarked; its gRPC URL goes to the node actor through
             ``$RAY_TRITON_SHM_URL`` (set before ``ray.init``, so Ray's processes inherit it).
         callers: Concurrent callers per path.
-        num_cpus: CPUs Ray advertises (callers, replica and node actor ask for none).
     """
 
-    def __init__(self, target: BenchTarget, *, callers: int, num_cpus: int | None = None) -> None:
+    def __init__(self, target: BenchTarget, *, callers: int) -> None:
         self.target = target
         self.callers = callers
-        self.num_cpus = num_cpus or os.cpu_count() or 2
         self.error: BaseException | None = None
         self.actors: list[Any] = []
         self.caller_pids: list[int] = []
@@ -274,12 +247,19 @@ class RayBenchSession:
 
     # ---------------------------------------------------------------- lifecycle
 
+    def __enter__(self) -> RayBenchSession:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def start(self) -> None:
         """Starts Ray and the callers; on failure :attr:`error` says why (paths then fail)."""
         try:
             import ray
         except ImportError as exc:
-            self.error = PathUnavailableError(
+            self.error = SkipPath(
                 f"Ray is not installed ({exc}); pip install 'ray-triton-shm[ray]'"
             )
             return
@@ -291,7 +271,8 @@ class RayBenchSession:
             if not ray.is_initialized():
                 ray.init(
                     address="local",
-                    num_cpus=self.num_cpus,
+                    # The callers, replica and node actor ask for no CPU.
+                    num_cpus=os.cpu_count() or 2,
                     include_dashboard=False,
                     logging_level=logging.ERROR,
                     log_to_driver=False,
@@ -306,7 +287,7 @@ class RayBenchSession:
     def check(self) -> None:
         """Raises why the session is unusable, if it is."""
         if self.error is not None:
-            if isinstance(self.error, PathUnavailableError):
+            if isinstance(self.error, SkipPath):
                 raise self.error
             raise RuntimeError(f"Ray could not be started: {self.error}") from self.error
 
@@ -396,30 +377,18 @@ class RayBenchSession:
                 os.environ[URL_ENV_VAR] = self._old_url
 
 
-@contextlib.contextmanager
-def ray_session(target: BenchTarget, config: Any) -> Iterator[RayBenchSession]:
-    """The Ray session of one benchmark run (``config.ray_callers`` callers per path)."""
-    global _ACTIVE
-    session = RayBenchSession(target, callers=getattr(config, "ray_callers", DEFAULT_RAY_CALLERS))
-    _ACTIVE = session
-    try:
-        session.start()
-        yield session
-    finally:
-        _ACTIVE = None
-        session.close()
-
-
 # --------------------------------------------------------------------------------------
 # The paths
 # --------------------------------------------------------------------------------------
 
 
-class _RayPath(BenchPath):
-    """Shared by the Ray paths: the session, and the node actor's CPU when it is used."""
+class RayPath(BenchPath):
+    """Shared by the Ray paths: the session, and the node actor's CPU when it is used.
 
-    group = RAY_GROUP
-    session_factory = staticmethod(ray_session)  # type: ignore[assignment]
+    Args:
+        session: The benchmark's Ray session (the other arguments are :class:`BenchPath`'s).
+    """
+
     #: Whether the path uses the node actor (its CPU per request is reported).
     uses_node_actor: ClassVar[bool] = False
 
@@ -430,37 +399,35 @@ class _RayPath(BenchPath):
         case: ModelCase,
         inputs: Mapping[str, np.ndarray],
         reference: Mapping[str, np.ndarray],
+        session: RayBenchSession,
     ) -> None:
         super().__init__(target=target, case=case, inputs=inputs, reference=reference)
-        self._session: RayBenchSession | None = None
+        self._session = session
         self._key = f"{self.name}:{case.name}"
 
     def setup(self) -> None:
-        session = _ACTIVE
-        if session is None:
-            raise PathUnavailableError("the Ray paths run only inside `bench --ray`")
         if self.case.has_bytes:
-            raise PathUnavailableError("the string cases run in the core paths only")
-        session.check()
-        self._session = session
+            raise SkipPath("the string cases run in the core paths only")
+        self._session.check()
 
     def side_cpu_time(self) -> float | None:
-        if not self.uses_node_actor or self._session is None:
+        if not self.uses_node_actor:
             return None
         return self._session.node_actor_cpu_s()
 
 
-class _ServePath(_RayPath):
+class _ServePath(RayPath):
     """The same Serve deployment, fed the same way (``ray_callers`` caller actors through a
     ``DeploymentHandle``); only its ``backend`` differs."""
 
     backend: ClassVar[str]
+    _deployed = False
 
     def setup(self) -> None:
         super().setup()
         import ray
 
-        assert self._session is not None
+        self._deployed = True
         handle = self._session.deploy(self.backend, self.case)
         inputs_ref = ray.put(self.inputs)
         ray.get([a.add_serve.remote(self._key, handle, inputs_ref) for a in self._session.actors])
@@ -469,37 +436,30 @@ class _ServePath(_RayPath):
         """One request from every caller at once; checks them all, returns the first."""
         import ray
 
-        from ray_triton_shm._bench._runner import _check_outputs
-
-        assert self._session is not None
         answers = ray.get([a.once.remote(self._key) for a in self._session.actors])
         for answer in answers[1:]:
-            _check_outputs(answer, self.reference)
+            check_outputs(answer, self.reference)
         return answers[0]  # type: ignore[no-any-return]
 
     def run_slice(self, slice_s: float) -> int:
         import ray
 
-        assert self._session is not None
         return sum(ray.get([a.loop.remote(self._key, slice_s) for a in self._session.actors]))
 
     def cpu_time(self) -> float:
-        assert self._session is not None
         return sum(_process_cpu_s(pid) for pid in self._session.pids(self.backend))
 
     def teardown(self) -> None:
-        session = self._session
-        if session is None:
+        if not self._deployed:
             return
         with contextlib.suppress(Exception):
             import ray
             from ray import serve
 
-            ray.get([a.remove.remote(self._key) for a in session.actors], timeout=60)
+            ray.get([a.remove.remote(self._key) for a in self._session.actors], timeout=60)
             serve.delete(f"{_SERVE_APP}-{self.backend}")
 
 
-@register_path
 class ServeGrpcPath(_ServePath):
     """The Serve replica calls Triton with ``tritonclient.grpc.aio``."""
 
@@ -508,7 +468,6 @@ class ServeGrpcPath(_ServePath):
     backend = "grpc"
 
 
-@register_path
 class ServeShmPath(_ServePath):
     """The Serve replica calls Triton through ``ShmModel`` (leased slots of the node actor)."""
 
@@ -518,7 +477,6 @@ class ServeShmPath(_ServePath):
     uses_node_actor = True
 
 
-@register_path
 class ServeInProcessPath(_ServePath):
     """The Serve replica owns a ``TritonSHMClient`` (upper bound of shared memory)."""
 
@@ -532,13 +490,13 @@ DATA_CASE = "classifier"
 DATA_JOB_BATCHES = 64
 
 
-class _DataPath(_RayPath):
+class _DataPath(RayPath):
     """The same Ray Data job, ``map_batches`` with one predictor or another: every batch is
     the case's request; ``ray_callers`` predictor actors. A slice is one whole job."""
 
     def setup(self) -> None:
         if self.case.name != DATA_CASE:
-            raise PathUnavailableError(f"the Ray Data job runs on the {DATA_CASE} case")
+            raise SkipPath(f"the Ray Data job runs on the {DATA_CASE} case")
         super().setup()
 
     def _predictor(self) -> tuple[Any, dict[str, Any]]:
@@ -553,7 +511,6 @@ class _DataPath(_RayPath):
             rows = len(ids["id"])
             return {name: array[:rows] for name, array in ray.get(inputs_ref).items()}
 
-        assert self._session is not None
         size = self.case.batch_size
         predictor, kwargs = self._predictor()
         return (
@@ -580,7 +537,6 @@ class _DataPath(_RayPath):
         """Nothing to undo: each job's predictor actors end with the job."""
 
 
-@register_path
 class DataGrpcPath(_DataPath):
     """Ray Data with a predictor calling Triton over plain gRPC."""
 
@@ -592,7 +548,6 @@ class DataGrpcPath(_DataPath):
         return _GrpcPredictor, {"url": url, "model": self.case.model, "outputs": outputs}
 
 
-@register_path
 class DataShmPath(_DataPath):
     """Ray Data with ``ShmPredictor``."""
 
@@ -603,12 +558,10 @@ class DataShmPath(_DataPath):
     def _predictor(self) -> tuple[Any, dict[str, Any]]:
         from ray_triton_shm.ray import ShmPredictor
 
-        assert self._session is not None
         options = {"slots": max(8, self._session.callers)}
         return ShmPredictor, {"model_name": self.case.model, "actor_options": options}
 
 
-@register_path
 class DataNoopPath(_DataPath):
     """Ray Data with a predictor that calls nothing (the ceiling of the job itself)."""
 
@@ -617,3 +570,14 @@ class DataNoopPath(_DataPath):
 
     def _predictor(self) -> tuple[Any, dict[str, Any]]:
         return _NoopPredictor, {"outputs": dict(self.reference)}
+
+
+#: The Ray paths, in table order (their names are ``_config.RAY_PATHS``).
+PATHS: tuple[type[RayPath], ...] = (
+    ServeGrpcPath,
+    ServeShmPath,
+    ServeInProcessPath,
+    DataGrpcPath,
+    DataShmPath,
+    DataNoopPath,
+)

@@ -1,170 +1,165 @@
-"""Presenting results: the text table, the goals, JSON and a PNG plot."""
+"""Presenting results: the tables and goals (with rich), JSON and a PNG plot."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
 from ray_triton_shm._bench._runner import RAY_RATIOS, BenchResults, ModelResult
 
-__all__ = ["format_goals", "format_table", "write_json", "write_plot", "PlotUnavailableError"]
+__all__ = ["make_console", "num", "print_results", "write_json", "write_plot"]
+
+#: The line width when the output is not a terminal (a log keeps long notes on one line).
+_PLAIN_WIDTH = 1000
+_GOAL_STATUS = {True: ("MET", "green"), False: ("MISS", "bold red"), None: ("n/a", "dim")}
 
 
-class PlotUnavailableError(RuntimeError):
-    """matplotlib is not installed."""
+def num(value: float | None, suffix: str = "") -> str:
+    """``value`` with about three significant digits, then ``suffix``; ``"-"`` for ``None``.
 
-
-def _num(value: float | None, *, digits: int = 3) -> str:
+    From 100 on, whole numbers grouped by thousands (``"1,758"``); from 1e5 on, in
+    exponent form.
+    """
     if value is None:
         return "-"
-    if value == 0:
-        return "0"
+    # The bounds are where rounding moves a value up a band (9.996 is "10.0", not "10.00").
     magnitude = abs(value)
-    if magnitude >= 10 ** (digits + 2):
-        return f"{value:.3g}"
-    if magnitude >= 100:
-        return f"{value:,.0f}"
-    if magnitude >= 1:
-        return f"{value:.{max(0, digits - 1 - int(magnitude >= 10))}f}"
-    return f"{value:.{digits}g}"
+    if value == 0:
+        text = "0"
+    elif magnitude >= 99_999.5:
+        text = f"{value:.3g}"
+    elif magnitude >= 99.95:
+        text = f"{value:,.0f}"
+    elif magnitude >= 9.995:
+        text = f"{value:.1f}"
+    elif magnitude >= 0.9995:
+        text = f"{value:.2f}"
+    else:
+        text = f"{value:.3g}"
+    return text + suffix
 
 
-def _ratio(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}x"
+def make_console(*, stderr: bool = False) -> Console:
+    """A console on stdout (or stderr): styled on a terminal, plain text elsewhere."""
+    console = Console(stderr=stderr, highlight=False)
+    if not console.is_terminal:
+        console.width = _PLAIN_WIDTH
+    return console
 
 
-def _rows(model: ModelResult) -> list[list[str]]:
-    rows = []
-    for name, r in model.paths.items():
-        if r.skipped is not None:
-            note = f"skipped: {r.skipped}"
-        elif r.error is not None:
-            note = f"FAILED: {r.error}"
-        else:
-            note = "ok" if r.verified else "unverified"
-        vs_grpc = model.mbps_vs(name, "grpc") if name != "grpc" else None
-        vs_floor = model.cpu_vs(name, "memcpy") if name != "memcpy" else None
-        rows.append(
-            [
-                model.case.name,
-                name,
-                _num(r.mb_per_s),
-                _num(r.requests_per_s),
-                _num(r.cpu_s_per_gb),
-                _ratio(vs_grpc),
-                _ratio(vs_floor),
-                str(r.requests),
-                note,
-            ]
-        )
-    return rows
+def _table() -> Table:
+    return Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
 
 
-def format_table(results: BenchResults) -> str:
-    """The results as an aligned text table, one row per model and path.
+def _check(model: ModelResult, name: str) -> Text:
+    r = model.paths[name]
+    if r.skipped is not None:
+        return Text(f"skipped: {r.skipped}", style="dim")
+    if r.error is not None:
+        return Text(f"FAILED: {r.error}", style="bold red")
+    return Text("ok" if r.verified else "unverified")
+
+
+def _results_table(results: BenchResults) -> Table:
+    """One row per model and path.
 
     ``vs gRPC`` is the path's input MB/s over plain gRPC's; ``CPU/floor`` its client CPU
     seconds per GB over the memcpy floor's.
     """
-    header = [
-        "model",
-        "path",
-        "MB/s",
-        "req/s",
-        "CPU s/GB",
-        "vs gRPC",
-        "CPU/floor",
-        "requests",
-        "check",
-    ]
-    right = {2, 3, 4, 5, 6, 7}
-    body: list[list[str] | None] = []
+    table = _table()
+    table.add_column("model")
+    table.add_column("path")
+    for header in ("MB/s", "req/s", "CPU s/GB", "vs gRPC", "CPU/floor", "requests"):
+        table.add_column(header, justify="right")
+    table.add_column("check")
     for model in results.models:
-        if body:
-            body.append(None)
-        body.extend(_rows(model))
-    rows = [r for r in body if r is not None]
-    widths = [
-        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)
-    ]
-    widths[-1] = len(header[-1])  # the note column is last and left unpadded
-
-    def fmt(cells: list[str]) -> str:
-        parts = [
-            c.rjust(w) if i in right else c.ljust(w)
-            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
-        ]
-        return "  ".join(parts).rstrip()
-
-    lines = [fmt(header), fmt(["-" * w for w in widths])]
-    for row in body:
-        lines.append("" if row is None else fmt(row))
-    cfg = results.config
-    lines.append("")
-    lines.append(
-        f"MB = 1e6 bytes of input, GB = 1e9; CPU = client process CPU time (all threads). "
-        f"{cfg.rounds} interleaved rounds x {cfg.slice_s:g} s per path; server: "
-        f"{results.server}; total {results.duration_s:.0f} s."
-    )
-    lines.extend(_ray_ratio_lines(results))
-    return "\n".join(lines)
+        for i, (name, r) in enumerate(model.paths.items()):
+            vs_grpc = model.mbps_vs(name, "grpc") if name != "grpc" else None
+            vs_floor = model.cpu_vs(name, "memcpy") if name != "memcpy" else None
+            table.add_row(
+                model.case.name,
+                name,
+                num(r.mb_per_s),
+                num(r.requests_per_s),
+                num(r.cpu_s_per_gb),
+                num(vs_grpc, "x"),
+                num(vs_floor, "x"),
+                str(r.requests),
+                _check(model, name),
+                end_section=i == len(model.paths) - 1,
+            )
+    return table
 
 
-def _ray_ratio_lines(results: BenchResults) -> list[str]:
-    """The Ray paths' MB/s ratios per model (only when the run had Ray paths)."""
+def _ray_table(results: BenchResults) -> Table | None:
+    """The Ray paths' MB/s ratios per model; ``None`` when the run had no Ray paths."""
     pairs = [
         (path, base)
         for path, base in RAY_RATIOS
         if any(path in m.paths and base in m.paths for m in results.models)
     ]
     if not pairs:
-        return []
-    header = ["model", *(f"{path} / {base}" for path, base in pairs)]
-    rows = [
-        [m.case.name, *(_ratio(m.mbps_vs(path, base)) for path, base in pairs)]
-        for m in results.models
-    ]
-    widths = [max(len(header[i]), *(len(r[i]) for r in rows)) for i in range(len(header))]
-    lines = [
-        "",
-        f"Ray paths (MB/s ratios of the same topology; Serve: one replica fed by "
-        f"{results.config.ray_callers} caller actors; Ray Data: the same job with "
-        f"{results.config.ray_callers} predictor actors):",
-    ]
-    for row in (header, *rows):
-        lines.append(
-            "  "
-            + "  ".join(
-                c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))
-            ).rstrip()
-        )
-    actor = [
-        f"{m.case.name} {name} {cpu:.0f} us"
-        for m in results.models
-        for name, r in m.paths.items()
-        if (cpu := r.side_cpu_us_per_request) is not None
-    ]
-    if actor:
-        lines.append("  node actor CPU per request (all its threads): " + ", ".join(actor))
-    return lines
+        return None
+    table = _table()
+    table.add_column("model")
+    for path, base in pairs:
+        table.add_column(f"{path} / {base}", justify="right")
+    for m in results.models:
+        table.add_row(m.case.name, *(num(m.mbps_vs(path, base), "x") for path, base in pairs))
+    return table
 
 
-def format_goals(results: BenchResults) -> str:
-    """One line per goal: met, missed or not measured."""
-    lines = ["Goals (shm-client = TritonSHMClient.infer_shm, one max batch per call):"]
+def _goals_table(results: BenchResults) -> Table:
+    """One row per goal: met, missed or not measured."""
+    table = _table()
+    for header in ("", "model", "goal", "measured"):
+        table.add_column(header)
     for g in results.goals():
-        status = {True: "MET ", False: "MISS", None: "n/a "}[g.met]
+        status, style = _GOAL_STATUS[g.met]
         unit = " us" if g.goal.kind == "actor_cpu_us" else "x"
-        value = "not measured" if g.value is None else f"got {g.value:.2f}{unit}"
-        lines.append(f"  [{status}] {g.goal.model:<12} {g.goal.description:<46} {value}")
-    return "\n".join(lines)
+        value = "not measured" if g.value is None else f"got {num(g.value, unit)}"
+        table.add_row(Text(status, style=style), g.goal.model, g.goal.description, value)
+    return table
 
 
-def _short(value: float) -> str:
-    for threshold, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if value >= threshold:
-            return f"{value / threshold:.3g}{suffix}"
-    return f"{value:.3g}"
+def print_results(results: BenchResults, console: Console) -> None:
+    """Print the results table, the Ray paths' ratios (if any) and the goals."""
+    cfg = results.config
+    console.print(_results_table(results))
+    console.print(
+        f"MB = 1e6 bytes of input, GB = 1e9; CPU = client process CPU time (all threads). "
+        f"{cfg.rounds} interleaved rounds x {num(cfg.slice_s)} s per path; server: "
+        f"{results.server}; total {num(results.duration_s)} s.",
+        markup=False,
+    )
+    ray_table = _ray_table(results)
+    if ray_table is not None:
+        callers = cfg.ray_callers
+        console.print()
+        console.print(
+            f"Ray paths (MB/s ratios of the same topology; Serve: one replica fed by {callers} "
+            f"caller actors; Ray Data: the same job with {callers} predictor actors):",
+            markup=False,
+        )
+        console.print(ray_table)
+        actor = [
+            f"{m.case.name} {name} {num(cpu, ' us')}"
+            for m in results.models
+            for name, r in m.paths.items()
+            if (cpu := r.side_cpu_us_per_request) is not None
+        ]
+        if actor:
+            console.print(
+                "node actor CPU per request (all its threads): " + ", ".join(actor), markup=False
+            )
+    console.print()
+    console.print("Goals (shm-client = TritonSHMClient.infer_shm, one max batch per call):")
+    console.print(_goals_table(results))
 
 
 def write_json(results: BenchResults, path: str | Path) -> Path:
@@ -180,18 +175,19 @@ def write_plot(results: BenchResults, path: str | Path) -> Path:
     """Write a grouped bar plot of input MB/s per model and path (log scale).
 
     Raises:
-        PlotUnavailableError: If matplotlib is not installed.
+        ModuleNotFoundError: If matplotlib is not installed (saying how to install it).
     """
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-    except ImportError as exc:
-        raise PlotUnavailableError(
+    except ModuleNotFoundError as exc:
+        raise ModuleNotFoundError(
             "matplotlib is not installed; install it with "
             "`pip install 'ray-triton-shm[bench]'` (or `pip install matplotlib`), "
-            "or pass --no-plot"
+            "or pass --no-plot",
+            name="matplotlib",
         ) from exc
 
     models = results.models
@@ -217,7 +213,7 @@ def write_plot(results: BenchResults, path: str | Path) -> Path:
         bars = ax.bar(xs, ys, width=width * 0.95, label=label)
         for bar, y in zip(bars, ys, strict=True):
             ax.annotate(
-                _short(y),
+                num(y),
                 (bar.get_x() + bar.get_width() / 2, y),
                 ha="center",
                 va="bottom",
@@ -229,7 +225,7 @@ def write_plot(results: BenchResults, path: str | Path) -> Path:
     ax.set_xticks(range(len(models)))
     ax.set_xticklabels(
         [
-            f"{m.case.name}\n(batch {m.case.batch_size}, {m.case.input_nbytes / 1e6:.3g} MB in)"
+            f"{m.case.name}\n(batch {m.case.batch_size}, {num(m.case.input_nbytes / 1e6)} MB in)"
             for m in models
         ],
         fontsize=8,

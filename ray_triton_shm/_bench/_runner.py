@@ -4,26 +4,31 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import time
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
+from rich.progress import Progress
 
+from ray_triton_shm._bench import _paths, _ray_paths
 from ray_triton_shm._bench._cases import CASES, ModelCase
+from ray_triton_shm._bench._config import BenchConfig
 from ray_triton_shm._bench._paths import (
     BenchPath,
     BenchTarget,
-    PathUnavailableError,
-    path_class,
+    OutputMismatch,
+    SkipPath,
+    check_outputs,
 )
-from ray_triton_shm._bench._progress import ProgressBar
+from ray_triton_shm._bench._ray_paths import RayBenchSession, RayPath
 
 __all__ = [
-    "BenchConfig",
-    "BenchResults",
     "GOALS",
+    "PATHS",
+    "BenchResults",
     "Goal",
     "GoalResult",
     "ModelResult",
@@ -35,35 +40,8 @@ __all__ = [
 _MB = 1e6
 _GB = 1e9
 
-#: Paths in the default run, in table order.
-DEFAULT_PATHS: tuple[str, ...] = ("grpc", "http", "shm-manual", "shm-client", "memcpy")
-
-
-@dataclasses.dataclass(frozen=True)
-class BenchConfig:
-    """What to run.
-
-    Attributes:
-        models: Model names (keys of ``CASES``), in order.
-        paths: Path names (registry keys), in table order.
-        rounds: Interleaved rounds; in each, every path runs one time slice.
-        slice_s: Length of one time slice (at least one request is always sent).
-        warmup_requests: Untimed requests per path before the rounds (the first is checked).
-        url: gRPC endpoint of an existing server; ``None`` starts the embedded server.
-        http_url: HTTP endpoint of that server (``None`` skips the HTTP path).
-        startup_timeout_s: How long to wait for the embedded server.
-        ray_callers: Concurrent callers driving each Ray path (``bench --ray``).
-    """
-
-    models: tuple[str, ...] = tuple(CASES)
-    paths: tuple[str, ...] = DEFAULT_PATHS
-    rounds: int = 6
-    slice_s: float = 0.6
-    warmup_requests: int = 2
-    url: str | None = None
-    http_url: str | None = None
-    startup_timeout_s: float = 180.0
-    ray_callers: int = 4
+#: Every path, by name: those without Ray, then the Ray paths.
+PATHS: dict[str, type[BenchPath]] = {cls.name: cls for cls in (*_paths.PATHS, *_ray_paths.PATHS)}
 
 
 @dataclasses.dataclass
@@ -90,7 +68,7 @@ class PathResult:
     """The totals of one path on one model.
 
     Attributes:
-        path: Registry name.
+        path: The path's name.
         label: Human-readable name.
         input_nbytes: Input bytes per request.
         slices: Per-slice measurements.
@@ -413,9 +391,8 @@ class BenchResults:
 # Running
 # --------------------------------------------------------------------------------------
 
-
-class _OutputMismatch(AssertionError):
-    pass
+#: Advances the progress bar (``advance=``) and/or sets its text (``description=``).
+_Step = Callable[..., None]
 
 
 def _reference_outputs(
@@ -443,29 +420,14 @@ def _reference_outputs(
         expected_shape = case.batched_shape(spec)
         got = reference[name]
         if got is None or got.shape != expected_shape or got.dtype != spec.dtype:
-            raise _OutputMismatch(
+            raise OutputMismatch(
                 f"{case.model}: reference output {name} is "
                 f"{None if got is None else (got.shape, got.dtype)}, expected "
                 f"{(expected_shape, spec.dtype)}"
             )
     if case.identity and not np.array_equal(reference["OUTPUT0"], inputs["INPUT0"]):
-        raise _OutputMismatch(f"{case.model}: OUTPUT0 is not INPUT0")
+        raise OutputMismatch(f"{case.model}: OUTPUT0 is not INPUT0")
     return reference
-
-
-def _check_outputs(outputs: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray]) -> None:
-    for name, expected in reference.items():
-        got = outputs.get(name)
-        if got is None:
-            raise _OutputMismatch(f"output {name} missing (got {sorted(outputs)})")
-        got = np.asarray(got)
-        if got.shape != expected.shape or got.dtype != expected.dtype:
-            raise _OutputMismatch(
-                f"output {name}: got {got.shape} {got.dtype}, "
-                f"expected {expected.shape} {expected.dtype}"
-            )
-        if not np.array_equal(got, expected, equal_nan=np.issubdtype(expected.dtype, np.floating)):
-            raise _OutputMismatch(f"output {name}: values differ from the gRPC reference")
 
 
 def _run_slice(path: BenchPath, *, round_index: int, slice_s: float) -> SliceStats:
@@ -504,46 +466,53 @@ def _run_model(
     case: ModelCase,
     target: BenchTarget,
     config: BenchConfig,
-    progress: ProgressBar,
+    ray_session: RayBenchSession | None,
+    step: _Step,
     units_per_path: int,
 ) -> ModelResult:
     result = ModelResult(case)
     for name in config.paths:
-        cls = path_class(name)
-        result.paths[name] = PathResult(name, cls.label, case.input_nbytes)
+        result.paths[name] = PathResult(name, PATHS[name].label, case.input_nbytes)
     inputs = case.make_inputs(seed=zlib.crc32(case.model.encode()))
-    progress.update(status=f"{case.name}: reference request")
+    step(description=f"{case.name}: reference request")
     try:
         reference = _reference_outputs(target, case, inputs)
     except Exception as exc:
         for r in result.paths.values():
             r.error = f"reference gRPC request failed: {_describe(exc)}"
-        progress.update(advance=units_per_path * len(config.paths))
+        step(advance=units_per_path * len(config.paths))
         return result
 
     with contextlib.ExitStack() as stack:
         active: dict[str, BenchPath] = {}
         for name in config.paths:
             r = result.paths[name]
-            path = path_class(name)(target=target, case=case, inputs=inputs, reference=reference)
+            cls = PATHS[name]
+            kwargs: dict[str, Any] = dict(
+                target=target, case=case, inputs=inputs, reference=reference
+            )
+            if issubclass(cls, RayPath):
+                assert ray_session is not None
+                kwargs["session"] = ray_session
+            path = cls(**kwargs)
             stack.callback(path.teardown)
-            progress.update(status=f"{case.name}: setting up {name}")
+            step(description=f"{case.name}: setting up {name}")
             try:
                 path.setup()
                 path_outputs = path.run_once()
-                _check_outputs(path_outputs, reference)
+                check_outputs(path_outputs, reference)
                 r.verified = True
                 for _ in range(max(0, config.warmup_requests - 1)):
                     path.run_once()
-            except PathUnavailableError as exc:
+            except SkipPath as exc:
                 r.skipped = str(exc)
             except Exception as exc:
                 r.error = _describe(exc)
             if r.verified and r.skipped is None and r.error is None:
                 active[name] = path
-                progress.update(advance=1)
+                step(advance=1)
             else:
-                progress.update(advance=units_per_path)
+                step(advance=units_per_path)
         names = list(active)
         for round_index in range(config.rounds):
             # Rotate the order so no path always runs right after the same neighbour.
@@ -551,51 +520,44 @@ def _run_model(
             for name in names[shift:] + names[:shift]:
                 r = result.paths[name]
                 if r.error is not None:
-                    progress.update(advance=1)
+                    step(advance=1)
                     continue
-                progress.update(
-                    status=f"{case.name}: {name} (round {round_index + 1}/{config.rounds})"
-                )
+                step(description=f"{case.name}: {name} (round {round_index + 1}/{config.rounds})")
                 try:
                     r.slices.append(
                         _run_slice(active[name], round_index=round_index, slice_s=config.slice_s)
                     )
                 except Exception as exc:
                     r.error = _describe(exc)
-                progress.update(advance=1)
-        progress.update(status=f"{case.name}: cleaning up")
+                step(advance=1)
+        step(description=f"{case.name}: cleaning up")
     return result
 
 
 @contextlib.contextmanager
-def _sessions(config: BenchConfig, target: BenchTarget, bar: ProgressBar) -> Iterator[None]:
-    """Enters, once for the whole run, the session each selected path asks for."""
-    factories = dict.fromkeys(
-        f for f in (path_class(n).session_factory for n in config.paths) if f is not None
-    )
-    with contextlib.ExitStack() as stack:
-        if factories:
-            bar.update(status="starting Ray")
-        for factory in factories:
-            stack.enter_context(factory(target, config))
-        yield
-        if factories:
-            bar.update(status="stopping Ray")
+def _ray_session(
+    config: BenchConfig, target: BenchTarget, step: _Step
+) -> Iterator[RayBenchSession | None]:
+    """The Ray session of the run if a Ray path is selected (once for all models), else
+    ``None``."""
+    if not any(issubclass(PATHS[name], RayPath) for name in config.paths):
+        yield None
+        return
+    step(description="starting Ray")
+    with RayBenchSession(target, callers=config.ray_callers) as session:
+        yield session
+        step(description="stopping Ray")
 
 
-def run_bench(
-    config: BenchConfig,
-    *,
-    progress: ProgressBar | None = None,
-) -> BenchResults:
+def run_bench(config: BenchConfig, *, progress: Progress | None = None) -> BenchResults:
     """Run the benchmark.
 
-    Everything acquired (server, regions, registrations, connections) is released before
-    this returns or raises, including on ``KeyboardInterrupt``.
+    Everything acquired (server, regions, registrations, connections, Ray) is released
+    before this returns or raises, including on ``KeyboardInterrupt``.
 
     Args:
         config: What to run.
-        progress: Progress bar to drive; none is drawn if ``None``.
+        progress: Where to show progress (one task is added); none is shown if ``None``.
 
     Returns:
         The results.
@@ -605,19 +567,25 @@ def run_bench(
         ray_triton_shm.local._server.LocalServerError: If the embedded server fails to start.
     """
     cases = [CASES[m] for m in config.models]
-    for name in config.paths:
-        path_class(name)
+    unknown = [name for name in config.paths if name not in PATHS]
+    if unknown:
+        raise KeyError(f"unknown path(s): {', '.join(unknown)}")
     units_per_path = 1 + config.rounds
-    bar = progress if progress is not None else ProgressBar(1, enabled=False)
-    bar.set_total(len(cases) * len(config.paths) * units_per_path)
+    if progress is None:
+        progress = Progress(disable=True)
+    task = progress.add_task("", total=len(cases) * len(config.paths) * units_per_path)
+    # Drawn on updates only: a refresh thread would take CPU from the timed slices.
+    step: _Step = functools.partial(progress.update, task, refresh=True)
     start = time.perf_counter()
     models: list[ModelResult] = []
-    bar.update(status="starting the Triton server" if config.url is None else "connecting")
-    with _server_target(config) as (target, server_desc), _sessions(config, target, bar):
+    step(description="starting the Triton server" if config.url is None else "connecting")
+    with (
+        _server_target(config) as (target, server_desc),
+        _ray_session(config, target, step) as ray_session,
+    ):
         for case in cases:
-            model_result = _run_model(case, target, config, bar, units_per_path)
-            models.append(model_result)
-        bar.update(status="stopping the server" if config.url is None else "done")
+            models.append(_run_model(case, target, config, ray_session, step, units_per_path))
+        step(description="stopping the server" if config.url is None else "done")
     return BenchResults(
         config=config,
         models=models,
