@@ -53,7 +53,7 @@ def make_console(*, stderr: bool = False) -> Console:
 
 
 def _table() -> Table:
-    return Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    return Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
 
 
 def _check(model: ModelResult, name: str) -> Text:
@@ -72,11 +72,12 @@ def _results_table(results: BenchResults) -> Table:
     seconds per GB over the memcpy floor's.
     """
     table = _table()
-    table.add_column("model")
-    table.add_column("path")
+    # On a terminal too narrow for it, cells fold rather than lose characters.
+    table.add_column("model", overflow="fold")
+    table.add_column("path", overflow="fold")
     for header in ("MB/s", "req/s", "CPU s/GB", "vs gRPC", "CPU/floor", "requests"):
-        table.add_column(header, justify="right")
-    table.add_column("check")
+        table.add_column(header, justify="right", overflow="fold")
+    table.add_column("check", overflow="fold")
     for model in results.models:
         for i, (name, r) in enumerate(model.paths.items()):
             vs_grpc = model.mbps_vs(name, "grpc") if name != "grpc" else None
