@@ -130,6 +130,15 @@ def _goals_table(results: BenchResults) -> Table:
 
 def print_results(results: BenchResults, console: Console) -> None:
     """Print the results table, the Ray paths' ratios (if any) and the goals."""
+    if console.is_terminal:
+        _print_results(results, console)
+        return
+    with console.capture() as captured:  # a log gets no padding at the ends of its lines
+        _print_results(results, console)
+    console.file.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
+
+
+def _print_results(results: BenchResults, console: Console) -> None:
     cfg = results.config
     console.print(_results_table(results))
     console.print(
