@@ -67,13 +67,15 @@ def test_core_exports_exactly_its_all() -> None:
         ray_triton_shm.SlotPool  # noqa: B018
 
 
-def test_importing_the_package_and_the_cli_help_load_neither_numpy_nor_grpc() -> None:
+@pytest.mark.parametrize("argv", [["--help"], ["bench", "--help"]])
+def test_the_package_and_the_cli_help_load_no_heavy_module(argv: list[str]) -> None:
     script = (
         "import contextlib, io, sys\n"
         "from ray_triton_shm._cli import main\n"
         "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
-        "    main(['--help'])\n"
-        "print(sorted(m for m in ('numpy', 'grpc', 'tritonclient', 'ray') if m in sys.modules))\n"
+        f"    main({argv!r})\n"
+        "heavy = ('numpy', 'grpc', 'tritonclient', 'ray', 'rich', 'matplotlib')\n"
+        "print(sorted(m for m in heavy if m in sys.modules))\n"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr

@@ -268,20 +268,6 @@ def test_the_light_names_are_those_of_the_cases_and_paths() -> None:
     assert BenchConfig().ray_callers == DEFAULT_RAY_CALLERS
 
 
-def test_bench_help_loads_neither_numpy_nor_the_clients() -> None:
-    script = (
-        "import contextlib, io, sys\n"
-        "from ray_triton_shm._cli import main\n"
-        "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
-        "    main(['bench', '--help'])\n"
-        "heavy = ('numpy', 'grpc', 'tritonclient', 'ray', 'rich', 'matplotlib')\n"
-        "print(sorted(m for m in heavy if m in sys.modules))\n"
-    )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[]"
-
-
 def test_one_number_format() -> None:
     cases = {
         None: "-",
