@@ -36,7 +36,7 @@ from ._pool import PoolStats, SlotPool, SlotSource
 from ._reaper import watch
 from ._reclaim import reclaim_dead_registrations
 from ._reconnect import Reconnect, channel_options
-from ._shm import SharedMemoryRegion, ensure_room, new_region_name
+from ._shm import SharedMemoryRegion, ensure_room, mib, new_region_name
 from ._specs import ModelSpec, SlotLayout, SpecLike, resolve_model_spec
 from ._transport import as_asyncio_future, translate_error
 
@@ -238,8 +238,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         size = layout.region_bytes(pool_size)
         ensure_room(
             size,
-            what=f"model {spec.name!r}: a pool of {pool_size} slot(s) of "
-            f"{layout.slot_bytes / 2**20:,.1f} MiB",
+            what=f"model {spec.name!r}: a pool of {pool_size} slot(s) of {mib(layout.slot_bytes)}",
             model=spec.name,
             fix="register the model with a smaller pool_size or max_batch_size",
         )

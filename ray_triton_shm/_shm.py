@@ -47,6 +47,7 @@ __all__ = [
     "SharedMemoryRegion",
     "ensure_room",
     "list_local_regions",
+    "mib",
     "new_region_name",
     "owner_state",
     "pid_alive",
@@ -170,8 +171,8 @@ def _full(
     suggested = 2 ** math.ceil(math.log2(max(1, (total - free + needed) / 2**20)))
     remedy = f", or {fix}" if fix else ""
     return SharedMemoryFullError(
-        f"{what} needs {_mib(needed)} of shared memory, but /dev/shm has {_mib(free)} free "
-        f"(of {_mib(total)}). Give /dev/shm more room: `docker run --shm-size={suggested}m ...`, "
+        f"{what} needs {mib(needed)} of shared memory, but /dev/shm has {mib(free)} free "
+        f"(of {mib(total)}). Give /dev/shm more room: `docker run --shm-size={suggested}m ...`, "
         "or in Kubernetes mount an emptyDir with `medium: Memory` (and a sizeLimit) at /dev/shm"
         f"{remedy}.",
         model=model,
@@ -180,7 +181,8 @@ def _full(
     )
 
 
-def _mib(size: int) -> str:
+def mib(size: int) -> str:
+    """``size`` bytes in MiB, for messages (``"1,024.0 MiB"``)."""
     return f"{size / 2**20:,.1f} MiB"
 
 

@@ -14,7 +14,7 @@ import dataclasses
 import os
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -181,19 +181,10 @@ class GrpcPath(BenchPath):
     def setup(self) -> None:
         import tritonclient.grpc as grpcclient
 
-        self._grpc = grpcclient
         self._client = grpcclient.InferenceServerClient(self.target.grpc_url)
 
     def run_once(self) -> Mapping[str, np.ndarray]:
-        grpcclient = self._grpc
-        infer_inputs = []
-        for name, array in self.inputs.items():
-            infer_input = grpcclient.InferInput(
-                name, list(array.shape), self.case.inputs[name].triton_datatype
-            )
-            infer_input.set_data_from_numpy(array)
-            infer_inputs.append(infer_input)
-        outputs = [grpcclient.InferRequestedOutput(name) for name in self.case.outputs]
+        infer_inputs, outputs = grpc_request(self.inputs, self.case.outputs)
         result = self._client.infer(self.case.model, infer_inputs, outputs=outputs)
         return {name: result.as_numpy(name) for name in self.case.outputs}
 
@@ -414,3 +405,21 @@ PATHS: tuple[type[BenchPath], ...] = (
     ShmClientPath,
     MemcpyFloorPath,
 )
+
+
+def grpc_request(
+    inputs: Mapping[str, np.ndarray], outputs: Iterable[str]
+) -> tuple[list[Any], list[Any]]:
+    """tritonclient's by-value inputs and requested outputs for one gRPC request: the gRPC
+    path's, the reference request's and the Ray gRPC callers' (sync and aio share them)."""
+    import tritonclient.grpc as grpcclient  # here: importing the bench must not load it
+    from tritonclient.utils import np_to_triton_dtype
+
+    infer_inputs = []
+    for name, array in inputs.items():
+        infer_input = grpcclient.InferInput(
+            name, list(array.shape), np_to_triton_dtype(array.dtype)
+        )
+        infer_input.set_data_from_numpy(np.ascontiguousarray(array))
+        infer_inputs.append(infer_input)
+    return infer_inputs, [grpcclient.InferRequestedOutput(name) for name in outputs]

@@ -32,7 +32,13 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ray_triton_shm._bench._cases import ModelCase
-from ray_triton_shm._bench._paths import BenchPath, BenchTarget, SkipPath, check_outputs
+from ray_triton_shm._bench._paths import (
+    BenchPath,
+    BenchTarget,
+    SkipPath,
+    check_outputs,
+    grpc_request,
+)
 
 __all__ = [
     "DATA_CASE",
@@ -172,24 +178,9 @@ class _BenchReplica:
         return grpcclient.InferenceServerClient(self._url)
 
     async def _grpc(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        infer_inputs, requested = _grpc_request(inputs, self._outputs)
+        infer_inputs, requested = grpc_request(inputs, self._outputs)
         result = await self._client.infer(self._model, infer_inputs, outputs=requested)
         return {name: result.as_numpy(name) for name in self._outputs}
-
-
-def _grpc_request(inputs: Mapping[str, np.ndarray], outputs: list[str]) -> tuple[Any, Any]:
-    """tritonclient's inputs and requested outputs for one request (sync and aio share them)."""
-    import tritonclient.grpc as grpcclient
-    from tritonclient.utils import np_to_triton_dtype
-
-    infer_inputs = []
-    for name, array in inputs.items():
-        infer_input = grpcclient.InferInput(
-            name, list(array.shape), np_to_triton_dtype(array.dtype)
-        )
-        infer_input.set_data_from_numpy(np.ascontiguousarray(array))
-        infer_inputs.append(infer_input)
-    return infer_inputs, [grpcclient.InferRequestedOutput(name) for name in outputs]
 
 
 class _GrpcPredictor:
@@ -203,7 +194,7 @@ class _GrpcPredictor:
         self._outputs = outputs
 
     def __call__(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        infer_inputs, requested = _grpc_request(batch, self._outputs)
+        infer_inputs, requested = grpc_request(batch, self._outputs)
         result = self._client.infer(self._model, infer_inputs, outputs=requested)
         return {name: result.as_numpy(name) for name in self._outputs}
 

@@ -22,6 +22,7 @@ from ray_triton_shm._bench._paths import (
     OutputMismatch,
     SkipPath,
     check_outputs,
+    grpc_request,
 )
 from ray_triton_shm._bench._ray_paths import RayBenchSession, RayPath
 
@@ -403,14 +404,7 @@ def _reference_outputs(
 
     client = grpcclient.InferenceServerClient(target.grpc_url)
     try:
-        infer_inputs = []
-        for name, array in inputs.items():
-            infer_input = grpcclient.InferInput(
-                name, list(array.shape), case.inputs[name].triton_datatype
-            )
-            infer_input.set_data_from_numpy(array)
-            infer_inputs.append(infer_input)
-        outputs = [grpcclient.InferRequestedOutput(name) for name in case.outputs]
+        infer_inputs, outputs = grpc_request(inputs, case.outputs)
         result = client.infer(case.model, infer_inputs, outputs=outputs)
         reference = {name: np.array(result.as_numpy(name)) for name in case.outputs}
     finally:
