@@ -72,20 +72,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> typing.Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return list(__all__)
-
-
-if typing.TYPE_CHECKING:  # what type checkers and IDEs see
+if typing.TYPE_CHECKING:  # what type checkers and IDEs see: the names, typed, and no others
     from ._client import TritonSHMClient
     from ._exceptions import (
         ClientClosedError,
@@ -105,3 +92,15 @@ if typing.TYPE_CHECKING:  # what type checkers and IDEs see
     from ._reclaim import ReclaimReport, RegionStatus, StatusReport, reclaim_regions, region_status
     from ._specs import ModelSpec, TensorSpec
     from .local import LocalTritonServer
+else:
+
+    def __getattr__(name: str) -> typing.Any:
+        module = _EXPORTS.get(name)
+        if module is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(module, __name__), name)
+        globals()[name] = value  # later lookups skip this function
+        return value
+
+    def __dir__() -> list[str]:
+        return list(__all__)

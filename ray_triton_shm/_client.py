@@ -15,6 +15,7 @@ again after Triton restarts) is written once, in :mod:`._engine`; ``infer_shm`` 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -400,7 +401,8 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
                     self._reregister(arg.pool, arg.epoch, reconnect)
                 case Step.SETTLE:
                     if arg.call is not None:
-                        arg.call.exception()
+                        with contextlib.suppress(grpc.FutureCancelledError):
+                            arg.call.exception()  # waits; returns the call's error, if any
 
         steps = run(pool, batch, slot_timeout_s=slot_timeout_s, request_id=request_id)
         return drive(steps, do)

@@ -9,10 +9,11 @@ raised). The rules below therefore exist once:
 
 - Up to ``pool_size`` chunks are in flight; a caller holding a slot never waits for another
   (it collects its oldest chunk first), so callers cannot deadlock each other.
-- A slot is reused only once Triton has answered the request that used it. After an error the
-  call waits for its other chunks in flight, so every slot is free when the error reaches the
-  caller. After an interrupt (Ctrl-C, a cancelled coroutine) it waits for nothing: each slot is
-  released by its request's completion callback.
+- A slot is reused only once Triton has answered the request that used it. After an error
+  (an ``Exception``) the call waits for its other chunks in flight, so every slot is free when
+  the error reaches the caller. After an interrupt (any other ``BaseException``: Ctrl-C, a
+  cancelled coroutine) it waits for nothing: each slot is released by its request's completion
+  callback.
 - A request that finds Triton unreachable waits for it and is sent again; one that finds its
   region forgotten registers the region again and is sent again, once per chunk.
 """
@@ -55,7 +56,8 @@ class Step(enum.Enum):
     RECONNECT = enum.auto()
     #: A :class:`Chunk` -> ``None`` once its region is registered again.
     REREGISTER = enum.auto()
-    #: A :class:`Chunk` -> ``None`` once Triton is done with it, however it ended; never raises.
+    #: A :class:`Chunk` -> ``None`` once Triton is done with it, however its call ended (its
+    #: error is not raised: the call already failed for another reason).
     SETTLE = enum.auto()
 
 
@@ -220,9 +222,12 @@ def run(pool: ModelPool, batch: Batch, *, slot_timeout_s: float | None, request_
             pending.popleft().collect(outputs, response)
     except BaseException as exc:
         try:
-            if isinstance(exc, Exception):  # not an interrupt: free every slot before raising
-                for chunk in pending:
-                    yield Step.SETTLE, chunk
+            # An error waits for the other chunks, freeing each slot as soon as it may be
+            # reused, so that every slot is free when the error reaches the caller. An
+            # interrupt waits for nothing: the finally leaves each slot to its call's callback.
+            while pending and isinstance(exc, Exception):
+                yield Step.SETTLE, pending[0]
+                pending.popleft().abandon()
         finally:
             for chunk in pending:
                 chunk.abandon()
@@ -236,9 +241,9 @@ def _answer(chunk: Chunk) -> Generator[tuple[Step, Any], Any, service_pb2.ModelI
         try:
             return (yield Step.ANSWER, chunk)
         except grpc.RpcError as exc:
-            step = chunk.recovery(exc)
+            remedy = chunk.recovery(exc)
             try:
-                yield step
+                yield remedy
             except TritonSHMError:
                 chunk.pool.header.count_error(chunk.slot)
                 raise
@@ -249,15 +254,18 @@ def drive(steps: Steps, do: Callable[[Step, Any], Any]) -> dict[str, np.ndarray]
     """Runs ``steps`` to the end, doing each step with ``do`` (which blocks)."""
     result: Any = None
     error: BaseException | None = None
-    while True:
-        try:
-            step, argument = steps.send(result) if error is None else steps.throw(error)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
-        try:
-            result, error = do(step, argument), None
-        except BaseException as exc:  # the generator decides what to do with it
-            result, error = None, exc
+    try:
+        while True:
+            try:
+                step, argument = steps.send(result) if error is None else steps.throw(error)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            try:
+                result, error = do(step, argument), None
+            except BaseException as exc:  # the generator decides what to do with it
+                result, error = None, exc
+    finally:
+        steps.close()  # an interrupt between two steps: the generator gives its slots back
 
 
 async def drive_async(
@@ -266,15 +274,18 @@ async def drive_async(
     """:func:`drive` for coroutines: ``do`` returns an awaitable."""
     result: Any = None
     error: BaseException | None = None
-    while True:
-        try:
-            step, argument = steps.send(result) if error is None else steps.throw(error)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
-        try:
-            result, error = await do(step, argument), None
-        except BaseException as exc:  # the generator decides what to do with it
-            result, error = None, exc
+    try:
+        while True:
+            try:
+                step, argument = steps.send(result) if error is None else steps.throw(error)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            try:
+                result, error = await do(step, argument), None
+            except BaseException as exc:  # the generator decides what to do with it
+                result, error = None, exc
+    finally:
+        steps.close()
 
 
 def _answered(response: service_pb2.ModelInferResponse) -> list[tuple[str, tuple[int, ...], bytes]]:

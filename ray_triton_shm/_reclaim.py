@@ -62,7 +62,7 @@ class RegionStatus:
 
 @dataclass(frozen=True)
 class StatusReport:
-    """What :func:`status` found.
+    """What :func:`region_status` found.
 
     Attributes:
         url: The server asked, or ``None``.
@@ -77,7 +77,7 @@ class StatusReport:
 
 @dataclass(frozen=True)
 class ReclaimReport:
-    """What :func:`reclaim` did.
+    """What :func:`reclaim_regions` did.
 
     Attributes:
         unregistered: Region names unregistered from Triton.

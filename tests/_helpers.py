@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import socket
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,27 @@ def init_ray(**kwargs: Any) -> Any:
         if "timed out during startup" not in str(exc):
             raise
     ray.shutdown()
-    # The half-started node's processes would otherwise linger until the session ends.
-    ray_cli = Path(sys.executable).with_name("ray")
-    subprocess.run([str(ray_cli), "stop", "--force"], capture_output=True, check=False)
+    _kill_ray_children()
     return ray.init(**kwargs)
+
+
+def _kill_ray_children() -> None:
+    """Kills the processes of a half-started Ray node: this process's descendants run from
+    Ray's package (GCS, raylet, log monitor...), and nothing else (not the test's Triton)."""
+    import ray
+
+    ray_dir = str(Path(ray.__file__).parent) + os.sep
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            stat = (entry / "stat").read_text()
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    ours, frontier = set(), {os.getpid()}
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier} - ours
+        ours |= frontier
+    for pid in ours:
+        with contextlib.suppress(OSError):
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if any(part.decode(errors="replace").startswith(ray_dir) for part in argv):
+                os.kill(pid, signal.SIGKILL)

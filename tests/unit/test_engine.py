@@ -7,14 +7,17 @@ step, or an error in one chunk while others are in flight.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2
 
-from ray_triton_shm._engine import Chunk, ModelPool, Step, drive, run
+from ray_triton_shm import TritonServerError
+from ray_triton_shm._engine import Chunk, ModelPool, Step, drive, drive_async, run
 from ray_triton_shm._header import RegionHeader
 from ray_triton_shm._inputs import prepare_batch
 from ray_triton_shm._pool import SlotPool
@@ -65,7 +68,11 @@ class ScriptedTriton:
     """Does the engine's steps like an identity model would, failing on cue; logs each step."""
 
     def __init__(
-        self, pool: ModelPool, *, fail_at_answer: int | None = None, raise_: type = RuntimeError
+        self,
+        pool: ModelPool,
+        *,
+        fail_at_answer: int | None = None,
+        raise_: type[BaseException] | BaseException = RuntimeError,
     ) -> None:
         self.pool = pool
         self.log: list[tuple[Step, int | None]] = []
@@ -83,11 +90,18 @@ class ScriptedTriton:
             self.calls.append(arg.call)
             return None
         if step is Step.SETTLE:
-            arg.call.finish()
+            if arg.call is not None:
+                arg.call.finish()
             return None
+        if step in (Step.RECONNECT, Step.REREGISTER):
+            return None  # Triton is back / the region is registered again
         assert step is Step.ANSWER
         self.answers += 1
         if self.answers == self.fail_at_answer:
+            if isinstance(self.raise_, BaseException):  # an RpcError: a failed call is done
+                if arg.call is not None:
+                    arg.call.finish()
+                raise self.raise_
             raise self.raise_("scripted failure")
         views = arg.pool.views[arg.slot]
         views.outputs["Y"][: arg.rows * 2] = views.inputs["X"][: arg.rows * 2]
@@ -148,3 +162,77 @@ def test_one_chunk_is_answered_without_a_future_and_its_slot_freed_on_error(
     with pytest.raises(KeyboardInterrupt):
         _infer(ScriptedTriton(pool, fail_at_answer=1, raise_=KeyboardInterrupt), rows=1)
     assert pool.slots.stats().in_use == 0  # never sent as a future: nothing can write into it
+
+
+class _RpcError(grpc.RpcError):
+    """What a gRPC call raises: a status code and Triton's message."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        self._code, self._details = code, details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+
+UNAVAILABLE = _RpcError(grpc.StatusCode.UNAVAILABLE, "failed to connect to all addresses")
+MISSING = _RpcError(grpc.StatusCode.INVALID_ARGUMENT, "Unable to find shared memory region 'r'")
+
+
+def test_a_restart_is_waited_out_and_the_chunk_sent_again(pool: ModelPool) -> None:
+    triton = ScriptedTriton(pool, fail_at_answer=1, raise_=UNAVAILABLE)
+    np.testing.assert_array_equal(_infer(triton, rows=2)["Y"], [[0, 1], [2, 3]])
+    steps = [step for step, _ in triton.log]
+    assert steps == [Step.SLOT, Step.ANSWER, Step.RECONNECT, Step.SEND, Step.ANSWER]
+    assert pool.slots.stats().in_use == 0
+
+
+def test_a_forgotten_region_is_registered_again_once_per_chunk(pool: ModelPool) -> None:
+    class ForgetsTwice(ScriptedTriton):
+        def __call__(self, step: Step, arg: Any) -> Any:
+            if step is Step.ANSWER and self.answers < 2:
+                self.log.append((step, arg.start))
+                self.answers += 1
+                if arg.call is not None:
+                    arg.call.finish()
+                raise MISSING
+            return super().__call__(step, arg)
+
+    triton = ForgetsTwice(pool)
+    with pytest.raises(TritonServerError, match="Unable to find shared memory region"):
+        _infer(triton, rows=2)
+    assert [step for step, _ in triton.log].count(Step.REREGISTER) == 1
+    assert pool.slots.stats().in_use == 0
+
+
+def test_the_async_driver_runs_the_same_steps(pool: ModelPool) -> None:
+    triton = ScriptedTriton(pool)
+
+    async def do(step: Step, arg: Any) -> Any:
+        await asyncio.sleep(0)
+        return triton(step, arg)
+
+    x = np.arange(14, dtype=np.float32).reshape(7, 2)
+    steps = run(pool, prepare_batch(SPEC, {"X": x}), slot_timeout_s=1.0, request_id="")
+    np.testing.assert_array_equal(asyncio.run(drive_async(steps, do))["Y"], x)
+    assert [start for step, start in triton.log if step is Step.ANSWER] == [0, 2, 4, 6]
+    assert pool.slots.stats().in_use == 0
+
+
+def test_a_failure_to_send_still_gives_that_chunks_slot_back(pool: ModelPool) -> None:
+    triton = ScriptedTriton(pool)
+
+    def do(step: Step, arg: Any) -> Any:
+        result = triton(step, arg)
+        if step is Step.SEND and arg.start == 2:
+            arg.call = None  # the second request never left (e.g. the channel was closed)
+            triton.calls[0].finish()
+            raise ValueError("Cannot invoke RPC on closed channel!")
+        return result
+
+    x = np.zeros((4, 2), np.float32)
+    with pytest.raises(ValueError, match="closed channel"):
+        drive(run(pool, prepare_batch(SPEC, {"X": x}), slot_timeout_s=1.0, request_id=""), do)
+    assert pool.slots.stats().in_use == 0
