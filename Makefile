@@ -24,7 +24,7 @@ test: $(VENV)/.installed
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 serve: $(VENV)/.installed
-	$(VENV)/bin/ray-triton-shm serve-local
+	$(VENV)/bin/ray-triton-shm serve-local --grpc-port 8001 --http-port 8000
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check ray_triton_shm tests deployments

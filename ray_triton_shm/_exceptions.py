@@ -7,7 +7,7 @@
     ├── ModelSpecError (ValueError)            specs that cannot be turned into a slot layout
     ├── ModelNotRegisteredError (LookupError)  infer on a model never registered
     ├── StaleLeaseError (LookupError)          the Ray node actor restarted: bind again
-    ├── SlotTimeoutError (TimeoutError)        no slot became free within ``timeout_s``
+    ├── SlotTimeoutError (TimeoutError)        no slot became free within ``slot_timeout_s``
     ├── OverloadedError (RuntimeError)         too many callers already waiting
     ├── ClientClosedError (RuntimeError)       the client or pool was closed
     ├── SharedMemoryFullError (OSError)        /dev/shm has no room for a pool (errno ENOSPC)
