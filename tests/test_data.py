@@ -15,11 +15,10 @@ ray = pytest.importorskip("ray")
 pytest.importorskip("ray.data")
 pytest.importorskip("pyarrow")
 
-from _helpers import init_ray  # noqa: E402
 
 from ray_triton_shm import InvalidInputError  # noqa: E402
 from ray_triton_shm.local._server import LocalTritonServer  # noqa: E402
-from ray_triton_shm.ray import URL_ENV_VAR, ShmPredictor, get_node_actor  # noqa: E402
+from ray_triton_shm.ray import ShmPredictor, get_node_actor  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGE_SHAPE = (3, 224, 224)
@@ -52,24 +51,15 @@ class RecordingPredictor(ShmPredictor):
 
 
 @pytest.fixture(scope="module")
-def ray_cluster(triton: LocalTritonServer) -> Iterator[str]:
-    """A local Ray whose node actor talks to the session's Triton; yields the GCS address."""
-    saved = os.environ.get(URL_ENV_VAR)
-    os.environ[URL_ENV_VAR] = triton.grpc_url  # before ray.init: the raylet passes it on
-    init_ray(num_cpus=4, include_dashboard=False)
+def ray_cluster(ray_local: str) -> Iterator[str]:
+    """The module's local Ray (see ``ray_local``); yields the GCS address, and shuts the node
+    actor down at the end."""
     try:
         yield ray.get_runtime_context().gcs_address
     finally:
-        try:
-            actor = get_node_actor()
-            ray.get(actor.shutdown.remote())
-            ray.kill(actor)
-        finally:
-            ray.shutdown()
-            if saved is None:
-                os.environ.pop(URL_ENV_VAR, None)
-            else:
-                os.environ[URL_ENV_VAR] = saved
+        actor = get_node_actor()
+        ray.get(actor.shutdown.remote())
+        ray.kill(actor)
 
 
 def _predict(ds: ray.data.Dataset, cls: type = ShmPredictor, **kwargs: object) -> ray.data.Dataset:

@@ -10,7 +10,6 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import ray
-from _helpers import init_ray
 
 from ray_triton_shm import InvalidInputError, ModelSpecError, TritonServerError
 from ray_triton_shm._shm import list_local_regions
@@ -21,9 +20,7 @@ SHAPES = {"INPUT0": (16,), "OUTPUT0": (16,)}
 
 
 @pytest.fixture(scope="module")
-def node_actor(triton) -> Iterator[ray.actor.ActorHandle]:  # type: ignore[no-untyped-def]
-    os.environ[URL_ENV_VAR] = triton.grpc_url  # the node's setting, inherited by its workers
-    init_ray(num_cpus=4, include_dashboard=False, log_to_driver=False)
+def node_actor(ray_local: str) -> Iterator[ray.actor.ActorHandle]:
     actor = get_node_actor(slots=4)
     try:
         yield actor
@@ -31,8 +28,6 @@ def node_actor(triton) -> Iterator[ray.actor.ActorHandle]:  # type: ignore[no-un
         pid = ray.get(actor.stats.remote()).pid
         ray.get(actor.shutdown.remote())
         ray.kill(actor)
-        ray.shutdown()
-        del os.environ[URL_ENV_VAR]
         assert [r.name for r in list_local_regions() if r.owner.pid == pid] == []
 
 

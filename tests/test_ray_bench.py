@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 import tritonclient.grpc as grpcclient
-from _helpers import init_ray
 
 from ray_triton_shm._bench._config import DEFAULT_PATHS, RAY_PATHS, BenchConfig
 from ray_triton_shm._bench._ray_paths import DATA_CASE
@@ -132,78 +131,66 @@ def test_bench_without_ray_has_no_ray_paths_or_goals(triton: LocalTritonServer) 
     assert all(g["kind"] != "mbps_vs" for g in results.to_dict()["goals"])
 
 
-def test_status_ray_lists_node_actors_with_stats(triton: LocalTritonServer) -> None:
+def test_status_ray_lists_node_actors_with_stats(triton: LocalTritonServer, ray_local: str) -> None:
     import ray
 
-    from ray_triton_shm.ray import URL_ENV_VAR, ShmModel, get_node_actor
+    from ray_triton_shm.ray import ShmModel, get_node_actor
 
-    if ray.is_initialized():
-        ray.shutdown()
-    old = os.environ.get(URL_ENV_VAR)
-    os.environ[URL_ENV_VAR] = triton.grpc_url
-    init_ray(address="local", num_cpus=2, include_dashboard=False)
+    actor = get_node_actor(url=triton.grpc_url)
     try:
-        actor = get_node_actor(url=triton.grpc_url)
-        try:
-            model = ShmModel(
-                "identity", max_shapes={"INPUT0": (16,), "OUTPUT0": (16,)}, idle_release_s=600
-            )
-            x = np.arange(32, dtype=np.float32).reshape(2, 16)
-            np.testing.assert_array_equal(model.infer({"INPUT0": x})["OUTPUT0"], x)
-            stats = ray.get(actor.stats.remote())
-            address = ray.get_runtime_context().gcs_address
-            proc = subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "ray_triton_shm",
-                    "status",
-                    "--address",
-                    address,
-                    "--url",
-                    triton.grpc_url,
-                ],
-                capture_output=True,
-                text=True,
-                env=_env(),
-                timeout=120,
-            )
-            assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
-            out = proc.stdout
-            assert "Ray node actors (namespace ray_triton_shm): 1" in out
-            assert f"node {stats.node_id}" in out
-            assert f"url {triton.grpc_url}" in out and f"pid {stats.pid}" in out
-            header = next(line for line in out.splitlines() if line.strip().startswith("model"))
-            assert header.split() == [
-                "model",
-                "slots",
-                "in_use",
-                "waiting",
-                "leased",
-                "lessees",
-                "shm_bytes",
-                "requests",
-                "samples",
-                "bytes_in",
-                "bytes_out",
-                "errors",
-            ]
-            row = next(line for line in out.splitlines() if line.strip().startswith("identity"))
-            shm_bytes = stats.models["identity"]["shm_bytes"]
-            # The node's whole footprint in /dev/shm, beside what is free there.
-            assert stats.shm_bytes == shm_bytes and 0 < stats.shm_free <= stats.shm_capacity
-            assert "held in /dev/shm over every slot and lease" in out
-            expected = (8, 1, 0, 1, 1, shm_bytes, 1, 2, x.nbytes, x.nbytes, 0)
-            assert row.split()[1:] == [str(v) for v in expected]
-            # The regions report still follows, with the actor's regions registered.
-            assert f"rtshm_{stats.pid}-" in out
-            model.close()
-        finally:
-            ray.get(actor.shutdown.remote())
-            ray.kill(actor)
+        model = ShmModel(
+            "identity", max_shapes={"INPUT0": (16,), "OUTPUT0": (16,)}, idle_release_s=600
+        )
+        x = np.arange(32, dtype=np.float32).reshape(2, 16)
+        np.testing.assert_array_equal(model.infer({"INPUT0": x})["OUTPUT0"], x)
+        stats = ray.get(actor.stats.remote())
+        address = ray.get_runtime_context().gcs_address
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "ray_triton_shm",
+                "status",
+                "--address",
+                address,
+                "--url",
+                triton.grpc_url,
+            ],
+            capture_output=True,
+            text=True,
+            env=_env(),
+            timeout=120,
+        )
+        assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+        out = proc.stdout
+        assert "Ray node actors (namespace ray_triton_shm): 1" in out
+        assert f"node {stats.node_id}" in out
+        assert f"url {triton.grpc_url}" in out and f"pid {stats.pid}" in out
+        header = next(line for line in out.splitlines() if line.strip().startswith("model"))
+        assert header.split() == [
+            "model",
+            "slots",
+            "in_use",
+            "waiting",
+            "leased",
+            "lessees",
+            "shm_bytes",
+            "requests",
+            "samples",
+            "bytes_in",
+            "bytes_out",
+            "errors",
+        ]
+        row = next(line for line in out.splitlines() if line.strip().startswith("identity"))
+        shm_bytes = stats.models["identity"]["shm_bytes"]
+        # The node's whole footprint in /dev/shm, beside what is free there.
+        assert stats.shm_bytes == shm_bytes and 0 < stats.shm_free <= stats.shm_capacity
+        assert "held in /dev/shm over every slot and lease" in out
+        expected = (8, 1, 0, 1, 1, shm_bytes, 1, 2, x.nbytes, x.nbytes, 0)
+        assert row.split()[1:] == [str(v) for v in expected]
+        # The regions report still follows, with the actor's regions registered.
+        assert f"rtshm_{stats.pid}-" in out
+        model.close()
     finally:
-        ray.shutdown()
-        if old is None:
-            os.environ.pop(URL_ENV_VAR, None)
-        else:
-            os.environ[URL_ENV_VAR] = old
+        ray.get(actor.shutdown.remote())
+        ray.kill(actor)
