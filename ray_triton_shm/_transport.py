@@ -140,14 +140,15 @@ class SlotRequests:
         for index, tensor in enumerate(self._spec.inputs):
             sample_shape = sample_shapes[tensor.name]
             shape = sample_shape if rows is None else (rows, *sample_shape)
-            entry = request.inputs[index]
             if last_shapes[index] != shape:
                 last_shapes[index] = shape
+                entry = request.inputs[index]
                 del entry.shape[:]
                 entry.shape.extend(shape)
             if last_sizes[index] != byte_sizes[index]:
                 last_sizes[index] = byte_sizes[index]
-                entry.parameters["shared_memory_byte_size"].int64_param = byte_sizes[index]
+                parameters = request.inputs[index].parameters
+                parameters["shared_memory_byte_size"].int64_param = byte_sizes[index]
         return request
 
 
