@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient
+from _helpers import registered_on
 from rich.console import Console
 
 from ray_triton_shm._bench import _paths as bench_paths
@@ -41,11 +41,6 @@ def _env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
     return env
-
-
-def _registered(url: str) -> set[str]:
-    with grpcclient.InferenceServerClient(url) as client:
-        return set(client.get_system_shared_memory_status(as_json=True).get("regions", {}))
 
 
 def _regions_of(pid: int) -> list[str]:
@@ -81,7 +76,7 @@ def test_bench_quick_json_has_every_model_and_path(
 ) -> None:
     json_path = tmp_path / "out" / "bench.json"
     plot_path = tmp_path / "out" / "bench.png"
-    registered_before = _registered(triton.grpc_url)
+    registered_before = registered_on(triton.grpc_url)
     proc = subprocess.Popen(
         _bench_cmd(
             triton, "--quick", "--json", str(json_path), "--plot", str(plot_path), progress=True
@@ -126,11 +121,11 @@ def test_bench_quick_json_has_every_model_and_path(
     assert plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     assert _regions_of(proc.pid) == []
-    assert _registered(triton.grpc_url) - registered_before == set()
+    assert registered_on(triton.grpc_url) - registered_before == set()
 
 
 def test_bench_ctrl_c_cleans_up(triton: LocalTritonServer, tmp_path: Path) -> None:
-    registered_before = _registered(triton.grpc_url)
+    registered_before = registered_on(triton.grpc_url)
     proc = subprocess.Popen(
         _bench_cmd(
             triton,
@@ -166,7 +161,7 @@ def test_bench_ctrl_c_cleans_up(triton: LocalTritonServer, tmp_path: Path) -> No
     assert proc.returncode == 130, stderr
     assert "interrupted" in stderr
     assert _regions_of(proc.pid) == []
-    assert _registered(triton.grpc_url) - registered_before == set()
+    assert registered_on(triton.grpc_url) - registered_before == set()
 
 
 class _WrongOutputs(BenchPath):

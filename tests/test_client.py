@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from _helpers import classifier_expected, registered_on
 
 from ray_triton_shm import (
     ClientClosedError,
@@ -31,11 +32,6 @@ from ray_triton_shm._shm import list_local_regions
 rng = np.random.default_rng(0)
 
 
-def classifier_expected(x: np.ndarray) -> np.ndarray:
-    b = x.shape[0]
-    return x.reshape(b, -1)[:, :150000].reshape(b, 1000, 150).mean(axis=2)
-
-
 def my_model_expected(x0: np.ndarray, x1: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     b = x0.shape[0]
     out0 = x0.reshape(b, -1)[:, :512] + x1.sum(axis=1, keepdims=True).astype(np.float32)
@@ -44,11 +40,6 @@ def my_model_expected(x0: np.ndarray, x1: np.ndarray) -> tuple[np.ndarray, np.nd
 
 def my_regions() -> list[str]:
     return [r.name for r in list_local_regions() if r.owner.pid == os.getpid()]
-
-
-def registered_on(url: str) -> set[str]:
-    with grpcclient.InferenceServerClient(url) as plain:
-        return set(plain.get_system_shared_memory_status(as_json=True).get("regions", {}))
 
 
 @pytest.fixture

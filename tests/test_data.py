@@ -16,6 +16,8 @@ pytest.importorskip("ray.data")
 pytest.importorskip("pyarrow")
 
 
+from _helpers import classifier_expected  # noqa: E402
+
 from ray_triton_shm import InvalidInputError  # noqa: E402
 from ray_triton_shm.local._server import LocalTritonServer  # noqa: E402
 from ray_triton_shm.ray import ShmPredictor, get_node_actor  # noqa: E402
@@ -25,12 +27,6 @@ IMAGE_SHAPE = (3, 224, 224)
 
 # Workers cannot import this test module by name: ship its functions and classes by value.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
-
-def reference_scores(images: np.ndarray) -> np.ndarray:
-    """The example classifier's formula, in numpy."""
-    b = images.shape[0]
-    return images.reshape(b, -1)[:, :150000].reshape(b, 1000, 150).mean(axis=2)
 
 
 def image_of(row_id: int) -> np.ndarray:
@@ -88,7 +84,7 @@ def test_map_batches_matches_numpy_through_shared_memory(ray_cluster: str) -> No
 
     assert set(batch) == {"id", "scores", "zero_copy"}
     np.testing.assert_array_equal(batch["id"], np.arange(rows))
-    expected = reference_scores(np.stack([image_of(i) for i in range(rows)]))
+    expected = classifier_expected(np.stack([image_of(i) for i in range(rows)]))
     np.testing.assert_allclose(batch["scores"], expected, rtol=1e-5, atol=1e-6)
     assert batch["zero_copy"].all()
     after = ray.get(get_node_actor().stats.remote()).models["classifier"]
@@ -110,14 +106,14 @@ def test_default_columns_prefix_and_read_only_ragged_inputs(ray_cluster: str) ->
         out = predictor({"INPUT0": ragged, "id": np.arange(5)})
         assert set(out) == {"INPUT0", "id", "pred_OUTPUT0"}
         np.testing.assert_allclose(
-            out["pred_OUTPUT0"], reference_scores(images), rtol=1e-5, atol=1e-6
+            out["pred_OUTPUT0"], classifier_expected(images), rtol=1e-5, atol=1e-6
         )
         assert predictor.zero_copy
 
         cast = ShmPredictor("classifier", cast=True)
         np.testing.assert_allclose(
             cast({"INPUT0": images[:2].astype(np.float64)})["OUTPUT0"],
-            reference_scores(images[:2]),
+            classifier_expected(images[:2]),
             rtol=1e-5,
             atol=1e-6,
         )
@@ -190,6 +186,6 @@ def test_batch_predict_script(ray_cluster: str, triton: LocalTritonServer, tmp_p
     images = np.stack(
         [np.random.default_rng(i).random(IMAGE_SHAPE, dtype=np.float32) for i in range(24)]
     )
-    expected = reference_scores(images)
+    expected = classifier_expected(images)
     np.testing.assert_array_equal(written["top_classes"][:, 0], expected.argmax(axis=1))
     assert written["top_classes"].shape == (24, 5)

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import ray
+from _helpers import classifier_expected
 
 from ray_triton_shm import InvalidInputError, ModelSpecError, TritonServerError
 from ray_triton_shm._shm import list_local_regions
@@ -29,11 +30,6 @@ def node_actor(ray_local: str) -> Iterator[ray.actor.ActorHandle]:
         ray.get(actor.shutdown.remote())
         ray.kill(actor)
         assert [r.name for r in list_local_regions() if r.owner.pid == pid] == []
-
-
-def classifier_expected(x: np.ndarray) -> np.ndarray:
-    b = x.shape[0]
-    return x.reshape(b, -1)[:, :150000].reshape(b, 1000, 150).mean(axis=2)
 
 
 def test_one_named_actor_per_node_even_when_callers_race(node_actor) -> None:  # type: ignore[no-untyped-def]

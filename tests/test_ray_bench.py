@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import tritonclient.grpc as grpcclient
+from _helpers import registered_on
 
 from ray_triton_shm._bench._config import DEFAULT_PATHS, RAY_PATHS, BenchConfig
 from ray_triton_shm._bench._ray_paths import DATA_CASE
@@ -28,11 +28,6 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _registered(url: str) -> set[str]:
-    with grpcclient.InferenceServerClient(url) as client:
-        return set(client.get_system_shared_memory_status(as_json=True).get("regions", {}))
-
-
 def _our_regions() -> set[str]:
     return {p.name for p in SHM_DIR.iterdir() if p.name.startswith("rtshm_")}
 
@@ -41,7 +36,7 @@ def test_bench_ray_quick_json_has_every_ray_path_verified(
     triton: LocalTritonServer, tmp_path: Path
 ) -> None:
     json_path = tmp_path / "bench.json"
-    registered_before = _registered(triton.grpc_url)
+    registered_before = registered_on(triton.grpc_url)
     regions_before = _our_regions()
     proc = subprocess.run(
         [
@@ -108,7 +103,7 @@ def test_bench_ray_quick_json_has_every_ray_path_verified(
 
     assert "serve-shm / serve-grpc" in proc.stdout and "Ray paths" in proc.stdout
     # Ray, Serve, the callers and the node actor are gone, and so are their regions.
-    assert _registered(triton.grpc_url) - registered_before == set()
+    assert registered_on(triton.grpc_url) - registered_before == set()
     # (Other processes on this machine may create regions meanwhile: only live owners.)
     left = [name for name in _our_regions() - regions_before if owner_state(name) != ALIVE]
     assert left == []

@@ -23,8 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 import ray
-import tritonclient.grpc as grpcclient
-from _helpers import init_ray
+from _helpers import classifier_expected, init_ray, registered_on
 from ray import cloudpickle
 
 from ray_triton_shm import (
@@ -40,16 +39,6 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 SHM_DIR = Path("/dev/shm")
 IDENTITY_SHAPES = {"INPUT0": (16,), "OUTPUT0": (16,)}
-
-
-def classifier_expected(x: np.ndarray) -> np.ndarray:
-    b = x.shape[0]
-    return x.reshape(b, -1)[:, :150000].reshape(b, 1000, 150).mean(axis=2)
-
-
-def registered_on(url: str) -> set[str]:
-    with grpcclient.InferenceServerClient(url) as plain:
-        return set(plain.get_system_shared_memory_status(as_json=True).get("regions", {}))
 
 
 def regions_of(pid: int) -> list[str]:

@@ -22,19 +22,13 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from _helpers import free_ports, init_ray  # noqa: E402
+from _helpers import classifier_expected, free_ports, init_ray  # noqa: E402
 
 from deployments.classifier import ClassifierDeployment, synthetic_images  # noqa: E402
 from ray_triton_shm.local._server import LocalTritonServer  # noqa: E402
 from ray_triton_shm.ray import URL_ENV_VAR, get_node_actor  # noqa: E402
 
 ROUTE = "/classify"
-
-
-def reference_scores(images: np.ndarray) -> np.ndarray:
-    """The example classifier's formula, in numpy."""
-    b = images.shape[0]
-    return images.reshape(b, -1)[:, :150000].reshape(b, 1000, 150).mean(axis=2)
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +77,7 @@ def _classifier_stats() -> dict[str, int]:
 
 
 def _check_top_k(answer: list[list[dict[str, Any]]], images: np.ndarray, k: int) -> None:
-    expected = reference_scores(images)
+    expected = classifier_expected(images)
     assert len(answer) == len(images)
     for row, scores in zip(answer, expected):
         classes = [entry["class"] for entry in row]
