@@ -127,7 +127,7 @@ def run(args: argparse.Namespace, url: str) -> dict[str, Any]:
     summary["top1_of_first_rows"] = [int(c) for c in first["top_classes"][:8, 0]]
     stats = ray.get(get_node_actor(url=url).stats.remote()).models.get(args.model, {})
     summary["node_actor"] = {
-        k: stats.get(k) for k in ("requests", "samples", "leased", "errors", "shm_bytes")
+        k: stats.get(k) for k in ("requests", "samples", "waits", "errors", "shm_bytes")
     }
     return summary
 

@@ -85,7 +85,6 @@ class ClassifierDeployment:
         max_batch_size: Images per Triton request (``@serve.batch``).
         batch_wait_timeout_s: How long a batch waits to fill up.
         max_images_per_request: Larger requests are refused (400).
-        local_slots: Shared-memory slots this replica may fill at once.
 
     ``user_config`` may set ``top_k``, ``max_batch_size`` and ``batch_wait_timeout_s`` at run
     time (``serve deploy`` with a new config, no restart).
@@ -100,9 +99,8 @@ class ClassifierDeployment:
         max_batch_size: int = 8,
         batch_wait_timeout_s: float = 0.01,
         max_images_per_request: int = 64,
-        local_slots: int = 4,
     ) -> None:
-        self._model = ShmModel(model_name, url=url, local_slots=local_slots)
+        self._model = ShmModel(model_name, url=url)
         self._top_k = top_k
         self._max_images = max_images_per_request
         self._apply_batching(max_batch_size, batch_wait_timeout_s)

@@ -310,8 +310,9 @@ def _print_node_actors(address: str | None, *, timeout_s: float) -> int:
         "slots",
         "in_use",
         "waiting",
-        "leased",
-        "lessees",
+        "quarantined",
+        "overloads",
+        "wait_p99_us",
         "shm_bytes",
         "requests",
         "samples",
@@ -333,8 +334,8 @@ def _print_node_actors(address: str | None, *, timeout_s: float) -> int:
             print("    no models registered")
             continue
         print(
-            f"    shared memory: {_size(stats.shm_bytes)} held in /dev/shm over every slot and "
-            f"lease ({_size(stats.shm_free)} free of {_size(stats.shm_capacity)})"
+            f"    shared memory: {_size(stats.shm_bytes)} held in /dev/shm by the node's regions "
+            f"({_size(stats.shm_free)} free of {_size(stats.shm_capacity)})"
         )
         header = ("model", *columns)
         rows = [

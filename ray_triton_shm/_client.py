@@ -252,9 +252,8 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             region.unlink()
             region.close()
             raise
-        # The region's header tells processes using its slots how many callers wait for one.
         header = RegionHeader(region.buffer, pool_size)
-        slots = SlotPool(pool_size, name=spec.name, on_waiting=header.set_waiting)
+        slots = SlotPool(pool_size, name=spec.name)
         return ModelPool.over(spec, region, slots, pool_size, header)
 
     def _attach_pool(

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import enum
 import threading
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass, field
@@ -143,6 +144,9 @@ class Chunk:
         except BaseException:
             pool.slots.release(slot)
             raise
+        # From now on Triton may write into the slot: should this process die, the next
+        # holder must not use the slot before Triton is done (see _shared_slots).
+        pool.header.set_busy_since(slot, time.monotonic_ns())
         return cls(pool, slot, start, request, pool.epoch, stop - start, sum(written))
 
     def abandon(self) -> None:

@@ -1,19 +1,22 @@
 """The header at the start of every region: what every process using the region can see.
 
-A region is shared by its owner and, in the Ray layer, by every process on the node that
-leased slots of it. The header lets them share two things without a single message:
+A region is shared by its owner and, in the Ray layer, by every process on the node that takes
+its slots (see :mod:`._shared_slots`). The header lets them coordinate and count without a
+single message. Each word has one writer at a time, so no two processes race on a word:
 
-* ``waiting``: how many callers wait for a slot of the region (written by the owner's pool), so
-  that a process holding leased slots gives them back as soon as somebody needs one;
-* per-slot counters (requests, samples, bytes in and out, errors), each written only by the
-  process using that slot at the time, so no two processes ever write the same word. The owner
-  sums them for its statistics and metrics.
+* the owner's settings: ``max_waiting`` (seats for waiting callers) and ``quarantine_ns``;
+* one seat per waiting caller: the slot it queues on (written by the seat's holder);
+* per slot, written only by the slot's current holder: when it sent a request on it
+  (``busy_since``, zero while free), until when the slot is quarantined, and the counters
+  (requests, samples, bytes in and out, errors, waits for a slot, their total and histogram).
 
-Layout, native ``int64`` words: ``[0]`` waiting, ``[1:8]`` reserved, then 5 words per slot.
+Layout, native ``int64`` words: ``[0:16]`` settings and node-wide counters, ``[16:16+SEATS]``
+seats, then :data:`_WORDS_PER_SLOT` words per slot.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,11 +24,24 @@ import numpy as np
 
 from ._specs import REGION_HEADER_BYTES
 
-__all__ = ["MAX_SLOTS", "RegionHeader", "SlotCounters"]
+__all__ = ["MAX_SEATS", "MAX_SLOTS", "RegionHeader", "SlotCounters"]
 
-_FIRST_SLOT_WORD = 8
-_WORDS_PER_SLOT = 5
-#: Most slots a region can have: as many as the header has counters for.
+# Settings and node-wide words.
+_MAX_WAITING, _QUARANTINE_NS, _OVERLOADS = 0, 1, 2
+_FIRST_SEAT_WORD = 16
+#: Most callers that can wait for a slot of one region at once.
+MAX_SEATS = 1024
+_FIRST_SLOT_WORD = _FIRST_SEAT_WORD + MAX_SEATS
+# Per-slot words.
+_REQUESTS, _SAMPLES, _BYTES_IN, _BYTES_OUT, _ERRORS = 0, 1, 2, 3, 4
+_WAITS, _WAIT_NS, _BUSY_SINCE, _QUARANTINE_UNTIL = 5, 6, 7, 8
+_FIRST_BUCKET = 12
+#: Wait histogram: bucket ``b`` counts waits up to ``_BUCKET0_NS * 2 ** (b / 2)``; the last
+#: bucket counts every longer wait.
+_BUCKETS = 36
+_BUCKET0_NS = 16_000
+_WORDS_PER_SLOT = _FIRST_BUCKET + _BUCKETS
+#: Most slots a region can have: as many as the header has words for.
 MAX_SLOTS = (REGION_HEADER_BYTES // 8 - _FIRST_SLOT_WORD) // _WORDS_PER_SLOT
 
 
@@ -39,6 +55,8 @@ class SlotCounters:
         bytes_in: Input bytes written.
         bytes_out: Output bytes read.
         errors: Requests that failed.
+        waits: Requests that had to wait for a slot.
+        wait_ns: Nanoseconds they waited, in all.
     """
 
     requests: int = 0
@@ -46,6 +64,8 @@ class SlotCounters:
     bytes_in: int = 0
     bytes_out: int = 0
     errors: int = 0
+    waits: int = 0
+    wait_ns: int = 0
 
 
 class RegionHeader:
@@ -56,34 +76,114 @@ class RegionHeader:
         slot_count: Slots in the region (at most :data:`MAX_SLOTS`).
     """
 
-    __slots__ = ("_counters", "_words")
+    __slots__ = ("_seats", "_slots", "_words")
 
     def __init__(self, buffer: Any, slot_count: int) -> None:
         self._words = np.frombuffer(buffer, np.int64, REGION_HEADER_BYTES // 8, 0)
+        self._seats = self._words[_FIRST_SEAT_WORD:_FIRST_SLOT_WORD]
         end = _FIRST_SLOT_WORD + slot_count * _WORDS_PER_SLOT
-        self._counters = self._words[_FIRST_SLOT_WORD:end].reshape(slot_count, _WORDS_PER_SLOT)
+        self._slots = self._words[_FIRST_SLOT_WORD:end].reshape(slot_count, _WORDS_PER_SLOT)
+
+    # ---------------------------------------------------------------- owner's settings
+
+    def configure(self, *, max_waiting: int, quarantine_s: float) -> None:
+        """Sets the region's limits (its owner calls this before anyone else maps it)."""
+        self._words[_MAX_WAITING] = min(max_waiting, MAX_SEATS)
+        self._words[_QUARANTINE_NS] = int(quarantine_s * 1e9)
 
     @property
-    def waiting(self) -> int:
-        """Callers waiting for a slot of the region."""
-        return int(self._words[0])
+    def max_waiting(self) -> int:
+        """Callers that may wait for a slot at once (the number of seats)."""
+        return int(self._words[_MAX_WAITING])
 
-    def set_waiting(self, count: int) -> None:
-        """Publishes how many callers wait (the owner's pool calls this)."""
-        self._words[0] = count
+    @property
+    def quarantine_ns(self) -> int:
+        """How long a slot whose holder died stays out of use, from when its request was sent."""
+        return int(self._words[_QUARANTINE_NS])
+
+    # ---------------------------------------------------------------- seats
+
+    def queue(self, seat: int, slot: int | None) -> None:
+        """Records the slot the holder of ``seat`` queues on (``None``: none)."""
+        self._seats[seat] = 0 if slot is None else slot + 1
+
+    def queued_on(self, seat: int) -> int | None:
+        """The slot the holder of ``seat`` queues on, if any."""
+        value = int(self._seats[seat])
+        return value - 1 if value else None
+
+    def queued(self) -> np.ndarray:
+        """How many callers queue on each slot."""
+        seats = self._seats[: self.max_waiting].copy()  # one read: other processes write it
+        slots = len(self._slots)
+        return np.bincount(seats[(seats > 0) & (seats <= slots)] - 1, minlength=slots)
+
+    # ---------------------------------------------------------------- slot state
+
+    def busy_since(self, slot: int) -> int:
+        """When the slot's holder sent a request on it (``time.monotonic_ns``), ``0`` while it
+        is free."""
+        return int(self._slots[slot, _BUSY_SINCE])
+
+    def set_busy_since(self, slot: int, since_ns: int) -> None:
+        """Records when a request was sent on the slot (``0``: the slot was given back)."""
+        self._slots[slot, _BUSY_SINCE] = since_ns
+
+    def quarantined_until(self, slot: int) -> int:
+        """Until when (``time.monotonic_ns``) the slot stays out of use."""
+        return int(self._slots[slot, _QUARANTINE_UNTIL])
+
+    def quarantine(self, slot: int, until_ns: int) -> None:
+        """Keeps the slot out of use until ``until_ns``."""
+        self._slots[slot, _QUARANTINE_UNTIL] = until_ns
+
+    def quarantined(self, now_ns: int) -> int:
+        """Slots out of use at ``now_ns``."""
+        return int(np.count_nonzero(self._slots[:, _QUARANTINE_UNTIL] > now_ns))
+
+    # ---------------------------------------------------------------- counters
 
     def count(self, slot: int, samples: int, bytes_in: int, bytes_out: int) -> None:
-        """Counts one answered request on ``slot`` (only its current user calls this)."""
-        words = self._counters[slot]
-        words[0] += 1
-        words[1] += samples
-        words[2] += bytes_in
-        words[3] += bytes_out
+        """Counts one answered request on ``slot`` (only its current holder calls this)."""
+        words = self._slots[slot]
+        words[_REQUESTS] += 1
+        words[_SAMPLES] += samples
+        words[_BYTES_IN] += bytes_in
+        words[_BYTES_OUT] += bytes_out
 
     def count_error(self, slot: int) -> None:
         """Counts one failed request on ``slot``."""
-        self._counters[slot, 4] += 1
+        self._slots[slot, _ERRORS] += 1
+
+    def count_wait(self, slot: int, wait_ns: int) -> None:
+        """Counts a wait for ``slot`` (by the caller that just took it)."""
+        words = self._slots[slot]
+        words[_WAITS] += 1
+        words[_WAIT_NS] += wait_ns
+        ratio = max(wait_ns, 1) / _BUCKET0_NS
+        bucket = min(_BUCKETS - 1, max(0, math.ceil(2 * math.log2(ratio))))
+        words[_FIRST_BUCKET + bucket] += 1
+
+    def count_overload(self) -> None:
+        """Counts a caller refused for want of a seat (callers serialise this themselves)."""
+        self._words[_OVERLOADS] += 1
+
+    @property
+    def overloads(self) -> int:
+        """Callers refused with ``OverloadedError`` because every seat was taken."""
+        return int(self._words[_OVERLOADS])
 
     def totals(self) -> SlotCounters:
         """The counters summed over every slot."""
-        return SlotCounters(*(int(v) for v in self._counters.sum(axis=0)))
+        sums = self._slots[:, :_BUSY_SINCE].sum(axis=0)
+        return SlotCounters(*(int(v) for v in sums))
+
+    def wait_quantile_s(self, q: float) -> float:
+        """The ``q`` quantile of the waits for a slot, in seconds (the bucket's upper bound;
+        ``0.0`` if nobody waited). Requests that found a slot free do not count."""
+        histogram = self._slots[:, _FIRST_BUCKET:].sum(axis=0)
+        total = int(histogram.sum())
+        if total == 0:
+            return 0.0
+        bucket = int(np.searchsorted(np.cumsum(histogram), q * total))
+        return _BUCKET0_NS * 2 ** (min(bucket, _BUCKETS - 1) / 2) / 1e9

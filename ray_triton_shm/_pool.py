@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -35,8 +34,9 @@ class PoolStats:
 
 
 class SlotSource(Protocol):
-    """Where a model's requests get their slots: a :class:`SlotPool` of the slots a client
-    owns, or (in the Ray layer) the slots a process leased from its node actor."""
+    """Where a model's requests get their slots: a :class:`SlotPool` of the slots one client
+    uses alone, or (in the Ray layer) the :class:`~ray_triton_shm._shared_slots.SharedSlots`
+    of a region that every process on the node takes slots of."""
 
     size: int
 
@@ -104,8 +104,6 @@ class SlotPool:
     Args:
         size: Number of slots.
         name: Used in error messages (usually the model name).
-        on_waiting: Called with the number of waiters each time it changes, under the pool's
-            lock (keep it tiny: it is stored in the region's header).
         max_waiting: Callers that may wait at once; past it, :class:`OverloadedError`.
     """
 
@@ -114,7 +112,6 @@ class SlotPool:
         size: int,
         *,
         name: str = "",
-        on_waiting: Callable[[int], None] | None = None,
         max_waiting: int | None = None,
     ) -> None:
         if size < 1:
@@ -123,7 +120,6 @@ class SlotPool:
             )
         self.size = size
         self.name = name
-        self._on_waiting = on_waiting
         self._max_waiting = max_waiting
         self._free = list(range(size - 1, -1, -1))  # pop() gives slot 0 first
         self._waiters: deque[_ThreadWaiter | _AsyncWaiter] = deque()
@@ -193,33 +189,15 @@ class SlotPool:
         if future.done() and not future.cancelled() and future.exception() is None:
             self.release(future.result())  # delivered, but our caller gave up in between
 
-    def release(self, slot: int, *, cold: bool = False) -> None:
-        """Returns a slot, handing it to the longest waiter if there is one.
-
-        Args:
-            slot: The slot.
-            cold: Hand it out after every other free slot (not first, as LIFO would).
-        """
+    def release(self, slot: int) -> None:
+        """Returns a slot, handing it to the longest waiter if there is one."""
         with self._lock:
             if self._waiters and not self._closed:
-                waiter = self._waiters.popleft()
-                self._waiters_changed()
-                waiter.give(slot)
+                self._waiters.popleft().give(slot)
                 return
-            if cold:
-                self._free.insert(0, slot)
-            else:
-                self._free.append(slot)
+            self._free.append(slot)
             if len(self._free) == self.size:
                 self._all_free.notify_all()
-
-    def take_free(self, select: Callable[[int], bool]) -> list[int]:
-        """Takes every free slot that ``select`` picks, without waiting; they are the caller's
-        until released."""
-        with self._lock:
-            taken = [slot for slot in self._free if select(slot)]
-            self._free = [slot for slot in self._free if slot not in taken]
-            return taken
 
     def stats(self) -> PoolStats:
         """A consistent snapshot of the pool."""
@@ -239,7 +217,6 @@ class SlotPool:
             self._closed = True
             while self._waiters:
                 self._waiters.popleft().fail()
-            self._waiters_changed()
             return self._all_free.wait_for(lambda: len(self._free) == self.size, wait_s)
 
     def _enqueue(self, waiter: _ThreadWaiter | _AsyncWaiter) -> None:
@@ -250,18 +227,12 @@ class SlotPool:
                 model=self.name,
             )
         self._waiters.append(waiter)
-        self._waiters_changed()
 
     def _dequeue(self, waiter: _ThreadWaiter | _AsyncWaiter) -> bool:
         if waiter not in self._waiters:
             return False
         self._waiters.remove(waiter)
-        self._waiters_changed()
         return True
-
-    def _waiters_changed(self) -> None:
-        if self._on_waiting is not None:
-            self._on_waiting(len(self._waiters))
 
     def _check_open(self) -> None:
         if self._closed:

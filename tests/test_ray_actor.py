@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -14,7 +13,7 @@ from _helpers import classifier_expected
 
 from ray_triton_shm import InvalidInputError, ModelSpecError, TritonServerError
 from ray_triton_shm._shm import list_local_regions
-from ray_triton_shm.ray import URL_ENV_VAR, ShmModel, StaleLeaseError, get_node_actor
+from ray_triton_shm.ray import URL_ENV_VAR, ShmModel, get_node_actor
 from ray_triton_shm.ray._actor import NAMESPACE, actor_name
 
 SHAPES = {"INPUT0": (16,), "OUTPUT0": (16,)}
@@ -56,8 +55,8 @@ def test_register_is_idempotent_and_refuses_other_specs(node_actor) -> None:  # 
         ray.get(node_actor.register.remote("my_model", pool_size=64))
 
 
-def test_zero_copy_results_and_leases(node_actor) -> None:  # type: ignore[no-untyped-def]
-    model = ShmModel("classifier", idle_release_s=60)
+def test_zero_copy_results_and_counters(node_actor) -> None:  # type: ignore[no-untyped-def]
+    model = ShmModel("classifier")
     assert model.zero_copy
     x = np.random.default_rng(0).random((20, 3, 224, 224), dtype=np.float32)  # 3 chunks
     out = model.infer({"INPUT0": x})["OUTPUT0"]
@@ -66,55 +65,88 @@ def test_zero_copy_results_and_leases(node_actor) -> None:  # type: ignore[no-un
     # Counted by the caller in the region's header, summed by the actor; none went by value.
     assert stats["requests"] >= 3 and stats["samples"] >= 20 and stats["by_value"] == 0
     assert stats["bytes_in"] >= x.nbytes and stats["bytes_out"] >= out.nbytes
-    assert 1 <= stats["leased"] <= 4 and stats["lessees"] == 1
-    assert stats["in_use"] == stats["leased"]  # leased slots are in use by this process
-    model.close()
-    after = ray.get(node_actor.stats.remote()).models["classifier"]
-    assert after["leased"] == 0 and after["in_use"] == 0
-
-
-def test_idle_leases_go_back_to_the_actor(node_actor) -> None:  # type: ignore[no-untyped-def]
-    model = ShmModel("identity", max_shapes=SHAPES, idle_release_s=0.3)
-    model.infer({"INPUT0": np.ones((2, 16), np.float32)})
-    assert ray.get(node_actor.stats.remote()).models["identity"]["leased"] == 1
-    deadline = time.monotonic() + 10
-    while ray.get(node_actor.stats.remote()).models["identity"]["leased"]:
-        assert time.monotonic() < deadline, "the idle lease was not given back"
-        time.sleep(0.05)
-    # The next call leases again, transparently.
-    x = np.arange(32, dtype=np.float32).reshape(2, 16)
-    np.testing.assert_array_equal(model.infer({"INPUT0": x})["OUTPUT0"], x)
+    # A process holds a slot only while its request does: none between calls.
+    assert stats["in_use"] == stats["waiting"] == stats["quarantined"] == 0
     model.close()
 
 
-def test_a_process_holding_every_slot_gives_them_to_a_waiting_one(node_actor) -> None:  # type: ignore[no-untyped-def]
-    """Leases never exceed the model's slots; an idle holder yields them to a waiter at once."""
-    import asyncio
+def test_a_busy_process_never_starves_a_waiting_one(node_actor) -> None:  # type: ignore[no-untyped-def]
+    """Waiting callers queue in the region; a free slot goes to them, never to a newcomer of
+    a process that keeps every slot busy."""
+    import threading
 
-    hog = ShmModel("identity", max_shapes=SHAPES, local_slots=4, idle_release_s=600)
+    hog = ShmModel("slow_identity", max_shapes=SHAPES)
+    x = np.ones((1, 16), np.float32)
+    stop = threading.Event()
 
-    async def four_at_once() -> None:
-        x = np.ones((1, 16), np.float32)
-        await asyncio.gather(*(hog.infer_async({"INPUT0": x}) for _ in range(16)))
+    def busy() -> None:
+        while not stop.is_set():
+            hog.infer({"INPUT0": x})
 
-    asyncio.run(four_at_once())
-    stats = ray.get(node_actor.stats.remote()).models["identity"]
-    assert stats["leased"] == stats["slots"] == 4  # every slot, far from idle_release_s
+    threads = [threading.Thread(target=busy) for _ in range(8)]  # 8 loops on 4 slots
+    for thread in threads:
+        thread.start()
 
     @ray.remote(num_cpus=0)
     def other_process() -> tuple[list[float], bool]:
-        model = ShmModel("identity", max_shapes=SHAPES, slot_timeout_s=10)
-        x = np.full((1, 16), 7, np.float32)
-        out = model.infer({"INPUT0": x})["OUTPUT0"]
+        model = ShmModel("slow_identity", max_shapes=SHAPES, slot_timeout_s=20)
+        out = model.infer({"INPUT0": np.full((1, 16), 7, np.float32)})["OUTPUT0"]
         return out.tolist()[0], model.zero_copy
 
-    started = time.monotonic()
-    out, zero_copy = ray.get(other_process.remote(), timeout=60)
+    try:
+        out, zero_copy = ray.get(other_process.remote(), timeout=60)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
     assert out == [7.0] * 16 and zero_copy
-    assert time.monotonic() - started < 10
-    stats = ray.get(node_actor.stats.remote()).models["identity"]
-    assert stats["leased"] <= 4 and stats["waiting"] == 0
+    stats = ray.get(node_actor.stats.remote()).models["slow_identity"]
+    assert stats["waits"] >= 1 and stats["wait_p99_us"] > 0
+    assert stats["in_use"] == stats["waiting"] == 0
     hog.close()
+
+
+def test_no_ray_call_per_request_at_any_contention(node_actor) -> None:  # type: ignore[no-untyped-def]
+    """Callers in several processes, more of them than slots: after binding, requests make no
+    call to the node actor (or any other actor)."""
+
+    @ray.remote(num_cpus=0)
+    def caller(requests: int) -> tuple[int, int]:
+        import threading
+
+        from ray.actor import ActorMethod
+
+        model = ShmModel("identity", max_shapes=SHAPES)
+        x = np.ones((1, 16), np.float32)
+        model.infer({"INPUT0": x})  # binds: the only calls to the actor
+        calls = 0
+        remote = ActorMethod._remote
+
+        def counted(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            nonlocal calls
+            calls += 1
+            return remote(self, *args, **kwargs)
+
+        ActorMethod._remote = counted  # type: ignore[method-assign]
+
+        def loop() -> None:
+            for _ in range(requests):
+                model.infer({"INPUT0": x})
+
+        threads = [threading.Thread(target=loop) for _ in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        ActorMethod._remote = remote  # type: ignore[method-assign]
+        return calls, 3 * requests
+
+    before = ray.get(node_actor.stats.remote()).models.get("identity", {}).get("waits", 0)
+    results = ray.get([caller.remote(100) for _ in range(3)], timeout=120)  # 9 callers, 4 slots
+    assert [calls for calls, _ in results] == [0, 0, 0]
+    stats = ray.get(node_actor.stats.remote()).models["identity"]
+    assert stats["waits"] > before  # there was contention: callers waited for slots
+    assert stats["in_use"] == stats["waiting"] == 0
 
 
 def test_by_value_results(node_actor) -> None:  # type: ignore[no-untyped-def]
@@ -184,7 +216,7 @@ def test_triton_errors_come_back_as_themselves(node_actor, zero_copy: bool) -> N
     assert info.value.status and info.value.model == "fail_on_negative"
     ok = model.infer({"INPUT0": np.ones((2, 4), np.float32)})["OUTPUT0"]
     np.testing.assert_array_equal(ok, np.ones((2, 4), np.float32))
-    model.close()  # its leases back: every slot is free again
+    model.close()
     stats = ray.get(node_actor.stats.remote()).models["fail_on_negative"]
     assert stats["errors"] >= 1 and stats["in_use"] == 0
 
@@ -192,28 +224,3 @@ def test_triton_errors_come_back_as_themselves(node_actor, zero_copy: bool) -> N
 def test_empty_batch(node_actor) -> None:  # type: ignore[no-untyped-def]
     out = ShmModel("classifier").infer({"INPUT0": np.empty((0, 3, 224, 224), np.float32)})
     assert out["OUTPUT0"].shape == (0, 1000)
-
-
-def test_a_waiting_lease_holds_up_no_control_call_of_the_same_caller(node_actor) -> None:  # type: ignore[no-untyped-def]
-    """The actor executes calls in order (out of order can crash it inside Ray core), but in
-    concurrency groups: a lease waiting for a slot holds up no control call of the same
-    caller, and gets the first slot given back."""
-    registration = ray.get(node_actor.register.remote("my_model"))
-    me, incarnation = os.getpid(), registration.incarnation
-    held = ray.get([node_actor.lease.remote("my_model", me, incarnation, 0.0) for _ in range(4)])
-    assert sorted(held) == [0, 1, 2, 3]
-    waiting = node_actor.lease.remote("my_model", me, incarnation, 5.0)  # every slot is leased
-
-    def waiting_callers() -> int:
-        return int(ray.get(node_actor.stats.remote(), timeout=2).models["my_model"]["waiting"])
-
-    # The lease and the stats call run in different groups: the lease may not have arrived yet.
-    deadline = time.monotonic() + 2.0
-    while waiting_callers() == 0 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert waiting_callers() == 1
-    ray.get(node_actor.release.remote("my_model", [held[0]], incarnation), timeout=2)
-    assert ray.get(waiting, timeout=2) == held[0]  # handed to the waiting lease at once
-    ray.get(node_actor.release.remote("my_model", held, incarnation), timeout=2)
-    with pytest.raises(StaleLeaseError):
-        ray.get(node_actor.lease.remote("my_model", me, "an-earlier-incarnation", 0.0))

@@ -133,9 +133,7 @@ def test_status_ray_lists_node_actors_with_stats(triton: LocalTritonServer, ray_
 
     actor = get_node_actor(url=triton.grpc_url)
     try:
-        model = ShmModel(
-            "identity", max_shapes={"INPUT0": (16,), "OUTPUT0": (16,)}, idle_release_s=600
-        )
+        model = ShmModel("identity", max_shapes={"INPUT0": (16,), "OUTPUT0": (16,)})
         x = np.arange(32, dtype=np.float32).reshape(2, 16)
         np.testing.assert_array_equal(model.infer({"INPUT0": x})["OUTPUT0"], x)
         stats = ray.get(actor.stats.remote())
@@ -167,8 +165,9 @@ def test_status_ray_lists_node_actors_with_stats(triton: LocalTritonServer, ray_
             "slots",
             "in_use",
             "waiting",
-            "leased",
-            "lessees",
+            "quarantined",
+            "overloads",
+            "wait_p99_us",
             "shm_bytes",
             "requests",
             "samples",
@@ -180,8 +179,8 @@ def test_status_ray_lists_node_actors_with_stats(triton: LocalTritonServer, ray_
         shm_bytes = stats.models["identity"]["shm_bytes"]
         # The node's whole footprint in /dev/shm, beside what is free there.
         assert stats.shm_bytes == shm_bytes and 0 < stats.shm_free <= stats.shm_capacity
-        assert "held in /dev/shm over every slot and lease" in out
-        expected = (8, 1, 0, 1, 1, shm_bytes, 1, 2, x.nbytes, x.nbytes, 0)
+        assert "held in /dev/shm by the node's regions" in out
+        expected = (8, 0, 0, 0, 0, 0, shm_bytes, 1, 2, x.nbytes, x.nbytes, 0)
         assert row.split()[1:] == [str(v) for v in expected]
         # The regions report still follows, with the actor's regions registered.
         assert f"rtshm_{stats.pid}-" in out

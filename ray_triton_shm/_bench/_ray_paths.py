@@ -4,7 +4,7 @@
 ``DeploymentHandle``, default 4), whose replica calls Triton one of three ways:
 
 * ``serve-grpc``: ``tritonclient.grpc.aio``, what Serve users write today;
-* ``serve-shm``: ``ShmModel`` (slots leased from the node actor, requests straight to Triton);
+* ``serve-shm``: ``ShmModel`` (the node's slots, taken through the region; requests straight to Triton);
 * ``serve-inproc``: a ``TritonSHMClient`` of the replica's own: the upper bound.
 
 **Ray Data**: the same ``map_batches`` job (every batch is the case's request, ``ray_callers``
@@ -128,7 +128,7 @@ class _BenchReplica:
     """The one Serve deployment of the Serve paths; ``backend`` is the user's choice.
 
     * ``"grpc"``: plain ``tritonclient.grpc.aio``, what Serve users write today;
-    * ``"shm"``: :class:`~ray_triton_shm.ray.ShmModel` (leased slots, straight to Triton);
+    * ``"shm"``: :class:`~ray_triton_shm.ray.ShmModel` (the node's slots, straight to Triton);
     * ``"inproc"``: a ``TritonSHMClient`` of the replica's own (the upper bound: shared
       memory with nothing shared with other processes).
     """
@@ -162,7 +162,6 @@ class _BenchReplica:
             return ShmModel(
                 self._model,
                 max_shapes=self._max_shapes,
-                local_slots=self._slots,
                 actor_options={"slots": self._slots},
             )
         if self._backend == "inproc":
@@ -460,7 +459,7 @@ class ServeGrpcPath(_ServePath):
 
 
 class ServeShmPath(_ServePath):
-    """The Serve replica calls Triton through ``ShmModel`` (leased slots of the node actor)."""
+    """The Serve replica calls Triton through ``ShmModel`` (the node's slots, taken through the region)."""
 
     name = "serve-shm"
     label = "Serve replica, ShmModel"

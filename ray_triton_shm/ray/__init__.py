@@ -1,5 +1,5 @@
-"""The Ray layer: a node actor per node owns the regions; processes lease slots and call
-Triton directly.
+"""The Ray layer: a node actor per node owns the regions; processes take their slots through
+the regions and call Triton directly.
 
 Importing this subpackage imports Ray (``pip install "ray-triton-shm[ray]"``)::
 

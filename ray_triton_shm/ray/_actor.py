@@ -7,23 +7,21 @@ inside the actor's process.
 
 For every model it owns one region of ``pool_size`` slots, registered in the node's Triton. The
 slots are the node's budget for that model: no more requests are in flight on the node than
-there are slots, over every process. Processes on the node **lease** slots (:meth:`lease`),
-attach the region once, and then send their requests straight to Triton; a request makes no Ray
-call. The actor's part is to hand out and take back leases, register the regions (again, after
-Triton restarts), keep the counters, and serve by value the callers that cannot attach the
-region.
+there are slots, over every process. Processes on the node attach the region once and then take
+and give back its slots **through the region itself** (:mod:`ray_triton_shm._shared_slots`:
+file locks, sleeping in the kernel while they wait), and send their requests straight to Triton:
+a request makes no Ray call, at any load. The actor's part is the control plane: create and
+register the regions (again, after Triton restarts), set their limits, sweep up after callers
+that died, sum the counters from the regions' headers, and serve by value the callers that
+cannot attach a region.
 
-It is a threaded actor whose methods run in three concurrency groups:
-
-* ``"lease"``: lease calls, which may wait (briefly, see :meth:`lease`) for a slot;
-* ``"infer"`` (``slots`` threads): by-value inference;
-* ``"control"``: registration, releases, stats.
-
-The actor executes calls in order. Ray's out-of-order execution (the default for threaded
-actors) can crash the actor inside Ray core when callers die with calls in flight, which is what
-Ray Data does at the end of every job. In-order execution stalls a caller's later calls behind a
+It is a threaded actor whose methods run in two concurrency groups: ``"infer"`` (by-value
+inference, which may wait for a slot) and ``"control"`` (registration, stats). The actor
+executes calls in order: Ray's out-of-order execution (the default for threaded actors) can
+crash the actor inside Ray core when callers die with calls in flight, which is what Ray Data
+does at the end of every job. In-order execution stalls a caller's later calls behind a
 cancelled one; callers therefore make their control calls from a thread of their own, outside
-any Ray task, so a Ray cancellation never reaches them (see :mod:`._lease`).
+any Ray task, so a Ray cancellation never reaches them (see :mod:`._control`).
 """
 
 from __future__ import annotations
@@ -41,17 +39,11 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from .._client import TritonSHMClient
 from .._defaults import DEFAULT_RECONNECT_TIMEOUT_S, DEFAULT_URL
-from .._exceptions import (
-    ModelSpecError,
-    OverloadedError,
-    SlotTimeoutError,
-    StaleLeaseError,
-    TritonSHMError,
-)
-from .._header import SlotCounters
-from .._pool import SlotPool
+from .._engine import ModelPool
+from .._exceptions import ModelSpecError, StaleLeaseError, TritonSHMError
 from .._reclaim import reclaim_regions
-from .._shm import pid_alive, shm_space
+from .._shared_slots import NodeSlotStats, SharedSlots
+from .._shm import shm_space
 from .._specs import ModelSpec
 
 __all__ = [
@@ -85,12 +77,14 @@ class NodeActorConfig:
             then falls back to ``localhost:8001``.
         slots: The default ``pool_size`` of each model (requests in flight on the node for it),
             and the most by-value calls running at once.
-        max_waiting: Callers that may wait for a slot of one model; past it,
+        max_waiting: Callers that may wait for a slot of one model on the node; past it,
             :class:`OverloadedError`.
-        sweep_interval_s: How often leases of processes that are gone are taken back and the
-            Ray metrics are updated.
-        dead_lease_grace_s: How long a slot of a process that died stays out of use, so that a
-            request it left in Triton cannot write into the slot's next user's outputs.
+        sweep_interval_s: How often the actor looks for callers that died holding a slot or
+            waiting for one, and updates the Ray metrics.
+        quarantine_s: How long a slot whose holder died stays out of use, counted from when
+            the holder took it: the request it left in Triton may still write into the slot
+            until Triton is done with it. Set it above the model's longest queue and compute
+            time.
         reconnect_timeout_s: How long the actor's registrations wait for Triton while it is
             unreachable (restarting); by-value calls wait as long as their caller says.
     """
@@ -99,7 +93,7 @@ class NodeActorConfig:
     slots: int = 8
     max_waiting: int = 64
     sweep_interval_s: float = 1.0
-    dead_lease_grace_s: float = 5.0
+    quarantine_s: float = 30.0
     reconnect_timeout_s: float = DEFAULT_RECONNECT_TIMEOUT_S
 
 
@@ -114,7 +108,6 @@ class ModelRegistration:
         node_id: The node the region lives on.
         url: The Triton the region is registered with.
         incarnation: Changes when the actor restarts (and its regions with it).
-        max_waiting: Callers that may wait for a slot (in the actor, and in each process).
     """
 
     spec: ModelSpec
@@ -123,7 +116,6 @@ class ModelRegistration:
     node_id: str
     url: str
     incarnation: str
-    max_waiting: int
 
 
 @dataclass(frozen=True)
@@ -137,12 +129,14 @@ class NodeStats:
         incarnation: Changes on every restart.
         shm_free: Bytes free in the node's ``/dev/shm`` (Ray's object store lives there too).
         shm_capacity: Size of the node's ``/dev/shm``.
-        models: Per model: ``slots``, ``in_use`` (slots leased or running a by-value call),
-            ``leased``, ``lessees`` (processes holding leases), ``quarantined`` (slots of dead
-            lessees, free again after ``dead_lease_grace_s``), ``waiting``, ``shm_bytes`` (the
-            region's size in ``/dev/shm``), ``by_value`` (calls the actor served by value), and
-            the counters ``requests``, ``samples``, ``bytes_in``, ``bytes_out``, ``errors`` over
-            every process.
+        models: Per model, over every process of the node: ``slots``, ``in_use`` (slots held
+            now), ``waiting`` (callers queued for a slot), ``quarantined`` (slots of callers that
+            died mid-request, free again ``quarantine_s`` after they took them), ``overloads``
+            (callers refused past ``max_waiting``), ``shm_bytes`` (the region's size in
+            ``/dev/shm``), ``by_value`` (calls the actor served by value), ``wait_p99_us`` (the
+            99th percentile of the waits for a slot, among requests that waited), and the
+            counters ``requests``, ``samples``, ``bytes_in``, ``bytes_out``, ``errors``,
+            ``waits`` (requests that waited for a slot) and ``wait_ns`` (their total wait).
     """
 
     node_id: str
@@ -169,14 +163,8 @@ class NodeStats:
         return sum(m["shm_bytes"] for m in self.models.values())
 
 
-@dataclass(frozen=True)
-class _Lease:
-    model: str
-    owner_pid: int
-
-
 class TritonNodeActor:
-    """Owns one ``TritonSHMClient`` to the node's Triton, its regions and their leases.
+    """Owns one ``TritonSHMClient`` to the node's Triton and its regions.
 
     Made a Ray actor by :func:`get_node_actor`; usable as a plain object in tests.
 
@@ -195,8 +183,6 @@ class TritonNodeActor:
             url=self._url, reconnect_timeout_s=config.reconnect_timeout_s
         )
         self._lock = threading.Lock()
-        self._leases: dict[tuple[str, int], _Lease] = {}  # (model, slot) -> lease
-        self._quarantine: list[tuple[float, str, int]] = []  # (free at, model, slot)
         self._by_value: dict[str, int] = {}
         self._metrics = _Metrics(self._node_id)
         self._stop = threading.Event()
@@ -239,7 +225,7 @@ class TritonNodeActor:
             max_shapes=max_shapes,
             max_element_bytes=max_element_bytes,
         )
-        pool = self._client._pool(model_name)
+        pool = self._share(model_name)
         return ModelRegistration(
             spec=spec,
             region_name=pool.region.name,
@@ -247,20 +233,7 @@ class TritonNodeActor:
             node_id=self._node_id,
             url=self._url,
             incarnation=self._incarnation,
-            max_waiting=self._config.max_waiting,
         )
-
-    @ray.method(concurrency_group="control")
-    def release(self, model_name: str, slots: Sequence[int], incarnation: str) -> None:
-        """Takes leased slots back; idempotent, and a no-op for another incarnation's leases."""
-        if incarnation != self._incarnation:
-            return
-        pool = self._client._pool(model_name).slots
-        for slot in slots:
-            with self._lock:
-                lease = self._leases.pop((model_name, slot), None)
-            if lease is not None:
-                pool.release(slot)
 
     @ray.method(concurrency_group="control")
     def ensure_registered(self, model_name: str, incarnation: str) -> None:
@@ -276,24 +249,24 @@ class TritonNodeActor:
 
     @ray.method(concurrency_group="control")
     def stats(self) -> NodeStats:
-        """Slots, leases, waiting callers, shared memory and counters per model."""
+        """Slots in use, waiting callers, quarantined slots, shared memory and counters per
+        model, over every process of the node."""
         models = {}
-        with self._lock:
-            leases = list(self._leases.values())
-            quarantined = [model for _, model, _ in self._quarantine]
         for name in self._client.registered_models:
-            pool = self._client._pool(name)
-            slots = pool.slots.stats()
-            mine = [lease for lease in leases if lease.model == name]
+            try:
+                pool = self._client._pool(name)
+            except TritonSHMError:
+                continue  # unregistered meanwhile
+            now = _node_slot_stats(pool)
             models[name] = {
-                "slots": slots.size,
-                "in_use": slots.in_use,
-                "leased": len(mine),
-                "lessees": len({lease.owner_pid for lease in mine}),
-                "quarantined": quarantined.count(name),
-                "waiting": slots.waiting,
+                "slots": pool.slots.size,
+                "in_use": now.in_use,
+                "waiting": now.waiting,
+                "quarantined": now.quarantined,
+                "overloads": pool.header.overloads,
                 "shm_bytes": pool.region.size,
                 "by_value": self._by_value.get(name, 0),
+                "wait_p99_us": round(pool.header.wait_quantile_s(0.99) * 1e6),
                 **vars(pool.header.totals()),
             }
         free, capacity = shm_space() or (0, 0)
@@ -305,39 +278,7 @@ class TritonNodeActor:
     def shutdown(self) -> None:
         """Unregisters every model and frees its memory (the actor can then be killed)."""
         self._stop.set()
-        with self._lock:
-            leased = list(self._leases)
-            self._leases.clear()
-        for model, slot in leased:
-            self._client._pool(model).slots.release(slot)
         self._client.close()
-
-    # ---------------------------------------------------------------- lease group
-
-    @ray.method(concurrency_group="lease")
-    def lease(self, model_name: str, owner_pid: int, incarnation: str, wait_s: float) -> int | None:
-        """Leases one slot of a model to process ``owner_pid``, waiting up to ``wait_s``.
-
-        Callers keep ``wait_s`` short (about a second) and call again, so no call stays long in
-        the actor; waiting callers are served in order, and their number is published in the
-        region's header, so processes holding leases give them back while somebody waits.
-
-        Returns:
-            The slot, or ``None`` if none came free within ``wait_s``.
-
-        Raises:
-            StaleLeaseError: ``incarnation`` is not this actor's (it restarted): bind again.
-            OverloadedError: ``max_waiting`` callers already wait for a slot of this model.
-        """
-        self._check_incarnation(incarnation)
-        pool = self._check_not_overloaded(model_name)
-        try:
-            slot = pool.acquire(wait_s)
-        except SlotTimeoutError:
-            return None
-        with self._lock:
-            self._leases[(model_name, slot)] = _Lease(model_name, owner_pid)
-        return slot
 
     # ---------------------------------------------------------------- infer group
 
@@ -349,7 +290,8 @@ class TritonNodeActor:
         inputs: Mapping[str, Any],
         reconnect_timeout_s: float | None = None,
     ) -> dict[str, np.ndarray]:
-        """By-value inference: arrays in, arrays out (through Ray's object store).
+        """By-value inference: arrays in, arrays out (through Ray's object store), on the same
+        slots as every other caller of the node.
 
         ``reconnect_timeout_s`` is the caller's: how long to wait for Triton while it is
         unreachable (``None``: the actor's).
@@ -359,12 +301,25 @@ class TritonNodeActor:
             OverloadedError: ``max_waiting`` callers already wait for a slot of this model.
         """
         self._check_incarnation(incarnation)
-        self._check_not_overloaded(model_name)
         with self._lock:
             self._by_value[model_name] = self._by_value.get(model_name, 0) + 1
         return self._client.infer_shm(model_name, inputs, reconnect_timeout_s=reconnect_timeout_s)
 
     # ---------------------------------------------------------------- internals
+
+    def _share(self, model_name: str) -> ModelPool:
+        """The model's pool, its slots shared with every process of the node through the
+        region (done once, right after the region is created)."""
+        pool = self._client._pool(model_name)
+        with self._lock:
+            if not isinstance(pool.slots, SharedSlots):
+                pool.header.configure(
+                    max_waiting=self._config.max_waiting, quarantine_s=self._config.quarantine_s
+                )
+                pool.slots = SharedSlots(
+                    pool.region.name, pool.header, pool.slots.size, model=model_name
+                )
+        return pool
 
     def _check_incarnation(self, incarnation: str) -> None:
         if incarnation != self._incarnation:
@@ -374,40 +329,24 @@ class TritonNodeActor:
                 incarnation=incarnation,
             )
 
-    def _check_not_overloaded(self, model_name: str) -> SlotPool:
-        pool = self._client._pool(model_name).slots
-        assert isinstance(pool, SlotPool)
-        if pool.stats().waiting >= self._config.max_waiting:
-            raise OverloadedError(
-                f"model {model_name!r}: {self._config.max_waiting} callers already wait for one "
-                f"of its {pool.size} slots on this node; slow down, or create the node actor "
-                "with more slots or a larger max_waiting",
-                model=model_name,
-            )
-        return pool
-
     def _housekeeping(self) -> None:
-        """Takes back leases of processes that are gone; exports the Ray metrics."""
+        """Sweeps up after callers that died; exports the Ray metrics."""
         while not self._stop.wait(self._config.sweep_interval_s):
-            now = time.monotonic()
-            with self._lock:
-                gone = [k for k, lease in self._leases.items() if not pid_alive(lease.owner_pid)]
-                for key in gone:
-                    del self._leases[key]
-                    self._quarantine.append((now + self._config.dead_lease_grace_s, *key))
-                due = [item for item in self._quarantine if item[0] <= now]
-                self._quarantine = [item for item in self._quarantine if item[0] > now]
-            for _, model, slot in due:
-                try:
-                    self._client._pool(model).slots.release(slot)
-                except TritonSHMError:
-                    pass  # unregistered meanwhile
             for name in self._client.registered_models:
                 try:
                     pool = self._client._pool(name)
-                except TritonSHMError:
+                    if isinstance(pool.slots, SharedSlots):
+                        pool.slots.sweep()
+                    self._metrics.export(name, pool, _node_slot_stats(pool))
+                except (TritonSHMError, OSError):
                     continue  # unregistered meanwhile
-                self._metrics.export(name, pool.header.totals(), pool.slots.stats())
+
+
+def _node_slot_stats(pool: ModelPool) -> NodeSlotStats:
+    if isinstance(pool.slots, SharedSlots):
+        return pool.slots.node_stats()
+    stats = pool.slots.stats()  # not shared yet: registration is under way
+    return NodeSlotStats(stats.in_use, stats.waiting, 0)
 
 
 def _current_node_id() -> str:
@@ -430,6 +369,8 @@ class _Metrics:
         ("bytes_in", "Input bytes sent to Triton"),
         ("bytes_out", "Output bytes read from Triton"),
         ("errors", "Inference requests that failed"),
+        ("waits", "Requests that waited for a slot"),
+        ("overloads", "Callers refused because max_waiting callers already waited"),
     )
 
     def __init__(self, node_id: str) -> None:
@@ -437,29 +378,43 @@ class _Metrics:
 
         tags = ("model", "node_id")
         self._node_id = node_id
-        self._exported: dict[str, SlotCounters] = {}
+        self._exported: dict[str, dict[str, int]] = {}
         self._counters = {
             name: metrics.Counter(f"ray_triton_shm_{name}", text, tag_keys=tags)
             for name, text in self._COUNTERS
         }
-        self._in_use = metrics.Gauge("ray_triton_shm_slots_in_use", "Slots in use", tag_keys=tags)
-        self._total = metrics.Gauge("ray_triton_shm_slots", "Slots in the pool", tag_keys=tags)
-        self._waiting = metrics.Gauge(
-            "ray_triton_shm_waiting", "Callers waiting for a slot", tag_keys=tags
+        self._wait_s = metrics.Counter(
+            "ray_triton_shm_wait_seconds", "Time requests waited for a slot", tag_keys=tags
         )
+        self._gauges = {
+            "slots": metrics.Gauge("ray_triton_shm_slots", "Slots in the pool", tag_keys=tags),
+            "in_use": metrics.Gauge("ray_triton_shm_slots_in_use", "Slots in use", tag_keys=tags),
+            "waiting": metrics.Gauge(
+                "ray_triton_shm_waiting", "Callers waiting for a slot", tag_keys=tags
+            ),
+            "quarantined": metrics.Gauge(
+                "ray_triton_shm_slots_quarantined",
+                "Slots out of use because their holder died mid-request",
+                tag_keys=tags,
+            ),
+        }
 
-    def export(self, model: str, totals: SlotCounters, pool: Any) -> None:
+    def export(self, model: str, pool: ModelPool, now: NodeSlotStats) -> None:
         """Adds what the counters gained since the last export; sets the gauges."""
         tags = {"model": model, "node_id": self._node_id}
-        last = self._exported.get(model, SlotCounters())
+        totals = {**vars(pool.header.totals()), "overloads": pool.header.overloads}
+        last = self._exported.get(model, {})
         for name, metric in self._counters.items():
-            delta = getattr(totals, name) - getattr(last, name)
+            delta = totals[name] - last.get(name, 0)
             if delta > 0:
                 metric.inc(delta, tags)
+        wait_ns = totals["wait_ns"] - last.get("wait_ns", 0)
+        if wait_ns > 0:
+            self._wait_s.inc(wait_ns / 1e9, tags)
         self._exported[model] = totals
-        self._in_use.set(pool.in_use, tags)
-        self._total.set(pool.size, tags)
-        self._waiting.set(pool.waiting, tags)
+        gauges = {"slots": pool.slots.size, "in_use": now.in_use, "waiting": now.waiting}
+        for name, value in {**gauges, "quarantined": now.quarantined}.items():
+            self._gauges[name].set(value, tags)
 
 
 def get_node_actor(
@@ -467,6 +422,7 @@ def get_node_actor(
     url: str | None = None,
     slots: int = 8,
     max_waiting: int = 64,
+    quarantine_s: float = 30.0,
     reconnect_timeout_s: float = DEFAULT_RECONNECT_TIMEOUT_S,
     node_id: str | None = None,
 ) -> ray.actor.ActorHandle:
@@ -481,6 +437,8 @@ def get_node_actor(
         slots: The default pool size of each model, and the most by-value calls at once.
         max_waiting: Callers that may wait for a slot of one model before
             :class:`OverloadedError`.
+        quarantine_s: How long a slot whose holder died mid-request stays out of use (see
+            :class:`NodeActorConfig`).
         reconnect_timeout_s: How long the actor's registrations wait for an unreachable
             Triton.
         node_id: The node; default the caller's.
@@ -492,16 +450,16 @@ def get_node_actor(
     except ValueError:
         pass
     config = NodeActorConfig(
-        url=url, slots=slots, max_waiting=max_waiting, reconnect_timeout_s=reconnect_timeout_s
+        url=url,
+        slots=slots,
+        max_waiting=max_waiting,
+        quarantine_s=quarantine_s,
+        reconnect_timeout_s=reconnect_timeout_s,
     )
     actor_class = ray.remote(  # type: ignore[call-overload]
-        # Waiting lease and by-value calls wait in the model's pool, where they are counted
-        # (and refused past max_waiting), not in Ray's queue.
-        concurrency_groups={
-            "lease": max_waiting + 1,
-            "infer": slots + max_waiting + 1,
-            "control": 4,
-        },
+        # By-value calls wait for a slot in the region, where they are counted (and refused
+        # past max_waiting), not in Ray's queue.
+        concurrency_groups={"infer": slots + max_waiting + 1, "control": 4},
         allow_out_of_order_execution=False,  # see the module docstring
     )(TritonNodeActor)
     return actor_class.options(

@@ -44,7 +44,7 @@ class ShmPredictor:
         cast: Convert input columns to the model's dtypes (e.g. float64 -> float32) instead of
             rejecting them.
         **model_options: Passed to :class:`ShmModel` (``url``, ``max_shapes``, ``zero_copy``,
-            ``local_slots``, ``actor_options``, ...).
+            ``slot_timeout_s``, ``actor_options``, ...).
 
     Raises:
         ModelSpecError: ``input_columns`` or ``output_columns`` do not match the model (a

@@ -2,10 +2,12 @@
 
 Pass it to Serve deployments and Ray Data workers. In the process that uses it, it binds lazily:
 it registers the model with its node's actor (a no-op if already done), attaches the model's
-region, and from then on sends requests **straight to the node's Triton** on slots it leases from
-the actor (see :mod:`._lease`). A request writes the inputs into a slot, makes one small gRPC
-call that names the region, and reads the outputs back; it makes no Ray call. Where the region
-cannot be attached (another ``/dev/shm``, another node), arrays go by value through the actor.
+region, and from then on takes the region's slots **through the region itself**, shared with
+every other process of the node (see :mod:`ray_triton_shm._shared_slots`), and sends requests
+**straight to the node's Triton**. A request writes the inputs into a slot, makes one small gRPC
+call that names the region, and reads the outputs back; it makes no Ray call, at any load. Where
+the region cannot be attached (another ``/dev/shm``, another node), arrays go by value through
+the actor.
 """
 
 from __future__ import annotations
@@ -24,10 +26,11 @@ from .._defaults import DEFAULT_RECONNECT_TIMEOUT_S
 from .._exceptions import StaleLeaseError
 from .._header import RegionHeader
 from .._inputs import InputValue
+from .._shared_slots import SharedSlots
 from .._shm import SharedMemoryRegion
 from .._specs import ModelSpec
 from ._actor import ModelRegistration, get_node_actor
-from ._lease import LeasedSlots, control_call, get
+from ._control import control_call, get
 
 __all__ = ["ShmModel"]
 
@@ -37,7 +40,7 @@ _REBIND_ON = (StaleLeaseError, RayActorError)
 
 class _Binding:
     """Per-process state: the actor handle, the registration, and (zero-copy) a client on
-    the model's attached region with this process's leased slots."""
+    the model's attached region and its shared slots."""
 
     def __init__(
         self,
@@ -45,8 +48,6 @@ class _Binding:
         registration: ModelRegistration,
         *,
         zero_copy: bool,
-        local_slots: int,
-        idle_release_s: float,
         reconnect_timeout_s: float,
     ) -> None:
         self.actor = actor
@@ -60,13 +61,12 @@ class _Binding:
             except OSError:
                 return  # no shared /dev/shm with the actor: by value
             count = registration.slot_count
-            slots = LeasedSlots(
-                actor,
-                registration,
-                RegionHeader(region.buffer, count),
-                size=local_slots,
-                idle_release_s=idle_release_s,
-            )
+            header = RegionHeader(region.buffer, count)
+            try:
+                slots = SharedSlots(region.name, header, count, model=self.spec.name)
+            except OSError:
+                region.close()
+                return
             client = TritonSHMClient(
                 url=registration.url,
                 crash_cleanup=False,
@@ -122,16 +122,15 @@ class ShmModel:
             ``{"TEXT": 256, "UPPER": 256}``.
         model_version: Model version (``""`` lets Triton choose).
         url: Triton's gRPC address on the node (see :func:`get_node_actor`).
-        zero_copy: Send requests straight to Triton on leased slots when possible; ``False``
-            always passes arrays by value through the actor.
-        local_slots: Most slots this process leases at once (its requests in flight).
+        zero_copy: Send requests straight to Triton on the node's shared slots when possible;
+            ``False`` always passes arrays by value through the actor.
         slot_timeout_s: How long a call waits for a slot (``None``: no limit).
-        idle_release_s: A leased slot unused this long goes back to the node actor.
         reconnect_timeout_s: How long a call waits for the node's Triton while it is
             unreachable (restarting) before :class:`ServerUnreachableError`; ``0`` fails at
             once.
         actor_options: Extra keyword arguments for :func:`get_node_actor` (``slots``,
-            ``max_waiting``, ``reconnect_timeout_s``), used if this call creates the actor.
+            ``max_waiting``, ``quarantine_s``, ``reconnect_timeout_s``), used if this call
+            creates the actor.
 
     Example:
         >>> model = ShmModel("classifier")
@@ -151,9 +150,7 @@ class ShmModel:
         model_version: str = "",
         url: str | None = None,
         zero_copy: bool = True,
-        local_slots: int = 4,
         slot_timeout_s: float | None = None,
-        idle_release_s: float = 1.0,
         reconnect_timeout_s: float = DEFAULT_RECONNECT_TIMEOUT_S,
         actor_options: Mapping[str, Any] | None = None,
     ) -> None:
@@ -169,9 +166,7 @@ class ShmModel:
         }
         self._url = url
         self._zero_copy = zero_copy
-        self._local_slots = local_slots
         self._slot_timeout_s = slot_timeout_s
-        self._idle_release_s = idle_release_s
         self._reconnect_timeout_s = reconnect_timeout_s
         self._actor_options = dict(actor_options or {})
         self._binding: _Binding | None = None
@@ -208,8 +203,6 @@ class ShmModel:
                     actor,
                     registration,
                     zero_copy=self._zero_copy and same_node,
-                    local_slots=self._local_slots,
-                    idle_release_s=self._idle_release_s,
                     reconnect_timeout_s=self._reconnect_timeout_s,
                 )
             return self._binding
@@ -240,10 +233,9 @@ class ShmModel:
         return self._bind().client is not None
 
     def close(self) -> None:
-        """Gives this process's leased slots back to the node actor (also done at exit).
+        """Detaches this process from the model's region (also done at exit).
 
-        Waits for the calls in flight (up to 30 s) and for the actor to take the slots back,
-        except on an event loop's thread, where the releases are sent and not waited for.
+        Waits for this process's calls in flight (up to 30 s) to give their slots back.
         """
         with self._bind_lock:
             binding, self._binding = self._binding, None
@@ -266,7 +258,7 @@ class ShmModel:
         try:
             return binding.infer(inputs, self._slot_timeout_s)  # type: ignore[no-any-return]
         except _REBIND_ON:
-            self._rebind(binding)  # the node actor restarted: new region, new leases
+            self._rebind(binding)  # the node actor restarted: a new region
         return self._bind().infer(inputs, self._slot_timeout_s)  # type: ignore[no-any-return]
 
     async def infer_async(self, inputs: Mapping[str, InputValue]) -> dict[str, np.ndarray]:

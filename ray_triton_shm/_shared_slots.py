@@ -1,0 +1,427 @@
+"""A slot pool shared by every process that maps a region, through the region's file locks.
+
+:class:`SharedSlots` hands out the slots of one region to callers in any process on the machine
+(in the Ray layer: every Serve replica and Ray Data worker on the node), with no message to
+anyone. A slot is held by an open-file-description lock (``F_OFD_SETLK``) on one byte of the
+region's file: byte ``i`` for slot ``i``. Such a lock belongs to one open file description, so
+every caller takes one of its process's descriptors for as long as it holds a slot, and the
+kernel drops the lock when the process dies however it dies. So:
+
+* taking a free slot is a non-blocking lock, and giving it back an unlock: a few system calls;
+* a caller that finds no free slot takes a **seat** (a lock on one of ``max_waiting`` seat
+  bytes; none free: :class:`OverloadedError`), records in the header which slot it queues on
+  (the slot with the fewest callers queued), and sleeps in the kernel on that slot's lock
+  (``F_OFD_SETLKW``), behind the callers that queued there before it. A slot with callers
+  queued on it is only taken by them, so no newcomer overtakes a waiting caller;
+* a holder that dies is seen by the next one to lock its slot (or by the owner's sweep): the
+  slot's ``busy_since`` word is still set. The engine sets it right before it sends a request
+  on the slot, and :meth:`SharedSlots.release` clears it before unlocking. A holder that died
+  before sending leaves it clear, and its slot is free at once. One that died after sending
+  left a request that Triton may still be working on, and Triton writes the outputs into the
+  slot whenever it is done. Triton tells no client when that is for one slot (its reference
+  count is per region, and a key can be registered only once, so not per slot), so the slot is
+  **quarantined** for the region's ``quarantine_ns``, counted from when the request was sent.
+
+Waiting with a timeout, or from a coroutine, happens on a thread of a shared pool: a lock wait
+in the kernel cannot be interrupted. A caller that gives up leaves the thread to hand the slot
+straight back when it comes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import errno
+import fcntl
+import os
+import struct
+import threading
+import time
+from functools import cache
+
+from ._exceptions import ClientClosedError, OverloadedError, SlotTimeoutError
+from ._header import RegionHeader
+from ._pool import PoolStats
+from ._shm import SHM_DIR
+
+__all__ = ["NodeSlotStats", "SharedSlots"]
+
+# Lock bytes: slot i is byte i; seat s is byte _SEAT0 + s; _MUTEX serialises rare header updates.
+_SEAT0 = 1 << 20
+_MUTEX = 1 << 30
+
+_waiters = concurrent.futures.ThreadPoolExecutor(
+    max_workers=256, thread_name_prefix="ray-triton-shm-slot-wait"
+)
+
+
+@cache
+def _flock(kind: int, start: int) -> bytes:
+    # struct flock: l_type, l_whence, l_start, l_len, l_pid (0 for OFD locks), padded.
+    return struct.pack("@hhqqi4x", kind, os.SEEK_SET, start, 1, 0)
+
+
+def _lock(fd: int, byte: int, *, wait: bool) -> bool:
+    """Locks one byte for this descriptor; ``False`` if another holds it (``wait=False``)."""
+    try:
+        command = fcntl.F_OFD_SETLKW if wait else fcntl.F_OFD_SETLK
+        fcntl.fcntl(fd, command, _flock(fcntl.F_WRLCK, byte))
+    except OSError as exc:
+        if exc.errno in (errno.EAGAIN, errno.EACCES):
+            return False
+        raise
+    return True
+
+
+def _unlock(fd: int, byte: int) -> None:
+    fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _flock(fcntl.F_UNLCK, byte))
+
+
+def _locked_by_another(fd: int, byte: int) -> bool:
+    answer = fcntl.fcntl(fd, fcntl.F_OFD_GETLK, _flock(fcntl.F_WRLCK, byte))
+    return struct.unpack("@hhqqi4x", answer)[0] != fcntl.F_UNLCK
+
+
+class NodeSlotStats:
+    """What every process using a region does with its slots, right now.
+
+    Attributes:
+        in_use: Slots held.
+        waiting: Callers queued for a slot.
+        quarantined: Slots out of use because their holder died mid-request.
+    """
+
+    __slots__ = ("in_use", "quarantined", "waiting")
+
+    def __init__(self, in_use: int, waiting: int, quarantined: int) -> None:
+        self.in_use = in_use
+        self.waiting = waiting
+        self.quarantined = quarantined
+
+
+class _Wait:
+    """A wait on a pool thread, which its caller may give up."""
+
+    __slots__ = ("abandoned", "fd", "lock", "slot")
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.lock = threading.Lock()
+        self.abandoned = False
+        self.slot: int | None = None
+
+
+class SharedSlots:
+    """The slots of one region, shared with every process that maps it; a ``SlotSource``.
+
+    Args:
+        name: The region's name (its file is ``/dev/shm/<name>``).
+        header: The region's header.
+        size: Slots in the region.
+        model: Used in error messages.
+    """
+
+    def __init__(self, name: str, header: RegionHeader, size: int, *, model: str = "") -> None:
+        self.size = size
+        self.name = model
+        self._header = header
+        # Descriptors are opened anew from this one, so they work after the name is unlinked.
+        self._base_fd = os.open(SHM_DIR / name, os.O_RDWR | os.O_CLOEXEC)
+        self._free_fds: list[int] = []
+        self._held: dict[int, int] = {}  # slot -> the descriptor holding its lock
+        self._lock = threading.Lock()
+        self._all_back = threading.Condition(self._lock)
+        self._waiting = 0
+        self._next = os.getpid()
+        self._closed = False
+
+    # ---------------------------------------------------------------- SlotSource
+
+    def acquire(self, timeout_s: float | None = None) -> int:
+        """Takes a slot, waiting up to ``timeout_s`` seconds (``None``: as long as it takes).
+
+        Raises:
+            SlotTimeoutError: no slot came free in time.
+            OverloadedError: ``max_waiting`` callers already wait.
+            ClientClosedError: the pool was closed.
+        """
+        fd = self._take_fd()
+        try:
+            slot = self._take_free(fd)
+        except BaseException:
+            self._discard_fd(fd)
+            raise
+        if slot is not None:
+            return slot
+        if timeout_s is None:
+            return self._queue(fd)
+        wait = _Wait(fd)
+        future = self._wait_on_thread(wait)
+        try:
+            return future.result(timeout_s)
+        except concurrent.futures.TimeoutError:
+            self._abandon(wait, future)
+            raise self._timeout(timeout_s) from None
+        except BaseException:
+            self._abandon(wait, future)
+            raise
+
+    def try_acquire(self) -> int | None:
+        """Takes a free slot if there is one nobody queues for, without waiting."""
+        fd = self._take_fd()
+        try:
+            slot = self._take_free(fd)
+        except BaseException:
+            self._discard_fd(fd)
+            raise
+        if slot is None:
+            self._put_fd(fd)
+        return slot
+
+    async def acquire_async(self, timeout_s: float | None = None) -> int:
+        """:meth:`acquire` for coroutines: waits on a pool thread, never on the event loop.
+        Cancelling never loses a slot."""
+        fd = self._take_fd()
+        try:
+            slot = self._take_free(fd)
+        except BaseException:
+            self._discard_fd(fd)
+            raise
+        if slot is not None:
+            return slot
+        wait = _Wait(fd)
+        future = self._wait_on_thread(wait)
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(future), timeout_s)
+        except asyncio.TimeoutError:
+            self._abandon(wait, future)
+            raise self._timeout(timeout_s) from None
+        except BaseException:
+            self._abandon(wait, future)
+            raise
+
+    def release(self, slot: int) -> None:
+        """Gives a slot back; the first caller queued on it gets it."""
+        with self._lock:
+            fd = self._held.pop(slot)
+            if not self._held:
+                self._all_back.notify_all()
+        self._header.set_busy_since(slot, 0)
+        _unlock(fd, slot)
+        self._put_fd(fd)
+
+    def stats(self) -> PoolStats:
+        """This process's share: slots it holds and its callers waiting."""
+        with self._lock:
+            return PoolStats(self.size, len(self._held), self._waiting)
+
+    def close(self, *, wait_s: float | None = None) -> bool:
+        """Refuses new callers and waits for this process's slots to come back.
+
+        Returns:
+            Whether every slot this process held is back.
+        """
+        with self._lock:
+            self._closed = True
+            all_back = self._all_back.wait_for(lambda: not self._held, wait_s)
+            fds, self._free_fds = self._free_fds, []
+        for fd in fds:
+            os.close(fd)
+        if all_back and self._base_fd >= 0:
+            os.close(self._base_fd)
+            self._base_fd = -1
+        return all_back
+
+    # ---------------------------------------------------------------- node-wide view
+
+    def node_stats(self) -> NodeSlotStats:
+        """Slots held and callers queued over every process (seen through the locks)."""
+        fd = self._base_fd
+        in_use = sum(_locked_by_another(fd, slot) for slot in range(self.size))
+        waiting = sum(
+            _locked_by_another(fd, _SEAT0 + seat) for seat in range(self._header.max_waiting)
+        )
+        return NodeSlotStats(in_use, waiting, self._header.quarantined(time.monotonic_ns()))
+
+    def sweep(self) -> None:
+        """Quarantines the slots of holders that died, and clears the seats of waiters that
+        died (the owner calls this now and then; callers also find dead holders themselves)."""
+        fd = self._open_fd()
+        try:
+            for slot in range(self.size):
+                if self._header.busy_since(slot) and _lock(fd, slot, wait=False):
+                    self._check_dead_holder(slot, time.monotonic_ns())
+                    _unlock(fd, slot)
+            for seat in range(self._header.max_waiting):
+                queued = self._header.queued_on(seat) is not None
+                if queued and _lock(fd, _SEAT0 + seat, wait=False):  # its holder is gone
+                    self._header.queue(seat, None)
+                    _unlock(fd, _SEAT0 + seat)
+        finally:
+            os.close(fd)
+
+    # ---------------------------------------------------------------- taking slots
+
+    def _take_free(self, fd: int) -> int | None:
+        """A free slot nobody queues for, locked on ``fd``, or ``None``."""
+        queued = self._header.queued()
+        now = time.monotonic_ns()
+        self._next += 1
+        for k in range(self.size):
+            slot = (self._next + k) % self.size
+            if queued[slot] or self._header.quarantined_until(slot) > now:
+                continue
+            if _lock(fd, slot, wait=False) and self._claim(fd, slot, now):
+                return slot
+        return None
+
+    def _queue(self, fd: int) -> int:
+        """Queues for a slot and sleeps in the kernel until it is this caller's."""
+        with self._lock:
+            self._waiting += 1
+        started = time.monotonic_ns()
+        try:
+            seat = self._take_seat(fd)
+            try:
+                while True:
+                    slot = self._pick()
+                    self._header.queue(seat, slot)
+                    _lock(fd, slot, wait=True)
+                    self._header.queue(seat, None)
+                    now = time.monotonic_ns()
+                    if self._claim(fd, slot, now):
+                        self._header.count_wait(slot, now - started)
+                        return slot
+            finally:
+                self._header.queue(seat, None)
+                _unlock(fd, _SEAT0 + seat)
+        except BaseException:
+            self._discard_fd(fd)  # closing it drops whatever lock it may hold
+            raise
+        finally:
+            with self._lock:
+                self._waiting -= 1
+
+    def _wait_on_thread(self, wait: _Wait) -> concurrent.futures.Future[int]:
+        """:meth:`_queue` on a pool thread; a slot that comes after its caller gave up goes
+        straight back."""
+
+        def queue() -> int:
+            slot = self._queue(wait.fd)
+            with wait.lock:
+                if not wait.abandoned:
+                    wait.slot = slot
+                    return slot
+            self.release(slot)
+            return slot
+
+        return _waiters.submit(queue)
+
+    def _abandon(self, wait: _Wait, future: concurrent.futures.Future[int]) -> None:
+        if future.cancel():  # never started: its descriptor is ours again
+            self._put_fd(wait.fd)
+            return
+        with wait.lock:
+            wait.abandoned = True
+            slot, wait.slot = wait.slot, None
+        if slot is not None:  # it came just as the caller gave up
+            self.release(slot)
+
+    def _take_seat(self, fd: int) -> int:
+        for seat in range(self._header.max_waiting):
+            if _lock(fd, _SEAT0 + seat, wait=False):
+                return seat
+        _lock(fd, _MUTEX, wait=True)
+        try:
+            self._header.count_overload()
+        finally:
+            _unlock(fd, _MUTEX)
+        raise OverloadedError(
+            f"{self._header.max_waiting} callers already wait for one of the {self.size} slots "
+            f"of {self.name!r} on this machine; slow down, or allow more with more slots or a "
+            "larger max_waiting",
+            model=self.name,
+        )
+
+    def _pick(self) -> int:
+        """The slot with the fewest callers queued, among those not quarantined."""
+        while True:
+            now = time.monotonic_ns()
+            queued = self._header.queued()
+            best: int | None = None
+            for k in range(self.size):
+                slot = (self._next + k) % self.size
+                if self._header.quarantined_until(slot) > now:
+                    continue
+                if best is None or queued[slot] < queued[best]:
+                    best = slot
+            if best is not None:
+                return best
+            # Every slot is quarantined: sleep until the first comes back.
+            until = min(self._header.quarantined_until(s) for s in range(self.size))
+            time.sleep(max(0.0, (until - now) / 1e9))
+
+    def _claim(self, fd: int, slot: int, now: int) -> bool:
+        """Makes a slot just locked on ``fd`` this caller's, unless its last holder died with
+        a request in flight (then it is quarantined and unlocked) or the pool was closed."""
+        if self._check_dead_holder(slot, now) or self._header.quarantined_until(slot) > now:
+            _unlock(fd, slot)
+            return False
+        with self._lock:
+            if self._closed:
+                closed = True
+            else:
+                closed = False
+                self._held[slot] = fd
+        if closed:
+            _unlock(fd, slot)
+            raise ClientClosedError(f"the slot pool of {self.name!r} is closed", model=self.name)
+        return True
+
+    def _check_dead_holder(self, slot: int, now: int) -> bool:
+        """With ``slot`` locked: quarantines it if its last holder died holding it."""
+        since = self._header.busy_since(slot)
+        if not since:
+            return False
+        self._header.quarantine(slot, since + self._header.quarantine_ns)
+        self._header.set_busy_since(slot, 0)
+        return self._header.quarantined_until(slot) > now
+
+    # ---------------------------------------------------------------- descriptors
+
+    def _open_fd(self) -> int:
+        # A new open file description of the region's file: locks are per description.
+        return os.open(f"/proc/self/fd/{self._base_fd}", os.O_RDWR | os.O_CLOEXEC)
+
+    def _take_fd(self) -> int:
+        with self._lock:
+            if self._closed:
+                raise ClientClosedError(
+                    f"the slot pool of {self.name!r} is closed", model=self.name
+                )
+            if self._free_fds:
+                return self._free_fds.pop()
+        return self._open_fd()
+
+    def _discard_fd(self, fd: int) -> None:
+        with self._lock:
+            for slot in [s for s, held in self._held.items() if held == fd]:
+                del self._held[slot]
+            if not self._held:
+                self._all_back.notify_all()
+        os.close(fd)
+
+    def _put_fd(self, fd: int) -> None:
+        with self._lock:
+            if not self._closed:
+                self._free_fds.append(fd)
+                return
+        os.close(fd)
+
+    def _timeout(self, timeout_s: float | None) -> SlotTimeoutError:
+        return SlotTimeoutError(
+            f"no free slot for model {self.name!r} within {timeout_s} s (all {self.size} slots "
+            "of this machine busy)",
+            model=self.name,
+            timeout_s=timeout_s,
+        )
