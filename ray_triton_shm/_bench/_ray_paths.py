@@ -4,7 +4,7 @@
 ``DeploymentHandle``, default 4), whose replica calls Triton one of three ways:
 
 * ``serve-grpc``: ``tritonclient.grpc.aio``, what Serve users write today;
-* ``serve-shm``: ``ShmModel`` (the node's slots, taken through the region; requests straight to Triton);
+* ``serve-shm``: ``ShmModel`` (the node's slots, taken through the region; straight to Triton);
 * ``serve-inproc``: a ``TritonSHMClient`` of the replica's own: the upper bound.
 
 **Ray Data**: the same ``map_batches`` job (every batch is the case's request, ``ray_callers``
@@ -459,7 +459,7 @@ class ServeGrpcPath(_ServePath):
 
 
 class ServeShmPath(_ServePath):
-    """The Serve replica calls Triton through ``ShmModel`` (the node's slots, taken through the region)."""
+    """The Serve replica calls Triton through ``ShmModel`` (the node's shared slots)."""
 
     name = "serve-shm"
     label = "Serve replica, ShmModel"
