@@ -1,0 +1,211 @@
+"""Slots shared by processes through a region's file locks, with real processes and no Triton."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from ray_triton_shm import OverloadedError, SlotTimeoutError
+from ray_triton_shm._header import RegionHeader
+from ray_triton_shm._shared_slots import SharedSlots
+from ray_triton_shm._shm import SharedMemoryRegion, new_region_name
+from ray_triton_shm._specs import REGION_HEADER_BYTES
+
+
+@dataclass
+class Region:
+    name: str
+    header: RegionHeader
+    slots: SharedSlots
+    size: int
+
+
+@pytest.fixture
+def make_region() -> Iterator:  # type: ignore[type-arg]
+    made: list[tuple[SharedMemoryRegion, SharedSlots]] = []
+
+    def make(size: int, *, max_waiting: int = 8, quarantine_s: float = 30.0) -> Region:
+        region = SharedMemoryRegion.create(new_region_name("test"), REGION_HEADER_BYTES + 4096)
+        header = RegionHeader(region.buffer, size)
+        header.configure(max_waiting=max_waiting, quarantine_s=quarantine_s)
+        slots = SharedSlots(region.name, header, size, model="m")
+        made.append((region, slots))
+        return Region(region.name, header, slots, size)
+
+    yield make
+    for region, slots in made:
+        slots.close(wait_s=5)
+        region.unlink()
+        region.close()
+
+
+def _child(region: Region, body: str) -> subprocess.Popen[str]:
+    """A process that attaches the region, runs ``body`` (with ``slots`` and ``header`` in
+    scope), prints ``ready`` and then waits to be killed."""
+    script = (
+        textwrap.dedent(
+            f"""
+        import sys, time
+        from ray_triton_shm._header import RegionHeader
+        from ray_triton_shm._shared_slots import SharedSlots
+        from ray_triton_shm._shm import SharedMemoryRegion
+        region = SharedMemoryRegion.attach({region.name!r})
+        header = RegionHeader(region.buffer, {region.size})
+        slots = SharedSlots({region.name!r}, header, {region.size})
+        """
+        )
+        + textwrap.dedent(body)
+        + "\nprint('ready', flush=True)\ntime.sleep(600)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+    return child
+
+
+def _kill(child: subprocess.Popen[str]) -> None:
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+
+
+def test_slots_held_by_another_process_block_until_given_back(make_region) -> None:  # type: ignore[no-untyped-def]
+    region = make_region(2)
+    child = _child(region, "held = [slots.acquire(), slots.acquire()]")
+    try:
+        assert region.slots.try_acquire() is None
+        with pytest.raises(SlotTimeoutError, match="within 0.2 s"):
+            region.slots.acquire(0.2)
+        assert region.slots.node_stats().in_use == 2
+        assert region.slots.stats().in_use == 0  # none of them is this process's
+    finally:
+        _kill(child)
+    # The holder never sent a request on them: the kernel dropped its locks, and they are free.
+    started = time.monotonic()
+    taken = {region.slots.acquire(5.0), region.slots.acquire(5.0)}
+    assert taken == {0, 1} and time.monotonic() - started < 0.5
+    assert region.slots.node_stats().quarantined == 0
+    for slot in taken:
+        region.slots.release(slot)
+    assert region.slots.node_stats().in_use == 0
+
+
+def test_a_slot_whose_holder_died_mid_request_is_quarantined(make_region) -> None:  # type: ignore[no-untyped-def]
+    region = make_region(2, quarantine_s=1.5)
+    # As the engine does right before it sends a request on the slot.
+    child = _child(region, "s = slots.acquire(); header.set_busy_since(s, time.monotonic_ns())")
+    _kill(child)
+    # The other slot serves on; the dead holder's is skipped and counted as quarantined.
+    first = region.slots.acquire(1.0)
+    assert region.slots.try_acquire() is None
+    assert region.slots.node_stats().quarantined == 1
+    region.slots.release(first)
+    assert region.slots.acquire(1.0) == first
+    region.slots.release(first)
+    # Once Triton cannot write into it any more, it serves again.
+    time.sleep(1.6)
+    taken = {region.slots.acquire(1.0), region.slots.acquire(1.0)}
+    assert taken == {0, 1} and region.slots.node_stats().quarantined == 0
+    for slot in taken:
+        region.slots.release(slot)
+
+
+def test_the_owners_sweep_finds_a_dead_holder_too(make_region) -> None:  # type: ignore[no-untyped-def]
+    region = make_region(1, quarantine_s=30)
+    child = _child(region, "s = slots.acquire(); header.set_busy_since(s, time.monotonic_ns())")
+    _kill(child)
+    region.slots.sweep()
+    assert region.slots.node_stats().quarantined == 1
+    with pytest.raises(SlotTimeoutError):
+        region.slots.acquire(0.2)
+
+
+def test_more_waiters_than_seats_are_refused_and_counted(make_region) -> None:  # type: ignore[no-untyped-def]
+    region = make_region(1, max_waiting=2)
+    waiters = """
+        import threading
+        for _ in range(2):
+            threading.Thread(target=slots.acquire, daemon=True).start()
+        time.sleep(0.3)
+    """
+    holder = _child(region, "held = slots.acquire()")
+    queued = _child(region, waiters)
+    try:
+        assert region.slots.node_stats().waiting == 2
+        with pytest.raises(OverloadedError, match="2 callers already wait") as info:
+            region.slots.acquire(5.0)
+        assert info.value.model == "m" and region.header.overloads == 1
+    finally:
+        _kill(queued)
+        _kill(holder)
+    # The killed waiters' seats are free again: this caller may wait once more.
+    slot = region.slots.acquire(5.0)
+    region.slots.release(slot)
+    region.slots.sweep()
+    assert region.slots.node_stats().waiting == 0 and region.header.queued().sum() == 0
+
+
+def test_a_cancelled_async_waiter_loses_no_slot(make_region) -> None:  # type: ignore[no-untyped-def]
+    region = make_region(1)
+    held = region.slots.acquire()
+
+    async def scenario() -> int:
+        waiter = asyncio.create_task(region.slots.acquire_async())
+        await asyncio.sleep(0.1)
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        with pytest.raises(SlotTimeoutError):
+            await region.slots.acquire_async(0.1)
+        region.slots.release(held)
+        return await region.slots.acquire_async(5.0)  # the cancelled waiter passed it on
+
+    slot = asyncio.run(scenario())
+    region.slots.release(slot)
+    assert region.slots.stats().in_use == 0 and region.slots.node_stats().in_use == 0
+
+
+def test_waiting_callers_are_served_fairly(make_region) -> None:  # type: ignore[no-untyped-def]
+    """Six processes looping on two slots: each gets its turn (none under half the mean)."""
+    region = make_region(2)
+    loop = """
+        import os
+        done = 0
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            slot = slots.acquire()
+            time.sleep(0.001)
+            slots.release(slot)
+            done += 1
+        print(done, flush=True)
+        os._exit(0)
+    """
+    script_head = textwrap.dedent(
+        f"""
+        import time
+        from ray_triton_shm._header import RegionHeader
+        from ray_triton_shm._shared_slots import SharedSlots
+        from ray_triton_shm._shm import SharedMemoryRegion
+        region = SharedMemoryRegion.attach({region.name!r})
+        slots = SharedSlots({region.name!r}, RegionHeader(region.buffer, 2), 2)
+        """
+    )
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", script_head + textwrap.dedent(loop)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(6)
+    ]
+    counts = [int(child.communicate(timeout=60)[0]) for child in children]
+    mean = sum(counts) / len(counts)
+    assert min(counts) >= mean / 2, counts
+    assert region.header.totals().waits > 0  # they did contend
