@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import pickle
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -21,7 +23,7 @@ SHAPES = {"INPUT0": (16,), "OUTPUT0": (16,)}
 
 @pytest.fixture(scope="module")
 def node_actor(ray_local: str) -> Iterator[ray.actor.ActorHandle]:
-    actor = get_node_actor(slots=4)
+    actor = get_node_actor(slots=4, quarantine_s=3.0)
     try:
         yield actor
     finally:
@@ -224,3 +226,45 @@ def test_triton_errors_come_back_as_themselves(node_actor, zero_copy: bool) -> N
 def test_empty_batch(node_actor) -> None:  # type: ignore[no-untyped-def]
     out = ShmModel("classifier").infer({"INPUT0": np.empty((0, 3, 224, 224), np.float32)})
     assert out["OUTPUT0"].shape == (0, 1000)
+
+
+def test_a_caller_killed_mid_request_leaves_its_slot_quarantined(node_actor) -> None:  # type: ignore[no-untyped-def]
+    """Its request is still in Triton, which may write into the slot: the slot stays out of
+    use for ``quarantine_s`` (3 s here), while the others serve on."""
+
+    @ray.remote(num_cpus=0, max_concurrency=2)
+    class Caller:
+        def __init__(self) -> None:
+            self.model = ShmModel("slow_identity", max_shapes=SHAPES)  # 0.3 s a request
+            self.sent = 0
+
+        def loop(self) -> None:
+            while True:
+                self.sent += 1
+                self.model.infer({"INPUT0": np.ones((1, 16), np.float32)})
+
+        def progress(self) -> int:
+            return self.sent
+
+    caller = Caller.remote()
+    caller.loop.remote()
+    deadline = time.monotonic() + 60
+    while ray.get(caller.progress.remote()) < 3:  # mid-way through its third request
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    ray.kill(caller)
+    model = ShmModel("slow_identity", max_shapes=SHAPES)
+    x = np.full((1, 16), 3, np.float32)
+    np.testing.assert_array_equal(model.infer({"INPUT0": x})["OUTPUT0"], x)  # serves on
+    stats = ray.get(node_actor.stats.remote()).models["slow_identity"]
+    assert stats["quarantined"] == 1 and stats["in_use"] == 0
+    time.sleep(3.5)
+    stats = ray.get(node_actor.stats.remote()).models["slow_identity"]
+    assert stats["quarantined"] == 0
+    # Every slot serves again: four requests at once.
+
+    async def four() -> list[dict[str, np.ndarray]]:
+        return await asyncio.gather(*(model.infer_async({"INPUT0": x}) for _ in range(4)))
+
+    assert all(np.array_equal(out["OUTPUT0"], x) for out in asyncio.run(four()))
+    model.close()

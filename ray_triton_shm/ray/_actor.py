@@ -335,8 +335,6 @@ class TritonNodeActor:
             for name in self._client.registered_models:
                 try:
                     pool = self._client._pool(name)
-                    if isinstance(pool.slots, SharedSlots):
-                        pool.slots.sweep()
                     self._metrics.export(name, pool, _node_slot_stats(pool))
                 except (TritonSHMError, OSError):
                     continue  # unregistered meanwhile
@@ -344,6 +342,7 @@ class TritonNodeActor:
 
 def _node_slot_stats(pool: ModelPool) -> NodeSlotStats:
     if isinstance(pool.slots, SharedSlots):
+        pool.slots.sweep()  # so that a holder that just died counts as quarantined
         return pool.slots.node_stats()
     stats = pool.slots.stats()  # not shared yet: registration is under way
     return NodeSlotStats(stats.in_use, stats.waiting, 0)
