@@ -52,7 +52,7 @@ DEFAULT_PLOT_PATH = "bench-results/bench.png"
 #: Exit status when ``--check-goals`` is given and a goal is missed.
 EXIT_GOALS_MISSED = 3
 
-_QUICK = {"rounds": 2, "slice_s": 0.1, "warmup_requests": 1}
+_QUICK = {"rounds": 2, "slice_s": 0.1, "warmup_requests": 1, "node_load_s": 1.0}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +69,7 @@ class BenchConfig:
         http_url: HTTP endpoint of that server (``None`` skips the HTTP path).
         startup_timeout_s: How long to wait for the embedded server.
         ray_callers: Concurrent callers driving each Ray path (``bench --ray``).
+        node_load_s: Length of each node-load run (``bench --ray``; ``0`` skips them).
     """
 
     models: tuple[str, ...] = CASE_NAMES
@@ -80,6 +81,7 @@ class BenchConfig:
     http_url: str | None = None
     startup_timeout_s: float = 180.0
     ray_callers: int = DEFAULT_RAY_CALLERS
+    node_load_s: float = 10.0
 
 
 def _names(values: Sequence[str] | None) -> list[str]:
@@ -136,6 +138,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         default=DEFAULT_RAY_CALLERS,
         help="concurrent callers (Ray actors) driving each Ray path (default: %(default)s)",
+    )
+    what.add_argument(
+        "--node-load-s",
+        type=float,
+        metavar="S",
+        help="length of each node-load run of --ray: 4 and 16 caller processes on 4 node "
+        f"slots, and 16 plain gRPC callers (default: {BenchConfig.node_load_s}; --quick: "
+        f"{_QUICK['node_load_s']}; 0 skips them)",
     )
     what.add_argument(
         "--rounds",
@@ -198,7 +208,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     if unknown:
         raise ValueError(f"unknown path(s) {', '.join(unknown)}; choose from {', '.join(known)}")
     base: dict[str, Any] = dict(_QUICK) if args.quick else {}
-    for key in ("rounds", "slice_s", "warmup_requests"):
+    for key in ("rounds", "slice_s", "warmup_requests", "node_load_s"):
         if getattr(args, key) is not None:
             base[key] = getattr(args, key)
     config = BenchConfig(
@@ -216,6 +226,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         raise ValueError("--slice-s must be positive")
     if config.warmup_requests < 1:
         raise ValueError("--warmup must be at least 1 (the first request is checked)")
+    if config.node_load_s < 0:
+        raise ValueError("--node-load-s must not be negative")
     if config.ray_callers < 1:
         raise ValueError("--ray-callers must be at least 1")
     if args.http_url and not args.url:

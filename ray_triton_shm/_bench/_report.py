@@ -115,6 +115,33 @@ def _ray_table(results: BenchResults) -> Table | None:
     return table
 
 
+def _node_load_table(results: BenchResults) -> Table | None:
+    """One row per node-load run; ``None`` when there were none."""
+    runs = [run for m in results.models for run in m.node_load]
+    if not runs:
+        return None
+    table = _table()
+    table.add_column("model")
+    table.add_column("path")
+    for header in ("callers", "slots", "req/s", "p50 ms", "p99 ms", "fairness", "wait p99 ms"):
+        table.add_column(header, justify="right")
+    for i, run in enumerate(runs):
+        last = i == len(runs) - 1 or runs[i + 1].model != run.model
+        table.add_row(
+            run.model,
+            run.path,
+            str(run.callers),
+            "-" if run.slots is None else str(run.slots),
+            num(run.requests_per_s),
+            num(run.p50_ms),
+            num(run.p99_ms),
+            num(run.fairness),
+            num(run.wait_p99_ms),
+            end_section=last,
+        )
+    return table
+
+
 def _goals_table(results: BenchResults) -> Table:
     """One row per goal: met, missed or not measured."""
     table = _table()
@@ -167,6 +194,17 @@ def _print_results(results: BenchResults, console: Console) -> None:
             console.print(
                 "node actor CPU per request (all its threads): " + ", ".join(actor), markup=False
             )
+    node_table = _node_load_table(results)
+    if node_table is not None:
+        console.print()
+        console.print(
+            f"The node under load: caller processes each looping on one request for "
+            f"{num(cfg.node_load_s)} s; shm-model = ShmModel on the model's node slots, grpc = "
+            "plain tritonclient.grpc (no limit). fairness = fewest requests a caller completed "
+            "over the mean; wait p99 = among requests that waited for a slot:",
+            markup=False,
+        )
+        console.print(node_table)
     console.print()
     console.print("Goals (shm-client = TritonSHMClient.infer_shm, one max batch per call):")
     console.print(_goals_table(results))

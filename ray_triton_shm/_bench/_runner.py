@@ -15,7 +15,8 @@ from rich.progress import Progress
 
 from ray_triton_shm._bench import _paths, _ray_paths
 from ray_triton_shm._bench._cases import CASES, ModelCase
-from ray_triton_shm._bench._config import BenchConfig
+from ray_triton_shm._bench._config import RAY_PATHS, BenchConfig
+from ray_triton_shm._bench._node_load import LoadRun, load_ratios, run_node_load
 from ray_triton_shm._bench._paths import (
     BenchPath,
     BenchTarget,
@@ -169,10 +170,20 @@ class ModelResult:
     Attributes:
         case: The workload.
         paths: Results by path name, in table order.
+        node_load: The node under load (``bench --ray``), see :mod:`._node_load`.
     """
 
     case: ModelCase
     paths: dict[str, PathResult] = dataclasses.field(default_factory=dict)
+    node_load: list[LoadRun] = dataclasses.field(default_factory=list)
+
+    def node_ratio(self, kind: str) -> float | None:
+        """``"16_vs_4"``, ``"shm_vs_grpc"`` (see :func:`load_ratios`) or ``"fairness"`` (of
+        the 16 callers on 4 slots) of the node-load runs."""
+        if kind == "fairness":
+            many = [r for r in self.node_load if r.path == "shm-model" and r.callers == 16]
+            return many[0].fairness if many else None
+        return load_ratios(self.node_load).get(self.case.name, {}).get(kind)
 
     def mbps_vs(self, path: str, baseline: str = "grpc") -> float | None:
         """``path``'s MB/s over ``baseline``'s."""
@@ -204,6 +215,10 @@ class ModelResult:
             "output_bytes_per_request": self.case.output_nbytes,
             "paths": {name: r.to_dict() for name, r in self.paths.items()},
             "ratios": ratios,
+            "node_load": {
+                "runs": [r.to_dict() for r in self.node_load],
+                "ratios": load_ratios(self.node_load).get(self.case.name, {}),
+            },
         }
 
 
@@ -226,8 +241,10 @@ class Goal:
         kind: ``"mbps_vs_grpc"`` (ratio must be at least ``target``),
             ``"cpu_vs_memcpy"`` (ratio must be at most ``target``), ``"mbps_vs"``
             (``path``'s MB/s over ``baseline``'s must be at least ``target``; such a goal is
-            listed only when both paths were part of the run), or ``"actor_cpu_us"`` (the node
-            actor's CPU microseconds per request of ``path`` must be at most ``target``).
+            listed only when both paths were part of the run), ``"actor_cpu_us"`` (the node
+            actor's CPU microseconds per request of ``path`` must be at most ``target``), or
+            ``"node"`` (the node-load ratio named by ``path``, see
+            :meth:`ModelResult.node_ratio`, must be at least ``target``).
         target: The threshold.
         path: The path measured (``"mbps_vs"``).
         baseline: The path compared with (``"mbps_vs"``).
@@ -248,6 +265,12 @@ class Goal:
             return f"{self.path} MB/s >= {self.target:g}x {self.baseline}"
         if self.kind == "actor_cpu_us":
             return f"{self.path}: node actor CPU <= {self.target:g} us/request"
+        if self.kind == "node":
+            return {
+                "16_vs_4": f"16 callers on 4 slots >= {self.target:g}x req/s of 4 callers",
+                "shm_vs_grpc": f"16 callers on 4 slots >= {self.target:g}x req/s of 16 gRPC",
+                "fairness": f"16 callers on 4 slots: fewest done >= {self.target:g}x the mean",
+            }[self.path]
         return f"shm-client CPU s/GB <= {self.target:g}x memcpy floor"
 
     def applies_to(self, config: BenchConfig) -> bool:
@@ -256,6 +279,8 @@ class Goal:
             return False
         if self.kind == "actor_cpu_us":
             return self.path in config.paths
+        if self.kind == "node":
+            return config.node_load_s > 0 and any(p in RAY_PATHS for p in config.paths)
         return self.kind != "mbps_vs" or {self.path, self.baseline} <= set(config.paths)
 
     def measure(self, result: ModelResult) -> float | None:
@@ -267,6 +292,8 @@ class Goal:
         if self.kind == "actor_cpu_us":
             path = result.paths.get(self.path)
             return path.side_cpu_us_per_request if path else None
+        if self.kind == "node":
+            return result.node_ratio(self.path)
         return result.cpu_vs("shm-client", "memcpy")
 
     def is_met(self, value: float) -> bool:
@@ -296,6 +323,12 @@ GOALS: tuple[Goal, ...] = (
         for case in ("identity", "classifier-1", "classifier", "my_model", "large_image")
     ),
     Goal("classifier", "mbps_vs", 0.95, "data-shm", "data-noop"),
+    # bench --ray, the node under load: 16 caller processes on 4 node slots.
+    *(Goal(case, "node", 0.9, "16_vs_4") for case in ("identity", "classifier-1", "classifier")),
+    Goal("identity", "node", 0.85, "shm_vs_grpc"),
+    Goal("classifier-1", "node", 2.5, "shm_vs_grpc"),
+    Goal("classifier", "node", 4.5, "shm_vs_grpc"),
+    *(Goal(case, "node", 0.5, "fairness") for case in ("identity", "classifier-1", "classifier")),
     Goal("classifier", "mbps_vs", 1.0, "data-shm", "data-grpc"),
     # The node actor before it left the request path: about 1.17 ms of CPU per request.
     Goal("classifier", "actor_cpu_us", 0.05 * 1170, "serve-shm"),
@@ -579,6 +612,10 @@ def run_bench(config: BenchConfig, *, progress: Progress | None = None) -> Bench
     ):
         for case in cases:
             models.append(_run_model(case, target, config, ray_session, step, units_per_path))
+        if ray_session is not None and ray_session.error is None and config.node_load_s > 0:
+            runs = run_node_load(cases, target.grpc_url, duration_s=config.node_load_s, step=step)
+            for model in models:
+                model.node_load = [r for r in runs if r.model == model.case.name]
         step(description="stopping the server" if config.url is None else "done")
     return BenchResults(
         config=config,
