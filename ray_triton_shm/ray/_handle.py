@@ -13,7 +13,9 @@ the actor.
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -36,6 +38,8 @@ __all__ = ["ShmModel"]
 
 #: What makes a call bind again and retry once: the node actor restarted.
 _REBIND_ON = (StaleLeaseError, RayActorError)
+#: Pause before asking for the node actor again after finding it going away.
+_REBIND_PAUSE_S = 1.0
 
 
 class _Binding:
@@ -195,9 +199,7 @@ class ShmModel:
             return binding
         with self._bind_lock:
             if self._binding is None:
-                actor = get_node_actor(url=self._url, **self._actor_options)
-                name, args = self.model_name, self._register_args
-                registration = control_call(lambda: get(actor.register.remote(name, **args)))
+                actor, registration = self._register()
                 same_node = registration.node_id == ray.get_runtime_context().get_node_id()
                 self._binding = _Binding(
                     actor,
@@ -206,6 +208,20 @@ class ShmModel:
                     reconnect_timeout_s=self._reconnect_timeout_s,
                 )
             return self._binding
+
+    def _register(self) -> tuple[Any, ModelRegistration]:
+        """Registers the model with the node actor; once more with the actor's next
+        incarnation if the one found was going away (killed, or its node restarting)."""
+        name, args = self.model_name, self._register_args
+        for attempt in range(2):
+            actor = get_node_actor(url=self._url, **self._actor_options)
+            try:
+                return actor, control_call(functools.partial(_register, actor, name, args))
+            except RayActorError:
+                if attempt:
+                    raise
+                time.sleep(_REBIND_PAUSE_S)
+        raise AssertionError("unreachable")
 
     async def _bind_async(self) -> _Binding:
         binding = self._binding
@@ -273,6 +289,10 @@ class ShmModel:
             self._rebind(binding)
         binding = await self._bind_async()
         return await binding.infer_async(inputs, self._slot_timeout_s)  # type: ignore[no-any-return]
+
+
+def _register(actor: Any, name: str, args: Mapping[str, Any]) -> ModelRegistration:
+    return get(actor.register.remote(name, **args))  # type: ignore[no-any-return]
 
 
 async def _awaited(ref: Any) -> Any:
