@@ -6,8 +6,12 @@ import contextlib
 import os
 import signal
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+#: Seconds a new Ray node's raylet may take to register with its GCS (Ray's default: 30).
+RAYLET_START_WAIT_S = 120
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
@@ -19,23 +23,61 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
         return [sock.getsockname()[1] for sock in socks]
 
 
-def init_ray(**kwargs: Any) -> Any:
-    """``ray.init(**kwargs)``, started a second time if the first start timed out.
+@contextlib.contextmanager
+def raylet_start_window(seconds: int = RAYLET_START_WAIT_S) -> Iterator[None]:
+    """Ray nodes started inside get ``seconds``, not Ray's 30, to register with their GCS.
 
-    Ray gives a new raylet a fixed 30 s to register with its GCS. On a loaded 2-core CI machine
-    one start in a few hundred misses that ("The current node timed out during startup"); it
-    has nothing to do with the library, and a second start succeeds.
+    Starting a node (``ray.init`` with no address or ``address="local"``,
+    ``ray.cluster_utils.Cluster.add_node``) blocks in ``ray._private.node.Node`` until the GCS
+    lists the new raylet. The wait is the GCS client's ``GetNode``, which retries for
+    ``RayConfig.raylet_start_wait_time_s`` (30 s; Ray's own message on a miss says "Try
+    increase the RAY_raylet_start_wait_time_s config"); ``Node``'s own 30 s check runs only
+    after that call gives up. A raylet registers once its dashboard and runtime-env agents (two
+    Python processes per node) are up, which on a loaded 2-core machine can take longer:
+    "The current node timed out during startup".
+
+    RayConfig reads its ``RAY_*`` variables once per process, so the variable is set and the
+    config re-read (``ray._raylet.Config.initialize``, as Ray does itself when it turns token
+    auth on), then the variable is restored, and so is the config if no driver is connected
+    (a connected driver's config came from its cluster; it keeps the wider wait). The node
+    processes started inside inherit the variable: for them too it only widens that wait.
     """
     import ray
 
+    name = "RAY_raylet_start_wait_time_s"
+    old = os.environ.get(name)
+    config = getattr(ray._raylet, "Config", None)
+    if (old is not None and old.isdigit() and int(old) >= seconds) or config is None:
+        yield
+        return
+    os.environ[name] = str(seconds)
+    config.initialize("")
     try:
-        return ray.init(**kwargs)
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+        if not ray.is_initialized():
+            config.initialize("")
+
+
+def init_ray(**kwargs: Any) -> Any:
+    """``ray.init(**kwargs)`` in a :func:`raylet_start_window`, started a second time if the
+    first start timed out all the same (or on a Ray without that setting)."""
+    import ray
+
+    try:
+        with raylet_start_window():
+            return ray.init(**kwargs)
     except Exception as exc:
         if "timed out during startup" not in str(exc):
             raise
     ray.shutdown()
     _kill_ray_children()
-    return ray.init(**kwargs)
+    with raylet_start_window():
+        return ray.init(**kwargs)
 
 
 def _kill_ray_children() -> None:

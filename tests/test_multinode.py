@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import ray
 import tritonclient.grpc as grpcclient
+from _helpers import raylet_start_window
 from ray import cloudpickle
 from ray.cluster_utils import Cluster
 
@@ -53,7 +54,13 @@ def _reference(url: str, x: np.ndarray) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """A head node and two worker nodes ``node_a``/``node_b``, each with its own Triton."""
+    """A head node and two worker nodes ``node_a``/``node_b``, each with its own Triton.
+
+    The Tritons come first, each ready (models loaded) before the next start, so that their
+    ports are fixed before a raylet inherits one and their start-up does not compete with the
+    raylets'. The three nodes start one after the other, each given
+    ``RAYLET_START_WAIT_S`` instead of Ray's fixed 30 s to register (:func:`raylet_start_window`).
+    """
     servers: dict[str, LocalTritonServer] = {}
     old = os.environ.pop(URL_ENV_VAR, None)
     cluster: Cluster | None = None
@@ -67,14 +74,14 @@ def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, An
             servers[label] = server
         if ray.is_initialized():
             ray.shutdown()
-        # The head node gets no URL: a node actor there would use localhost:8001.
-        cluster = Cluster(
-            initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False}
-        )
-        for label, server in servers.items():
-            os.environ[URL_ENV_VAR] = server.grpc_url
-            cluster.add_node(num_cpus=1, resources={label: 1})
-        os.environ.pop(URL_ENV_VAR, None)
+        with raylet_start_window():
+            cluster = Cluster()
+            # The head node gets no URL: a node actor there would use localhost:8001.
+            cluster.add_node(num_cpus=1, include_dashboard=False)
+            for label, server in servers.items():
+                os.environ[URL_ENV_VAR] = server.grpc_url
+                cluster.add_node(num_cpus=1, resources={label: 1})
+            os.environ.pop(URL_ENV_VAR, None)
         cluster.wait_for_nodes()
         ray.init(address=cluster.address)
         yield {"cluster": cluster, "servers": servers}
