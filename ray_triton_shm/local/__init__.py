@@ -12,6 +12,7 @@ The server side lives in its own environment (``tritonserver`` from ``nvidia-pyt
 
 from ._server import (
     EXAMPLE_MODEL_REPOSITORY,
+    RESTRICTABLE_PROTOCOLS,
     LocalTritonServer,
     TritonServerInstall,
     ensure_server_env,
@@ -20,6 +21,7 @@ from ._server import (
 
 __all__ = [
     "EXAMPLE_MODEL_REPOSITORY",
+    "RESTRICTABLE_PROTOCOLS",
     "LocalTritonServer",
     "TritonServerInstall",
     "ensure_server_env",

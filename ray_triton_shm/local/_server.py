@@ -22,6 +22,7 @@ import dataclasses
 import fcntl
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -40,6 +41,7 @@ from .._exceptions import LocalServerError
 
 __all__ = [
     "EXAMPLE_MODEL_REPOSITORY",
+    "RESTRICTABLE_PROTOCOLS",
     "LocalTritonServer",
     "LocalServerError",
     "TritonServerInstall",
@@ -66,6 +68,22 @@ _MARKER_NAME = ".ray-triton-shm-server-env"
 _LOG_TAIL_LINES = 40
 _PORT_NAMES = ("grpc", "http", "metrics")
 _PORT_WAIT_S = 5.0
+#: What Triton can restrict (``--grpc-restricted-protocol``, ``--http-restricted-api``).
+RESTRICTABLE_PROTOCOLS: tuple[str, ...] = (
+    "health",
+    "metadata",
+    "inference",
+    "shared-memory",
+    "model-config",
+    "model-repository",
+    "statistics",
+    "trace",
+    "logging",
+)
+#: gRPC sends lowercase header names only.
+_KEY_RE = re.compile(r"[0-9a-z][0-9a-z_.-]*")
+#: A restriction on Triton's command line, up to its value (shown as ``***`` in the log).
+_RESTRICTION_ARG_RE = re.compile(r"^(--(?:grpc-restricted-protocol|http-restricted-api)=[^=]*=).*")
 
 
 # --------------------------------------------------------------------------------------
@@ -464,6 +482,52 @@ def _is_bind_failure(log: str) -> bool:
     )
 
 
+def _restrictions(
+    restricted_protocols: Mapping[str, tuple[str, str]] | None,
+) -> tuple[tuple[tuple[str, ...], str, str], ...]:
+    """``(protocols, key, value)`` per restriction, checked; errors never show a value."""
+    checked: list[tuple[tuple[str, ...], str, str]] = []
+    restricted: set[str] = set()
+    values: dict[str, str] = {}
+    for group, pair in (restricted_protocols or {}).items():
+        protocols = tuple(p.strip() for p in group.split(","))
+        unknown = [p for p in protocols if p not in RESTRICTABLE_PROTOCOLS]
+        if unknown:
+            raise ValueError(
+                f"restricted_protocols: unknown protocol(s) {unknown} in {group!r}; Triton "
+                f"restricts {', '.join(RESTRICTABLE_PROTOCOLS)}"
+            )
+        twice = sorted(restricted.intersection(protocols))
+        if twice:
+            raise ValueError(f"restricted_protocols: {twice} restricted more than once")
+        restricted.update(protocols)
+        if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
+            raise ValueError(
+                f"restricted_protocols[{group!r}] must be a (key, value) pair, "
+                f"got a {type(pair).__name__}"
+            )
+        key, value = pair
+        if not isinstance(key, str) or not _KEY_RE.fullmatch(key):
+            raise ValueError(
+                f"restricted_protocols[{group!r}]: the key {key!r} must be lowercase letters, "
+                "digits, '-', '_' or '.' (it becomes a header name)"
+            )
+        if not (isinstance(value, str) and value.isprintable() and value.isascii() and value):
+            raise ValueError(
+                f"restricted_protocols[{group!r}]: the value of {key!r} must be a non-empty "
+                "string of printable ASCII"
+            )
+        if values.setdefault(key, value) != value:
+            raise ValueError(f"restricted_protocols: the key {key!r} is given two values")
+        checked.append((protocols, key, value))
+    return tuple(checked)
+
+
+def _shown(args: Sequence[str]) -> str:
+    """A command line as it may be shown: the values of restrictions are secrets."""
+    return " ".join(_RESTRICTION_ARG_RE.sub(r"\1***", arg) for arg in args)
+
+
 class LocalTritonServer:
     """A ``tritonserver`` child process on local ports.
 
@@ -471,6 +535,23 @@ class LocalTritonServer:
 
         with LocalTritonServer() as server:   # the example model repository
             client = tritonclient.grpc.InferenceServerClient(server.grpc_url)
+
+    Restricted, with TLS on gRPC (for tests and demos of a locked-down Triton)::
+
+        server = LocalTritonServer(
+            restricted_protocols={
+                "shared-memory,model-repository": ("admin-key", admin_secret),
+                "inference": ("infer-key", infer_secret),
+            },
+            tls_cert="server.crt",
+            tls_key="server.key",
+        ).start()
+        client = TritonSHMClient(
+            server.grpc_url,
+            headers=server.grpc_headers(),     # both keys
+            ssl=True,
+            root_certificates="server.crt",
+        )
 
     The child runs in its own process group; :meth:`stop` (also called by the context
     manager, by garbage collection and at interpreter exit) stops it together with its
@@ -493,6 +574,19 @@ class LocalTritonServer:
         python_shm_growth_byte_size: Growth step of those pools.
         install: A specific binary to use; otherwise :func:`find_tritonserver` finds one,
             and ``True`` lets it create the server environment (pip) when there is none.
+        restricted_protocols: Triton's restricted protocols: ``{protocols: (key, value)}``,
+            e.g. ``{"shared-memory,model-repository": ("admin-key", secret)}``, with
+            ``protocols`` comma-separated from :data:`RESTRICTABLE_PROTOCOLS`. Applied to the
+            gRPC endpoint (``--grpc-restricted-protocol``: a call then needs the header
+            ``triton-grpc-protocol-<key>: <value>``, see :meth:`grpc_headers`) and to the HTTP
+            one (``--http-restricted-api``: the header ``<key>: <value>``), so that neither
+            is an open door. The server's own readiness checks carry every key. Values are
+            secrets: they are on tritonserver's command line (as Triton wants them), but never
+            in the log, the repr or an error.
+        tls_cert: PEM server certificate: the gRPC endpoint then speaks TLS only
+            (``--grpc-use-ssl``); clients pass ``ssl=True, root_certificates=...``. Needs
+            ``tls_key``.
+        tls_key: PEM private key of ``tls_cert``.
     """
 
     def __init__(
@@ -510,6 +604,9 @@ class LocalTritonServer:
         python_shm_default_byte_size: int = DEFAULT_PYTHON_SHM_DEFAULT_BYTE_SIZE,
         python_shm_growth_byte_size: int = DEFAULT_PYTHON_SHM_GROWTH_BYTE_SIZE,
         install: TritonServerInstall | bool = False,
+        restricted_protocols: Mapping[str, tuple[str, str]] | None = None,
+        tls_cert: str | Path | None = None,
+        tls_key: str | Path | None = None,
     ) -> None:
         if model_repository is None:
             repos = [EXAMPLE_MODEL_REPOSITORY]
@@ -532,6 +629,11 @@ class LocalTritonServer:
         self._startup_timeout_s = float(startup_timeout_s)
         self._stop_grace_s = float(stop_grace_s)
         self._extra_args = tuple(str(a) for a in extra_args)
+        self._restrictions = _restrictions(restricted_protocols)
+        if (tls_cert is None) != (tls_key is None):
+            raise ValueError("tls_cert and tls_key go together: give both or neither")
+        self._tls_cert = None if tls_cert is None else Path(tls_cert).expanduser().absolute()
+        self._tls_key = None if tls_key is None else Path(tls_key).expanduser().absolute()
         self._python_shm_default_byte_size = int(python_shm_default_byte_size)
         self._python_shm_growth_byte_size = int(python_shm_growth_byte_size)
         self._may_install = install is True
@@ -603,6 +705,27 @@ class LocalTritonServer:
         return f"http://{self._host}:{self._metrics_port}/metrics"
 
     @property
+    def tls_cert(self) -> Path | None:
+        """The gRPC endpoint's TLS certificate, ``None`` without TLS."""
+        return self._tls_cert
+
+    def grpc_headers(self, *protocols: str) -> dict[str, str]:
+        """The headers a gRPC client needs for ``protocols`` (every restricted one if none
+        is named), e.g. ``{"triton-grpc-protocol-admin-key": ...}``; empty if unrestricted.
+
+        Raises:
+            ValueError: a name is not one of :data:`RESTRICTABLE_PROTOCOLS`.
+        """
+        unknown = [p for p in protocols if p not in RESTRICTABLE_PROTOCOLS]
+        if unknown:
+            raise ValueError(f"unknown protocol(s) {unknown}: {', '.join(RESTRICTABLE_PROTOCOLS)}")
+        return {
+            f"triton-grpc-protocol-{key}": value
+            for restricted, key, value in self._restrictions
+            if not protocols or set(protocols).intersection(restricted)
+        }
+
+    @property
     def log_path(self) -> Path:
         """The server log file."""
         return self._log_path
@@ -621,9 +744,14 @@ class LocalTritonServer:
 
     def __repr__(self) -> str:
         state = f"pid={self.pid}" if self.is_running else "stopped"
+        extras = "".join(
+            f", restricted {','.join(protocols)}: {key}" for protocols, key, _ in self._restrictions
+        )
+        if self._tls_cert is not None:
+            extras += ", TLS"
         return (
             f"LocalTritonServer(grpc={self._host}:{self._grpc_port}, "
-            f"http={self._host}:{self._http_port}, {state})"
+            f"http={self._host}:{self._http_port}, {state}{extras})"
         )
 
     # ---- lifecycle --------------------------------------------------------------------
@@ -648,6 +776,9 @@ class LocalTritonServer:
         for repo in self._model_repositories:
             if not repo.is_dir():
                 raise LocalServerError(f"model repository {repo} is not a directory")
+        for pem in (self._tls_cert, self._tls_key):
+            if pem is not None and not pem.is_file():
+                raise LocalServerError(f"TLS file {pem} does not exist")
         if self._install is None:
             self._install = find_tritonserver(install=self._may_install)
         if not self._backend_prepared:
@@ -797,6 +928,16 @@ class LocalTritonServer:
             f"--backend-config=python,shm-growth-byte-size={self._python_shm_growth_byte_size}",
             f"--backend-config=python,shm-region-prefix-name={self._shm_prefix}",
         ]
+        for protocols, key, value in self._restrictions:
+            restriction = f"{','.join(protocols)}:{key}={value}"
+            args.append(f"--grpc-restricted-protocol={restriction}")
+            args.append(f"--http-restricted-api={restriction}")
+        if self._tls_cert is not None:
+            args += [
+                "--grpc-use-ssl=true",
+                f"--grpc-server-cert={self._tls_cert}",
+                f"--grpc-server-key={self._tls_key}",
+            ]
         args += self._extra_args
         return args
 
@@ -804,7 +945,7 @@ class LocalTritonServer:
         assert self._install is not None
         self._log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self._log_path, "ab") as log:
-            header = f"\n==== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(self._command())}\n"
+            header = f"\n==== {time.strftime('%Y-%m-%d %H:%M:%S')} {_shown(self._command())}\n"
             log.write(header.encode())
             log.flush()
             self._log_offset = log.tell()
@@ -829,17 +970,23 @@ class LocalTritonServer:
         except OSError:
             return ""
 
+    def _http_request(self, method: str, path: str) -> urllib.request.Request:
+        """A request to the HTTP endpoint, carrying every key of its restricted APIs."""
+        return urllib.request.Request(
+            f"http://{self._host}:{self._http_port}{path}",
+            method=method,
+            data=b"" if method == "POST" else None,
+            headers={key: value for _, key, value in self._restrictions},
+        )
+
     def _http_json(self, method: str, path: str, timeout_s: float = 2.0) -> object:
-        url = f"http://{self._host}:{self._http_port}{path}"
-        request = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None)
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            body = response.read()
+        with urllib.request.urlopen(self._http_request(method, path), timeout=timeout_s) as answer:
+            body = answer.read()
         return json.loads(body) if body else None
 
     def _http_ok(self, path: str) -> bool:
-        url = f"http://{self._host}:{self._http_port}{path}"
         try:
-            with urllib.request.urlopen(url, timeout=2.0) as response:
+            with urllib.request.urlopen(self._http_request("GET", path), timeout=2.0) as response:
                 return bool(response.status == 200)
         except (urllib.error.URLError, OSError, ValueError):
             return False
