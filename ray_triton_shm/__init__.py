@@ -22,6 +22,7 @@ __version__ = "0.1.0"
 #: Each public name, and the private module that defines it.
 _EXPORTS = {
     "TritonSHMClient": "._client",
+    "AccessDeniedError": "._exceptions",
     "ClientClosedError": "._exceptions",
     "InvalidInputError": "._exceptions",
     "LocalServerError": "._exceptions",
@@ -34,6 +35,7 @@ _EXPORTS = {
     "SlotTimeoutError": "._exceptions",
     "TritonServerError": "._exceptions",
     "TritonSHMError": "._exceptions",
+    "headers_from_env": "._headers",
     "PoolStats": "._pool",
     "ReclaimReport": "._reclaim",
     "RegionStatus": "._reclaim",
@@ -46,6 +48,7 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "AccessDeniedError",
     "ClientClosedError",
     "InvalidInputError",
     "LocalServerError",
@@ -67,6 +70,7 @@ __all__ = [
     "TritonSHMError",
     "TritonServerError",
     "__version__",
+    "headers_from_env",
     "reclaim_regions",
     "region_status",
 ]
@@ -75,6 +79,7 @@ __all__ = [
 if typing.TYPE_CHECKING:  # what type checkers and IDEs see: the names, typed, and no others
     from ._client import TritonSHMClient
     from ._exceptions import (
+        AccessDeniedError,
         ClientClosedError,
         InvalidInputError,
         LocalServerError,
@@ -88,6 +93,7 @@ if typing.TYPE_CHECKING:  # what type checkers and IDEs see: the names, typed, a
         TritonServerError,
         TritonSHMError,
     )
+    from ._headers import headers_from_env
     from ._pool import PoolStats
     from ._reclaim import ReclaimReport, RegionStatus, StatusReport, reclaim_regions, region_status
     from ._specs import ModelSpec, TensorSpec

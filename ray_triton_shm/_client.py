@@ -31,6 +31,7 @@ from ._defaults import DEFAULT_RECONNECT_TIMEOUT_S, DEFAULT_URL
 from ._engine import ModelPool, Step, drive, drive_async, run
 from ._exceptions import ClientClosedError, ModelNotRegisteredError, ModelSpecError
 from ._header import MAX_SLOTS, RegionHeader
+from ._headers import Metadata, normalize, redact
 from ._inputs import InputValue, prepare_batch
 from ._outputs import empty_outputs
 from ._pool import PoolStats, SlotPool, SlotSource
@@ -60,14 +61,14 @@ _CLOSE_WAIT_S = 30.0
 _UNREGISTER_TIMEOUT_S = 5.0
 
 
-def _release_pools(stub: Any, pools: dict[str, ModelPool]) -> None:
+def _release_pools(stub: Any, pools: dict[str, ModelPool], metadata: Metadata) -> None:
     """Unregisters and unlinks every pool; the finalizer of a client, so it never sees it."""
     while pools:
         _, pool = pools.popitem()
-        _release_pool(pool, stub, _CLOSE_WAIT_S)
+        _release_pool(pool, stub, _CLOSE_WAIT_S, metadata)
 
 
-def _release_pool(pool: ModelPool, stub: Any, wait_s: float) -> None:
+def _release_pool(pool: ModelPool, stub: Any, wait_s: float, metadata: Metadata) -> None:
     all_free = pool.slots.close(wait_s=wait_s)
     if not pool.region.owner:  # attached: the owner unregisters and unlinks it
         if all_free:
@@ -76,6 +77,7 @@ def _release_pool(pool: ModelPool, stub: Any, wait_s: float) -> None:
     try:
         stub.SystemSharedMemoryUnregister(
             service_pb2.SystemSharedMemoryUnregisterRequest(name=pool.region.name),
+            metadata=metadata,
             timeout=_UNREGISTER_TIMEOUT_S,
         )
     except (grpc.RpcError, ValueError):
@@ -95,7 +97,14 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
     Args:
         url: Triton's gRPC address, ``host:port``. The server must run on this machine.
         verbose: Passed to tritonclient.
-        *args: Passed to :class:`tritonclient.grpc.InferenceServerClient`.
+        *args: Passed to :class:`tritonclient.grpc.InferenceServerClient`: ``ssl``,
+            ``root_certificates``, ``private_key``, ``certificate_chain`` and ``creds`` (TLS),
+            ``keepalive_options``, ``channel_args``.
+        headers: gRPC headers sent on every call the client makes, e.g. the keys of Triton's
+            restricted protocols (``{"triton-grpc-protocol-admin-key": ...}``): registration
+            and unregistration, status, readiness, model configuration and inference, and the
+            plain tritonclient methods (a call's own ``headers=`` are merged over these). Their
+            values are never shown: not in the repr, nor in any error.
         crash_cleanup: If this process dies without closing (SIGKILL, the OOM killer), a
             watchdog process unregisters and unlinks its regions (one per process, started
             with the first registration; see :mod:`ray_triton_shm._reaper`).
@@ -115,12 +124,15 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         url: str = DEFAULT_URL,
         verbose: bool = False,
         *args: Any,
+        headers: Mapping[str, str] | None = None,
         crash_cleanup: bool = True,
         reconnect_timeout_s: float = DEFAULT_RECONNECT_TIMEOUT_S,
         **kwargs: Any,
     ) -> None:
         if reconnect_timeout_s < 0:
             raise ValueError(f"reconnect_timeout_s must be >= 0, got {reconnect_timeout_s}")
+        self._headers = normalize(headers)
+        self._metadata = Metadata(self._headers.items())
         options = dict(zip(_TRITONCLIENT_OPTIONS, args, strict=False)) | kwargs
         options["channel_args"] = channel_options(
             options.get("channel_args"), options.pop("keepalive_options", None)
@@ -134,7 +146,9 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         self._closed = False
         self._swept = False
         # Captures the pools and the stub, never self: the client can still be collected.
-        self._finalizer = weakref.finalize(self, _release_pools, self._client_stub, self._pools)
+        self._finalizer = weakref.finalize(
+            self, _release_pools, self._client_stub, self._pools, self._metadata
+        )
 
     # ------------------------------------------------------------------ registration
 
@@ -177,6 +191,8 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
                 or the model is registered with other specs.
             SharedMemoryFullError: ``/dev/shm`` has no room for the pool (nothing was created).
             TritonServerError: Triton refused (unknown model, no shared memory, ...).
+            AccessDeniedError: Triton restricts shared memory or model configuration, and the
+                client's headers lack the key (nothing was left behind).
             ServerUnreachableError: Triton stayed unreachable for ``reconnect_timeout_s``.
         """
         self._check_open()
@@ -221,10 +237,29 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             ) from exc
         return config.get("config", config)
 
-    def _reconnect(self, model: str | None, timeout_s: float | None = None) -> Reconnect:
-        """A reconnect budget for one request (``timeout_s``: the client's by default)."""
+    def _reconnect(
+        self,
+        model: str | None,
+        timeout_s: float | None = None,
+        metadata: Metadata | None = None,
+    ) -> Reconnect:
+        """A reconnect budget for one request (``timeout_s``: the client's by default), whose
+        readiness questions carry ``metadata`` (the client's headers by default)."""
         budget = self._reconnect_timeout_s if timeout_s is None else timeout_s
-        return Reconnect(self._channel, self._url, budget, model)
+        if metadata is None:
+            metadata = self._get_metadata(None)
+        return Reconnect(self._channel, self._url, budget, model, metadata=metadata)
+
+    def _get_metadata(self, headers: Mapping[str, str] | None) -> Metadata:
+        """The metadata of one gRPC call: the client's headers with ``headers`` merged over
+        them, after tritonclient's plugin (if any) had its say.
+
+        tritonclient's own methods call this too, so they send the client's headers.
+        """
+        if not headers and self.plugin() is None:
+            return self._metadata
+        merged = {**self._headers, **normalize(headers)}
+        return Metadata(super()._get_metadata(merged))
 
     def _create_pool(self, spec: ModelSpec, pool_size: int) -> ModelPool:
         reconnect = self._reconnect(spec.name)
@@ -273,7 +308,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             stale = self._pools.get(spec.name)
             self._pools[spec.name] = pool
         if stale is not None:
-            _release_pool(stale, self._client_stub, _CLOSE_WAIT_S)
+            _release_pool(stale, self._client_stub, _CLOSE_WAIT_S, self._metadata)
 
     def unregister_shm_model(self, model_name: str) -> None:
         """Unregisters a model's pool from Triton and frees its memory; idempotent.
@@ -283,7 +318,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         with self._registry_lock:
             pool = self._pools.pop(model_name, None)
         if pool is not None:
-            _release_pool(pool, self._client_stub, _CLOSE_WAIT_S)
+            _release_pool(pool, self._client_stub, _CLOSE_WAIT_S, self._metadata)
 
     @property
     def registered_models(self) -> dict[str, ModelSpec]:
@@ -360,7 +395,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
                 per-sample arrays.
             slot_timeout_s: How long to wait for a free slot (``None``: as long as it takes).
             client_timeout_s: gRPC deadline of each request.
-            headers: Extra gRPC metadata.
+            headers: gRPC headers of this call, merged over the client's.
             request_id: Triton request id, sent with every chunk.
             reconnect_timeout_s: How long to wait for Triton while it is unreachable; ``None``
                 for the client's ``reconnect_timeout_s``.
@@ -373,6 +408,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             InvalidInputError: the inputs do not match the model (nothing was sent).
             SlotTimeoutError: no slot came free within ``slot_timeout_s``.
             TritonServerError: Triton answered with an error.
+            AccessDeniedError: Triton restricts inference, and the headers lack the key.
             ServerUnreachableError: Triton stayed unreachable for ``reconnect_timeout_s``.
         """
         pool = self._pool(model_name)
@@ -380,7 +416,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         if batch.size == 0:
             return empty_outputs(pool.spec)
         metadata = self._get_metadata(headers)
-        reconnect = self._reconnect(model_name, reconnect_timeout_s)
+        reconnect = self._reconnect(model_name, reconnect_timeout_s, metadata)
         infer = self._client_stub.ModelInfer
         send = infer.future
 
@@ -428,7 +464,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             return empty_outputs(pool.spec)
         loop = asyncio.get_running_loop()
         metadata = self._get_metadata(headers)
-        reconnect = self._reconnect(model_name, reconnect_timeout_s)
+        reconnect = self._reconnect(model_name, reconnect_timeout_s, metadata)
         send = self._client_stub.ModelInfer.future
 
         async def do(step: Step, arg: Any) -> Any:
@@ -477,4 +513,5 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"models={sorted(self._pools)}"
-        return f"<TritonSHMClient {state}>"
+        headers = f" headers={redact(self._headers)}" if self._headers else ""
+        return f"<TritonSHMClient {self._url}{headers} {state}>"

@@ -14,6 +14,8 @@
     ├── LocalServerError (RuntimeError)        the embedded Triton could not be set up or started
     └── TritonServerError (RuntimeError)       Triton answered with an error; keeps its status
         ├── SharedMemoryNotAllowedError        the server refuses client shared memory
+        ├── AccessDeniedError                  a restricted protocol, and the request lacked
+        │   (PermissionError)                  its key; names the header Triton expects
         └── ServerUnreachableError             Triton stayed unreachable for
             (ConnectionError)                  ``reconnect_timeout_s``
 
@@ -25,10 +27,11 @@ between processes.
 
 from __future__ import annotations
 
-from errno import ENOSPC
+from errno import EACCES, ENOSPC
 from typing import Any
 
 __all__ = [
+    "AccessDeniedError",
     "ClientClosedError",
     "InvalidInputError",
     "LocalServerError",
@@ -213,6 +216,32 @@ class SharedMemoryNotAllowedError(TritonServerError):
     Newer Triton releases only accept client shared memory when started with
     ``--allow-client-shm=true`` (or an equivalent setting).
     """
+
+
+class AccessDeniedError(TritonServerError, PermissionError):
+    """Triton refused the request: its protocol is restricted (``--grpc-restricted-protocol``)
+    and the request did not carry the right key.
+
+    Raised at once, never retried. The message names the header Triton expects, never a value.
+    Its ``errno`` is ``EACCES``.
+
+    Attributes:
+        header: The header Triton expects, e.g. ``"triton-grpc-protocol-admin-key"``.
+    """
+
+    errno = EACCES
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        header: str = "",
+        status: str | None = None,
+        server_message: str = "",
+        model: str | None = None,
+    ) -> None:
+        super().__init__(message, status=status, server_message=server_message, model=model)
+        self.header = header
 
 
 class ServerUnreachableError(TritonServerError, ConnectionError):

@@ -9,9 +9,12 @@ made with gRPC's ``wait_for_ready``: gRPC holds it until the channel connects. P
 :class:`ServerUnreachableError`, which says where Triton was tried and for how long.
 
 Triton answers a request for a model it does not know with ``NOT_FOUND``, so ``UNAVAILABLE``
-means the connection, not the request. While Triton shuts down it still answers, but its models
-are gone: "has no available versions". That answer is waited out like an unreachable server if
-Triton says it is not ready; from a ready server it is a real error.
+means the connection, not the request, with one exception: Triton also answers ``UNAVAILABLE``
+to a call of a restricted protocol that lacks its key ("This protocol is restricted, expecting
+header ..."). That answer is an :class:`AccessDeniedError` at once, never a wait, and so is a
+refused readiness question. While Triton shuts down it still answers, but its models are gone:
+"has no available versions". That answer is waited out like an unreachable server if Triton
+says it is not ready; from a ready server it is a real error.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import grpc
 from tritonclient.grpc import MAX_GRPC_MESSAGE_SIZE, KeepAliveOptions, service_pb2, service_pb2_grpc
 
 from ._exceptions import ServerUnreachableError
-from ._transport import as_asyncio_future, status_and_message, translate_error
+from ._transport import as_asyncio_future, expected_header, status_and_message, translate_error
 
 __all__ = [
     "Reconnect",
@@ -69,17 +72,18 @@ def channel_options(
 
 
 def is_unreachable(exc: BaseException) -> bool:
-    """Whether a gRPC or tritonclient error means Triton could not be reached."""
+    """Whether a gRPC or tritonclient error means Triton could not be reached (and not that
+    it refused a restricted protocol, which it also answers ``UNAVAILABLE``)."""
     status, _ = status_and_message(exc)
-    return status == str(grpc.StatusCode.UNAVAILABLE)
+    return status == str(grpc.StatusCode.UNAVAILABLE) and expected_header(exc) is None
 
 
 def is_restart_symptom(exc: BaseException) -> bool:
     """Whether an error may come from Triton restarting: it was unreachable, or its model had
     no versions loaded (what a server shutting down answers)."""
-    status, message = status_and_message(exc)
-    if status == str(grpc.StatusCode.UNAVAILABLE):
+    if is_unreachable(exc):
         return True
+    status, message = status_and_message(exc)
     return status == str(grpc.StatusCode.NOT_FOUND) and "no available versions" in message
 
 
@@ -92,15 +96,23 @@ class Reconnect:
         url: Triton's address, for the error.
         timeout_s: The budget; ``0`` raises at the first failure.
         model: The model concerned, for the error.
+        metadata: The gRPC metadata (headers) of the readiness questions: the client's.
     """
 
     def __init__(
-        self, channel: grpc.Channel, url: str, timeout_s: float, model: str | None = None
+        self,
+        channel: grpc.Channel,
+        url: str,
+        timeout_s: float,
+        model: str | None = None,
+        *,
+        metadata: Sequence[tuple[str, str]] = (),
     ) -> None:
         self._channel = channel
         self._url = url
         self._timeout_s = timeout_s
         self._model = model
+        self._metadata = metadata
         self._first_failure: float | None = None
 
     @functools.cached_property
@@ -113,18 +125,22 @@ class Reconnect:
 
         Raises:
             ServerUnreachableError: the budget ran out (from ``exc``).
+            AccessDeniedError: Triton refused the readiness question (health is restricted).
             TritonServerError: ``exc`` was the answer of a ready Triton, not a restart.
         """
         self._check_restarting(exc)
         while True:
             ready = self._stub.ServerReady.future(
-                _READY_REQUEST, timeout=self._remaining(exc), wait_for_ready=True
+                _READY_REQUEST,
+                timeout=self._remaining(exc),
+                metadata=self._metadata,
+                wait_for_ready=True,
             )
             try:
                 if ready.result().ready:
                     return
             except grpc.RpcError as error:
-                exc = _last_cause(exc, error)
+                exc = self._last_cause(exc, error)
             time.sleep(min(_READY_PAUSE_S, self._remaining(exc)))
 
     async def wait_async(self, exc: BaseException, loop: asyncio.AbstractEventLoop) -> None:
@@ -133,13 +149,16 @@ class Reconnect:
             await asyncio.to_thread(self._check_restarting, exc)
         while True:
             ready = self._stub.ServerReady.future(
-                _READY_REQUEST, timeout=self._remaining(exc), wait_for_ready=True
+                _READY_REQUEST,
+                timeout=self._remaining(exc),
+                metadata=self._metadata,
+                wait_for_ready=True,
             )
             try:
                 if (await as_asyncio_future(ready, loop)).ready:
                     return
             except grpc.RpcError as error:
-                exc = _last_cause(exc, error)
+                exc = self._last_cause(exc, error)
             finally:
                 ready.cancel()  # cancelled while waiting: stop the call too
             await asyncio.sleep(min(_READY_PAUSE_S, self._remaining(exc)))
@@ -160,11 +179,29 @@ class Reconnect:
         if is_unreachable(exc):
             return
         try:
-            ready = self._stub.ServerReady(_READY_REQUEST, timeout=_READY_CHECK_S)
-        except grpc.RpcError:
+            ready = self._stub.ServerReady(
+                _READY_REQUEST, timeout=_READY_CHECK_S, metadata=self._metadata
+            )
+        except grpc.RpcError as error:
+            self._raise_if_refused(error)
             return  # gone meanwhile: a restart
         if ready.ready:
             raise translate_error(exc, model=self._model, action="inference") from exc
+
+    def _last_cause(self, exc: BaseException, error: grpc.RpcError) -> BaseException:
+        """The error worth reporting: a readiness call that ran out of time tells nothing new.
+
+        Raises:
+            AccessDeniedError: Triton refused the readiness question.
+        """
+        self._raise_if_refused(error)
+        return exc if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED else error
+
+    def _raise_if_refused(self, error: grpc.RpcError) -> None:
+        if expected_header(error) is not None:
+            raise translate_error(
+                error, model=self._model, action="asking whether Triton is ready"
+            ) from error
 
     def _remaining(self, exc: BaseException) -> float:
         now = time.monotonic()
@@ -192,8 +229,3 @@ class Reconnect:
             server_message=message,
             model=self._model,
         )
-
-
-def _last_cause(exc: BaseException, error: grpc.RpcError) -> BaseException:
-    """The error worth reporting: a readiness call that ran out of time tells nothing new."""
-    return exc if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED else error

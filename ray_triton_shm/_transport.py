@@ -8,6 +8,7 @@ place where errors from Triton become :class:`TritonServerError`.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -15,18 +16,25 @@ import grpc
 from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
-from ._exceptions import SharedMemoryNotAllowedError, TritonServerError
+from ._exceptions import AccessDeniedError, SharedMemoryNotAllowedError, TritonServerError
+from ._headers import env_var_for
 from ._specs import ModelSpec, SlotLayout
 
 __all__ = [
     "SlotRequests",
     "as_asyncio_future",
+    "expected_header",
     "is_missing_region",
     "status_and_message",
     "translate_error",
 ]
 
 _REFUSAL_WORDS = ("not allowed", "disabled", "not enabled", "not permitted", "allow-client-shm")
+#: Triton's answer to a call of a restricted protocol without its key, or with a wrong one
+#: (gRPC: "This protocol is restricted, ..."; HTTP: "This API is restricted, ...").
+_RESTRICTED = re.compile(r"is restricted, expecting header '([^']*)'")
+#: What Triton answers when ``shm_open`` of a region fails (for any reason: it does not say).
+_UNOPENABLE = "Unable to open shared memory region"
 
 
 def status_and_message(exc: BaseException) -> tuple[str | None, str]:
@@ -44,6 +52,17 @@ def is_missing_region(exc: BaseException) -> bool:
     return "Unable to find shared memory region" in message
 
 
+def expected_header(exc: BaseException) -> str | None:
+    """The header Triton wants if ``exc`` is its refusal of a restricted protocol, else ``None``.
+
+    Triton answers such a call ``UNAVAILABLE``, like a server that is down: this tells them
+    apart.
+    """
+    _, message = status_and_message(exc)
+    match = _RESTRICTED.search(message)
+    return None if match is None else match.group(1)
+
+
 def translate_error(
     exc: BaseException, *, model: str | None = None, action: str = "request"
 ) -> TritonServerError:
@@ -56,6 +75,30 @@ def translate_error(
     """
     status, message = status_and_message(exc)
     about = f" for model {model!r}" if model else ""
+    header = expected_header(exc)
+    if header is not None:
+        return AccessDeniedError(
+            f"{action}{about} was refused: Triton restricts that protocol, and the request did "
+            f"not carry its key. Triton expects the header {header!r}: give it to "
+            f"TritonSHMClient(headers={{{header!r}: ...}}), or set ${env_var_for(header)} where "
+            "keys are read from the environment.",
+            header=header,
+            status=status,
+            server_message=message,
+            model=model,
+        )
+    if _UNOPENABLE in message:
+        return TritonServerError(
+            f"Triton could not open the shared memory region{about} ({message}). Either Triton "
+            "runs as another user than this process (regions are created mode 0600, readable "
+            "by their owner only), or it sees another /dev/shm (another container or host). "
+            "Run Triton and the client as the same uid, and let them share /dev/shm: `docker "
+            "run --ipc=host` (or --ipc=container:<triton>) for both, or in Kubernetes put them "
+            "in one pod or set hostIPC: true.",
+            status=status,
+            server_message=message,
+            model=model,
+        )
     lower = message.lower()
     if ("shared memory" in lower or "shm" in lower) and any(w in lower for w in _REFUSAL_WORDS):
         return SharedMemoryNotAllowedError(
