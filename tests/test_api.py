@@ -14,6 +14,7 @@ import ray_triton_shm.ray
 from ray_triton_shm import _exceptions
 
 CORE = [
+    "AccessDeniedError",
     "ClientClosedError",
     "InvalidInputError",
     "LocalServerError",
@@ -35,6 +36,7 @@ CORE = [
     "TritonSHMError",
     "TritonServerError",
     "__version__",
+    "headers_from_env",
     "reclaim_regions",
     "region_status",
 ]

@@ -13,6 +13,7 @@ import pytest
 from tritonclient.utils import InferenceServerException
 
 from ray_triton_shm import (
+    AccessDeniedError,
     ClientClosedError,
     InvalidInputError,
     ModelNotRegisteredError,
@@ -208,6 +209,9 @@ ALL_ERRORS = [
     TritonServerError("m", status="StatusCode.INTERNAL", server_message="s", model="x"),
     SharedMemoryNotAllowedError("m", status="StatusCode.UNAVAILABLE", server_message="s"),
     ServerUnreachableError("m", url="h:1", waited_s=1.5, status="StatusCode.UNAVAILABLE"),
+    AccessDeniedError(
+        "m", header="triton-grpc-protocol-admin-key", status="StatusCode.UNAVAILABLE", model="x"
+    ),
     SharedMemoryFullError("m", model="x", needed=10, free=1),
 ]
 
