@@ -17,6 +17,7 @@ import pickle
 import secrets
 import stat
 import subprocess
+import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -38,6 +39,7 @@ from ray_triton_shm import (
     TritonSHMError,
 )
 from ray_triton_shm import _client as client_module
+from ray_triton_shm._headers import env_var_for
 from ray_triton_shm._shm import SHM_DIR, SharedMemoryRegion, list_local_regions, unlink_region
 from ray_triton_shm.local import LocalTritonServer
 
@@ -243,6 +245,33 @@ def test_a_refused_readiness_question_is_an_error_at_once(
 
 async def _wait_async(reconnect: Any, symptom: BaseException) -> None:
     await reconnect.wait_async(symptom, asyncio.get_running_loop())
+
+
+def test_keys_from_the_environment_and_the_sweep_of_a_killed_owner(
+    restricted: LocalTritonServer, keys: dict[str, str]
+) -> None:
+    # A process with its keys in its environment registers a region and is SIGKILLed without
+    # a watchdog: its registration stays in Triton until the next client's sweep, which needs
+    # the admin key to see and drop it.
+    script = (
+        "import os, signal\n"
+        "from ray_triton_shm import TritonSHMClient, headers_from_env\n"
+        f"c = TritonSHMClient({restricted.grpc_url!r}, headers=headers_from_env(), "
+        "crash_cleanup=False)\n"
+        "c.register_shm_model('classifier', pool_size=1)\n"
+        "print(next(iter(c._pools.values())).region.name, flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    env = {**os.environ, **{env_var_for(name): value for name, value in keys.items()}}
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == -9, done.stderr
+    dead = done.stdout.strip()
+    assert dead in registrations(restricted)
+    with TritonSHMClient(restricted.grpc_url, headers=keys) as client:
+        client.register_shm_model("classifier", pool_size=1)
+        assert dead not in registrations(restricted)
 
 
 def test_plain_tritonclient_methods_send_the_client_headers(
