@@ -68,6 +68,10 @@ class SlotCounters:
     wait_ns: int = 0
 
 
+def _slot_word(slot: int, field: int) -> int:
+    return _FIRST_SLOT_WORD + slot * _WORDS_PER_SLOT + field
+
+
 class RegionHeader:
     """Typed access to a region's header.
 
@@ -76,11 +80,14 @@ class RegionHeader:
         slot_count: Slots in the region (at most :data:`MAX_SLOTS`).
     """
 
-    __slots__ = ("_seats", "_slots", "_words")
+    __slots__ = ("_slot_count", "_slots", "_word", "_words")
 
     def __init__(self, buffer: Any, slot_count: int) -> None:
+        self._slot_count = slot_count
+        # Single words through a memoryview (a request touches a few: numpy's per-call cost
+        # would dominate); sums over slots through numpy.
+        self._word = memoryview(buffer)[:REGION_HEADER_BYTES].cast("q")
         self._words = np.frombuffer(buffer, np.int64, REGION_HEADER_BYTES // 8, 0)
-        self._seats = self._words[_FIRST_SEAT_WORD:_FIRST_SLOT_WORD]
         end = _FIRST_SLOT_WORD + slot_count * _WORDS_PER_SLOT
         self._slots = self._words[_FIRST_SLOT_WORD:end].reshape(slot_count, _WORDS_PER_SLOT)
 
@@ -88,54 +95,57 @@ class RegionHeader:
 
     def configure(self, *, max_waiting: int, quarantine_s: float) -> None:
         """Sets the region's limits (its owner calls this before anyone else maps it)."""
-        self._words[_MAX_WAITING] = min(max_waiting, MAX_SEATS)
-        self._words[_QUARANTINE_NS] = int(quarantine_s * 1e9)
+        self._word[_MAX_WAITING] = min(max_waiting, MAX_SEATS)
+        self._word[_QUARANTINE_NS] = int(quarantine_s * 1e9)
 
     @property
     def max_waiting(self) -> int:
         """Callers that may wait for a slot at once (the number of seats)."""
-        return int(self._words[_MAX_WAITING])
+        return self._word[_MAX_WAITING]
 
     @property
     def quarantine_ns(self) -> int:
         """How long a slot whose holder died stays out of use, from when its request was sent."""
-        return int(self._words[_QUARANTINE_NS])
+        return self._word[_QUARANTINE_NS]
 
     # ---------------------------------------------------------------- seats
 
     def queue(self, seat: int, slot: int | None) -> None:
         """Records the slot the holder of ``seat`` queues on (``None``: none)."""
-        self._seats[seat] = 0 if slot is None else slot + 1
+        self._word[_FIRST_SEAT_WORD + seat] = 0 if slot is None else slot + 1
 
     def queued_on(self, seat: int) -> int | None:
         """The slot the holder of ``seat`` queues on, if any."""
-        value = int(self._seats[seat])
+        value = self._word[_FIRST_SEAT_WORD + seat]
         return value - 1 if value else None
 
-    def queued(self) -> np.ndarray:
+    def queued(self) -> list[int]:
         """How many callers queue on each slot."""
-        seats = self._seats[: self.max_waiting].copy()  # one read: other processes write it
-        slots = len(self._slots)
-        return np.bincount(seats[(seats > 0) & (seats <= slots)] - 1, minlength=slots)
+        counts = [0] * self._slot_count
+        first = _FIRST_SEAT_WORD
+        for value in self._word[first : first + self.max_waiting].tolist():  # one read
+            if 0 < value <= self._slot_count:
+                counts[value - 1] += 1
+        return counts
 
     # ---------------------------------------------------------------- slot state
 
     def busy_since(self, slot: int) -> int:
         """When the slot's holder sent a request on it (``time.monotonic_ns``), ``0`` while it
         is free."""
-        return int(self._slots[slot, _BUSY_SINCE])
+        return self._word[_slot_word(slot, _BUSY_SINCE)]
 
     def set_busy_since(self, slot: int, since_ns: int) -> None:
         """Records when a request was sent on the slot (``0``: the slot was given back)."""
-        self._slots[slot, _BUSY_SINCE] = since_ns
+        self._word[_slot_word(slot, _BUSY_SINCE)] = since_ns
 
     def quarantined_until(self, slot: int) -> int:
         """Until when (``time.monotonic_ns``) the slot stays out of use."""
-        return int(self._slots[slot, _QUARANTINE_UNTIL])
+        return self._word[_slot_word(slot, _QUARANTINE_UNTIL)]
 
     def quarantine(self, slot: int, until_ns: int) -> None:
         """Keeps the slot out of use until ``until_ns``."""
-        self._slots[slot, _QUARANTINE_UNTIL] = until_ns
+        self._word[_slot_word(slot, _QUARANTINE_UNTIL)] = until_ns
 
     def quarantined(self, now_ns: int) -> int:
         """Slots out of use at ``now_ns``."""
@@ -145,33 +155,33 @@ class RegionHeader:
 
     def count(self, slot: int, samples: int, bytes_in: int, bytes_out: int) -> None:
         """Counts one answered request on ``slot`` (only its current holder calls this)."""
-        words = self._slots[slot]
-        words[_REQUESTS] += 1
-        words[_SAMPLES] += samples
-        words[_BYTES_IN] += bytes_in
-        words[_BYTES_OUT] += bytes_out
+        word, base = self._word, _slot_word(slot, 0)
+        word[base + _REQUESTS] += 1
+        word[base + _SAMPLES] += samples
+        word[base + _BYTES_IN] += bytes_in
+        word[base + _BYTES_OUT] += bytes_out
 
     def count_error(self, slot: int) -> None:
         """Counts one failed request on ``slot``."""
-        self._slots[slot, _ERRORS] += 1
+        self._word[_slot_word(slot, _ERRORS)] += 1
 
     def count_wait(self, slot: int, wait_ns: int) -> None:
         """Counts a wait for ``slot`` (by the caller that just took it)."""
-        words = self._slots[slot]
-        words[_WAITS] += 1
-        words[_WAIT_NS] += wait_ns
+        word, base = self._word, _slot_word(slot, 0)
+        word[base + _WAITS] += 1
+        word[base + _WAIT_NS] += wait_ns
         ratio = max(wait_ns, 1) / _BUCKET0_NS
         bucket = min(_BUCKETS - 1, max(0, math.ceil(2 * math.log2(ratio))))
-        words[_FIRST_BUCKET + bucket] += 1
+        word[base + _FIRST_BUCKET + bucket] += 1
 
     def count_overload(self) -> None:
         """Counts a caller refused for want of a seat (callers serialise this themselves)."""
-        self._words[_OVERLOADS] += 1
+        self._word[_OVERLOADS] += 1
 
     @property
     def overloads(self) -> int:
         """Callers refused with ``OverloadedError`` because every seat was taken."""
-        return int(self._words[_OVERLOADS])
+        return self._word[_OVERLOADS]
 
     def totals(self) -> SlotCounters:
         """The counters summed over every slot."""

@@ -132,7 +132,7 @@ class SharedSlots:
         self._lock = threading.Lock()
         self._all_back = threading.Condition(self._lock)
         self._waiting = 0
-        self._next = os.getpid()
+        self._next = os.getpid()  # where this process starts looking: spreads processes
         self._closed = False
 
     # ---------------------------------------------------------------- SlotSource
@@ -328,7 +328,9 @@ class SharedSlots:
             self.release(slot)
 
     def _take_seat(self, fd: int) -> int:
-        for seat in range(self._header.max_waiting):
+        seats = self._header.max_waiting
+        for k in range(seats):  # each process starts elsewhere: fewer seats found taken
+            seat = (self._next + k) % seats
             if _lock(fd, _SEAT0 + seat, wait=False):
                 return seat
         _lock(fd, _MUTEX, wait=True)

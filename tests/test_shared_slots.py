@@ -149,7 +149,7 @@ def test_more_waiters_than_seats_are_refused_and_counted(make_region) -> None:  
     slot = region.slots.acquire(5.0)
     region.slots.release(slot)
     region.slots.sweep()
-    assert region.slots.node_stats().waiting == 0 and region.header.queued().sum() == 0
+    assert region.slots.node_stats().waiting == 0 and sum(region.header.queued()) == 0
 
 
 def test_a_cancelled_async_waiter_loses_no_slot(make_region) -> None:  # type: ignore[no-untyped-def]
