@@ -10,12 +10,14 @@ only when their file's lock proves the owner gone; otherwise they are left alone
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from ._defaults import DEFAULT_URL
+from ._headers import headers_from_env, normalize
 from ._shm import (
     DEAD,
     Owner,
@@ -90,17 +92,23 @@ class ReclaimReport:
     server_error: str | None = None
 
 
-def _registrations(client: grpcclient.InferenceServerClient) -> dict[str, int]:
-    answer = client.get_system_shared_memory_status(as_json=True)
+def _registrations(
+    client: grpcclient.InferenceServerClient, headers: Mapping[str, str] | None = None
+) -> dict[str, int]:
+    answer = client.get_system_shared_memory_status(as_json=True, headers=headers)
     regions = answer.get("regions", {})
     return {name: int(info.get("byte_size", 0)) for name, info in regions.items()}
 
 
-def region_status(url: str | None = DEFAULT_URL) -> StatusReport:
+def region_status(
+    url: str | None = DEFAULT_URL, *, headers: Mapping[str, str] | None = None
+) -> StatusReport:
     """Lists our regions in ``/dev/shm`` and the system shm registrations of a server.
 
     Args:
         url: Triton's gRPC address; ``None`` to look at this machine only.
+        headers: gRPC headers (Triton's access keys); ``None`` reads them from the
+            environment (``RAY_TRITON_SHM_HEADER_*``, see :func:`headers_from_env`).
     """
     local = {r.name: r for r in list_local_regions()}
     registered: dict[str, int] | None = None
@@ -108,7 +116,7 @@ def region_status(url: str | None = DEFAULT_URL) -> StatusReport:
     if url is not None:
         try:
             with grpcclient.InferenceServerClient(url) as client:
-                registered = _registrations(client)
+                registered = _registrations(client, _headers(headers))
         except InferenceServerException as exc:
             server_error = str(translate_error(exc, action="reading shared memory status"))
     names = sorted(set(local) | set(registered or {}))
@@ -130,7 +138,10 @@ def region_status(url: str | None = DEFAULT_URL) -> StatusReport:
 
 
 def reclaim_dead_registrations(
-    client: grpcclient.InferenceServerClient, *, owner: int | None = None
+    client: grpcclient.InferenceServerClient,
+    *,
+    owner: int | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> list[str]:
     """Unregisters regions of ours whose owner is proven dead; returns their names.
 
@@ -138,23 +149,29 @@ def reclaim_dead_registrations(
         client: A client of the server.
         owner: Only regions of this (gone) process of our pid namespace; ``None``: of any
             owner proven dead.
+        headers: gRPC headers for the calls (``None``: the client's own, if it has any).
 
     Raises:
         InferenceServerException: when the server cannot be asked.
     """
     reclaimed = []
-    for name in _registrations(client):
+    for name in _registrations(client, headers):
         if not _reclaimable(name, owner):
             continue
         try:
-            client.unregister_system_shared_memory(name)
+            client.unregister_system_shared_memory(name, headers=headers)
         except InferenceServerException:
             continue  # another process reclaimed it first
         reclaimed.append(name)
     return reclaimed
 
 
-def reclaim_regions(url: str | None = DEFAULT_URL, *, owner: int | None = None) -> ReclaimReport:
+def reclaim_regions(
+    url: str | None = DEFAULT_URL,
+    *,
+    owner: int | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> ReclaimReport:
     """Unregisters from Triton and unlinks from ``/dev/shm`` every region of ours whose owner
     is proven dead (see :func:`._shm.owner_state`); regions of other pid namespaces whose owner
     may live are left alone.
@@ -163,13 +180,17 @@ def reclaim_regions(url: str | None = DEFAULT_URL, *, owner: int | None = None) 
         url: Triton's gRPC address; ``None`` to clean ``/dev/shm`` only.
         owner: Only regions of this (gone) process of our pid namespace; ``None``: of any
             owner proven dead.
+        headers: gRPC headers (Triton's access keys); ``None`` reads them from the
+            environment (``RAY_TRITON_SHM_HEADER_*``, see :func:`headers_from_env`).
     """
     unregistered: list[str] = []
     server_error = None
     if url is not None:
         try:
             with grpcclient.InferenceServerClient(url) as client:
-                unregistered = reclaim_dead_registrations(client, owner=owner)
+                unregistered = reclaim_dead_registrations(
+                    client, owner=owner, headers=_headers(headers)
+                )
         except InferenceServerException as exc:
             server_error = str(translate_error(exc, action="reclaiming registrations"))
     unlinked = [
@@ -178,6 +199,10 @@ def reclaim_regions(url: str | None = DEFAULT_URL, *, owner: int | None = None) 
         if r.owner_state == DEAD and _may_take(r.owner, owner) and unlink_region(r.name)
     ]
     return ReclaimReport(unregistered=unregistered, unlinked=unlinked, server_error=server_error)
+
+
+def _headers(headers: Mapping[str, str] | None) -> dict[str, str]:
+    return headers_from_env() if headers is None else normalize(headers)
 
 
 def _reclaimable(name: str, only: int | None) -> bool:

@@ -41,6 +41,7 @@ from .._client import TritonSHMClient
 from .._defaults import DEFAULT_RECONNECT_TIMEOUT_S, DEFAULT_URL
 from .._engine import ModelPool
 from .._exceptions import ModelSpecError, StaleLeaseError, TritonSHMError
+from .._headers import headers_from_env, normalize
 from .._reclaim import reclaim_regions
 from .._shared_slots import NodeSlotStats, SharedSlots
 from .._shm import shm_space
@@ -87,6 +88,12 @@ class NodeActorConfig:
             time.
         reconnect_timeout_s: How long the actor's registrations wait for Triton while it is
             unreachable (restarting); by-value calls wait as long as their caller says.
+        headers: gRPC headers of every call the actor makes: Triton's access keys for the
+            control plane (shared memory, and model configuration if restricted), over those
+            of the node's environment (``RAY_TRITON_SHM_HEADER_*``, read on the node). Never
+            shown.
+        client_options: Keyword arguments of the actor's :class:`TritonSHMClient` (TLS:
+            ``ssl=True``, ``root_certificates=``, ``private_key=``, ``certificate_chain=``).
     """
 
     url: str | None = None
@@ -95,6 +102,8 @@ class NodeActorConfig:
     sweep_interval_s: float = 1.0
     quarantine_s: float = 30.0
     reconnect_timeout_s: float = DEFAULT_RECONNECT_TIMEOUT_S
+    headers: Mapping[str, str] | None = field(default=None, repr=False)
+    client_options: Mapping[str, Any] | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -177,10 +186,14 @@ class TritonNodeActor:
         self._url = config.url or os.environ.get(URL_ENV_VAR) or DEFAULT_URL
         self._node_id = _current_node_id()
         self._incarnation = f"{os.getpid()}-{time.time_ns()}"
+        headers = {**headers_from_env(), **normalize(config.headers)}
         # A restarted actor first takes back what its previous incarnation left behind.
-        reclaim_regions(self._url)
+        reclaim_regions(self._url, headers=headers)
         self._client = TritonSHMClient(
-            url=self._url, reconnect_timeout_s=config.reconnect_timeout_s
+            url=self._url,
+            reconnect_timeout_s=config.reconnect_timeout_s,
+            headers=headers,
+            **(config.client_options or {}),
         )
         self._lock = threading.Lock()
         self._by_value: dict[str, int] = {}
@@ -289,12 +302,14 @@ class TritonNodeActor:
         incarnation: str,
         inputs: Mapping[str, Any],
         reconnect_timeout_s: float | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> dict[str, np.ndarray]:
         """By-value inference: arrays in, arrays out (through Ray's object store), on the same
         slots as every other caller of the node.
 
         ``reconnect_timeout_s`` is the caller's: how long to wait for Triton while it is
-        unreachable (``None``: the actor's).
+        unreachable (``None``: the actor's). ``headers`` are the caller's (its inference key),
+        sent over the actor's own.
 
         Raises:
             StaleLeaseError: ``incarnation`` is not this actor's (it restarted): bind again.
@@ -303,7 +318,9 @@ class TritonNodeActor:
         self._check_incarnation(incarnation)
         with self._lock:
             self._by_value[model_name] = self._by_value.get(model_name, 0) + 1
-        return self._client.infer_shm(model_name, inputs, reconnect_timeout_s=reconnect_timeout_s)
+        return self._client.infer_shm(
+            model_name, inputs, reconnect_timeout_s=reconnect_timeout_s, headers=headers
+        )
 
     # ---------------------------------------------------------------- internals
 
@@ -423,6 +440,8 @@ def get_node_actor(
     max_waiting: int = 64,
     quarantine_s: float = 30.0,
     reconnect_timeout_s: float = DEFAULT_RECONNECT_TIMEOUT_S,
+    headers: Mapping[str, str] | None = None,
+    client_options: Mapping[str, Any] | None = None,
     node_id: str | None = None,
 ) -> ray.actor.ActorHandle:
     """Returns the node actor of this node (or of ``node_id``), creating it when missing.
@@ -440,6 +459,10 @@ def get_node_actor(
             :class:`NodeActorConfig`).
         reconnect_timeout_s: How long the actor's registrations wait for an unreachable
             Triton.
+        headers: The control plane's keys (see :class:`NodeActorConfig`); prefer
+            ``RAY_TRITON_SHM_HEADER_*`` variables on the node, which travel in no argument.
+        client_options: TLS and other options of the actor's client (see
+            :class:`NodeActorConfig`).
         node_id: The node; default the caller's.
     """
     node = node_id or ray.get_runtime_context().get_node_id()
@@ -454,6 +477,8 @@ def get_node_actor(
         max_waiting=max_waiting,
         quarantine_s=quarantine_s,
         reconnect_timeout_s=reconnect_timeout_s,
+        headers=dict(headers) if headers else None,
+        client_options=dict(client_options) if client_options else None,
     )
     actor_class = ray.remote(  # type: ignore[call-overload]
         # By-value calls wait for a slot in the region, where they are counted (and refused

@@ -27,6 +27,7 @@ from .._client import TritonSHMClient
 from .._defaults import DEFAULT_RECONNECT_TIMEOUT_S
 from .._exceptions import StaleLeaseError
 from .._header import RegionHeader
+from .._headers import headers_from_env, normalize
 from .._inputs import InputValue
 from .._shared_slots import SharedSlots
 from .._shm import SharedMemoryRegion
@@ -53,10 +54,13 @@ class _Binding:
         *,
         zero_copy: bool,
         reconnect_timeout_s: float,
+        headers: dict[str, str],
+        client_options: Mapping[str, Any],
     ) -> None:
         self.actor = actor
         self.registration = registration
         self.reconnect_timeout_s = reconnect_timeout_s
+        self.headers = headers
         self.spec: ModelSpec = registration.spec
         self.client: TritonSHMClient | None = None
         if zero_copy:
@@ -75,6 +79,8 @@ class _Binding:
                 url=registration.url,
                 crash_cleanup=False,
                 reconnect_timeout_s=reconnect_timeout_s,
+                headers=headers,
+                **client_options,
             )
             client._attach_pool(self.spec, region, slots, count, self._ensure_registered)
             self.client = client
@@ -100,7 +106,7 @@ class _Binding:
     def _by_value(self, inputs: Mapping[str, InputValue]) -> Any:
         incarnation = self.registration.incarnation
         return self.actor.infer.remote(
-            self.spec.name, incarnation, inputs, self.reconnect_timeout_s
+            self.spec.name, incarnation, inputs, self.reconnect_timeout_s, self.headers or None
         )
 
     def close(self) -> None:
@@ -132,9 +138,15 @@ class ShmModel:
         reconnect_timeout_s: How long a call waits for the node's Triton while it is
             unreachable (restarting) before :class:`ServerUnreachableError`; ``0`` fails at
             once.
+        headers: gRPC headers of this caller's requests: Triton's inference key, over those
+            of the node's environment (``RAY_TRITON_SHM_HEADER_*``, read where the handle
+            binds, so they travel in no argument). By-value calls send them to the actor.
+            Never shown.
+        client_options: Keyword arguments of this caller's :class:`TritonSHMClient` (TLS:
+            ``ssl=True``, ``root_certificates=``, ...).
         actor_options: Extra keyword arguments for :func:`get_node_actor` (``slots``,
-            ``max_waiting``, ``quarantine_s``, ``reconnect_timeout_s``), used if this call
-            creates the actor.
+            ``max_waiting``, ``quarantine_s``, ``reconnect_timeout_s``, ``headers`` and
+            ``client_options`` of the control plane), used if this call creates the actor.
 
     Example:
         >>> model = ShmModel("classifier")
@@ -156,6 +168,8 @@ class ShmModel:
         zero_copy: bool = True,
         slot_timeout_s: float | None = None,
         reconnect_timeout_s: float = DEFAULT_RECONNECT_TIMEOUT_S,
+        headers: Mapping[str, str] | None = None,
+        client_options: Mapping[str, Any] | None = None,
         actor_options: Mapping[str, Any] | None = None,
     ) -> None:
         self.model_name = model_name
@@ -172,6 +186,8 @@ class ShmModel:
         self._zero_copy = zero_copy
         self._slot_timeout_s = slot_timeout_s
         self._reconnect_timeout_s = reconnect_timeout_s
+        self._headers = normalize(headers)
+        self._client_options = dict(client_options or {})
         self._actor_options = dict(actor_options or {})
         self._binding: _Binding | None = None
         self._bind_lock = threading.Lock()
@@ -206,6 +222,8 @@ class ShmModel:
                     registration,
                     zero_copy=self._zero_copy and same_node,
                     reconnect_timeout_s=self._reconnect_timeout_s,
+                    headers={**headers_from_env(), **self._headers},
+                    client_options=self._client_options,
                 )
             return self._binding
 
