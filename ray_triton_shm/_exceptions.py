@@ -130,7 +130,7 @@ class StaleLeaseError(TritonSHMError, LookupError):
     ``ShmModel`` binds again and retries once when it sees this.
 
     Attributes:
-        incarnation: The actor incarnation the caller's lease came from.
+        incarnation: The actor incarnation the caller bound to.
     """
 
     def __init__(
