@@ -145,12 +145,7 @@ class SharedSlots:
             OverloadedError: ``max_waiting`` callers already wait.
             ClientClosedError: the pool was closed.
         """
-        fd = self._take_fd()
-        try:
-            slot = self._take_free(fd)
-        except BaseException:
-            self._discard_fd(fd)
-            raise
+        fd, slot = self._fd_and_free_slot()
         if slot is not None:
             return slot
         if timeout_s is None:
@@ -168,12 +163,7 @@ class SharedSlots:
 
     def try_acquire(self) -> int | None:
         """Takes a free slot if there is one nobody queues for, without waiting."""
-        fd = self._take_fd()
-        try:
-            slot = self._take_free(fd)
-        except BaseException:
-            self._discard_fd(fd)
-            raise
+        fd, slot = self._fd_and_free_slot()
         if slot is None:
             self._put_fd(fd)
         return slot
@@ -181,12 +171,7 @@ class SharedSlots:
     async def acquire_async(self, timeout_s: float | None = None) -> int:
         """:meth:`acquire` for coroutines: waits on a pool thread, never on the event loop.
         Cancelling never loses a slot."""
-        fd = self._take_fd()
-        try:
-            slot = self._take_free(fd)
-        except BaseException:
-            self._discard_fd(fd)
-            raise
+        fd, slot = self._fd_and_free_slot()
         if slot is not None:
             return slot
         wait = _Wait(fd)
@@ -261,6 +246,16 @@ class SharedSlots:
             os.close(fd)
 
     # ---------------------------------------------------------------- taking slots
+
+    def _fd_and_free_slot(self) -> tuple[int, int | None]:
+        """A descriptor of this caller's, and a free slot nobody queues for locked on it (or
+        ``None``)."""
+        fd = self._take_fd()
+        try:
+            return fd, self._take_free(fd)
+        except BaseException:
+            self._discard_fd(fd)
+            raise
 
     def _take_free(self, fd: int) -> int | None:
         """A free slot nobody queues for, locked on ``fd``, or ``None``."""

@@ -10,6 +10,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+#: The headers of the access keys of the ``restricted`` Triton fixture.
+ADMIN = "triton-grpc-protocol-admin-key"
+INFER = "triton-grpc-protocol-infer-key"
+READ = "triton-grpc-protocol-read-key"
+
 #: Seconds a new Ray node's raylet may take to register with its GCS (Ray's default: 30).
 RAYLET_START_WAIT_S = 120
 

@@ -7,13 +7,14 @@ need it fail with the server's error (including its log tail).
 from __future__ import annotations
 
 import os
+import secrets
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from _helpers import init_ray
+from _helpers import ADMIN, INFER, READ, init_ray
 
 from ray_triton_shm.local._server import EXAMPLE_MODEL_REPOSITORY, LocalTritonServer
 
@@ -100,3 +101,32 @@ def _register_then_sigkill(url: str, *, crash_cleanup: bool) -> str:
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert done.returncode == -9, done.stderr
     return done.stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def keys() -> dict[str, str]:
+    """Fresh access keys by header, unique enough that finding one anywhere is a leak."""
+    return {name: f"secret-{secrets.token_hex(8)}" for name in (ADMIN, INFER, READ)}
+
+
+@pytest.fixture(scope="module")
+def restricted(
+    tmp_path_factory: pytest.TempPathFactory, keys: dict[str, str]
+) -> Iterator[LocalTritonServer]:
+    """A Triton of the module's own, locked down with three keys: the admin key
+    (shared-memory, model-repository), the inference key, and a read key (health, metadata,
+    model-config, statistics)."""
+    server = LocalTritonServer(
+        list(MODEL_REPOSITORIES),
+        log_path=tmp_path_factory.mktemp("restricted") / "tritonserver.log",
+        restricted_protocols={
+            "shared-memory,model-repository": ("admin-key", keys[ADMIN]),
+            "inference": ("infer-key", keys[INFER]),
+            "health,metadata,model-config,statistics": ("read-key", keys[READ]),
+        },
+    )
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()

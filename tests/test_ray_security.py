@@ -4,7 +4,6 @@ inference keys, refusals across the process boundary, and no secret in sight."""
 from __future__ import annotations
 
 import pickle
-import secrets
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -12,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 import ray
-from conftest import MODEL_REPOSITORIES
+from _helpers import ADMIN, INFER, READ
 
 from ray_triton_shm import AccessDeniedError
 from ray_triton_shm._shm import list_local_regions
@@ -20,33 +19,7 @@ from ray_triton_shm.local import LocalTritonServer
 from ray_triton_shm.ray import ShmModel, ShmPredictor, get_node_actor
 from ray_triton_shm.ray._actor import NodeActorConfig
 
-ADMIN = "triton-grpc-protocol-admin-key"
-INFER = "triton-grpc-protocol-infer-key"
-READ = "triton-grpc-protocol-read-key"
 SHAPES = {"INPUT0": (16,), "OUTPUT0": (16,)}
-
-
-@pytest.fixture(scope="module")
-def keys() -> dict[str, str]:
-    return {name: f"secret-{secrets.token_hex(8)}" for name in (ADMIN, INFER, READ)}
-
-
-@pytest.fixture(scope="module")
-def restricted(tmp_path_factory: pytest.TempPathFactory, keys: dict[str, str]) -> Iterator[str]:
-    server = LocalTritonServer(
-        list(MODEL_REPOSITORIES),
-        log_path=tmp_path_factory.mktemp("ray-restricted") / "tritonserver.log",
-        restricted_protocols={
-            "shared-memory,model-repository": ("admin-key", keys[ADMIN]),
-            "inference": ("infer-key", keys[INFER]),
-            "health,metadata,model-config,statistics": ("read-key", keys[READ]),
-        },
-    )
-    server.start()
-    try:
-        yield server.grpc_url
-    finally:
-        server.close()
 
 
 def _end(actor: Any) -> None:
@@ -71,9 +44,9 @@ def _only(keys: dict[str, str], *names: str) -> dict[str, str]:
 
 
 def test_a_node_actor_without_the_shared_memory_key_is_refused_at_once(
-    ray_local: str, restricted: str, keys: dict[str, str]
+    ray_local: str, restricted: LocalTritonServer, keys: dict[str, str]
 ) -> None:
-    actor = get_node_actor(url=restricted, headers=_only(keys, READ))
+    actor = get_node_actor(url=restricted.grpc_url, headers=_only(keys, READ))
     try:
         model = ShmModel("identity", max_shapes=SHAPES, headers=_only(keys, INFER, READ))
         started = time.monotonic()
@@ -89,8 +62,10 @@ def test_a_node_actor_without_the_shared_memory_key_is_refused_at_once(
 
 
 @pytest.fixture(scope="module")
-def keyed_actor(ray_local: str, restricted: str, keys: dict[str, str]) -> Iterator[Any]:
-    actor = get_node_actor(url=restricted, slots=4, headers=_only(keys, ADMIN, READ))
+def keyed_actor(
+    ray_local: str, restricted: LocalTritonServer, keys: dict[str, str]
+) -> Iterator[Any]:
+    actor = get_node_actor(url=restricted.grpc_url, slots=4, headers=_only(keys, ADMIN, READ))
     try:
         yield actor
     finally:

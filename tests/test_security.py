@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from _helpers import ADMIN, INFER, READ
 from conftest import MODEL_REPOSITORIES
 from tritonclient.utils import InferenceServerException
 
@@ -43,10 +44,6 @@ from ray_triton_shm._headers import env_var_for
 from ray_triton_shm._shm import SHM_DIR, SharedMemoryRegion, list_local_regions, unlink_region
 from ray_triton_shm.local import LocalTritonServer
 
-ADMIN = "triton-grpc-protocol-admin-key"
-INFER = "triton-grpc-protocol-infer-key"
-READ = "triton-grpc-protocol-read-key"
-
 IMAGES = np.random.default_rng(0).standard_normal((5, 3, 224, 224), dtype=np.float32)
 MY_MODEL = {
     "INPUT0": np.random.default_rng(1).standard_normal((2, 3, 224, 224), dtype=np.float32),
@@ -54,32 +51,6 @@ MY_MODEL = {
 }
 #: A refusal takes one round trip; this bounds it far from reconnect_timeout_s (60 s).
 REFUSED_WITHIN_S = 10.0
-
-
-@pytest.fixture(scope="module")
-def keys() -> dict[str, str]:
-    """Fresh secrets, unique enough that finding one anywhere is a leak."""
-    return {name: f"secret-{secrets.token_hex(8)}" for name in (ADMIN, INFER, READ)}
-
-
-@pytest.fixture(scope="module")
-def restricted(
-    tmp_path_factory: pytest.TempPathFactory, keys: dict[str, str]
-) -> Iterator[LocalTritonServer]:
-    server = LocalTritonServer(
-        list(MODEL_REPOSITORIES),
-        log_path=tmp_path_factory.mktemp("restricted") / "tritonserver.log",
-        restricted_protocols={
-            "shared-memory,model-repository": ("admin-key", keys[ADMIN]),
-            "inference": ("infer-key", keys[INFER]),
-            "health,metadata,model-config,statistics": ("read-key", keys[READ]),
-        },
-    )
-    server.start()
-    try:
-        yield server
-    finally:
-        server.close()
 
 
 def only(keys: dict[str, str], *names: str) -> dict[str, str]:
