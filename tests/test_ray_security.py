@@ -6,12 +6,14 @@ from __future__ import annotations
 import pickle
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import ray
-from _helpers import ADMIN, INFER, READ
+from _helpers import ADMIN, INFER, READ, self_signed_certificate
+from conftest import MODEL_REPOSITORIES
 
 from ray_triton_shm import AccessDeniedError
 from ray_triton_shm._shm import list_local_regions
@@ -59,6 +61,26 @@ def test_a_node_actor_without_the_shared_memory_key_is_refused_at_once(
         assert stats.models == {}  # nothing registered, nothing in /dev/shm
     finally:
         _end(actor)
+
+
+def test_tls_through_the_node_actor_and_shm_model(ray_local: str, tmp_path: Path) -> None:
+    cert, key = self_signed_certificate(tmp_path)
+    server = LocalTritonServer(
+        list(MODEL_REPOSITORIES), log_path=tmp_path / "tritonserver.log", tls_cert=cert, tls_key=key
+    )
+    server.start()
+    tls = {"ssl": True, "root_certificates": str(cert)}
+    actor = get_node_actor(url=server.grpc_url, slots=2, client_options=tls)
+    try:
+        x = np.arange(20 * 16, dtype=np.float32).reshape(20, 16)
+        for zero_copy in (True, False):
+            model = ShmModel("identity", max_shapes=SHAPES, zero_copy=zero_copy, client_options=tls)
+            np.testing.assert_array_equal(model.infer({"INPUT0": x})["OUTPUT0"], x)
+            assert model.zero_copy is zero_copy
+            model.close()
+    finally:
+        _end(actor)
+        server.close()
 
 
 @pytest.fixture(scope="module")

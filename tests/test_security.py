@@ -10,8 +10,6 @@ The module's server restricts three groups of protocols, each with its own key:
 from __future__ import annotations
 
 import asyncio
-import datetime
-import ipaddress
 import os
 import pickle
 import secrets
@@ -28,7 +26,7 @@ import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from _helpers import ADMIN, INFER, READ
+from _helpers import ADMIN, INFER, READ, self_signed_certificate
 from conftest import MODEL_REPOSITORIES
 from tritonclient.utils import InferenceServerException
 
@@ -319,54 +317,6 @@ def test_a_region_triton_cannot_open_is_an_error_that_says_why(
         assert client.registered_models == {}
     assert our_regions() == before
     assert not registrations(restricted)
-
-
-def self_signed_certificate(directory: Path) -> tuple[Path, Path]:
-    """A certificate for 127.0.0.1 and localhost, and its key, made here."""
-    cert, key = directory / "server.crt", directory / "server.key"
-    try:
-        from cryptography import x509
-        from cryptography.hazmat.primitives import hashes, serialization
-        from cryptography.hazmat.primitives.asymmetric import ec
-        from cryptography.x509.oid import NameOID
-    except ImportError:
-        subprocess.run(
-            ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
-             "-nodes", "-days", "1", "-subj", "/CN=localhost", "-keyout", str(key),
-             "-out", str(cert), "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
-            check=True,
-            capture_output=True,
-        )  # fmt: skip
-        return cert, key
-    private = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    certificate = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(private.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName(
-                [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
-            ),
-            critical=False,
-        )
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(private, hashes.SHA256())
-    )
-    cert.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
-    key.write_bytes(
-        private.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return cert, key
 
 
 def test_tls_round_trip_with_every_call_keyed_across_a_restart(tmp_path: Path) -> None:
