@@ -130,6 +130,8 @@ class Chunk:
     call: grpc.Future | None = None
     #: Whether this chunk already had its region registered again.
     reregistered: bool = False
+    #: Whether a blocking call (no future to wait for) may still be in Triton.
+    blocking: bool = False
 
     @classmethod
     def write(
@@ -144,18 +146,27 @@ class Chunk:
         except BaseException:
             pool.slots.release(slot)
             raise
-        # From now on Triton may write into the slot: should this process die, the next
-        # holder must not use the slot before Triton is done (see _shared_slots).
-        pool.header.set_busy_since(slot, time.monotonic_ns())
         return cls(pool, slot, start, request, pool.epoch, stop - start, sum(written))
 
+    def sending(self) -> None:
+        """Marks the slot as written by Triton from now on (each time the request is sent):
+        should this process die, no other may use the slot before its quarantine is over
+        (see :mod:`._shared_slots`)."""
+        self.pool.header.set_busy_since(self.slot, time.monotonic_ns())
+
     def abandon(self) -> None:
-        """Releases the slot once Triton is done with it (at once if it already is)."""
-        slots, slot = self.pool.slots, self.slot
-        if self.call is None:
-            slots.release(slot)
-        else:
+        """Releases the slot once Triton is done with it (at once if it already is).
+
+        A blocking call cut short (Ctrl-C, a Ray cancellation) leaves no future to wait for:
+        its slot is quarantined as if this process had died.
+        """
+        slots, slot, header = self.pool.slots, self.slot, self.pool.header
+        if self.call is not None:
             self.call.add_done_callback(lambda _call: slots.release(slot))
+            return
+        if self.blocking:
+            header.quarantine(slot, header.busy_since(slot) + header.quarantine_ns)
+        slots.release(slot)
 
     def collect(self, outputs: OutputAssembler, response: service_pb2.ModelInferResponse) -> None:
         """Copies the outputs out of the slot, counts the request, then frees the slot."""
@@ -220,6 +231,7 @@ def run(pool: ModelPool, batch: Batch, *, slot_timeout_s: float | None, request_
             if slot is None:
                 slot = yield Step.SLOT, slot_timeout_s
             pending.append(Chunk.write(pool, slot, batch, start, stop, request_id))
+            pending[-1].sending()
             yield Step.SEND, pending[-1]
         while pending:
             response = yield from _answer(pending[0])
@@ -242,15 +254,23 @@ def run(pool: ModelPool, batch: Batch, *, slot_timeout_s: float | None, request_
 def _answer(chunk: Chunk) -> Generator[tuple[Step, Any], Any, service_pb2.ModelInferResponse]:
     """Waits for a chunk's answer, sending it again while :meth:`Chunk.recovery` finds a way."""
     while True:
+        if chunk.call is None:  # sent now, by a blocking call or a future
+            chunk.sending()
+            chunk.blocking = True
         try:
-            return (yield Step.ANSWER, chunk)
+            response = yield Step.ANSWER, chunk
         except grpc.RpcError as exc:
+            chunk.blocking = False
             remedy = chunk.recovery(exc)
             try:
                 yield remedy
             except TritonSHMError:
                 chunk.pool.header.count_error(chunk.slot)
                 raise
+        else:
+            chunk.blocking = False
+            return response  # type: ignore[no-any-return]
+        chunk.sending()
         yield Step.SEND, chunk
 
 

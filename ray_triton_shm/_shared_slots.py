@@ -22,9 +22,10 @@ kernel drops the lock when the process dies however it dies. So:
   count is per region, and a key can be registered only once, so not per slot), so the slot is
   **quarantined** for the region's ``quarantine_ns``, counted from when the request was sent.
 
-Waiting with a timeout, or from a coroutine, happens on a thread of a shared pool: a lock wait
-in the kernel cannot be interrupted. A caller that gives up leaves the thread to hand the slot
-straight back when it comes.
+Waiting with a timeout, or from a coroutine, happens on a daemon thread: a lock wait in the
+kernel cannot be interrupted. A caller that gives up frees its seat at once and leaves the
+thread in the kernel's queue, to hand the slot straight back when it comes. A forked child
+closes its copies of the descriptors (they share the parent's locks) and binds anew.
 """
 
 from __future__ import annotations
@@ -34,9 +35,12 @@ import concurrent.futures
 import errno
 import fcntl
 import os
+import queue
 import struct
 import threading
 import time
+import weakref
+from collections.abc import Callable
 from functools import cache
 
 from ._exceptions import ClientClosedError, OverloadedError, SlotTimeoutError
@@ -49,10 +53,6 @@ __all__ = ["NodeSlotStats", "SharedSlots"]
 # Lock bytes: slot i is byte i; seat s is byte _SEAT0 + s; _MUTEX serialises rare header updates.
 _SEAT0 = 1 << 20
 _MUTEX = 1 << 30
-
-_waiters = concurrent.futures.ThreadPoolExecutor(
-    max_workers=256, thread_name_prefix="ray-triton-shm-slot-wait"
-)
 
 
 @cache
@@ -82,6 +82,58 @@ def _locked_by_another(fd: int, byte: int) -> bool:
     return struct.unpack("@hhqqi4x", answer)[0] != fcntl.F_UNLCK
 
 
+class _WaitThreads:
+    """Daemon threads for waits in the kernel, started as needed and reused.
+
+    Daemon threads, because a process may exit while one waits: the kernel drops its locks.
+    """
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], int], concurrent.futures.Future[int]]]
+        self._jobs = queue.SimpleQueue()
+        self._idle = 0
+        self._lock = threading.Lock()
+
+    def submit(self, fn: Callable[[], int]) -> concurrent.futures.Future[int]:
+        future: concurrent.futures.Future[int] = concurrent.futures.Future()
+        with self._lock:
+            start = self._idle == 0
+            if not start:
+                self._idle -= 1
+        self._jobs.put((fn, future))
+        if start:
+            name = "ray-triton-shm-slot-wait"
+            threading.Thread(target=self._work, name=name, daemon=True).start()
+        return future
+
+    def _work(self) -> None:
+        while True:
+            fn, future = self._jobs.get()
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn())
+                except BaseException as exc:
+                    future.set_exception(exc)
+            with self._lock:
+                self._idle += 1
+
+
+_threads = _WaitThreads()
+_instances: weakref.WeakSet[SharedSlots] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    # The child's descriptors share the parent's open file descriptions, and so its locks:
+    # using them would take the parent's slots. Closing them leaves the parent's locks alone.
+    global _threads
+    _threads = _WaitThreads()
+    for slots in list(_instances):
+        slots._forget_after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class NodeSlotStats:
     """What every process using a region does with its slots, right now.
 
@@ -100,14 +152,20 @@ class NodeSlotStats:
 
 
 class _Wait:
-    """A wait on a pool thread, which its caller may give up."""
+    """A wait on a thread of :class:`_WaitThreads`, which its caller may give up.
 
-    __slots__ = ("abandoned", "fd", "lock", "slot")
+    ``guard`` orders the waiter's and the caller's moves: whoever comes second sees what the
+    first did (a slot delivered, the caller gone, the seat already given back).
+    """
+
+    __slots__ = ("abandoned", "fd", "guard", "seat", "seat_left", "slot")
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
-        self.lock = threading.Lock()
+        self.guard = threading.Lock()
         self.abandoned = False
+        self.seat: int | None = None
+        self.seat_left = False
         self.slot: int | None = None
 
 
@@ -115,25 +173,28 @@ class SharedSlots:
     """The slots of one region, shared with every process that maps it; a ``SlotSource``.
 
     Args:
-        name: The region's name (its file is ``/dev/shm/<name>``).
+        region_name: The region's name (its file is ``/dev/shm/<region_name>``).
         header: The region's header.
         size: Slots in the region.
         model: Used in error messages.
     """
 
-    def __init__(self, name: str, header: RegionHeader, size: int, *, model: str = "") -> None:
+    def __init__(
+        self, region_name: str, header: RegionHeader, size: int, *, model: str = ""
+    ) -> None:
         self.size = size
         self.name = model
         self._header = header
         # Descriptors are opened anew from this one, so they work after the name is unlinked.
-        self._base_fd = os.open(SHM_DIR / name, os.O_RDWR | os.O_CLOEXEC)
+        self._base_fd = os.open(SHM_DIR / region_name, os.O_RDWR | os.O_CLOEXEC)
         self._free_fds: list[int] = []
         self._held: dict[int, int] = {}  # slot -> the descriptor holding its lock
-        self._lock = threading.Lock()
-        self._all_back = threading.Condition(self._lock)
+        self._mutex = threading.Lock()
+        self._all_back = threading.Condition(self._mutex)
         self._waiting = 0
         self._next = os.getpid()  # where this process starts looking: spreads processes
         self._closed = False
+        _instances.add(self)
 
     # ---------------------------------------------------------------- SlotSource
 
@@ -149,9 +210,11 @@ class SharedSlots:
         if slot is not None:
             return slot
         if timeout_s is None:
-            return self._queue(fd)
+            slot = self._queue(fd, None)
+            assert slot is not None  # only a wait given up returns none
+            return slot
         wait = _Wait(fd)
-        future = self._wait_on_thread(wait)
+        future = _threads.submit(lambda: self._queue_for(wait))
         try:
             return future.result(timeout_s)
         except concurrent.futures.TimeoutError:
@@ -162,20 +225,24 @@ class SharedSlots:
             raise
 
     def try_acquire(self) -> int | None:
-        """Takes a free slot if there is one nobody queues for, without waiting."""
+        """Takes a free slot if there is one nobody queues for, without waiting.
+
+        Raises:
+            ClientClosedError: the pool was closed.
+        """
         fd, slot = self._fd_and_free_slot()
         if slot is None:
             self._put_fd(fd)
         return slot
 
     async def acquire_async(self, timeout_s: float | None = None) -> int:
-        """:meth:`acquire` for coroutines: waits on a pool thread, never on the event loop.
+        """:meth:`acquire` for coroutines: waits on a thread, never on the event loop.
         Cancelling never loses a slot."""
         fd, slot = self._fd_and_free_slot()
         if slot is not None:
             return slot
         wait = _Wait(fd)
-        future = self._wait_on_thread(wait)
+        future = _threads.submit(lambda: self._queue_for(wait))
         try:
             return await asyncio.wait_for(asyncio.wrap_future(future), timeout_s)
         except asyncio.TimeoutError:
@@ -187,50 +254,67 @@ class SharedSlots:
 
     def release(self, slot: int) -> None:
         """Gives a slot back; the first caller queued on it gets it."""
-        with self._lock:
-            fd = self._held.pop(slot)
-            if not self._held:
-                self._all_back.notify_all()
+        with self._mutex:
+            fd = self._held[slot]
         self._header.set_busy_since(slot, 0)
         _unlock(fd, slot)
+        with self._mutex:
+            if self._held.get(slot) == fd:  # else another thread took the slot just now
+                del self._held[slot]
+            if not self._held:
+                self._all_back.notify_all()
         self._put_fd(fd)
 
     def stats(self) -> PoolStats:
         """This process's share: slots it holds and its callers waiting."""
-        with self._lock:
+        with self._mutex:
             return PoolStats(self.size, len(self._held), self._waiting)
 
     def close(self, *, wait_s: float | None = None) -> bool:
         """Refuses new callers and waits for this process's slots to come back.
 
+        Callers already asleep in the kernel get :class:`ClientClosedError` once a slot
+        reaches them.
+
         Returns:
             Whether every slot this process held is back.
         """
-        with self._lock:
+        with self._mutex:
             self._closed = True
             all_back = self._all_back.wait_for(lambda: not self._held, wait_s)
             fds, self._free_fds = self._free_fds, []
+            if all_back:
+                fds.append(self._base_fd)
+                self._base_fd = -1
         for fd in fds:
-            os.close(fd)
-        if all_back and self._base_fd >= 0:
-            os.close(self._base_fd)
-            self._base_fd = -1
+            if fd >= 0:
+                os.close(fd)
         return all_back
 
     # ---------------------------------------------------------------- node-wide view
 
     def node_stats(self) -> NodeSlotStats:
-        """Slots held and callers queued over every process (seen through the locks)."""
-        fd = self._base_fd
-        in_use = sum(_locked_by_another(fd, slot) for slot in range(self.size))
-        waiting = sum(
-            _locked_by_another(fd, _SEAT0 + seat) for seat in range(self._header.max_waiting)
-        )
+        """Slots held and callers queued over every process (seen through the locks).
+
+        Raises:
+            ClientClosedError: the pool was closed.
+        """
+        fd = self._open_fd()
+        try:
+            in_use = sum(_locked_by_another(fd, slot) for slot in range(self.size))
+            seats = range(self._header.max_waiting)
+            waiting = sum(_locked_by_another(fd, _SEAT0 + seat) for seat in seats)
+        finally:
+            os.close(fd)
         return NodeSlotStats(in_use, waiting, self._header.quarantined(time.monotonic_ns()))
 
     def sweep(self) -> None:
         """Quarantines the slots of holders that died, and clears the seats of waiters that
-        died (the owner calls this now and then; callers also find dead holders themselves)."""
+        died (the owner calls this now and then; callers also find both themselves).
+
+        Raises:
+            ClientClosedError: the pool was closed.
+        """
         fd = self._open_fd()
         try:
             for slot in range(self.size):
@@ -238,10 +322,8 @@ class SharedSlots:
                     self._check_dead_holder(slot, time.monotonic_ns())
                     _unlock(fd, slot)
             for seat in range(self._header.max_waiting):
-                queued = self._header.queued_on(seat) is not None
-                if queued and _lock(fd, _SEAT0 + seat, wait=False):  # its holder is gone
-                    self._header.queue(seat, None)
-                    _unlock(fd, _SEAT0 + seat)
+                if self._header.queued_on(seat) is not None:
+                    self._clear_if_dead(fd, seat)
         finally:
             os.close(fd)
 
@@ -258,75 +340,104 @@ class SharedSlots:
             raise
 
     def _take_free(self, fd: int) -> int | None:
-        """A free slot nobody queues for, locked on ``fd``, or ``None``."""
+        """A free slot nobody waits for, locked on ``fd``, or ``None``."""
         queued = self._header.queued()
         now = time.monotonic_ns()
         self._next += 1
         for k in range(self.size):
             slot = (self._next + k) % self.size
-            if queued[slot] or self._header.quarantined_until(slot) > now:
+            if self._header.quarantined_until(slot) > now or not _lock(fd, slot, wait=False):
                 continue
-            if _lock(fd, slot, wait=False) and self._claim(fd, slot, now):
+            # Free: it is ours, unless a live caller queues for it (it is being woken).
+            if queued[slot] and self._live_waiter_on(fd, slot):
+                _unlock(fd, slot)
+                continue
+            if self._claim(fd, slot, now):
                 return slot
         return None
 
-    def _queue(self, fd: int) -> int:
-        """Queues for a slot and sleeps in the kernel until it is this caller's."""
-        with self._lock:
+    def _live_waiter_on(self, fd: int, slot: int) -> bool:
+        """Whether a live caller queues for ``slot``; clears the seats of dead ones."""
+        live = False
+        for seat in range(self._header.max_waiting):
+            if self._header.queued_on(seat) == slot and not self._clear_if_dead(fd, seat):
+                live = True
+        return live
+
+    def _clear_if_dead(self, fd: int, seat: int) -> bool:
+        """Clears ``seat``'s queue entry if its holder is gone; whether it was."""
+        if not _lock(fd, _SEAT0 + seat, wait=False):
+            return False
+        self._header.queue(seat, None)
+        _unlock(fd, _SEAT0 + seat)
+        return True
+
+    def _queue(self, fd: int, wait: _Wait | None) -> int | None:
+        """Queues for a slot and sleeps in the kernel until it is this caller's; ``None`` if
+        ``wait`` was given up before this caller queued."""
+        with self._mutex:
             self._waiting += 1
         started = time.monotonic_ns()
         try:
-            seat = self._take_seat(fd)
+            seat = self._take_seat(fd, wait)
             try:
                 while True:
                     slot = self._pick()
-                    self._header.queue(seat, slot)
+                    if not self._record(seat, slot, wait):
+                        return None
                     _lock(fd, slot, wait=True)
-                    self._header.queue(seat, None)
+                    self._record(seat, None, wait)
                     now = time.monotonic_ns()
                     if self._claim(fd, slot, now):
                         self._header.count_wait(slot, now - started)
                         return slot
             finally:
-                self._header.queue(seat, None)
-                _unlock(fd, _SEAT0 + seat)
+                self._leave_seat(fd, seat, wait)
         except BaseException:
             self._discard_fd(fd)  # closing it drops whatever lock it may hold
             raise
         finally:
-            with self._lock:
+            with self._mutex:
                 self._waiting -= 1
 
-    def _wait_on_thread(self, wait: _Wait) -> concurrent.futures.Future[int]:
-        """:meth:`_queue` on a pool thread; a slot that comes after its caller gave up goes
+    def _queue_for(self, wait: _Wait) -> int:
+        """:meth:`_queue` on a wait thread; a slot that comes after its caller gave up goes
         straight back."""
-
-        def queue() -> int:
-            slot = self._queue(wait.fd)
-            with wait.lock:
-                if not wait.abandoned:
-                    wait.slot = slot
-                    return slot
-            self.release(slot)
-            return slot
-
-        return _waiters.submit(queue)
+        slot = self._queue(wait.fd, wait)
+        if slot is None:
+            self._put_fd(wait.fd)
+            return -1
+        with wait.guard:
+            if not wait.abandoned:
+                wait.slot = slot
+                return slot
+        self.release(slot)
+        return -1
 
     def _abandon(self, wait: _Wait, future: concurrent.futures.Future[int]) -> None:
+        """The caller gives up: its seat goes at once; a slot that comes goes back."""
         if future.cancel():  # never started: its descriptor is ours again
             self._put_fd(wait.fd)
             return
-        with wait.lock:
+        with wait.guard:
             wait.abandoned = True
             slot, wait.slot = wait.slot, None
+            if wait.seat is not None and not wait.seat_left:
+                # Locks belong to the descriptor, not the thread: any thread may let go.
+                self._header.queue(wait.seat, None)
+                _unlock(wait.fd, _SEAT0 + wait.seat)
+                wait.seat_left = True
         if slot is not None:  # it came just as the caller gave up
             self.release(slot)
 
-    def _take_seat(self, fd: int) -> int:
+    def _take_seat(self, fd: int, wait: _Wait | None) -> int:
         seats = self._header.max_waiting
         for k in range(seats):  # each process starts elsewhere: fewer seats found taken
             seat = (self._next + k) % seats
             if _lock(fd, _SEAT0 + seat, wait=False):
+                if wait is not None:
+                    with wait.guard:
+                        wait.seat = seat
                 return seat
         _lock(fd, _MUTEX, wait=True)
         try:
@@ -339,6 +450,26 @@ class SharedSlots:
             "larger max_waiting",
             model=self.name,
         )
+
+    def _record(self, seat: int, slot: int | None, wait: _Wait | None) -> bool:
+        """Records the slot ``seat`` queues on, unless its caller gave the seat up."""
+        if wait is None:
+            self._header.queue(seat, slot)
+            return True
+        with wait.guard:
+            if wait.seat_left:
+                return False
+            self._header.queue(seat, slot)
+            return True
+
+    def _leave_seat(self, fd: int, seat: int, wait: _Wait | None) -> None:
+        if wait is not None:
+            with wait.guard:
+                if wait.seat_left:
+                    return
+                wait.seat_left = True
+        self._header.queue(seat, None)
+        _unlock(fd, _SEAT0 + seat)
 
     def _pick(self) -> int:
         """The slot with the fewest callers queued, among those not quarantined."""
@@ -364,11 +495,9 @@ class SharedSlots:
         if self._check_dead_holder(slot, now) or self._header.quarantined_until(slot) > now:
             _unlock(fd, slot)
             return False
-        with self._lock:
-            if self._closed:
-                closed = True
-            else:
-                closed = False
+        with self._mutex:
+            closed = self._closed
+            if not closed:
                 self._held[slot] = fd
         if closed:
             _unlock(fd, slot)
@@ -387,11 +516,17 @@ class SharedSlots:
     # ---------------------------------------------------------------- descriptors
 
     def _open_fd(self) -> int:
-        # A new open file description of the region's file: locks are per description.
-        return os.open(f"/proc/self/fd/{self._base_fd}", os.O_RDWR | os.O_CLOEXEC)
+        """A new open file description of the region's file (locks are per description)."""
+        with self._mutex:
+            base = self._base_fd
+            if base < 0:
+                raise ClientClosedError(
+                    f"the slot pool of {self.name!r} is closed", model=self.name
+                )
+            return os.open(f"/proc/self/fd/{base}", os.O_RDWR | os.O_CLOEXEC)
 
     def _take_fd(self) -> int:
-        with self._lock:
+        with self._mutex:
             if self._closed:
                 raise ClientClosedError(
                     f"the slot pool of {self.name!r} is closed", model=self.name
@@ -401,7 +536,7 @@ class SharedSlots:
         return self._open_fd()
 
     def _discard_fd(self, fd: int) -> None:
-        with self._lock:
+        with self._mutex:
             for slot in [s for s, held in self._held.items() if held == fd]:
                 del self._held[slot]
             if not self._held:
@@ -409,11 +544,25 @@ class SharedSlots:
         os.close(fd)
 
     def _put_fd(self, fd: int) -> None:
-        with self._lock:
+        with self._mutex:
             if not self._closed:
                 self._free_fds.append(fd)
                 return
         os.close(fd)
+
+    def _forget_after_fork(self) -> None:
+        """In a forked child: closes every inherited descriptor, and refuses callers."""
+        fds = [self._base_fd, *self._free_fds, *self._held.values()]
+        self._mutex = threading.Lock()
+        self._all_back = threading.Condition(self._mutex)
+        self._base_fd, self._free_fds, self._held = -1, [], {}
+        self._waiting, self._closed = 0, True
+        for fd in set(fds):
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass  # a wait thread's descriptor, already gone
 
     def _timeout(self, timeout_s: float | None) -> SlotTimeoutError:
         return SlotTimeoutError(

@@ -209,3 +209,82 @@ def test_waiting_callers_are_served_fairly(make_region) -> None:  # type: ignore
     mean = sum(counts) / len(counts)
     assert min(counts) >= mean / 2, counts
     assert region.header.totals().waits > 0  # they did contend
+
+
+def test_a_killed_waiter_hides_no_free_slot(make_region) -> None:  # type: ignore[no-untyped-def]
+    """Its seat still names the slot it queued on; the next caller finds it dead and takes the
+    slot, with no sweep."""
+    region = make_region(2)
+    holder = _child(region, "held = [slots.acquire(), slots.acquire()]")
+    waiter = _child(
+        region,
+        "import threading\nthreading.Thread(target=slots.acquire, daemon=True).start()\n"
+        "time.sleep(0.3)",
+    )
+    assert sum(region.header.queued()) == 1
+    _kill(waiter)
+    _kill(holder)  # both slots free; one still looks queued for
+    taken = {region.slots.acquire(1.0), region.slots.acquire(1.0)}
+    assert taken == {0, 1} and sum(region.header.queued()) == 0
+    for slot in taken:
+        region.slots.release(slot)
+
+
+def test_a_caller_that_gives_up_frees_its_seat_at_once(make_region) -> None:  # type: ignore[no-untyped-def]
+    region = make_region(1, max_waiting=2)
+    held = region.slots.acquire()
+    for _ in range(3):  # more timed-out waits than seats: none is refused as overloaded
+        with pytest.raises(SlotTimeoutError):
+            region.slots.acquire(0.05)
+    assert region.slots.node_stats().waiting == 0 and region.header.overloads == 0
+    region.slots.release(held)
+    # The given-up waits pass the slot on as it reaches them; then it is free.
+    slot = region.slots.acquire(5.0)
+    region.slots.release(slot)
+    assert region.slots.stats().in_use == 0
+
+
+def test_a_forked_child_never_takes_its_parents_slots(make_region) -> None:  # type: ignore[no-untyped-def]
+    region = make_region(1)
+    held = region.slots.acquire()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its inherited descriptors are closed, the pool refuses it
+        os.close(read)
+        try:
+            region.slots.try_acquire()
+            answer = b"took it"
+        except Exception as exc:
+            answer = type(exc).__name__.encode()
+        os.write(write, answer)
+        os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    assert os.read(read, 100) == b"ClientClosedError"
+    os.close(read)
+    # The parent still holds its slot: the child closing its copies dropped no lock.
+    assert region.slots.node_stats().in_use == 1
+    region.slots.release(held)
+
+
+def test_threads_of_one_process_share_slots_with_no_slot_lost(make_region) -> None:  # type: ignore[no-untyped-def]
+    import threading
+
+    region = make_region(2)
+    errors: list[BaseException] = []
+
+    def loop() -> None:
+        try:
+            for _ in range(300):
+                slot = region.slots.acquire(10.0)
+                region.slots.release(slot)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=loop) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert region.slots.stats().in_use == 0 and region.slots.node_stats().in_use == 0

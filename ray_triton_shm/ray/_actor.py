@@ -26,6 +26,7 @@ any Ray task, so a Ray cancellation never reaches them (see :mod:`._control`).
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -58,6 +59,8 @@ __all__ = [
     "get_node_actor",
 ]
 
+logger = logging.getLogger(__name__)
+
 #: Ray namespace of the node actors.
 NAMESPACE = "ray_triton_shm"
 #: Environment variable with the Triton gRPC address of a node (read on that node).
@@ -76,15 +79,15 @@ class NodeActorConfig:
     Attributes:
         url: Triton's gRPC address; ``None`` reads ``$RAY_TRITON_SHM_URL`` on the actor's node,
             then falls back to ``localhost:8001``.
-        slots: The default ``pool_size`` of each model (requests in flight on the node for it),
-            and the most by-value calls running at once.
+        slots: The default ``pool_size`` of each model (requests in flight on the node for it,
+            by-value calls included).
         max_waiting: Callers that may wait for a slot of one model on the node; past it,
             :class:`OverloadedError`.
         sweep_interval_s: How often the actor looks for callers that died holding a slot or
             waiting for one, and updates the Ray metrics.
-        quarantine_s: How long a slot whose holder died stays out of use, counted from when
-            the holder took it: the request it left in Triton may still write into the slot
-            until Triton is done with it. Set it above the model's longest queue and compute
+        quarantine_s: How long a slot whose holder died mid-request stays out of use, counted
+            from when the request was sent: Triton may still write its outputs into the slot
+            until it is done with it. Set it above the model's longest queue and compute
             time.
         reconnect_timeout_s: How long the actor's registrations wait for Triton while it is
             unreachable (restarting); by-value calls wait as long as their caller says.
@@ -140,12 +143,13 @@ class NodeStats:
         shm_capacity: Size of the node's ``/dev/shm``.
         models: Per model, over every process of the node: ``slots``, ``in_use`` (slots held
             now), ``waiting`` (callers queued for a slot), ``quarantined`` (slots of callers that
-            died mid-request, free again ``quarantine_s`` after they took them), ``overloads``
-            (callers refused past ``max_waiting``), ``shm_bytes`` (the region's size in
-            ``/dev/shm``), ``by_value`` (calls the actor served by value), ``wait_p99_us`` (the
-            99th percentile of the waits for a slot, among requests that waited), and the
-            counters ``requests``, ``samples``, ``bytes_in``, ``bytes_out``, ``errors``,
-            ``waits`` (requests that waited for a slot) and ``wait_ns`` (their total wait).
+            died mid-request, free again ``quarantine_s`` after their request was sent),
+            ``overloads`` (callers refused past ``max_waiting``), ``shm_bytes`` (the region's
+            size in ``/dev/shm``), ``by_value`` (calls the actor served by value),
+            ``wait_p99_us`` (the 99th percentile of the waits for a slot, among requests that
+            waited), and the counters ``requests``, ``samples``, ``bytes_in``, ``bytes_out``,
+            ``errors``, ``waits`` (requests that waited for a slot) and ``wait_ns`` (their
+            total wait).
     """
 
     node_id: str
@@ -353,8 +357,10 @@ class TritonNodeActor:
                 try:
                     pool = self._client._pool(name)
                     self._metrics.export(name, pool, _node_slot_stats(pool))
-                except (TritonSHMError, OSError):
+                except TritonSHMError:
                     continue  # unregistered meanwhile
+                except Exception:  # the next round tries again; never end the thread
+                    logger.exception("ray-triton-shm: housekeeping of model %r failed", name)
 
 
 def _node_slot_stats(pool: ModelPool) -> NodeSlotStats:
@@ -452,7 +458,7 @@ def get_node_actor(
     Args:
         url: Triton's gRPC address on that node; ``None`` reads ``$RAY_TRITON_SHM_URL`` on
             the node, then uses ``localhost:8001``.
-        slots: The default pool size of each model, and the most by-value calls at once.
+        slots: The default pool size of each model (requests in flight on the node for it).
         max_waiting: Callers that may wait for a slot of one model before
             :class:`OverloadedError`.
         quarantine_s: How long a slot whose holder died mid-request stays out of use (see

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -25,7 +26,7 @@ from ray.exceptions import RayActorError
 
 from .._client import TritonSHMClient
 from .._defaults import DEFAULT_RECONNECT_TIMEOUT_S
-from .._exceptions import StaleLeaseError
+from .._exceptions import ClientClosedError, StaleLeaseError
 from .._header import RegionHeader
 from .._headers import headers_from_env, normalize
 from .._inputs import InputValue
@@ -61,6 +62,7 @@ class _Binding:
         self.registration = registration
         self.reconnect_timeout_s = reconnect_timeout_s
         self.headers = headers
+        self.pid = os.getpid()
         self.spec: ModelSpec = registration.spec
         self.client: TritonSHMClient | None = None
         if zero_copy:
@@ -75,14 +77,19 @@ class _Binding:
             except OSError:
                 region.close()
                 return
-            client = TritonSHMClient(
-                url=registration.url,
-                crash_cleanup=False,
-                reconnect_timeout_s=reconnect_timeout_s,
-                headers=headers,
-                **client_options,
-            )
-            client._attach_pool(self.spec, region, slots, count, self._ensure_registered)
+            try:
+                client = TritonSHMClient(
+                    url=registration.url,
+                    crash_cleanup=False,
+                    reconnect_timeout_s=reconnect_timeout_s,
+                    headers=headers,
+                    **client_options,
+                )
+                client._attach_pool(self.spec, region, slots, count, self._ensure_registered)
+            except BaseException:
+                slots.close(wait_s=0)
+                region.close()
+                raise
             self.client = client
 
     def _ensure_registered(self) -> None:
@@ -211,9 +218,11 @@ class ShmModel:
 
     def _bind(self) -> _Binding:
         binding = self._binding
-        if binding is not None:
+        if binding is not None and binding.pid == os.getpid():
             return binding
         with self._bind_lock:
+            if self._binding is not None and self._binding.pid != os.getpid():
+                self._binding = None  # a forked child: the parent's binding is not its own
             if self._binding is None:
                 actor, registration = self._register()
                 same_node = registration.node_id == ray.get_runtime_context().get_node_id()
@@ -293,6 +302,10 @@ class ShmModel:
             return binding.infer(inputs, self._slot_timeout_s)  # type: ignore[no-any-return]
         except _REBIND_ON:
             self._rebind(binding)  # the node actor restarted: a new region
+        except ClientClosedError:
+            if self._binding is binding:
+                raise
+            # Another call rebound meanwhile and closed the binding this one waited on.
         return self._bind().infer(inputs, self._slot_timeout_s)  # type: ignore[no-any-return]
 
     async def infer_async(self, inputs: Mapping[str, InputValue]) -> dict[str, np.ndarray]:
@@ -305,6 +318,9 @@ class ShmModel:
             return await binding.infer_async(inputs, self._slot_timeout_s)  # type: ignore[no-any-return]
         except _REBIND_ON:
             self._rebind(binding)
+        except ClientClosedError:
+            if self._binding is binding:
+                raise
         binding = await self._bind_async()
         return await binding.infer_async(inputs, self._slot_timeout_s)  # type: ignore[no-any-return]
 

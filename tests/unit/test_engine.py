@@ -8,6 +8,7 @@ step, or an error in one chunk while others are in flight.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -159,9 +160,13 @@ def test_one_chunk_is_answered_without_a_future_and_its_slot_freed_on_error(
     triton = ScriptedTriton(pool)
     np.testing.assert_array_equal(_infer(triton, rows=2)["Y"], [[0, 1], [2, 3]])
     assert [step for step, _ in triton.log] == [Step.SLOT, Step.ANSWER]
+    pool.header.configure(max_waiting=0, quarantine_s=30)
     with pytest.raises(KeyboardInterrupt):
         _infer(ScriptedTriton(pool, fail_at_answer=1, raise_=KeyboardInterrupt), rows=1)
-    assert pool.slots.stats().in_use == 0  # never sent as a future: nothing can write into it
+    # Interrupted mid-call, with no future to wait for: Triton may still write into the slot,
+    # which is quarantined for the processes sharing the region.
+    assert pool.slots.stats().in_use == 0
+    assert pool.header.quarantined(time.monotonic_ns()) == 1
 
 
 class _RpcError(grpc.RpcError):
@@ -182,11 +187,24 @@ MISSING = _RpcError(grpc.StatusCode.INVALID_ARGUMENT, "Unable to find shared mem
 
 
 def test_a_restart_is_waited_out_and_the_chunk_sent_again(pool: ModelPool) -> None:
-    triton = ScriptedTriton(pool, fail_at_answer=1, raise_=UNAVAILABLE)
+    class Stamps(ScriptedTriton):
+        """Notes when the slot was last marked sent, at each answer."""
+
+        stamps: list[int] = []
+
+        def __call__(self, step: Step, arg: Any) -> Any:
+            if step is Step.ANSWER:
+                self.stamps.append(self.pool.header.busy_since(arg.slot))
+                time.sleep(0.001)
+            return super().__call__(step, arg)
+
+    triton = Stamps(pool, fail_at_answer=1, raise_=UNAVAILABLE)
     np.testing.assert_array_equal(_infer(triton, rows=2)["Y"], [[0, 1], [2, 3]])
     steps = [step for step, _ in triton.log]
     assert steps == [Step.SLOT, Step.ANSWER, Step.RECONNECT, Step.SEND, Step.ANSWER]
     assert pool.slots.stats().in_use == 0
+    # Sent again: a quarantine would count from the second send, not the first.
+    assert 0 < triton.stamps[0] < triton.stamps[1]
 
 
 def test_a_forgotten_region_is_registered_again_once_per_chunk(pool: ModelPool) -> None:
