@@ -4,7 +4,8 @@ Subcommands:
 
 * ``setup-server``: create the private Triton server environment;
 * ``serve-local``: run the embedded Triton server with the example models until Ctrl-C;
-* ``bench``: the shm client against plain gRPC/HTTP and hand-written shm;
+* ``bench``: a concurrency sweep of shared memory against plain gRPC (and HTTP, shm by hand,
+  Ray), with latency percentiles and a pool-size recommendation, for any model;
 * ``status`` / ``reclaim``: show / reclaim shared-memory regions left behind.
 
 Heavy modules are imported only by the subcommand that needs them, so ``--help`` is fast.
@@ -418,10 +419,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "bench",
-        help="benchmark the shm client against gRPC, HTTP and hand-written shm",
-        description="Run every example model through plain gRPC, HTTP (binary), "
-        "tritonclient's shm utilities by hand, TritonSHMClient.infer_shm and a memcpy floor, "
-        "side by side in interleaved rounds, then print a table and the goals.",
+        help="does shared memory help a model, and how many slots should it get?",
+        description="Run models (any on a running Triton: --url, --models; by default the "
+        "example models on the embedded one) through plain gRPC and TritonSHMClient at each "
+        "--concurrency level (with --ray: ShmModel from caller processes, Serve and Ray Data), "
+        "beside HTTP, tritonclient's shm utilities by hand and a memcpy floor; print requests/s, "
+        "latency percentiles and CPU, the goals, and the pool_size recommended per model.",
     )
     from ray_triton_shm._bench import add_arguments as add_bench_arguments
 

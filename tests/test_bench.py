@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -19,22 +20,27 @@ from rich.console import Console
 
 from ray_triton_shm._bench import _paths as bench_paths
 from ray_triton_shm._bench import _ray_paths, _runner
-from ray_triton_shm._bench._cases import CASES
+from ray_triton_shm._bench._cases import ModelCase
 from ray_triton_shm._bench._config import (
     CASE_NAMES,
     DEFAULT_PATHS,
     DEFAULT_RAY_CALLERS,
+    EXAMPLE_CASES,
     RAY_PATHS,
     BenchConfig,
+    CaseSpec,
 )
 from ray_triton_shm._bench._paths import BenchPath, SkipPath
 from ray_triton_shm._bench._report import num, print_results, write_plot
-from ray_triton_shm._bench._runner import BenchResults, run_bench
+from ray_triton_shm._bench._runner import BenchResults, ModelResult, RunResult, run_bench
 from ray_triton_shm._cli import main
+from ray_triton_shm._specs import TensorSpec
 from ray_triton_shm.local._server import LocalTritonServer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHM_DIR = Path("/dev/shm")
+#: The keys every run of the JSON output has (the issue's contract).
+RUN_KEYS = {"model", "path", "concurrency", "requests_per_s", "samples_per_s", "mb_per_s"}
 
 
 def _env() -> dict[str, str]:
@@ -49,19 +55,12 @@ def _regions_of(pid: int) -> list[str]:
     return sorted(p.name for p in SHM_DIR.iterdir() if p.name.startswith(prefixes))
 
 
-def _bench_cmd(triton: LocalTritonServer, *extra: str, progress: bool = False) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "ray_triton_shm",
-        "bench",
-        "--url",
-        triton.grpc_url,
-        "--http-url",
-        triton.http_url,
-        *(() if progress else ("--no-progress",)),
-        *extra,
-    ]
+def _bench(triton: LocalTritonServer, *extra: str) -> subprocess.Popen[str]:
+    command = [sys.executable, "-m", "ray_triton_shm", "bench", "--url", triton.grpc_url]
+    command += ["--http-url", triton.http_url, *extra]
+    return subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env()
+    )
 
 
 def _printed(results: BenchResults) -> str:
@@ -71,77 +70,181 @@ def _printed(results: BenchResults) -> str:
     return out.getvalue()
 
 
+def _check_contract(data: dict[str, Any], models: set[str]) -> None:
+    """The JSON contract of the issue: runs with throughput and ordered percentiles, and a
+    recommendation per model."""
+    assert {run["model"] for run in data["runs"]} == models
+    for run in data["runs"]:
+        where = f"{run['model']}/{run['path']}@{run['concurrency']}"
+        assert set(run) >= RUN_KEYS, where
+        assert isinstance(run["concurrency"], int) and run["concurrency"] >= 1, where
+        for key in ("requests_per_s", "samples_per_s", "mb_per_s"):
+            assert isinstance(run[key], float) and run[key] > 0, (where, key)
+        latency = run["latency_ms"]
+        assert 0 < latency["p50"] <= latency["p90"] <= latency["p99"], (where, latency)
+    assert set(data["recommendations"]) == models
+    for model, rec in data["recommendations"].items():
+        assert isinstance(rec["pool_size"], int) and rec["pool_size"] >= 1, model
+        assert isinstance(rec["shm_vs_grpc"], float) and rec["shm_vs_grpc"] > 0, model
+        assert isinstance(rec["shm_bytes"], int) and rec["shm_bytes"] > 0, model
+
+
 def test_bench_quick_json_has_every_model_and_path(
     triton: LocalTritonServer, tmp_path: Path
 ) -> None:
     json_path = tmp_path / "out" / "bench.json"
     plot_path = tmp_path / "out" / "bench.png"
     registered_before = registered_on(triton.grpc_url)
-    proc = subprocess.Popen(
-        _bench_cmd(
-            triton, "--quick", "--json", str(json_path), "--plot", str(plot_path), progress=True
-        ),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=_env(),
-    )
+    proc = _bench(triton, "--quick", "--json", str(json_path), "--plot", str(plot_path))
     stdout, stderr = proc.communicate(timeout=600)
     assert proc.returncode == 0, f"stdout:\n{stdout}\nstderr:\n{stderr}"
 
     data = json.loads(json_path.read_text())
-    assert set(data["models"]) == set(CASES)
-    for model, entry in data["models"].items():
-        strings = CASES[model].has_bytes
-        assert entry["input_bytes_per_request"] == CASES[model].input_nbytes
-        assert set(entry["paths"]) == set(DEFAULT_PATHS), model
-        for path, result in entry["paths"].items():
-            where = f"{model}/{path}"
-            if strings and path == "memcpy":
-                assert result["skipped"] == "BYTES tensors have no fixed-size bytes to copy"
-                continue
-            assert result["ok"] and result["verified"], (where, result)
-            assert result["error"] is None and result["skipped"] is None, where
-            assert result["requests"] > 0, where
-            for key in ("mb_per_s", "requests_per_s", "cpu_s_per_gb", "wall_s"):
-                assert result[key] is not None and result[key] > 0, (where, key, result[key])
-            assert len(result["slices"]) == data["config"]["rounds"], where
-        ratios = entry["ratios"]
-        assert ratios["shm_client_vs_grpc_mb_per_s"] > 0
-        assert strings or ratios["shm_client_vs_memcpy_cpu_s_per_gb"] > 0
-    goals = {(g["model"], g["kind"]): g for g in data["goals"]}
-    assert len(goals) == 8
-    assert all(g["value"] is not None and isinstance(g["met"], bool) for g in goals.values())
+    _check_contract(data, set(CASE_NAMES))
+    runs = {(run["model"], run["path"], run["concurrency"]) for run in data["runs"]}
+    for model in CASE_NAMES:
+        strings = "upper" in model
+        expected = {p for p in DEFAULT_PATHS if not (strings and p == "memcpy")}
+        assert {path for m, path, level in runs if m == model and level == 1} == expected
+        assert {path for m, path, level in runs if m == model and level == 4} == {
+            "grpc",
+            "shm-client",
+        }
+        skipped = data["models"][model]["skipped"]
+        assert skipped == (
+            {"memcpy@1": "BYTES tensors have no fixed-size bytes to copy"} if strings else {}
+        )
+    assert len(data["goals"]) == 8
+    assert all(g["value"] is not None and isinstance(g["met"], bool) for g in data["goals"])
     assert data["failures"] == []
 
-    assert "shm-client" in stdout and "Goals" in stdout
-    # Not a terminal: plain text, and the progress bar draws nothing.
+    assert "shm-client (4 callers)" in stdout and "Goals" in stdout
+    assert "Recommendation" in stdout and "identity: pool_size" in stdout
+    # Not a terminal: plain text, the progress as a line per stage, no bar.
     assert "\x1b" not in stdout + stderr and "\r" not in stdout + stderr
-    assert "%" not in stderr
+    assert "bench 00:" in stderr and "identity: grpc (1 caller)" in stderr and "%" not in stderr
     assert plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     assert _regions_of(proc.pid) == []
     assert registered_on(triton.grpc_url) - registered_before == set()
 
 
-def test_bench_ctrl_c_cleans_up(triton: LocalTritonServer, tmp_path: Path) -> None:
+def test_bench_runs_models_it_has_never_seen(triton: LocalTritonServer, tmp_path: Path) -> None:
+    """Models from the configuration alone: several inputs and outputs, -1 dims, BYTES (test
+    model mixed_io), and a model that does not batch (add_nobatch)."""
+    json_path, plot_path = tmp_path / "out.json", tmp_path / "out.png"
+    proc = _bench(
+        triton,
+        *("--models", "mixed_io", "add_nobatch", "--shape", "mixed_io:PIXELS=3,8"),
+        *("--max-element-bytes", "NAME=32", "--concurrency", "1", "4", "--quick"),
+        *("--json", str(json_path), "--plot", str(plot_path)),
+    )
+    stdout, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 0, f"stdout:\n{stdout}\nstderr:\n{stderr}"
+
+    data = json.loads(json_path.read_text())
+    _check_contract(data, {"mixed_io", "add_nobatch"})
+    paths = {(run["model"], run["path"], run["concurrency"]) for run in data["runs"]}
+    for model in ("mixed_io", "add_nobatch"):
+        assert {(model, "grpc", 4), (model, "shm-client", 4), (model, "shm-manual", 1)} <= paths
+    mixed = next(r for r in data["runs"] if r["model"] == "mixed_io" and r["path"] == "grpc")
+    assert mixed["samples_per_s"] == pytest.approx(4 * mixed["requests_per_s"])  # its batch
+    # 3 x 8 floats, 5 int64s and a 32-byte name per sample.
+    assert data["models"]["mixed_io"]["skipped"]["memcpy@1"].startswith("BYTES")
+    assert plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "mixed_io: model mixed_io, 4 samples per request" in stdout
+
+
+def test_a_model_config_drives_the_case(triton: LocalTritonServer) -> None:
+    import tritonclient.grpc as grpcclient
+
+    with grpcclient.InferenceServerClient(triton.grpc_url) as client:
+        config = client.get_model_config("mixed_io", as_json=True)["config"]
+    with pytest.raises(ValueError, match=r"--shape PIXELS=8,8"):
+        ModelCase.from_config(CaseSpec("mixed_io"), config)
+    with pytest.raises(ValueError, match="exceeds its max_batch_size"):
+        ModelCase.from_config(CaseSpec("mixed_io", batch=5, shapes={"PIXELS": (2, 8)}), config)
+    with pytest.raises(ValueError, match="does not fit"):
+        ModelCase.from_config(CaseSpec("mixed_io", shapes={"PIXELS": (2, 7)}), config)
+
+    case = ModelCase.from_config(CaseSpec("mixed_io", shapes={"PIXELS": (2, 8)}), config)
+    inputs = case.make_inputs(seed=1)
+    assert {n: (a.shape, a.dtype.kind) for n, a in inputs.items()} == {
+        "PIXELS": ((4, 2, 8), "f"),
+        "IDS": ((4, 5), "i"),
+        "NAME": ((4, 1), "O"),
+    }
+    assert {len(name) for name in inputs["NAME"].flat} == {128}  # the default length
+    reference = bench_paths.infer(grpcclient.InferenceServerClient(triton.grpc_url), case, inputs)
+    case = case.with_reference(reference)
+    registration = case.registration(2)
+    assert registration["max_shapes"] == {"PIXELS": (2, 8), "POSITIVE": (2, 8)}
+    # GREETING is "hello " + NAME: its room comes from the answer.
+    assert registration["max_element_bytes"] == {"NAME": 128, "GREETING": 134}
+    assert case.input_nbytes == 4 * (2 * 8 * 4 + 5 * 8 + 128)
+
+
+def test_cases_take_the_command_lines_options_by_model() -> None:
+    config = BenchConfig(
+        shapes={"INPUT0": (32,), "mixed_io:PIXELS": (2, 8), "other:PIXELS": (9, 8)},
+        max_element_bytes={"TEXT": 10, "upper:TEXT": 20},
+        batch=2,
+    )
+    assert config.case("identity").shapes == {"INPUT0": (32,)}  # over the preset's (16,)
+    assert config.case("mixed_io").shapes == {"INPUT0": (32,), "PIXELS": (2, 8)}
+    upper = config.case("upper-short")
+    assert (upper.model, upper.batch, upper.max_element_bytes) == ("upper", 2, {"TEXT": 20})
+    assert BenchConfig().case("classifier-1") == EXAMPLE_CASES["classifier-1"]
+
+
+def test_the_runs_are_grouped_by_level() -> None:
+    groups = _runner.run_groups(
+        BenchConfig(paths=(*DEFAULT_PATHS, *RAY_PATHS), concurrency=(2, 16), ray_callers=3)
+    )
+    assert groups == [
+        [("http", 1, None), ("shm-manual", 1, None), ("memcpy", 1, None)],
+        [("grpc", 2, None), ("shm-client", 2, 2), ("shm-model", 2, 2), ("grpc-procs", 2, None)],
+        [
+            ("grpc", 16, None),
+            ("shm-client", 16, 16),
+            ("shm-model", 16, 16),
+            ("grpc-procs", 16, None),
+        ],
+        [(p, 3, None) for p in RAY_PATHS if p.startswith(("serve", "data"))],
+        [("shm-model", 16, 4)],  # 16 gRPC caller processes were swept already
+    ]
+    without = BenchConfig(paths=("grpc", "shm-model"), concurrency=(1,), node_load=False)
+    assert _runner.run_groups(without) == [[("grpc", 1, None), ("shm-model", 1, 1)]]
+
+
+def _run(path: str, level: int, slots: int | None, rate: float, **extra: Any) -> RunResult:
+    """A run of ``rate`` requests per second (in a second), of 4 bytes each."""
+    case = ModelCase("m", "m", 1, True, (TensorSpec("x", (1,), np.dtype(np.float32)),), ())
+    run = RunResult(path, level, slots, case, verified=True, extra=extra)
+    run.add(1.0, 0.1, None, [[0.001] * int(rate / level)] * level)
+    return run
+
+
+def test_the_recommendation_is_the_fewest_slots_near_the_best() -> None:
+    model = ModelResult("m", runs=[
+        _run("grpc", 1, None, 100), _run("shm-client", 1, 1, 150, shm_bytes=10),
+        _run("grpc", 4, None, 200), _run("shm-client", 4, 4, 392, shm_bytes=40),
+        _run("shm-model", 8, 8, 400, shm_bytes=80), _run("shm-model", 16, 4, 1000),
+    ])  # fmt: skip
+    rec = model.recommendation()
+    assert rec is not None
+    # 392 is 98% of 400 (16 callers on 4 slots is not a pool of 16).
+    assert (rec["pool_size"], rec["path"], rec["shm_bytes"]) == (4, "shm-client", 40)
+    assert rec["shm_vs_grpc"] == pytest.approx(392 / 200)
+    assert ModelResult("m", runs=[_run("grpc", 1, None, 100)]).recommendation() is None
+
+
+def test_bench_ctrl_c_cleans_up(triton: LocalTritonServer) -> None:
     registered_before = registered_on(triton.grpc_url)
-    proc = subprocess.Popen(
-        _bench_cmd(
-            triton,
-            "--models",
-            "classifier",
-            "--paths",
-            "shm-manual",
-            "shm-client",
-            "--rounds",
-            "1000",
-            "--no-plot",
-        ),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=_env(),
+    proc = _bench(
+        triton,
+        *("--models", "classifier", "--paths", "shm-manual", "shm-client"),
+        *("--rounds", "1000", "--no-plot"),
     )
     try:
         deadline = time.monotonic() + 120
@@ -167,8 +270,7 @@ def test_bench_ctrl_c_cleans_up(triton: LocalTritonServer, tmp_path: Path) -> No
 class _WrongOutputs(BenchPath):
     """A broken path: fast, but returns zeros."""
 
-    name = "test-wrong-outputs"
-    label = "broken"
+    name, label = "test-wrong-outputs", "broken"
 
     def setup(self) -> None:
         self._zeros = {n: np.zeros_like(a) for n, a in self.reference.items()}
@@ -176,22 +278,12 @@ class _WrongOutputs(BenchPath):
     def run_once(self) -> Mapping[str, np.ndarray]:
         return self._zeros
 
-    def teardown(self) -> None:
-        pass
-
 
 class _Unavailable(BenchPath):
-    name = "test-unavailable"
-    label = "unavailable"
+    name, label = "test-unavailable", "unavailable"
 
     def setup(self) -> None:
         raise SkipPath("not here")
-
-    def run_once(self) -> Mapping[str, np.ndarray]:
-        raise AssertionError("never run")
-
-    def teardown(self) -> None:
-        pass
 
 
 def test_a_wrong_path_posts_no_numbers(
@@ -202,6 +294,7 @@ def test_a_wrong_path_posts_no_numbers(
     config = BenchConfig(
         models=("classifier",),
         paths=("grpc", _WrongOutputs.name, _Unavailable.name, "memcpy"),
+        concurrency=(1,),
         rounds=2,
         slice_s=0.05,
         warmup_requests=1,
@@ -209,54 +302,50 @@ def test_a_wrong_path_posts_no_numbers(
     )
     results = run_bench(config)
     (model,) = results.models
-    wrong = model.paths[_WrongOutputs.name]
-    assert not wrong.verified and not wrong.ok
+    wrong, unavailable = model.run(_WrongOutputs.name), model.run(_Unavailable.name)
+    assert wrong is not None and unavailable is not None
+    assert not wrong.verified and not wrong.ok and wrong.numbers() == {}
     assert wrong.error is not None and "differ" in wrong.error
-    assert wrong.mb_per_s is None and wrong.slices == []
-    assert model.paths[_Unavailable.name].skipped == "not here"
-    assert model.paths["grpc"].ok and model.paths["memcpy"].ok
-    assert results.failures == [f"classifier/{_WrongOutputs.name}: {wrong.error}"]
+    assert unavailable.skipped == "not here"
+    assert all(model.run(p).ok for p in ("grpc", "memcpy"))  # type: ignore[union-attr]
+    assert results.failures == [f"classifier/{_WrongOutputs.name} (1 caller): {wrong.error}"]
+    assert {run["path"] for run in results.to_dict()["runs"]} == {"grpc", "memcpy"}
     printed = _printed(results)
     assert f"FAILED: {wrong.error}" in printed and "skipped: not here" in printed
-    # Goals about the shm client are reported as not measured, not as met or missed.
-    goal_lines = [line for line in printed.splitlines() if "not measured" in line]
-    assert goal_lines and all(line.startswith("n/a") for line in goal_lines)
-    assert all(g.met is None for g in results.goals())
+    # No goal is about these paths: none is listed.
+    assert results.goals() == [] and "Goals" not in printed
 
 
 def test_bench_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["bench", "--models", "no_such_model", "--url", "x:1"]) == 2
-    assert "unknown model" in capsys.readouterr().err
     assert main(["bench", "--paths", "carrier-pigeon", "--url", "x:1"]) == 2
     assert "unknown path" in capsys.readouterr().err
     assert main(["bench", "--ray", "--ray-callers", "0", "--url", "x:1"]) == 2
     assert "--ray-callers must be at least 1" in capsys.readouterr().err
+    assert main(["bench", "--concurrency", "1", "0", "--url", "x:1"]) == 2
+    assert "--concurrency must be at least 1" in capsys.readouterr().err
+    for bad in ("INPUT0", "INPUT0=", "INPUT0=4,x", "INPUT0=0"):
+        assert main(["bench", "--shape", bad, "--url", "x:1"]) == 2
+        assert "--shape takes [MODEL:]TENSOR=D1,D2,..." in capsys.readouterr().err
+    assert main(["bench", "--max-element-bytes", "TEXT=4,4", "--url", "x:1"]) == 2
+    assert "--max-element-bytes takes [MODEL:]TENSOR=N" in capsys.readouterr().err
     assert main(["bench", "--rounds", "0", "--url", "x:1"]) == 2
     assert main(["bench", "--http-url", "x:2"]) == 2
     assert main(["bench", "--rounds", "many"]) == 2
 
 
-def test_bench_unreachable_server_fails_cleanly(capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(
-        [
-            "bench",
-            "--quick",
-            "--models",
-            "identity",
-            "--paths",
-            "grpc",
-            "--url",
-            "127.0.0.1:1",
-            "--no-plot",
-            "--no-progress",
-        ]
-    )
-    assert code == 1
-    assert "reference gRPC request failed" in capsys.readouterr().err
+def test_bench_unreachable_server_or_model_fails_cleanly(
+    triton: LocalTritonServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    options = ["--quick", "--paths", "grpc", "--no-plot", "--no-progress"]
+    assert main(["bench", "--models", "identity", "--url", "127.0.0.1:1", *options]) == 1
+    assert "identity: InferenceServerException" in capsys.readouterr().err
+    assert main(["bench", "--models", "no_such_model", "--url", triton.grpc_url, *options]) == 1
+    assert "no_such_model: InferenceServerException" in capsys.readouterr().err
+    assert main(["bench", "--models", "mixed_io", "--url", triton.grpc_url, *options]) == 1
+    assert "give its shape, e.g. --shape PIXELS=8,8" in capsys.readouterr().err
 
 
-def test_the_light_names_are_those_of_the_cases_and_paths() -> None:
-    assert tuple(CASES) == CASE_NAMES
+def test_the_light_names_are_those_of_the_paths() -> None:
     assert tuple(cls.name for cls in bench_paths.PATHS) == DEFAULT_PATHS
     assert tuple(cls.name for cls in _ray_paths.PATHS) == RAY_PATHS
     assert tuple(_runner.PATHS) == (*DEFAULT_PATHS, *RAY_PATHS)

@@ -40,21 +40,9 @@ def test_bench_ray_quick_json_has_every_ray_path_verified(
     regions_before = _our_regions()
     proc = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "ray_triton_shm",
-            "bench",
-            "--ray",
-            "--quick",
-            "--url",
-            triton.grpc_url,
-            "--no-progress",
-            "--no-plot",
-            "--json",
-            str(json_path),
-            "--models",
-            "identity",
-            DATA_CASE,
+            *(sys.executable, "-m", "ray_triton_shm", "bench", "--ray", "--quick"),
+            *("--url", triton.grpc_url, "--no-plot", "--json", str(json_path)),
+            *("--models", "identity", DATA_CASE, "--concurrency", "1", "4"),
         ],
         capture_output=True,
         text=True,
@@ -66,29 +54,36 @@ def test_bench_ray_quick_json_has_every_ray_path_verified(
     data = json.loads(json_path.read_text())
     assert data["config"]["ray_callers"] == 4
     assert data["failures"] == []
-    assert set(data["models"]) == {"identity", DATA_CASE}
-    for model, entry in data["models"].items():
-        expected = [p for p in DEFAULT_PATHS if p != "http"] + list(RAY_PATHS)
-        assert [p for p in entry["paths"] if p != "http"] == expected, model
-        for path in RAY_PATHS:
-            result = entry["paths"][path]
-            where = f"{model}/{path}"
-            if path.startswith("data-") and model != DATA_CASE:
-                assert result["skipped"] and not result["ok"], where
-                continue
-            assert result["ok"] and result["verified"], (where, result)
-            assert result["error"] is None and result["skipped"] is None, where
-            for key in ("mb_per_s", "requests_per_s", "cpu_s_per_gb"):
-                assert result[key] is not None and result[key] > 0, (where, key)
-            uses_actor = path in ("serve-shm", "data-shm")
-            assert (result["node_actor_cpu_us_per_request"] is not None) == uses_actor, where
-        ratios = entry["ratios"]
-        for key in ("serve_shm_vs_serve_grpc_mb_per_s", "serve_shm_vs_serve_inproc_mb_per_s"):
-            assert ratios[key] is not None and ratios[key] > 0, (model, key)
-    data_ratios = data["models"][DATA_CASE]["ratios"]
-    for key in ("data_shm_vs_data_grpc_mb_per_s", "data_shm_vs_data_noop_mb_per_s"):
-        assert data_ratios[key] is not None and data_ratios[key] > 0, key
-    ray_goals = [g for g in data["goals"] if g["kind"] in ("mbps_vs", "actor_cpu_us")]
+    runs = {(r["model"], r["path"], r["concurrency"], r["slots"]): r for r in data["runs"]}
+    for model in ("identity", DATA_CASE):
+        expected = {
+            (p, level)
+            for p in ("grpc", "shm-client", "shm-model", "grpc-procs")
+            for level in (1, 4)
+        }
+        expected |= {(p, 1) for p in DEFAULT_PATHS if p != "http"}
+        expected |= {(p, 4) for p in RAY_PATHS if p.startswith("serve")}
+        expected |= {(p, 4) for p in RAY_PATHS if p.startswith("data") and model == DATA_CASE}
+        expected |= {("shm-model", 16), ("grpc-procs", 16)}  # the node under load
+        assert {(path, level) for m, path, level, _ in runs if m == model} == expected, model
+        for level in (1, 4):
+            shm_model = runs[(model, "shm-model", level, level)]
+            assert shm_model["shm_bytes"] > 0 and shm_model["node_actor_cpu_us"] is not None
+            assert runs[(model, "shm-client", level, level)]["shm_bytes"] > 0
+        overloaded = runs[(model, "shm-model", 16, 4)]
+        # 16 callers on 4 slots wait for one; each of them completed requests.
+        assert overloaded["wait_p99_ms"] > 0 and 0 < overloaded["fairness"] <= 1
+        assert runs[(model, "grpc-procs", 16, None)]["fairness"] > 0
+        for path in ("serve-shm", "data-shm"):
+            if (model, path, 4, None) in runs:
+                assert runs[(model, path, 4, None)]["node_actor_cpu_us"] is not None, path
+        assert data["recommendations"][model]["pool_size"] in (1, 4)
+    assert data["models"]["identity"]["skipped"] == {
+        f"{path}@4": f"the Ray Data job runs on the {DATA_CASE} case"
+        for path in RAY_PATHS
+        if path.startswith("data")
+    }
+    ray_goals = [g for g in data["goals"] if not g["description"].startswith("shm-client")]
     assert {(g["model"], g["description"]) for g in ray_goals} == {
         ("identity", "serve-shm MB/s >= 1x serve-grpc"),
         ("identity", "serve-shm MB/s >= 0.95x serve-inproc"),
@@ -96,12 +91,25 @@ def test_bench_ray_quick_json_has_every_ray_path_verified(
         (DATA_CASE, "serve-shm MB/s >= 0.95x serve-inproc"),
         (DATA_CASE, "data-shm MB/s >= 0.95x data-noop"),
         (DATA_CASE, "data-shm MB/s >= 1x data-grpc"),
-        (DATA_CASE, "serve-shm: node actor CPU <= 58.5 us/request"),
-        (DATA_CASE, "data-shm: node actor CPU <= 58.5 us/request"),
+        (DATA_CASE, "serve-shm: node actor CPU us/request <= 58.5"),
+        (DATA_CASE, "data-shm: node actor CPU us/request <= 58.5"),
+        *(
+            (model, goal)
+            for model, target in (("identity", 0.85), (DATA_CASE, 4.5))
+            for goal in (
+                "shm-model (16 callers, 4 slots) MB/s >= 0.9x shm-model (4 callers)",
+                f"shm-model (16 callers, 4 slots) MB/s >= {target}x grpc-procs (16 callers)",
+                "shm-model (16 callers, 4 slots): fewest requests of a caller / mean >= 0.5",
+            )
+        ),
     }
     assert all(isinstance(g["met"], bool) for g in ray_goals)
 
-    assert "serve-shm / serve-grpc" in proc.stdout and "Ray paths" in proc.stdout
+    assert "serve-shm (4 callers)" in proc.stdout and "Recommendation" in proc.stdout
+    # Quiet: Ray's and Ray Data's logs stay out; a log gets a plain line per stage.
+    assert "INFO" not in proc.stdout + proc.stderr and "(raylet)" not in proc.stdout + proc.stderr
+    assert "deprecated" not in proc.stdout + proc.stderr
+    assert "bench 00:" in proc.stderr and "identity: serve-grpc (4 callers)" in proc.stderr
     # Ray, Serve, the callers and the node actor are gone, and so are their regions.
     assert registered_on(triton.grpc_url) - registered_before == set()
     # (Other processes on this machine may create regions meanwhile: only live owners.)
@@ -114,16 +122,23 @@ def test_bench_without_ray_has_no_ray_paths_or_goals(triton: LocalTritonServer) 
         BenchConfig(
             models=("identity",),
             paths=("grpc", "shm-client"),
+            concurrency=(1, 2),
             rounds=1,
             slice_s=0.05,
             warmup_requests=1,
             url=triton.grpc_url,
         )
     )
-    entry = results.to_dict()["models"]["identity"]
-    assert set(entry["paths"]) == {"grpc", "shm-client"}
-    assert not any(key.startswith(("serve", "data")) for key in entry["ratios"])
-    assert all(g["kind"] != "mbps_vs" for g in results.to_dict()["goals"])
+    data = results.to_dict()
+    assert {(r["path"], r["concurrency"]) for r in data["runs"]} == {
+        ("grpc", 1),
+        ("shm-client", 1),
+        ("grpc", 2),
+        ("shm-client", 2),
+    }
+    assert [g["description"] for g in data["goals"]] == [
+        "shm-client (1 caller) MB/s >= 1x grpc (1 caller)"
+    ]
 
 
 def test_status_ray_lists_node_actors_with_stats(triton: LocalTritonServer, ray_local: str) -> None:

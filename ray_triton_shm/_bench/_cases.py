@@ -1,192 +1,139 @@
-"""The workloads: one per example model, with the batch each request carries.
-
-The ``upper`` cases carry BYTES tensors: one text per sample, of ``element_bytes`` bytes.
+"""A model's workload, made from its configuration on the server: random inputs of each
+input's dtype and shape, and the outputs' shapes (and longest BYTES elements) as the server
+answers them, which size the slots of the shared-memory paths.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
-__all__ = ["CASES", "ModelCase", "TensorSpec"]
+from ray_triton_shm._bench._config import CaseSpec
+from ray_triton_shm._specs import TensorSpec, to_numpy_dtype
 
+__all__ = ["DEFAULT_ELEMENT_BYTES", "ModelCase"]
 
-@dataclasses.dataclass(frozen=True)
-class TensorSpec:
-    """One tensor of a request, per sample (without the batch dimension).
-
-    Attributes:
-        shape: The per-sample shape, all dimensions concrete.
-        dtype: The numpy dtype.
-    """
-
-    shape: tuple[int, ...]
-    dtype: np.dtype
-
-    @property
-    def is_bytes(self) -> bool:
-        """Whether this is a BYTES (string) tensor."""
-        return self.dtype.kind == "O"
-
-    @property
-    def triton_datatype(self) -> str:
-        """The Triton datatype string (``"FP32"``, ``"INT32"``, ...)."""
-        from tritonclient.utils import np_to_triton_dtype
-
-        return str(np_to_triton_dtype(self.dtype))
+#: Bytes of each element of a BYTES input whose case gives none.
+DEFAULT_ELEMENT_BYTES = 128
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelCase:
-    """A benchmark workload: a model, its batch size and the tensors of one request.
+    """A benchmark workload: ``batch_size`` samples per request of ``model``, which batches
+    (its tensors have a batch dimension) or not. Its tensors' ``shape`` is the configuration's
+    dims, ``max_shape`` the shape sent or answered per sample (the outputs': once
+    :meth:`with_reference` was called), and BYTES tensors' ``max_element_bytes`` the length of
+    each input element, or the room of an output's."""
 
-    Attributes:
-        model: The model name on the server.
-        batch_size: Samples per request (the model's max batch size).
-        inputs: Input specs by name, per sample.
-        outputs: Output specs by name, per sample.
-        max_shapes: Per-sample maxima for variable (-1) dimensions, as
-            ``TritonSHMClient.register_shm_model(max_shapes=...)`` expects; ``None`` if the
-            model has none.
-        identity: The model returns ``INPUT0`` unchanged as ``OUTPUT0`` (an extra check).
-        name: The case's name (``--models``, tables); the model's name unless one model has
-            several cases.
-        element_bytes: Bytes of each element of a BYTES input (and output).
-    """
-
+    name: str
     model: str
     batch_size: int
-    inputs: Mapping[str, TensorSpec]
-    outputs: Mapping[str, TensorSpec]
-    max_shapes: Mapping[str, tuple[int, ...]] | None = None
-    identity: bool = False
-    name: str = ""
-    element_bytes: int = 0
+    batched: bool
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
 
-    def __post_init__(self) -> None:
-        if not self.name:
-            object.__setattr__(self, "name", self.model)
+    @classmethod
+    def from_config(cls, spec: CaseSpec, config: Mapping[str, Any]) -> ModelCase:
+        """The case ``spec`` of a model with configuration ``config`` (Triton's JSON).
+
+        Raises:
+            ValueError: An input's ``-1`` dim without a shape, or a batch too large.
+        """
+        where = f"model {spec.model!r}"
+        max_batch_size = int(config.get("max_batch_size", 0))
+        batch = spec.batch or max(1, max_batch_size)
+        if batch > max(1, max_batch_size):
+            raise ValueError(f"{where}: --batch {batch} exceeds its max_batch_size")
+
+        def tensor(entry: Mapping[str, Any], sent: bool) -> TensorSpec:
+            name = entry["name"]
+            dims = tuple(int(d) for d in entry.get("dims", ()))
+            dtype = to_numpy_dtype(entry["data_type"], model=spec.model, tensor=name)
+            shape = tuple(spec.shapes.get(name, dims))
+            if sent and -1 in shape:
+                example = ",".join("8" if d == -1 else str(d) for d in dims)
+                raise ValueError(
+                    f"{where}: input {name} has dims {list(dims)}: give its shape, e.g. "
+                    f"--shape {name}={example}"
+                )
+            if len(shape) != len(dims) or any(d not in (-1, s) for d, s in zip(dims, shape)):
+                raise ValueError(f"{where}: shape {shape} of {name} does not fit its dims {dims}")
+            size = spec.max_element_bytes.get(name, DEFAULT_ELEMENT_BYTES if sent else 0)
+            return TensorSpec(name, dims, dtype, shape, size if dtype.kind == "O" else 0)
+
+        return cls(
+            name=spec.name,
+            model=spec.model,
+            batch_size=batch,
+            batched=max_batch_size > 0,
+            inputs=tuple(tensor(entry, True) for entry in config.get("input", ())),
+            outputs=tuple(tensor(entry, False) for entry in config.get("output", ())),
+        )
+
+    def with_reference(self, reference: Mapping[str, np.ndarray]) -> ModelCase:
+        """This case with its outputs' shapes (and longest BYTES elements) from the server's
+        answer ``reference`` to :meth:`make_inputs`."""
+        outputs = []
+        for t in self.outputs:
+            array = reference[t.name]
+            longest = max((len(e) for e in array.flat), default=0) if t.is_bytes else 0
+            shape = array.shape[1:] if self.batched else array.shape
+            size = max(t.max_element_bytes, longest)
+            outputs.append(dataclasses.replace(t, max_shape=shape, max_element_bytes=size))
+        return dataclasses.replace(self, outputs=tuple(outputs))
+
+    def request_shape(self, tensor: TensorSpec) -> tuple[int, ...]:
+        """The shape of ``tensor`` in one request."""
+        return (self.batch_size, *tensor.max_shape) if self.batched else tensor.max_shape
+
+    @property
+    def max_batch_size(self) -> int:
+        """The ``max_batch_size`` to register the model with: samples per slot (0: none)."""
+        return self.batch_size if self.batched else 0
+
+    def registration(self, slots: int) -> dict[str, Any]:
+        """``register_shm_model``'s (and ``ShmModel``'s) sizing arguments for this case, with
+        ``slots`` slots."""
+        tensors = (*self.inputs, *self.outputs)
+        return {
+            "pool_size": slots,
+            "max_batch_size": self.max_batch_size,
+            "max_shapes": {t.name: t.max_shape for t in tensors if t.is_variable} or None,
+            "max_element_bytes": {t.name: t.max_element_bytes for t in tensors if t.is_bytes}
+            or None,
+        }
 
     @property
     def has_bytes(self) -> bool:
         """Whether any tensor is a BYTES tensor."""
-        return any(s.is_bytes for s in (*self.inputs.values(), *self.outputs.values()))
-
-    @property
-    def max_element_bytes(self) -> dict[str, int] | None:
-        """The ``max_element_bytes`` to register the model with."""
-        specs = {**self.inputs, **self.outputs}
-        maxima = {name: self.element_bytes for name, spec in specs.items() if spec.is_bytes}
-        return maxima or None
-
-    def _nbytes(self, spec: TensorSpec) -> int:
-        itemsize = self.element_bytes if spec.is_bytes else np.dtype(spec.dtype).itemsize
-        return int(np.prod(self.batched_shape(spec))) * itemsize
-
-    def batched_shape(self, spec: TensorSpec) -> tuple[int, ...]:
-        """The shape of one request's tensor for ``spec``."""
-        return (self.batch_size, *spec.shape)
+        return any(t.is_bytes for t in (*self.inputs, *self.outputs))
 
     @property
     def input_nbytes(self) -> int:
         """Bytes of input per request (of text, for BYTES tensors)."""
-        return sum(self._nbytes(s) for s in self.inputs.values())
-
-    @property
-    def output_nbytes(self) -> int:
-        """Bytes of output per request (of text, for BYTES tensors)."""
-        return sum(self._nbytes(s) for s in self.outputs.values())
+        total = 0
+        for t in self.inputs:
+            itemsize = t.max_element_bytes if t.is_bytes else t.dtype.itemsize
+            total += math.prod(t.max_shape) * itemsize
+        return total * self.batch_size
 
     def make_inputs(self, *, seed: int = 0) -> dict[str, np.ndarray]:
-        """Build one request's inputs (deterministic for a given seed).
-
-        Args:
-            seed: Random seed.
-
-        Returns:
-            C-contiguous arrays by input name.
-        """
+        """One request's inputs: random, of each input's dtype (deterministic for a seed)."""
         rng = np.random.default_rng(seed)
         arrays: dict[str, np.ndarray] = {}
-        for name, spec in self.inputs.items():
-            shape = self.batched_shape(spec)
-            if spec.is_bytes:
-                letters = rng.integers(97, 123, (int(np.prod(shape)), self.element_bytes))
-                texts = [row.astype(np.uint8).tobytes() for row in letters]
-                arrays[name] = np.array(texts, dtype=np.object_).reshape(shape)
-            elif np.issubdtype(spec.dtype, np.floating):
-                arrays[name] = rng.standard_normal(shape, dtype=np.float32).astype(spec.dtype)
+        for t in self.inputs:
+            shape = self.request_shape(t)
+            if t.is_bytes:
+                letters = rng.integers(97, 123, (math.prod(shape), t.max_element_bytes), np.uint8)
+                arrays[t.name] = np.array([row.tobytes() for row in letters], object).reshape(shape)
+            elif t.dtype.kind == "f":
+                arrays[t.name] = rng.standard_normal(shape, np.float32).astype(t.dtype)
+            elif t.dtype.kind == "b":
+                arrays[t.name] = rng.integers(0, 2, shape).astype(bool)
             else:
-                arrays[name] = rng.integers(-1000, 1000, size=shape).astype(spec.dtype)
+                arrays[t.name] = rng.integers(0, 100, shape).astype(t.dtype)
         return arrays
-
-
-_FP32 = np.dtype(np.float32)
-_INT32 = np.dtype(np.int32)
-_BYTES = np.dtype(np.object_)
-_UPPER_IN = {"TEXT": TensorSpec((1,), _BYTES)}
-_UPPER_OUT = {"UPPER": TensorSpec((1,), _BYTES), "LENGTH": TensorSpec((1,), _INT32)}
-
-#: The example models (``ray_triton_shm/local/models``) and how the benchmark drives them.
-CASES: dict[str, ModelCase] = {
-    case.name: case
-    for case in (
-        ModelCase(
-            model="identity",
-            batch_size=8,
-            inputs={"INPUT0": TensorSpec((16,), _FP32)},
-            outputs={"OUTPUT0": TensorSpec((16,), _FP32)},
-            max_shapes={"INPUT0": (16,), "OUTPUT0": (16,)},
-            identity=True,
-        ),
-        ModelCase(
-            model="classifier",
-            batch_size=1,
-            inputs={"INPUT0": TensorSpec((3, 224, 224), _FP32)},
-            outputs={"OUTPUT0": TensorSpec((1000,), _FP32)},
-            name="classifier-1",
-        ),
-        ModelCase(
-            model="classifier",
-            batch_size=8,
-            inputs={"INPUT0": TensorSpec((3, 224, 224), _FP32)},
-            outputs={"OUTPUT0": TensorSpec((1000,), _FP32)},
-        ),
-        ModelCase(
-            model="my_model",
-            batch_size=8,
-            inputs={
-                "INPUT0": TensorSpec((3, 224, 224), _FP32),
-                "INPUT1": TensorSpec((10,), _INT32),
-            },
-            outputs={
-                "OUTPUT0": TensorSpec((512,), _FP32),
-                "OUTPUT1": TensorSpec((5,), _INT32),
-            },
-        ),
-        ModelCase(
-            model="large_image",
-            batch_size=2,
-            inputs={"INPUT0": TensorSpec((3, 1024, 1024), _FP32)},
-            outputs={"OUTPUT0": TensorSpec((3, 1024, 1024), _FP32)},
-        ),
-        ModelCase(
-            model="upper",
-            batch_size=8,
-            inputs=_UPPER_IN,
-            outputs=_UPPER_OUT,
-            name="upper-short",
-            element_bytes=64,
-        ),
-        ModelCase(
-            model="upper",
-            batch_size=8,
-            inputs=_UPPER_IN,
-            outputs=_UPPER_OUT,
-            name="upper-long",
-            element_bytes=64 * 1024,
-        ),
-    )
-}

@@ -1,192 +1,213 @@
 """What a benchmark run does: the ``bench`` options, their defaults and the run configuration.
 
 This module imports nothing heavy (no numpy, tritonclient or Ray), so that defining the
-``bench`` subcommand costs ``ray-triton-shm --help`` nothing. The names below are those of
-the cases and paths in :mod:`~ray_triton_shm._bench._cases`,
-:mod:`~ray_triton_shm._bench._paths` and :mod:`~ray_triton_shm._bench._ray_paths`.
+``bench`` subcommand costs ``ray-triton-shm --help`` nothing. The path names below are those
+of :mod:`~ray_triton_shm._bench._paths` and :mod:`~ray_triton_shm._bench._ray_paths`.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
 
-__all__ = [
-    "CASE_NAMES",
-    "DEFAULT_PATHS",
-    "DEFAULT_PLOT_PATH",
-    "DEFAULT_RAY_CALLERS",
-    "EXIT_GOALS_MISSED",
-    "RAY_PATHS",
-    "BenchConfig",
-    "add_arguments",
-    "config_from_args",
-]
+__all__ = ["CASE_NAMES", "DEFAULT_PATHS", "EXAMPLE_CASES", "NODE_LOAD", "RAY_PATHS"]
+__all__ += ["SWEEP_PATHS", "BenchConfig", "CaseSpec", "add_arguments", "config_from_args"]
 
-#: The cases (``--models``), in table order.
-CASE_NAMES: tuple[str, ...] = (
-    "identity",
-    "classifier-1",
-    "classifier",
-    "my_model",
-    "large_image",
-    "upper-short",
-    "upper-long",
-)
-#: Paths in the default run, in table order.
+
+@dataclasses.dataclass(frozen=True)
+class CaseSpec:
+    """What to send to one model (``model``, default ``name``); the rest is read from its
+    configuration on the server.
+
+    Attributes:
+        batch: Samples per request (``None``: the model's ``max_batch_size``, or 1).
+        shapes: Per-sample shapes of inputs with ``-1`` dims, by name.
+        max_element_bytes: Bytes of each element of BYTES tensors, by name: the length of the
+            random strings sent, and at least the room of the outputs' elements.
+    """
+
+    name: str
+    model: str = ""
+    batch: int | None = None
+    shapes: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+    max_element_bytes: Mapping[str, int] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            object.__setattr__(self, "model", self.name)
+
+
+#: The example models' cases, the default ``--models``, in table order.
+EXAMPLE_CASES: dict[str, CaseSpec] = {
+    case.name: case
+    for case in (
+        CaseSpec("identity", shapes={"INPUT0": (16,)}),
+        CaseSpec("classifier-1", "classifier", batch=1),
+        CaseSpec("classifier"),
+        CaseSpec("my_model"),
+        CaseSpec("large_image"),
+        CaseSpec("upper-short", "upper", max_element_bytes={"TEXT": 64}),
+        CaseSpec("upper-long", "upper", max_element_bytes={"TEXT": 64 * 1024}),
+    )
+}
+CASE_NAMES: tuple[str, ...] = tuple(EXAMPLE_CASES)
+#: Paths without Ray in the default run, in table order.
 DEFAULT_PATHS: tuple[str, ...] = ("grpc", "http", "shm-manual", "shm-client", "memcpy")
 #: The Ray paths (``--ray``), in table order.
 RAY_PATHS: tuple[str, ...] = (
-    "serve-grpc",
-    "serve-shm",
-    "serve-inproc",
-    "data-grpc",
-    "data-shm",
-    "data-noop",
-)
-#: Concurrent callers per Ray path unless ``--ray-callers`` says otherwise.
+    "shm-model", "grpc-procs", "serve-grpc", "serve-shm", "serve-inproc",
+    "data-grpc", "data-shm", "data-noop",
+)  # fmt: skip
+#: Paths run at every ``--concurrency`` level. The Serve and Ray Data paths run with
+#: ``--ray-callers`` callers, every other path with one.
+SWEEP_PATHS: tuple[str, ...] = ("grpc", "shm-client", "shm-model", "grpc-procs")
+#: The node under load (``--ray``): ``(path, callers, node slots)`` of its runs.
+NODE_LOAD: tuple[tuple[str, int, int | None], ...] = (
+    ("shm-model", 16, 4), ("grpc-procs", 16, None)
+)  # fmt: skip
 DEFAULT_RAY_CALLERS = 4
 DEFAULT_PLOT_PATH = "bench-results/bench.png"
 #: Exit status when ``--check-goals`` is given and a goal is missed.
 EXIT_GOALS_MISSED = 3
 
-_QUICK = {"rounds": 2, "slice_s": 0.1, "warmup_requests": 1, "node_load_s": 1.0}
+_QUICK = {"rounds": 2, "slice_s": 0.1, "warmup_requests": 1}
+_T = TypeVar("_T")
 
 
 @dataclasses.dataclass(frozen=True)
 class BenchConfig:
-    """What to run.
+    """What to run (see ``add_arguments`` for what the fields mean).
 
     Attributes:
-        models: Case names (``CASE_NAMES``), in order.
-        paths: Path names (``DEFAULT_PATHS``, ``RAY_PATHS``), in table order.
-        rounds: Interleaved rounds; in each, every path runs one time slice.
-        slice_s: Length of one time slice (at least one request is always sent).
-        warmup_requests: Untimed requests per path before the rounds (the first is checked).
-        url: gRPC endpoint of an existing server; ``None`` starts the embedded server.
-        http_url: HTTP endpoint of that server (``None`` skips the HTTP path).
-        startup_timeout_s: How long to wait for the embedded server.
-        ray_callers: Concurrent callers driving each Ray path (``bench --ray``).
-        node_load_s: Length of each node-load run (``bench --ray``; ``0`` skips them).
+        models: Case names: example cases (:data:`EXAMPLE_CASES`) or models on the server.
+        shapes: ``[MODEL:]TENSOR`` -> per-sample shape, over the cases' own.
+        max_element_bytes: ``[MODEL:]TENSOR`` -> bytes of a BYTES element, over the cases' own.
+        url: gRPC endpoint of a running server; ``None`` starts the embedded one.
+        node_load: Also run the node under load (:data:`NODE_LOAD`) when ``shm-model`` runs.
     """
 
     models: tuple[str, ...] = CASE_NAMES
     paths: tuple[str, ...] = DEFAULT_PATHS
-    rounds: int = 6
-    slice_s: float = 0.6
+    concurrency: tuple[int, ...] = (1, 4)
+    shapes: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+    max_element_bytes: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    batch: int | None = None
+    rounds: int = 4
+    slice_s: float = 0.5
     warmup_requests: int = 2
     url: str | None = None
     http_url: str | None = None
     startup_timeout_s: float = 180.0
     ray_callers: int = DEFAULT_RAY_CALLERS
-    node_load_s: float = 10.0
+    node_load: bool = True
+
+    def case(self, name: str) -> CaseSpec:
+        """The case ``name``: an example case or the model of that name, with this run's
+        ``batch``, ``shapes`` and ``max_element_bytes`` over its own."""
+        base = EXAMPLE_CASES.get(name) or CaseSpec(name)
+
+        def mine(given: Mapping[str, _T]) -> dict[str, _T]:
+            # A MODEL: prefix (case or model name) wins over no prefix.
+            keys = sorted(given, key=lambda key: ":" in key)
+            prefixes = (f"{name}:", f"{base.model}:")
+            return {
+                key.rsplit(":", 1)[-1]: given[key]
+                for key in keys
+                if ":" not in key or key.startswith(prefixes)
+            }
+
+        return dataclasses.replace(
+            base,
+            batch=self.batch or base.batch,
+            shapes={**base.shapes, **mine(self.shapes)},
+            max_element_bytes={**base.max_element_bytes, **mine(self.max_element_bytes)},
+        )
 
 
 def _names(values: Sequence[str] | None) -> list[str]:
     """Accept both ``--models a b`` and ``--models a,b``."""
-    out: list[str] = []
+    return [v for value in values or () for v in value.split(",") if v]
+
+
+def _assignments(values: Sequence[str] | None, flag: str, *, dims: bool) -> dict[str, Any]:
+    """``[MODEL:]TENSOR=D1,D2,...`` (``dims``) or ``[MODEL:]TENSOR=N`` options, as a dict."""
+    out: dict[str, Any] = {}
     for value in values or ():
-        out.extend(v for v in value.split(",") if v)
+        key, _, text = value.partition("=")
+        try:
+            numbers = tuple(int(d) for d in text.split(","))
+        except ValueError:
+            numbers = ()
+        if not key or not numbers or min(numbers) < 1 or (len(numbers) > 1 and not dims):
+            form = "D1,D2,..." if dims else "N"
+            raise ValueError(f"{flag} takes [MODEL:]TENSOR={form}, positive, got {value!r}")
+        out[key] = numbers if dims else numbers[0]
     return out
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``bench`` options to ``parser``."""
-    server = parser.add_argument_group("server")
+    server = parser.add_argument_group("server (default: the embedded one, the example models)")
+    server.add_argument("--url", metavar="HOST:PORT", help="gRPC endpoint of a running Triton")
+    server.add_argument("--http-url", metavar="HOST:PORT", help="its HTTP endpoint")
     server.add_argument(
-        "--url",
-        metavar="HOST:PORT",
-        help="gRPC endpoint of a running server on this host (default: start the embedded "
-        "server with the example models)",
-    )
-    server.add_argument(
-        "--http-url",
-        metavar="HOST:PORT",
-        help="HTTP endpoint of that server (without it, the HTTP path is skipped)",
-    )
-    server.add_argument(
-        "--startup-timeout-s",
-        type=float,
-        default=BenchConfig.startup_timeout_s,
-        metavar="S",
-        help="how long to wait for the embedded server (default: %(default)s)",
+        "--startup-timeout-s", type=float, default=180.0, metavar="S", help="embedded: %(default)s"
     )
     what = parser.add_argument_group("what to run")
     what.add_argument(
         "--models",
         nargs="+",
         metavar="MODEL",
-        help=f"models to run (default: all: {', '.join(CASE_NAMES)})",
+        help=f"models, inputs made from their configuration (default: {', '.join(CASE_NAMES)})",
     )
     what.add_argument(
-        "--paths",
+        "--shape",
+        action="append",
+        metavar="[MODEL:]TENSOR=D1,D2",
+        help="per-sample shape of an input with -1 dims (repeatable)",
+    )
+    what.add_argument(
+        "--max-element-bytes",
+        action="append",
+        metavar="[MODEL:]TENSOR=N",
+        help="bytes of each element of a BYTES tensor: inputs are random strings of that "
+        "length (default 128), outputs get at least the longest answered (repeatable)",
+    )
+    what.add_argument("--batch", type=int, metavar="N", help="samples per request (max_batch_size)")
+    what.add_argument(
+        "--concurrency",
+        type=int,
         nargs="+",
-        metavar="PATH",
-        help=f"paths to run (default: {', '.join(DEFAULT_PATHS)})",
-    )
-    what.add_argument(
-        "--ray",
-        action="store_true",
-        help=f"also run the Ray paths ({', '.join(RAY_PATHS)}), interleaved with the others; "
-        "starts a private local Ray for the run",
-    )
-    what.add_argument(
-        "--ray-callers",
-        type=int,
         metavar="N",
-        default=DEFAULT_RAY_CALLERS,
-        help="concurrent callers (Ray actors) driving each Ray path (default: %(default)s)",
+        help=f"levels: callers at once and slots, for {', '.join(SWEEP_PATHS)} (default: 1 4)",
     )
+    what.add_argument("--paths", nargs="+", help=f"default: {', '.join(DEFAULT_PATHS)}")
     what.add_argument(
-        "--node-load-s",
-        type=float,
-        metavar="S",
-        help="length of each node-load run of --ray: 4 and 16 caller processes on 4 node "
-        f"slots, and 16 plain gRPC callers (default: {BenchConfig.node_load_s}; --quick: "
-        f"{_QUICK['node_load_s']}; 0 skips them)",
+        "--ray", action="store_true", help=f"also, on a local Ray: {', '.join(RAY_PATHS)}"
     )
-    what.add_argument(
-        "--rounds",
-        type=int,
-        metavar="N",
-        help=f"interleaved rounds (default: {BenchConfig.rounds}; --quick: {_QUICK['rounds']})",
-    )
-    what.add_argument(
-        "--slice-s",
-        type=float,
-        metavar="S",
-        help=f"time slice per path per round (default: {BenchConfig.slice_s}; "
-        f"--quick: {_QUICK['slice_s']})",
-    )
-    what.add_argument(
-        "--warmup",
-        type=int,
-        metavar="N",
-        dest="warmup_requests",
-        help=f"untimed requests per path before the rounds (default: "
-        f"{BenchConfig.warmup_requests})",
-    )
-    what.add_argument(
-        "--quick",
-        action="store_true",
-        help="a short run (for tests and CI); numbers are noisy",
-    )
+    callers = "callers of the Serve and Ray Data paths (%(default)s)"
+    what.add_argument("--ray-callers", type=int, metavar="N", default=4, help=callers)
+    what.add_argument("--no-node-load", action="store_true", help="skip 16 callers on 4 slots")
+    defaults = BenchConfig()
+    for flag, key, kind, text in (
+        ("--rounds", "rounds", int, "interleaved rounds"),
+        ("--slice-s", "slice_s", float, "seconds per run per round"),
+        ("--warmup", "warmup_requests", int, "untimed requests per run"),
+    ):
+        default = f"{text} ({getattr(defaults, key)}; --quick: {_QUICK[key]})"
+        what.add_argument(flag, type=kind, dest=key, metavar="N", help=default)
+    what.add_argument("--quick", action="store_true", help="a short run (tests, CI): noisy")
     out = parser.add_argument_group("output")
     out.add_argument("--json", metavar="PATH", help="write machine-readable results here")
     out.add_argument(
-        "--plot",
-        metavar="PATH",
-        default=DEFAULT_PLOT_PATH,
-        help="write a PNG bar plot of MB/s here (default: %(default)s)",
+        "--plot", metavar="PATH", default=DEFAULT_PLOT_PATH, help="PNG plot (%(default)s)"
     )
-    out.add_argument("--no-plot", action="store_true", help="do not write the plot")
-    out.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    out.add_argument("--no-plot", action="store_true")
+    out.add_argument("--no-progress", action="store_true")
     out.add_argument(
-        "--check-goals",
-        action="store_true",
-        help=f"exit with status {EXIT_GOALS_MISSED} if a measured goal is missed",
+        "--check-goals", action="store_true", help=f"exit {EXIT_GOALS_MISSED} if a goal is missed"
     )
 
 
@@ -194,42 +215,43 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     """Build the run configuration from parsed ``bench`` arguments.
 
     Raises:
-        ValueError: With a user-facing message, for invalid combinations.
+        ValueError: With a user-facing message, for invalid values or combinations.
     """
-    models = _names(args.models) or list(CASE_NAMES)
-    unknown = [m for m in models if m not in CASE_NAMES]
-    if unknown:
-        raise ValueError(
-            f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(CASE_NAMES)}"
-        )
     known = (*DEFAULT_PATHS, *RAY_PATHS)
     paths = _names(args.paths) or [*DEFAULT_PATHS, *(RAY_PATHS if args.ray else ())]
     unknown = [p for p in paths if p not in known]
     if unknown:
         raise ValueError(f"unknown path(s) {', '.join(unknown)}; choose from {', '.join(known)}")
     base: dict[str, Any] = dict(_QUICK) if args.quick else {}
-    for key in ("rounds", "slice_s", "warmup_requests", "node_load_s"):
+    for key in ("rounds", "slice_s", "warmup_requests"):
         if getattr(args, key) is not None:
             base[key] = getattr(args, key)
     config = BenchConfig(
-        models=tuple(dict.fromkeys(models)),
-        paths=tuple(dict.fromkeys(paths)),
+        models=tuple(dict.fromkeys(_names(args.models) or CASE_NAMES)),
+        paths=tuple(p for p in known if p in paths),
+        concurrency=tuple(sorted(set(args.concurrency or BenchConfig.concurrency))),
+        shapes=_assignments(args.shape, "--shape", dims=True),
+        max_element_bytes=_assignments(args.max_element_bytes, "--max-element-bytes", dims=False),
+        batch=args.batch,
         url=args.url,
         http_url=args.http_url,
         startup_timeout_s=args.startup_timeout_s,
         ray_callers=args.ray_callers,
+        node_load=not args.no_node_load,
         **base,
     )
-    if config.rounds < 1:
-        raise ValueError("--rounds must be at least 1")
-    if config.slice_s <= 0:
-        raise ValueError("--slice-s must be positive")
-    if config.warmup_requests < 1:
-        raise ValueError("--warmup must be at least 1 (the first request is checked)")
-    if config.node_load_s < 0:
-        raise ValueError("--node-load-s must not be negative")
-    if config.ray_callers < 1:
-        raise ValueError("--ray-callers must be at least 1")
     if args.http_url and not args.url:
         raise ValueError("--http-url needs --url")
+    if config.slice_s <= 0:
+        raise ValueError("--slice-s must be positive")
+    counts = {
+        "rounds": config.rounds,
+        "warmup": config.warmup_requests,
+        "ray-callers": config.ray_callers,
+        "concurrency": min(config.concurrency),
+        "batch": config.batch or 1,
+    }
+    for flag, value in counts.items():
+        if value < 1:
+            raise ValueError(f"--{flag} must be at least 1")
     return config

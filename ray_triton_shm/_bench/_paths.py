@@ -1,38 +1,28 @@
-"""The ways of getting a request to Triton that the benchmark compares, without Ray.
-
-Each way is a :class:`BenchPath`: ``setup()`` once per model, ``run_once()`` for one request
-carrying one full batch (returning the outputs as arrays the caller may keep), and
-``teardown()``, which must be safe after a partial ``setup()`` and must never raise.
-:data:`PATHS` lists them; the Ray paths are in :mod:`~ray_triton_shm._bench._ray_paths`.
-"""
+"""The ways of getting a request to Triton that the benchmark compares, without Ray: each a
+:class:`BenchPath`, whose callers are threads here (processes in :mod:`._ray_paths`)."""
 
 from __future__ import annotations
 
-import abc
 import contextlib
 import dataclasses
+import math
 import os
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
 import numpy as np
+import tritonclient.grpc as grpcclient
+import tritonclient.utils.shared_memory as shm
+from tritonclient.utils import np_to_triton_dtype, serialize_byte_tensor, triton_to_np_dtype
 
 from ray_triton_shm._bench._cases import ModelCase
+from ray_triton_shm._client import TritonSHMClient
+from ray_triton_shm._specs import SlotLayout
 
-__all__ = [
-    "PATHS",
-    "SHM_KEY_PREFIX",
-    "BenchPath",
-    "BenchTarget",
-    "GrpcPath",
-    "HttpPath",
-    "MemcpyFloorPath",
-    "ShmClientPath",
-    "ShmManualPath",
-    "check_outputs",
-]
+__all__ = ["PATHS", "SHM_KEY_PREFIX", "BenchPath", "BenchTarget", "SkipPath", "infer", "run_until"]
 
 #: Prefix of the shared-memory keys and region names the hand-written shm path creates
 #: (followed by the process id).
@@ -40,65 +30,86 @@ SHM_KEY_PREFIX = "rtsbench_"
 
 
 class SkipPath(Exception):
-    """Raised by ``BenchPath.setup`` when the path cannot run here (e.g. no HTTP endpoint).
-
-    Control flow inside the bench, like ``unittest.SkipTest``: the runner records the path
-    as skipped with this message, and it never leaves the bench.
-    """
-
-
-class OutputMismatch(AssertionError):
-    """A path's outputs differ from the plain gRPC reference (the path then fails)."""
+    """Raised by ``BenchPath.setup`` when the path cannot run here (e.g. no HTTP endpoint):
+    like ``unittest.SkipTest``, the runner records why, and it never leaves the bench."""
 
 
 def check_outputs(outputs: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray]) -> None:
-    """Check a path's outputs against the reference.
-
-    Raises:
-        OutputMismatch: Saying which output differs and how.
-    """
+    """Raises ``AssertionError``, saying how, if the outputs are not the reference's."""
     for name, expected in reference.items():
-        got = outputs.get(name)
-        if got is None:
-            raise OutputMismatch(f"output {name} missing (got {sorted(outputs)})")
-        got = np.asarray(got)
+        got = np.asarray(outputs.get(name))  # a missing output: shape (), dtype object
         if got.shape != expected.shape or got.dtype != expected.dtype:
-            raise OutputMismatch(
-                f"output {name}: got {got.shape} {got.dtype}, "
-                f"expected {expected.shape} {expected.dtype}"
-            )
+            wanted = f"{expected.shape} {expected.dtype}"
+            raise AssertionError(f"output {name}: got {got.shape} {got.dtype}, not {wanted}")
         if not np.array_equal(got, expected, equal_nan=np.issubdtype(expected.dtype, np.floating)):
-            raise OutputMismatch(f"output {name}: values differ from the gRPC reference")
+            raise AssertionError(f"output {name}: values differ from the gRPC reference")
+
+
+def by_value(
+    module: Any, inputs: Mapping[str, np.ndarray], outputs: Iterable[str], **options: Any
+) -> tuple[list[Any], list[Any]]:
+    """The inputs, sent by value, and the requested outputs of one request, with the classes
+    of ``module`` (``tritonclient.grpc``, ``.grpc.aio`` or ``.http``), built per request as
+    a caller with new data each time does."""
+    infer_inputs = []
+    for name, array in inputs.items():
+        datatype = str(np_to_triton_dtype(array.dtype))
+        infer_input = module.InferInput(name, list(array.shape), datatype)
+        infer_input.set_data_from_numpy(np.ascontiguousarray(array), **options)
+        infer_inputs.append(infer_input)
+    return infer_inputs, [module.InferRequestedOutput(name, **options) for name in outputs]
+
+
+def infer(
+    client: Any,
+    case: ModelCase,
+    inputs: Mapping[str, np.ndarray],
+    module: Any = grpcclient,
+    **options: Any,
+) -> dict[str, Any]:
+    """One request by value of ``client``, of ``module`` (:func:`by_value`): the outputs."""
+    names = [t.name for t in case.outputs]
+    infer_inputs, outputs = by_value(module, inputs, names, **options)
+    result = client.infer(case.model, infer_inputs, outputs=outputs)
+    return {name: result.as_numpy(name) for name in names}
+
+
+def run_until(call: Callable[[], Any], deadline: float) -> np.ndarray:
+    """Calls ``call`` back to back until ``deadline`` (``time.perf_counter()``; at least
+    once); returns the latency of each call in seconds."""
+    clock = time.perf_counter
+    latencies = []
+    while True:
+        sent = clock()
+        call()
+        done = clock()
+        latencies.append(done - sent)
+        if done >= deadline:
+            return np.array(latencies)
 
 
 @dataclasses.dataclass(frozen=True)
 class BenchTarget:
-    """The server being benchmarked.
-
-    Attributes:
-        grpc_url: gRPC endpoint, ``"host:port"``.
-        http_url: HTTP endpoint, ``"host:port"``; ``None`` if unknown (the HTTP path is
-            then skipped).
-    """
+    """The server being benchmarked: its gRPC and HTTP (``None``: unknown, the HTTP path is
+    then skipped) endpoints, ``"host:port"``."""
 
     grpc_url: str
     http_url: str | None = None
 
 
-class BenchPath(abc.ABC):
-    """One way of sending a request.
-
-    Args:
-        target: The server.
-        case: The workload.
-        inputs: One request's inputs (the same arrays for every request).
-        reference: The expected outputs for ``inputs`` (from a plain gRPC request).
-    """
+class BenchPath:
+    """One way of sending the ``inputs`` of ``case`` to the ``target``, by ``concurrency``
+    callers at once (on ``slots`` slots, for the shm paths; default: one per caller); its
+    outputs must be the ``reference`` (a plain gRPC request's). The Ray paths get the run's
+    Ray ``session``."""
 
     #: The path's name (``--paths``, tables, the JSON output).
     name: ClassVar[str]
-    #: Human-readable description for tables and plots.
+    #: What it is, in a few words.
     label: ClassVar[str]
+    #: Whether the path uses the Ray node actor (which then starts afresh for its runs).
+    uses_node_actor: ClassVar[bool] = False
+    _client: Any = None
 
     def __init__(
         self,
@@ -107,49 +118,39 @@ class BenchPath(abc.ABC):
         case: ModelCase,
         inputs: Mapping[str, np.ndarray],
         reference: Mapping[str, np.ndarray],
+        concurrency: int = 1,
+        slots: int | None = None,
+        session: Any = None,
     ) -> None:
-        self.target = target
-        self.case = case
-        self.inputs = dict(inputs)
-        self.reference = dict(reference)
+        self.target, self.case, self.session = target, case, session
+        self.inputs, self.reference = dict(inputs), dict(reference)
+        self.concurrency, self.slots = concurrency, slots or concurrency
 
-    @abc.abstractmethod
     def setup(self) -> None:
-        """Prepare (connect, create and register regions, ...).
+        """Connects, creates and registers regions...; raises ``SkipPath`` if it cannot here."""
+        raise NotImplementedError
 
-        Raises:
-            SkipPath: If the path cannot run here (it is skipped).
-        """
-
-    @abc.abstractmethod
     def run_once(self) -> Mapping[str, np.ndarray]:
-        """Send one request and return its outputs by name."""
+        """Sends one request; returns its outputs by name (arrays the caller may keep)."""
+        raise NotImplementedError
 
-    @abc.abstractmethod
     def teardown(self) -> None:
-        """Release everything ``setup`` acquired; never raises."""
-
-    def _close_client(self) -> None:
-        """Closes the ``_client`` that ``setup`` made, if any; never raises."""
-        client = getattr(self, "_client", None)
-        if client is not None:
+        """Releases what ``setup`` acquired, even in part (here: ``_client``); never raises."""
+        if self._client is not None:
             with contextlib.suppress(Exception):
-                client.close()
-            setattr(self, "_client", None)  # noqa: B010  # subclasses type _client their way
+                self._client.close()
+            self._client = None
 
-    def run_slice(self, slice_s: float) -> int:
-        """Send requests for about ``slice_s`` (at least one); returns how many completed.
-
-        Paths with concurrent callers override this (each caller runs the whole slice).
-        """
-        requests = 0
-        run_once = self.run_once
-        deadline = time.perf_counter() + slice_s
-        while True:
-            run_once()
-            requests += 1
-            if time.perf_counter() >= deadline:
-                return requests
+    def run_slice(self, slice_s: float) -> tuple[list[np.ndarray], float]:
+        """Every caller sends requests back to back for about ``slice_s`` (at least one);
+        returns each caller's request latencies in seconds, and the slice's wall time."""
+        start = time.perf_counter()
+        if self.concurrency == 1:
+            return [run_until(self.run_once, start + slice_s)], time.perf_counter() - start
+        with ThreadPoolExecutor(self.concurrency) as threads:
+            deadlines = [time.perf_counter() + slice_s] * self.concurrency
+            latencies = list(threads.map(run_until, [self.run_once] * self.concurrency, deadlines))
+        return latencies, time.perf_counter() - start
 
     def cpu_time(self) -> float:
         """CPU seconds used so far by the processes doing this path's client work."""
@@ -159,223 +160,129 @@ class BenchPath(abc.ABC):
         """CPU seconds used so far by the Ray node actor, for paths that use one."""
         return None
 
-
-def _requested_nbytes(case: ModelCase, name: str, specs: Mapping[str, Any]) -> int:
-    spec = specs[name]
-    if spec.is_bytes:  # serialized: a 4-byte length before each element
-        return int(np.prod(case.batched_shape(spec))) * (4 + case.element_bytes)
-    return int(np.prod(case.batched_shape(spec))) * np.dtype(spec.dtype).itemsize
-
-
-# --------------------------------------------------------------------------------------
-# (a) plain gRPC
-# --------------------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """Numbers of the path's own for its run, read after the rounds."""
+        return {}
 
 
 class GrpcPath(BenchPath):
-    """``tritonclient.grpc``: ``InferInput.set_data_from_numpy`` and ``as_numpy``."""
+    """``tritonclient.grpc``: ``InferInput.set_data_from_numpy`` and ``as_numpy``; one client
+    shared by the callers (threads)."""
 
-    name = "grpc"
-    label = "gRPC"
+    name, label = "grpc", "gRPC"
 
     def setup(self) -> None:
-        import tritonclient.grpc as grpcclient
-
         self._client = grpcclient.InferenceServerClient(self.target.grpc_url)
 
     def run_once(self) -> Mapping[str, np.ndarray]:
-        infer_inputs, outputs = grpc_request(self.inputs, self.case.outputs)
-        result = self._client.infer(self.case.model, infer_inputs, outputs=outputs)
-        return {name: result.as_numpy(name) for name in self.case.outputs}
-
-    def teardown(self) -> None:
-        self._close_client()
-
-
-# --------------------------------------------------------------------------------------
-# (b) plain HTTP with binary tensors
-# --------------------------------------------------------------------------------------
+        return infer(self._client, self.case, self.inputs)
 
 
 class HttpPath(BenchPath):
-    """``tritonclient.http`` with ``binary_data=True`` for inputs and outputs."""
+    """``tritonclient.http`` with ``binary_data=True`` for inputs and outputs (one caller)."""
 
-    name = "http"
-    label = "HTTP (binary)"
+    name, label = "http", "HTTP (binary)"
 
     def setup(self) -> None:
         if self.target.http_url is None:
             raise SkipPath("no HTTP endpoint given (--http-url)")
-        try:
-            import tritonclient.http as httpclient
-        except ImportError as exc:
-            raise SkipPath(
-                f"tritonclient[http] is not installed ({exc}); pip install 'ray-triton-shm[bench]'"
-            ) from exc
+        import tritonclient.http as httpclient  # in the bench extra, with rich
+
         self._http = httpclient
         self._client = httpclient.InferenceServerClient(
             self.target.http_url, connection_timeout=60.0, network_timeout=120.0
         )
 
     def run_once(self) -> Mapping[str, np.ndarray]:
-        httpclient = self._http
-        infer_inputs = []
-        for name, array in self.inputs.items():
-            infer_input = httpclient.InferInput(
-                name, list(array.shape), self.case.inputs[name].triton_datatype
-            )
-            infer_input.set_data_from_numpy(array, binary_data=True)
-            infer_inputs.append(infer_input)
-        outputs = [
-            httpclient.InferRequestedOutput(name, binary_data=True) for name in self.case.outputs
-        ]
-        result = self._client.infer(self.case.model, infer_inputs, outputs=outputs)
-        return {name: result.as_numpy(name) for name in self.case.outputs}
-
-    def teardown(self) -> None:
-        self._close_client()
-
-
-# --------------------------------------------------------------------------------------
-# (c) tritonclient's shared-memory utilities, used by hand as the docs show
-# --------------------------------------------------------------------------------------
+        return infer(self._client, self.case, self.inputs, self._http, binary_data=True)
 
 
 class ShmManualPath(BenchPath):
-    """``tritonclient.utils.shared_memory`` by hand, as in Triton's ``simple_grpc_shm_client``.
+    """``tritonclient.utils.shared_memory`` by hand, as in Triton's ``simple_grpc_shm_client``
+    (one caller): a region per tensor, registered once; per request the inputs are copied in
+    (``set_shared_memory_region``), the outputs read (``get_contents_as_numpy``) and copied out."""
 
-    One region per tensor, created and registered once; per request the inputs are copied
-    in with ``set_shared_memory_region``, and each output is read with
-    ``get_contents_as_numpy`` and copied out (the region is reused by the next request).
-    """
-
-    name = "shm-manual"
-    label = "gRPC + shm utils by hand"
+    name, label = "shm-manual", "gRPC + shm utils by hand"
 
     def setup(self) -> None:
-        import tritonclient.grpc as grpcclient
-        import tritonclient.utils.shared_memory as shm
-        from tritonclient.utils import serialize_byte_tensor, triton_to_np_dtype
-
-        self._serialize = serialize_byte_tensor
-        self._np_dtype = triton_to_np_dtype
-        self._grpc = grpcclient
-        self._shm = shm
-        self._handles: dict[str, Any] = {}
-        self._registered: list[str] = []
-        self._region_of: dict[str, tuple[str, int]] = {}
+        #: "in:NAME" / "out:NAME" -> (handle, region name, bytes), registered in this order.
+        self._regions: dict[str, tuple[Any, str, int]] = {}
         self._client = grpcclient.InferenceServerClient(self.target.grpc_url)
         tag = f"{SHM_KEY_PREFIX}{os.getpid()}_{uuid.uuid4().hex[:8]}"
-        tensors = [
-            ("in", n, _requested_nbytes(self.case, n, self.case.inputs)) for n in self.case.inputs
-        ]
-        tensors += [
-            ("out", n, _requested_nbytes(self.case, n, self.case.outputs))
-            for n in self.case.outputs
-        ]
-        for kind, tensor, nbytes in tensors:
-            region = f"{tag}_{kind}_{tensor}"
-            self._handles[f"{kind}:{tensor}"] = shm.create_shared_memory_region(
-                region, "/" + region, nbytes, create_only=True
-            )
-            self._client.register_system_shared_memory(region, "/" + region, nbytes)
-            self._registered.append(region)
-            self._region_of[f"{kind}:{tensor}"] = (region, nbytes)
+        for kind, tensors in (("in", self.case.inputs), ("out", self.case.outputs)):
+            for t in tensors:
+                region = f"{tag}_{kind}_{t.name}"
+                # Serialized BYTES: a 4-byte length before each element.
+                size = 4 + t.max_element_bytes if t.is_bytes else t.dtype.itemsize
+                nbytes = math.prod(self.case.request_shape(t)) * size
+                handle = shm.create_shared_memory_region(
+                    region, "/" + region, nbytes, create_only=True
+                )
+                self._regions[f"{kind}:{t.name}"] = (handle, region, nbytes)
+                self._client.register_system_shared_memory(region, "/" + region, nbytes)
 
     def run_once(self) -> Mapping[str, np.ndarray]:
-        grpcclient, shm = self._grpc, self._shm
-        infer_inputs = []
+        infer_inputs, outputs = [], []
         for name, array in self.inputs.items():
-            handle = self._handles[f"in:{name}"]
-            region, _ = self._region_of[f"in:{name}"]
-            if self.case.inputs[name].is_bytes:
-                serialized = self._serialize(array)
-                shm.set_shared_memory_region(handle, [serialized])
-                nbytes = len(serialized.item())
+            handle, region, _ = self._regions[f"in:{name}"]
+            if array.dtype.kind == "O":
+                data = serialize_byte_tensor(array)
+                nbytes = len(data.item())
             else:
-                shm.set_shared_memory_region(handle, [array])
-                nbytes = array.nbytes
-            infer_input = grpcclient.InferInput(
-                name, list(array.shape), self.case.inputs[name].triton_datatype
-            )
+                data, nbytes = array, array.nbytes
+            shm.set_shared_memory_region(handle, [data])
+            datatype = str(np_to_triton_dtype(array.dtype))
+            infer_input = grpcclient.InferInput(name, list(array.shape), datatype)
             infer_input.set_shared_memory(region, nbytes)
             infer_inputs.append(infer_input)
-        outputs = []
-        for name in self.case.outputs:
-            region, nbytes = self._region_of[f"out:{name}"]
-            requested = grpcclient.InferRequestedOutput(name)
-            requested.set_shared_memory(region, nbytes)
-            outputs.append(requested)
+        for t in self.case.outputs:
+            _, region, nbytes = self._regions[f"out:{t.name}"]
+            outputs.append(grpcclient.InferRequestedOutput(t.name))
+            outputs[-1].set_shared_memory(region, nbytes)
         result = self._client.infer(self.case.model, infer_inputs, outputs=outputs)
         arrays: dict[str, np.ndarray] = {}
-        for name in self.case.outputs:
-            output = result.get_output(name)
-            view = shm.get_contents_as_numpy(
-                self._handles[f"out:{name}"],
-                self._np_dtype(output.datatype),
-                list(output.shape),
-            )
-            arrays[name] = view.copy()
+        for t in self.case.outputs:
+            output = result.get_output(t.name)
+            handle, _, _ = self._regions[f"out:{t.name}"]
+            dtype = triton_to_np_dtype(output.datatype)
+            arrays[t.name] = shm.get_contents_as_numpy(handle, dtype, list(output.shape)).copy()
         return arrays
 
     def teardown(self) -> None:
-        client = getattr(self, "_client", None)
-        for region in reversed(getattr(self, "_registered", [])):
-            if client is not None:
-                with contextlib.suppress(Exception):
-                    client.unregister_system_shared_memory(region)
-        self._registered = []
-        for handle in getattr(self, "_handles", {}).values():
+        for handle, region, _ in reversed(getattr(self, "_regions", {}).values()):
             with contextlib.suppress(Exception):
-                self._shm.destroy_shared_memory_region(handle)
-        self._handles = {}
-        self._close_client()
-
-
-# --------------------------------------------------------------------------------------
-# (d) this library
-# --------------------------------------------------------------------------------------
+                self._client.unregister_system_shared_memory(region)
+            with contextlib.suppress(Exception):
+                shm.destroy_shared_memory_region(handle)
+        self._regions = {}
+        super().teardown()
 
 
 class ShmClientPath(BenchPath):
-    """``TritonSHMClient.infer_shm``: one full batch per call."""
+    """``TritonSHMClient.infer_shm``: one client with ``slots`` slots, shared by the callers
+    (threads)."""
 
-    name = "shm-client"
-    label = "TritonSHMClient.infer_shm"
+    name, label = "shm-client", "TritonSHMClient.infer_shm"
 
     def setup(self) -> None:
-        from ray_triton_shm._client import TritonSHMClient
-
-        self._client: TritonSHMClient | None = TritonSHMClient(self.target.grpc_url)
-        self._client.register_shm_model(
-            self.case.model,
-            max_batch_size=self.case.batch_size,
-            max_shapes=dict(self.case.max_shapes) if self.case.max_shapes else None,
-            max_element_bytes=self.case.max_element_bytes,
+        self._client = TritonSHMClient(self.target.grpc_url)
+        self._spec = self._client.register_shm_model(
+            self.case.model, **self.case.registration(self.slots)
         )
 
     def run_once(self) -> Mapping[str, np.ndarray]:
-        assert self._client is not None
-        return self._client.infer_shm(self.case.model, self.inputs)
+        return self._client.infer_shm(self.case.model, self.inputs)  # type: ignore[no-any-return]
 
-    def teardown(self) -> None:
-        self._close_client()
-
-
-# --------------------------------------------------------------------------------------
-# (e) the floor: copying the bytes, no server
-# --------------------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """The ``/dev/shm`` its pool takes (``shm_bytes``)."""
+        return {"shm_bytes": SlotLayout.for_model(self._spec).region_bytes(self.slots)}
 
 
 class MemcpyFloorPath(BenchPath):
-    """Copy the input bytes into, and the output bytes out of, preallocated buffers.
+    """Copy the input bytes into, and the output bytes out of, preallocated buffers (one
+    caller): the least any shared-memory client must do per request, the floor of its CPU."""
 
-    The least any shared-memory client must do per request; its CPU time per GB is the
-    floor the shm client is measured against.
-    """
-
-    name = "memcpy"
-    label = "memcpy floor"
+    name, label = "memcpy", "memcpy floor"
 
     def setup(self) -> None:
         if self.case.has_bytes:
@@ -391,11 +298,6 @@ class MemcpyFloorPath(BenchPath):
             np.copyto(self._out_bufs[name], src)
         return self._out_bufs
 
-    def teardown(self) -> None:
-        self._in_bufs = {}
-        self._out_src = {}
-        self._out_bufs = {}
-
 
 #: The paths without Ray, in table order (their names are ``_config.DEFAULT_PATHS``).
 PATHS: tuple[type[BenchPath], ...] = (
@@ -405,21 +307,3 @@ PATHS: tuple[type[BenchPath], ...] = (
     ShmClientPath,
     MemcpyFloorPath,
 )
-
-
-def grpc_request(
-    inputs: Mapping[str, np.ndarray], outputs: Iterable[str]
-) -> tuple[list[Any], list[Any]]:
-    """tritonclient's by-value inputs and requested outputs for one gRPC request: the gRPC
-    path's, the reference request's and the Ray gRPC callers' (sync and aio share them)."""
-    import tritonclient.grpc as grpcclient  # here: importing the bench must not load it
-    from tritonclient.utils import np_to_triton_dtype
-
-    infer_inputs = []
-    for name, array in inputs.items():
-        infer_input = grpcclient.InferInput(
-            name, list(array.shape), np_to_triton_dtype(array.dtype)
-        )
-        infer_input.set_data_from_numpy(np.ascontiguousarray(array))
-        infer_inputs.append(infer_input)
-    return infer_inputs, [grpcclient.InferRequestedOutput(name) for name in outputs]

@@ -1,23 +1,12 @@
-"""The Ray paths of ``bench --ray``: the choices a Ray user makes, each in one topology.
+"""The Ray paths of ``bench --ray``, on a private local Ray (:class:`RayBenchSession`).
 
-**Serve**: the same deployment (one replica, fed by ``ray_callers`` caller actors through a
-``DeploymentHandle``, default 4), whose replica calls Triton one of three ways:
-
-* ``serve-grpc``: ``tritonclient.grpc.aio``, what Serve users write today;
-* ``serve-shm``: ``ShmModel`` (the node's slots, taken through the region; straight to Triton);
-* ``serve-inproc``: a ``TritonSHMClient`` of the replica's own: the upper bound.
-
-**Ray Data**: the same ``map_batches`` job (every batch is the case's request, ``ray_callers``
-predictor actors), with a plain gRPC predictor (``data-grpc``), ``ShmPredictor``
-(``data-shm``), or a predictor that calls nothing (``data-noop``): the ceiling the job itself
-sets. Only on the ``classifier`` case; a slice is one whole job.
-
-For the paths that use the node actor, its CPU time per request is reported too. The runner
-starts Ray once per benchmark (:class:`RayBenchSession`, given to every Ray path) with
-``$RAY_TRITON_SHM_URL`` set to the server benchmarked, and everything it created is gone when
-the benchmark returns. A request
-counts once per caller. The CPU time of a Serve path is that of the driver, the callers and
-the replica; of a Ray Data path, the driver's only.
+* Caller processes (Ray actors), each sending one request at a time: ``shm-model``
+  (``ShmModel``, the model given ``slots`` node slots) and ``grpc-procs`` (plain gRPC).
+* Serve: the same deployment (one replica, fed by the callers) whose replica uses
+  ``tritonclient.grpc.aio``, ``ShmModel``, or a ``TritonSHMClient`` of its own.
+* Ray Data: the same ``map_batches`` job (one predictor actor per caller) with a plain gRPC
+  predictor, ``ShmPredictor`` or a no-op one (the job's own ceiling), on ``classifier``. A
+  slice is a whole job; a request's latency, the predictor's call.
 """
 
 from __future__ import annotations
@@ -26,34 +15,45 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import numpy as np
+import tritonclient.grpc as grpcclient
 
+from ray_triton_shm import TritonSHMClient
 from ray_triton_shm._bench._cases import ModelCase
 from ray_triton_shm._bench._paths import (
     BenchPath,
     BenchTarget,
     SkipPath,
+    by_value,
     check_outputs,
-    grpc_request,
+    infer,
+    run_until,
 )
 
-__all__ = [
-    "DATA_CASE",
-    "PATHS",
-    "DataGrpcPath",
-    "DataNoopPath",
-    "DataShmPath",
-    "RayBenchSession",
-    "RayPath",
-    "ServeGrpcPath",
-    "ServeInProcessPath",
-    "ServeShmPath",
-]
+try:
+    import ray
+    from ray._private import worker
+
+    from ray_triton_shm.ray import URL_ENV_VAR, ShmModel, ShmPredictor
+    from ray_triton_shm.ray._actor import NAMESPACE, actor_name
+except ImportError as exc:  # without the ray extra: the session says so, and the paths skip
+    _NO_RAY: ImportError | None = exc
+else:
+    _NO_RAY = None
+
+__all__ = ["DATA_CASE", "PATHS", "RayBenchSession", "RayPath"]
 
 _SERVE_APP = "ray-triton-shm-bench"
+#: The case the Ray Data job runs on, and its size in batches.
+DATA_CASE = "classifier"
+DATA_JOB_BATCHES = 64
+#: The column in which the predictor reports its call's latency (on a batch's first row).
+_LATENCY = "__bench_latency_s"
+
+_Call = Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]]
 
 
 def _process_cpu_s(pid: int) -> float:
@@ -62,508 +62,419 @@ def _process_cpu_s(pid: int) -> float:
     if pid == os.getpid():
         return time.process_time()
     total_ns = 0
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return 0.0
-    for task in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{task}/schedstat", encoding="ascii") as stat:
-                total_ns += int(stat.read().split()[0])
-        except (OSError, ValueError, IndexError):
-            continue  # the thread ended meanwhile
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{task}/schedstat", encoding="ascii") as stat:
+                    total_ns += int(stat.read().split()[0])
+            except (OSError, ValueError, IndexError):
+                continue  # the thread ended meanwhile
     return total_ns / 1e9
 
 
-# --------------------------------------------------------------------------------------
-# What runs inside Ray
-# --------------------------------------------------------------------------------------
+def _client(kind: str, arg: Any, case: ModelCase) -> tuple[_Call, Callable[[], None]]:
+    """A call sending one request's inputs through ``kind``, and the close of what it holds:
+    ``"serve"`` (``arg``: a ``DeploymentHandle``), ``"shm-model"`` (``arg``: node slots) or
+    ``"grpc"`` (``arg``: the URL)."""
+    if kind == "serve":
+        return (lambda inputs: arg.remote(inputs).result()), (lambda: None)
+    if kind == "shm-model":
+        model = ShmModel(case.model, actor_options={"slots": arg}, **case.registration(arg))
+        return model.infer, model.close
+    client = grpcclient.InferenceServerClient(arg)
+    return (lambda inputs: infer(client, case, inputs)), client.close
 
 
 class _Caller:
-    """A Ray actor sending one request at a time through a path, in a closed loop.
-
-    It holds one "target" per (path, model): the callable that sends one request and the
-    request's inputs (resolved once from the object store).
-    """
+    """A Ray actor (a process of its own) sending one request at a time; it holds a target per
+    (path, run): a call and its inputs (resolved once from the object store)."""
 
     def __init__(self) -> None:
-        self._targets: dict[str, tuple[Any, Mapping[str, np.ndarray]]] = {}
+        self._targets: dict[str, tuple[Callable[[], Any], Callable[[], None]]] = {}
 
-    def pid(self) -> int:
-        """This process's id."""
-        return os.getpid()
-
-    def add_serve(self, key: str, handle: Any, inputs: Mapping[str, np.ndarray]) -> None:
-        """Sends requests of ``key`` through a Serve ``DeploymentHandle``."""
-
-        def call(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-            return handle.remote(arrays).result()  # type: ignore[no-any-return]
-
+    def add(self, key: str, kind: str, arg: Any, case: ModelCase, inputs: Any) -> int:
+        """Sends ``inputs`` as ``key`` through ``kind`` (:func:`_client`); binds, connects,
+        warms up. Returns this process's id."""
+        call, close = _client(kind, arg, case)
+        self._targets[key] = (lambda: call(inputs)), close
         call(inputs)
-        self._targets[key] = (call, inputs)
+        return os.getpid()
 
     def once(self, key: str) -> dict[str, np.ndarray]:
         """One request; returns its outputs."""
-        call, inputs = self._targets[key]
-        return dict(call(inputs))
+        return dict(self._targets[key][0]())
 
-    def loop(self, key: str, duration_s: float) -> int:
-        """Requests back to back for ``duration_s`` (at least one); returns how many."""
-        call, inputs = self._targets[key]
-        done = 0
-        deadline = time.perf_counter() + duration_s
-        while True:
-            call(inputs)
-            done += 1
-            if time.perf_counter() >= deadline:
-                return done
+    def loop(self, key: str, start_at: float, duration_s: float) -> tuple[np.ndarray, float]:
+        """Requests back to back from ``start_at`` (``time.time()``) for ``duration_s`` (at
+        least one); returns their latencies, and the seconds from the start to the last."""
+        time.sleep(max(0.0, start_at - time.time()))
+        start = time.perf_counter()
+        latencies = run_until(self._targets[key][0], start + duration_s)
+        return latencies, time.perf_counter() - start
 
     def remove(self, key: str) -> None:
-        """Forgets ``key``."""
-        self._targets.pop(key, None)
+        """Forgets ``key``, closing what it held."""
+        self._targets.pop(key, (None, lambda: None))[1]()
 
 
 class _BenchReplica:
-    """The one Serve deployment of the Serve paths; ``backend`` is the user's choice.
+    """The Serve deployment of a ``backend``: ``"grpc"`` (``tritonclient.grpc.aio``), ``"shm"``
+    (``ShmModel``: the node's slots, straight to Triton) or ``"inproc"`` (a
+    ``TritonSHMClient`` of the replica's own). It serves the case last :meth:`prepare` got."""
 
-    * ``"grpc"``: plain ``tritonclient.grpc.aio``, what Serve users write today;
-    * ``"shm"``: :class:`~ray_triton_shm.ray.ShmModel` (the node's slots, straight to Triton);
-    * ``"inproc"``: a ``TritonSHMClient`` of the replica's own (the upper bound: shared
-      memory with nothing shared with other processes).
-    """
-
-    def __init__(self, backend: str, url: str, case: ModelCase, slots: int) -> None:
-        self._backend = backend
-        self._url = url
-        self._model = case.model
-        self._outputs = list(case.outputs)
-        self._max_shapes = dict(case.max_shapes) if case.max_shapes else None
-        self._slots = slots
+    def __init__(self, backend: str, url: str, slots: int) -> None:
+        self._backend, self._url, self._slots = backend, url, slots
+        self._case: ModelCase | None = None
         self._client: Any = None
 
-    def pid(self) -> int:
-        """The replica's process id."""
+    def prepare(self, case: ModelCase | None) -> int:
+        """Serves ``case`` from now on (``None``: nothing); returns the replica's pid."""
+        with contextlib.suppress(Exception):
+            self._client.close()
+        self._case, self._client = case, None
         return os.getpid()
 
     async def __call__(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        if self._client is None:  # made on the replica's event loop
-            self._client = self._connect()
+        import tritonclient.grpc.aio as grpcclient
+
+        case = self._case
+        assert case is not None
+        options = case.registration(self._slots)
+        if self._client is None and self._backend == "shm":  # made on the replica's loop
+            slots = {"slots": self._slots}
+            self._client = ShmModel(case.model, actor_options=slots, **options)
+        elif self._client is None and self._backend == "inproc":
+            self._client = TritonSHMClient(self._url)
+            self._client.register_shm_model(case.model, **options)
+        elif self._client is None:
+            self._client = grpcclient.InferenceServerClient(self._url)
         if self._backend == "shm":
             return await self._client.infer_async(inputs)  # type: ignore[no-any-return]
         if self._backend == "inproc":
-            return await self._client.infer_shm_async(self._model, inputs)  # type: ignore[no-any-return]
-        return await self._grpc(inputs)
-
-    def _connect(self) -> Any:
-        if self._backend == "shm":
-            from ray_triton_shm.ray import ShmModel
-
-            return ShmModel(
-                self._model,
-                max_shapes=self._max_shapes,
-                actor_options={"slots": self._slots},
-            )
-        if self._backend == "inproc":
-            from ray_triton_shm import TritonSHMClient
-
-            client = TritonSHMClient(self._url)
-            client.register_shm_model(
-                self._model, pool_size=self._slots, max_shapes=self._max_shapes
-            )
-            return client
-        import tritonclient.grpc.aio as grpcclient
-
-        return grpcclient.InferenceServerClient(self._url)
-
-    async def _grpc(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        infer_inputs, requested = grpc_request(inputs, self._outputs)
-        result = await self._client.infer(self._model, infer_inputs, outputs=requested)
-        return {name: result.as_numpy(name) for name in self._outputs}
+            return await self._client.infer_shm_async(case.model, inputs)  # type: ignore[no-any-return]
+        names = [t.name for t in case.outputs]
+        infer_inputs, outputs = by_value(grpcclient, inputs, names)
+        result = await self._client.infer(case.model, infer_inputs, outputs=outputs)
+        return {name: result.as_numpy(name) for name in names}
 
 
-class _GrpcPredictor:
-    """The Ray Data predictor a user writes without this library: plain tritonclient gRPC."""
+class _Predictor:
+    """The Ray Data job's predictor, timed: ``ShmPredictor`` (``"shm"``, ``arg``: its
+    arguments), plain gRPC (``"grpc"``, ``arg``: the URL) or none (``"noop"``, ``arg``: the
+    outputs to answer, computed before)."""
 
-    def __init__(self, url: str, model: str, outputs: list[str]) -> None:
-        import tritonclient.grpc as grpcclient
-
-        self._client = grpcclient.InferenceServerClient(url)
-        self._model = model
-        self._outputs = outputs
+    def __init__(self, kind: str, arg: Any, case: ModelCase) -> None:
+        if kind == "shm":
+            self._predict: _Call = ShmPredictor(**arg)
+        elif kind == "grpc":
+            self._predict, _ = _client("grpc", arg, case)
+        else:
+            self._predict = lambda batch: {
+                name: array[: len(next(iter(batch.values())))] for name, array in arg.items()
+            }
 
     def __call__(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        infer_inputs, requested = grpc_request(batch, self._outputs)
-        result = self._client.infer(self._model, infer_inputs, outputs=requested)
-        return {name: result.as_numpy(name) for name in self._outputs}
-
-
-class _NoopPredictor:
-    """The ceiling Ray Data itself sets: answers every batch with outputs computed before."""
-
-    def __init__(self, outputs: Mapping[str, np.ndarray]) -> None:
-        self._outputs = dict(outputs)
-
-    def __call__(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        rows = len(next(iter(batch.values())))
-        return {name: array[:rows] for name, array in self._outputs.items()}
-
-
-# --------------------------------------------------------------------------------------
-# The session: Ray, the callers, Serve and the node actor, once per benchmark
-# --------------------------------------------------------------------------------------
+        start = time.perf_counter()
+        out = dict(self._predict({n: a for n, a in batch.items() if n != "id"}))
+        latency = np.full(len(batch["id"]), np.nan)
+        latency[0] = time.perf_counter() - start
+        return {**out, _LATENCY: latency}
 
 
 class RayBenchSession:
-    """A private local Ray for the benchmark: started on entry, everything removed on exit.
+    """A private local Ray for the benchmark, quiet: started on entry, everything it made
+    removed on exit (:attr:`error`: why it could not start). ``$RAY_TRITON_SHM_URL`` is the
+    ``target``'s gRPC URL meanwhile, set before ``ray.init`` for Ray's processes to inherit."""
 
-    Args:
-        target: The server benchmarked; its gRPC URL goes to the node actor through
-            ``$RAY_TRITON_SHM_URL`` (set before ``ray.init``, so Ray's processes inherit it).
-        callers: Concurrent callers per path.
-    """
-
-    def __init__(self, target: BenchTarget, *, callers: int) -> None:
+    def __init__(self, target: BenchTarget) -> None:
         self.target = target
-        self.callers = callers
         self.error: BaseException | None = None
-        self.actors: list[Any] = []
-        self.caller_pids: list[int] = []
-        self._serve_started = False
-        self.replica_pids: dict[str, int] = {}
-        self._node_actor_pid: int | None = None
-        self._started_ray = False
-        self._old_url: str | None = None
-
-    # ---------------------------------------------------------------- lifecycle
+        self._callers: list[Any] = []
+        self._apps: dict[str, Any] = {}  # Serve apps by backend
+        self._undo: list[Callable[[], Any]] = []
 
     def __enter__(self) -> RayBenchSession:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def start(self) -> None:
-        """Starts Ray and the callers; on failure :attr:`error` says why (paths then fail)."""
         try:
-            import ray
-        except ImportError as exc:
-            self.error = SkipPath(
-                f"Ray is not installed ({exc}); pip install 'ray-triton-shm[ray]'"
-            )
-            return
-        from ray_triton_shm.ray import URL_ENV_VAR
+            if _NO_RAY is not None:
+                raise SkipPath(
+                    f"Ray is not installed ({_NO_RAY}); pip install 'ray-triton-shm[ray]'"
+                )
+            import ray.data
 
-        try:
-            self._old_url = os.environ.get(URL_ENV_VAR)
+            before = os.environ.get(URL_ENV_VAR)
+            # Undone in reverse: the URL set here goes, then the one before comes back.
+            self._undo.append(lambda: os.environ.update({URL_ENV_VAR: before} if before else {}))
+            self._undo.append(lambda: os.environ.pop(URL_ENV_VAR, None))
             os.environ[URL_ENV_VAR] = self.target.grpc_url
             if not ray.is_initialized():
+                # The callers, replica and node actor ask for no CPU.
                 ray.init(
                     address="local",
-                    # The callers, replica and node actor ask for no CPU.
                     num_cpus=os.cpu_count() or 2,
                     include_dashboard=False,
                     logging_level=logging.ERROR,
                     log_to_driver=False,
                 )
-                self._started_ray = True
-            caller_class = ray.remote(num_cpus=0, max_concurrency=2)(_Caller)  # type: ignore[call-overload]
-            self.actors = [caller_class.remote() for _ in range(self.callers)]
-            self.caller_pids = ray.get([a.pid.remote() for a in self.actors])
+                self._undo.append(ray.shutdown)
+            context = ray.data.DataContext.get_current()
+            context.enable_progress_bars = context.print_on_execution_start = False
+            logging.getLogger("ray.data").setLevel(logging.CRITICAL)  # its errors: the bench's
+            # The driver prints the raylet's warnings ("N worker processes have been
+            # started") whatever log_to_driver says: they stay out of the bench's output.
+            printer = worker.print_to_stdstream
+            self._undo.append(lambda: setattr(worker, "print_to_stdstream", printer))
+            worker.print_to_stdstream = lambda data, ignore_prefix: None
         except Exception as exc:
             self.error = exc
+        return self
 
     def check(self) -> None:
         """Raises why the session is unusable, if it is."""
+        if isinstance(self.error, SkipPath):
+            raise self.error
         if self.error is not None:
-            if isinstance(self.error, SkipPath):
-                raise self.error
             raise RuntimeError(f"Ray could not be started: {self.error}") from self.error
 
-    def deploy(self, backend: str, case: ModelCase) -> Any:
-        """Runs the bench deployment with ``backend`` for ``case`` (one replica); returns its
-        ``DeploymentHandle``. Each backend is an app of its own, replaced per case."""
+    def callers(self, count: int) -> list[Any]:
+        """``count`` caller actors: the same ones for every path, more started when needed."""
+        caller_class = ray.remote(num_cpus=0, max_concurrency=2)(_Caller)  # type: ignore[call-overload]
+        self._callers += [caller_class.remote() for _ in range(count - len(self._callers))]
+        return self._callers[:count]
+
+    def deploy(self, backend: str, callers: int) -> Any:
+        """The ``DeploymentHandle`` of the bench deployment with ``backend`` (an app of its
+        own, one replica), run on first use."""
         from ray import serve
 
-        if not self._serve_started:
+        if not self._apps:
             logging.getLogger("ray.serve").setLevel(logging.WARNING)
             serve.start(proxy_location="Disabled", logging_config={"log_level": "WARNING"})
-            self._serve_started = True
-        deployment = serve.deployment(
-            _BenchReplica,
-            name=f"triton-{backend}",
-            num_replicas=1,
-            max_ongoing_requests=max(8, 2 * self.callers),
-            ray_actor_options={"num_cpus": 0},
-        )
-        slots = max(8, self.callers)
-        handle = serve.run(
-            deployment.bind(backend, self.target.grpc_url, case, slots),  # type: ignore[attr-defined]
-            name=f"{_SERVE_APP}-{backend}",
-            route_prefix=None,
-        )
-        self.replica_pids[backend] = handle.pid.remote().result()
-        return handle
-
-    def node_actor_cpu_s(self) -> float:
-        """CPU seconds the node actor used so far (it exists once something bound to it)."""
-        if self._node_actor_pid is None:
-            self._node_actor_pid = self.node_actor_stats().pid
-        return _process_cpu_s(self._node_actor_pid)
+            self._undo.append(serve.shutdown)
+        if backend not in self._apps:
+            deployment = serve.deployment(
+                _BenchReplica,
+                name=f"triton-{backend}",
+                max_ongoing_requests=max(8, 2 * callers),
+                ray_actor_options={"num_cpus": 0},
+            )
+            app = deployment.bind(backend, self.target.grpc_url, max(8, callers))  # type: ignore[attr-defined]
+            self._apps[backend] = serve.run(app, name=f"{_SERVE_APP}-{backend}", route_prefix=None)
+        return self._apps[backend]
 
     def node_actor(self) -> Any:
-        """This node's actor (it exists once a caller bound a ``ShmModel``)."""
-        import ray
-
-        from ray_triton_shm.ray._actor import NAMESPACE, actor_name
-
+        """This node's actor (``ValueError`` if there is none)."""
         node = ray.get_runtime_context().get_node_id()
         return ray.get_actor(actor_name(node), namespace=NAMESPACE)
 
-    def node_actor_stats(self) -> Any:
-        """The node actor's ``stats()``."""
-        import ray
+    def end_node_actor(self) -> None:
+        """Shuts the node actor down and kills it, so that the next run starts a fresh one."""
+        with contextlib.suppress(ValueError):  # there is none (any more)
+            actor = self.node_actor()
+            with contextlib.suppress(Exception):
+                ray.get(actor.shutdown.remote(), timeout=60)
+            ray.kill(actor)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:  # its name is free once it is gone
+                self.node_actor()
+                time.sleep(0.1)
 
-        return ray.get(self.node_actor().stats.remote(), timeout=60)
-
-    def pids(self, backend: str) -> list[int]:
-        """The processes doing client work for a Serve path: driver, callers, replica."""
-        replica = self.replica_pids.get(backend)
-        return [os.getpid(), *self.caller_pids, *([replica] if replica else [])]
-
-    def close(self) -> None:
-        """Removes the callers, Serve, the node actor, and Ray if it started it; never raises."""
-        try:
-            import ray
-        except ImportError:
-            return
-        try:
-            if ray.is_initialized():
-                for actor in self.actors:
-                    with contextlib.suppress(Exception):
-                        ray.kill(actor)
-                self.actors = []
-                if self._serve_started:
-                    from ray import serve
-
-                    with contextlib.suppress(Exception):
-                        serve.shutdown()
-                    self._serve_started = False
-                with contextlib.suppress(Exception):
-                    actor = self.node_actor()
-                    with contextlib.suppress(Exception):
-                        ray.get(actor.shutdown.remote(), timeout=60)
-                    ray.kill(actor)
-                if self._started_ray:
-                    with contextlib.suppress(Exception):
-                        ray.shutdown()
-        finally:
-            from ray_triton_shm.ray import URL_ENV_VAR
-
-            if self._old_url is None:
-                os.environ.pop(URL_ENV_VAR, None)
-            else:
-                os.environ[URL_ENV_VAR] = self._old_url
-
-
-# --------------------------------------------------------------------------------------
-# The paths
-# --------------------------------------------------------------------------------------
+    def __exit__(self, *exc: object) -> None:
+        for actor in self._callers:
+            with contextlib.suppress(Exception):
+                ray.kill(actor)
+        if self._undo:
+            with contextlib.suppress(Exception):
+                self.end_node_actor()
+        for undo in reversed(self._undo):
+            with contextlib.suppress(Exception):
+                undo()
 
 
 class RayPath(BenchPath):
-    """Shared by the Ray paths: the session, and the node actor's CPU when it is used.
+    """Shared by the Ray paths: ``kind`` and its argument (:meth:`_arg`), the session, and the
+    node actor's CPU when the path uses it."""
 
-    Args:
-        session: The benchmark's Ray session (the other arguments are :class:`BenchPath`'s).
-    """
+    kind: ClassVar[str]
+    _actor_pid: int | None = None
 
-    #: Whether the path uses the node actor (its CPU per request is reported).
-    uses_node_actor: ClassVar[bool] = False
-
-    def __init__(
-        self,
-        *,
-        target: BenchTarget,
-        case: ModelCase,
-        inputs: Mapping[str, np.ndarray],
-        reference: Mapping[str, np.ndarray],
-        session: RayBenchSession,
-    ) -> None:
-        super().__init__(target=target, case=case, inputs=inputs, reference=reference)
-        self._session = session
-        self._key = f"{self.name}:{case.name}"
+    def _arg(self) -> Any:
+        return self.target.grpc_url
 
     def setup(self) -> None:
-        if self.case.has_bytes:
-            raise SkipPath("the string cases run in the core paths only")
-        self._session.check()
+        self.session.check()
+
+    def _node_stats(self) -> Any:
+        return ray.get(self.session.node_actor().stats.remote(), timeout=60)
 
     def side_cpu_time(self) -> float | None:
         if not self.uses_node_actor:
             return None
-        return self._session.node_actor_cpu_s()
+        self._actor_pid = self._actor_pid or self._node_stats().pid
+        return _process_cpu_s(self._actor_pid)
 
 
-class _ServePath(RayPath):
-    """The same Serve deployment, fed the same way (``ray_callers`` caller actors through a
-    ``DeploymentHandle``); only its ``backend`` differs."""
+class _CallerPath(RayPath):
+    """``concurrency`` caller processes, each sending one request at a time through ``kind``
+    (see :func:`_client`)."""
 
-    backend: ClassVar[str]
-    _deployed = False
+    _callers: list[Any] = []
+    _replica: int | None = None
 
     def setup(self) -> None:
         super().setup()
-        import ray
-
-        self._deployed = True
-        handle = self._session.deploy(self.backend, self.case)
-        inputs_ref = ray.put(self.inputs)
-        ray.get([a.add_serve.remote(self._key, handle, inputs_ref) for a in self._session.actors])
+        self._key = f"{self.name}:{self.concurrency}:{self.slots}"
+        self._callers = self.session.callers(self.concurrency)
+        arg, inputs = self._arg(), ray.put(self.inputs)
+        added = [c.add.remote(self._key, self.kind, arg, self.case, inputs) for c in self._callers]
+        self._pids = [os.getpid(), *ray.get(added)]
 
     def run_once(self) -> Mapping[str, np.ndarray]:
         """One request from every caller at once; checks them all, returns the first."""
-        import ray
-
-        answers = ray.get([a.once.remote(self._key) for a in self._session.actors])
+        answers = ray.get([c.once.remote(self._key) for c in self._callers])
         for answer in answers[1:]:
             check_outputs(answer, self.reference)
         return answers[0]  # type: ignore[no-any-return]
 
-    def run_slice(self, slice_s: float) -> int:
-        import ray
-
-        return sum(ray.get([a.loop.remote(self._key, slice_s) for a in self._session.actors]))
+    def run_slice(self, slice_s: float) -> tuple[list[np.ndarray], float]:
+        start_at = time.time() + 0.05 + 0.005 * len(self._callers)  # every caller at once
+        runs = ray.get([c.loop.remote(self._key, start_at, slice_s) for c in self._callers])
+        return [latencies for latencies, _ in runs], max(wall for _, wall in runs)
 
     def cpu_time(self) -> float:
-        return sum(_process_cpu_s(pid) for pid in self._session.pids(self.backend))
+        return sum(map(_process_cpu_s, self._pids + ([self._replica] if self._replica else [])))
 
     def teardown(self) -> None:
-        if not self._deployed:
-            return
         with contextlib.suppress(Exception):
-            import ray
-            from ray import serve
+            ray.get([c.remove.remote(self._key) for c in self._callers], timeout=60)
+        self._callers = []
 
-            ray.get([a.remove.remote(self._key) for a in self._session.actors], timeout=60)
-            serve.delete(f"{_SERVE_APP}-{self.backend}")
+
+class ShmModelPath(_CallerPath):
+    """``ShmModel`` in every caller process, the model given ``slots`` node slots."""
+
+    name, label, kind, uses_node_actor = "shm-model", "ShmModel in each caller", "shm-model", True
+
+    def _arg(self) -> Any:
+        return self.slots
+
+    def stats(self) -> dict[str, Any]:
+        """The p99 wait for a slot among requests that waited, and the ``/dev/shm`` taken."""
+        model = self._node_stats().models.get(self.case.model, {})
+        wait_ms = model["wait_p99_us"] / 1000 if model.get("waits") else None
+        return {"wait_p99_ms": wait_ms, "shm_bytes": model.get("shm_bytes")}
+
+
+class GrpcProcsPath(_CallerPath):
+    """Plain ``tritonclient.grpc`` in every caller process: no limit."""
+
+    name, label, kind = "grpc-procs", "gRPC client in each caller", "grpc"
+
+
+class _ServePath(_CallerPath):
+    """The same Serve deployment, fed by the callers; only its ``backend`` differs."""
+
+    kind = "serve"
+    backend: ClassVar[str]
+    _handle: Any = None
+
+    def _arg(self) -> Any:
+        self._handle = self.session.deploy(self.backend, self.concurrency)
+        self._replica = self._handle.prepare.remote(self.case).result()
+        return self._handle
+
+    def teardown(self) -> None:
+        super().teardown()
+        with contextlib.suppress(Exception):
+            self._handle.prepare.remote(None).result()
 
 
 class ServeGrpcPath(_ServePath):
     """The Serve replica calls Triton with ``tritonclient.grpc.aio``."""
 
-    name = "serve-grpc"
-    label = "Serve replica, plain gRPC"
-    backend = "grpc"
+    name, label, backend = "serve-grpc", "Serve replica, plain gRPC", "grpc"
 
 
 class ServeShmPath(_ServePath):
     """The Serve replica calls Triton through ``ShmModel`` (the node's shared slots)."""
 
-    name = "serve-shm"
-    label = "Serve replica, ShmModel"
-    backend = "shm"
-    uses_node_actor = True
+    name, label, backend, uses_node_actor = "serve-shm", "Serve replica, ShmModel", "shm", True
 
 
 class ServeInProcessPath(_ServePath):
-    """The Serve replica owns a ``TritonSHMClient`` (upper bound of shared memory)."""
+    """The Serve replica owns a ``TritonSHMClient`` (the upper bound of shared memory)."""
 
-    name = "serve-inproc"
-    label = "Serve replica, own TritonSHMClient"
-    backend = "inproc"
-
-
-#: The case the Ray Data job runs on, and its size in batches.
-DATA_CASE = "classifier"
-DATA_JOB_BATCHES = 64
+    name, label, backend = "serve-inproc", "Serve replica, own TritonSHMClient", "inproc"
 
 
 class _DataPath(RayPath):
-    """The same Ray Data job, ``map_batches`` with one predictor or another: every batch is
-    the case's request; ``ray_callers`` predictor actors. A slice is one whole job."""
+    """The same Ray Data job with the predictor ``kind`` (see :class:`_Predictor`)."""
 
     def setup(self) -> None:
         if self.case.name != DATA_CASE:
             raise SkipPath(f"the Ray Data job runs on the {DATA_CASE} case")
         super().setup()
 
-    def _predictor(self) -> tuple[Any, dict[str, Any]]:
-        raise NotImplementedError
-
-    def _job(self, batches: int) -> Any:
-        import ray
-
-        inputs_ref = ray.put(dict(self.inputs))
+    def _job(self, batches: int) -> list[dict[str, np.ndarray]]:
+        inputs, size = ray.put(self.inputs), self.case.batch_size
 
         def source(ids: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
             rows = len(ids["id"])
-            return {name: array[:rows] for name, array in ray.get(inputs_ref).items()}
+            return {"id": ids["id"], **{n: a[:rows] for n, a in ray.get(inputs).items()}}
 
-        size = self.case.batch_size
-        predictor, kwargs = self._predictor()
-        return (
+        dataset = (
             ray.data.range(batches * size, override_num_blocks=batches)
             .map_batches(source, batch_size=size, batch_format="numpy")
             .map_batches(
-                predictor,
-                fn_constructor_kwargs=kwargs,
+                _Predictor,
+                fn_constructor_args=(self.kind, self._arg(), self.case),
                 batch_size=size,
                 batch_format="numpy",
-                concurrency=self._session.callers,
+                compute=ray.data.ActorPoolStrategy(size=self.concurrency),
                 num_cpus=0,
             )
         )
+        return list(dataset.iter_batches(batch_size=size, batch_format="numpy"))
 
     def run_once(self) -> Mapping[str, np.ndarray]:
-        return dict(self._job(1).take_batch(self.case.batch_size, batch_format="numpy"))
+        first = self._job(self.concurrency)[0]
+        return {name: array for name, array in first.items() if name != _LATENCY}
 
-    def run_slice(self, slice_s: float) -> int:
-        rows = sum(len(b[next(iter(b))]) for b in self._job(DATA_JOB_BATCHES).iter_batches())
-        return rows // self.case.batch_size
-
-    def teardown(self) -> None:
-        """Nothing to undo: each job's predictor actors end with the job."""
+    def run_slice(self, slice_s: float) -> tuple[list[np.ndarray], float]:
+        start = time.perf_counter()
+        latencies = np.concatenate([batch[_LATENCY] for batch in self._job(DATA_JOB_BATCHES)])
+        return [latencies[~np.isnan(latencies)]], time.perf_counter() - start
 
 
 class DataGrpcPath(_DataPath):
     """Ray Data with a predictor calling Triton over plain gRPC."""
 
-    name = "data-grpc"
-    label = "Ray Data, plain gRPC predictor"
-
-    def _predictor(self) -> tuple[Any, dict[str, Any]]:
-        url, outputs = self.target.grpc_url, list(self.case.outputs)
-        return _GrpcPredictor, {"url": url, "model": self.case.model, "outputs": outputs}
+    name, label, kind = "data-grpc", "Ray Data, plain gRPC predictor", "grpc"
 
 
 class DataShmPath(_DataPath):
     """Ray Data with ``ShmPredictor``."""
 
-    name = "data-shm"
-    label = "Ray Data, ShmPredictor"
-    uses_node_actor = True
+    name, label, kind, uses_node_actor = "data-shm", "Ray Data, ShmPredictor", "shm", True
 
-    def _predictor(self) -> tuple[Any, dict[str, Any]]:
-        from ray_triton_shm.ray import ShmPredictor
-
-        options = {"slots": max(8, self._session.callers)}
-        return ShmPredictor, {"model_name": self.case.model, "actor_options": options}
+    def _arg(self) -> Any:
+        slots = max(8, self.concurrency)
+        options = {"model_name": self.case.model, "actor_options": {"slots": slots}}
+        return {**options, **self.case.registration(slots)}
 
 
 class DataNoopPath(_DataPath):
     """Ray Data with a predictor that calls nothing (the ceiling of the job itself)."""
 
-    name = "data-noop"
-    label = "Ray Data, no-op predictor (ceiling)"
+    name, label, kind = "data-noop", "Ray Data, no-op predictor (ceiling)", "noop"
 
-    def _predictor(self) -> tuple[Any, dict[str, Any]]:
-        return _NoopPredictor, {"outputs": dict(self.reference)}
+    def _arg(self) -> Any:
+        return self.reference
 
 
 #: The Ray paths, in table order (their names are ``_config.RAY_PATHS``).
 PATHS: tuple[type[RayPath], ...] = (
+    ShmModelPath,
+    GrpcProcsPath,
     ServeGrpcPath,
     ServeShmPath,
     ServeInProcessPath,

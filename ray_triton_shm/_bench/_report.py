@@ -1,30 +1,40 @@
-"""Presenting results: the tables and goals (with rich), JSON and a PNG plot."""
+"""Presenting results: progress, the tables and the recommendations (with rich), JSON and the
+plot."""
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
+from typing import Any
 
 from rich import box
+from rich import progress as bars
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ray_triton_shm._bench._runner import RAY_RATIOS, BenchResults, ModelResult
+from ray_triton_shm._bench._runner import (
+    RECOMMEND_SHARE,
+    BenchResults,
+    ModelResult,
+    Progress,
+    RunResult,
+    describe_run,
+    mb_ratio,
+)
 
-__all__ = ["make_console", "num", "print_results", "write_json", "write_plot"]
+__all__ = ["make_console", "make_progress", "num", "print_results", "write_json", "write_plot"]
 
 #: The line width when the output is not a terminal (a log keeps long notes on one line).
 _PLAIN_WIDTH = 1000
 _GOAL_STATUS = {True: ("MET", "green"), False: ("MISS", "bold red"), None: ("n/a", "dim")}
+_TEXT_COLUMNS = ("", "model", "path", "run", "goal", "measured", "check")
 
 
 def num(value: float | None, suffix: str = "") -> str:
-    """``value`` with about three significant digits, then ``suffix``; ``"-"`` for ``None``.
-
-    From 100 on, whole numbers grouped by thousands (``"1,758"``); from 1e5 on, in
-    exponent form.
-    """
+    """``value`` with about three significant digits, then ``suffix``; ``"-"`` for ``None``:
+    from 100 on, whole numbers grouped by thousands (``"1,758"``), from 1e5 on, ``"1.23e+05"``."""
     if value is None:
         return "-"
     # The bounds are where rounding moves a value up a band (9.996 is "10.0", not "10.00").
@@ -52,114 +62,129 @@ def make_console(*, stderr: bool = False) -> Console:
     return console
 
 
-def _table() -> Table:
-    return Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
+class _Bar(Progress):
+    """Rich's progress bar, drawn on updates only (a refresh thread would take CPU from the
+    timed slices) and gone when the run is over."""
+
+    def __init__(self, console: Console) -> None:
+        self._bar = bars.Progress(
+            *bars.Progress.get_default_columns(),
+            bars.TimeElapsedColumn(),
+            console=console,
+            auto_refresh=False,
+            transient=True,
+        )
+        self._task = self._bar.add_task("", total=None)
+
+    def start(self, total: int) -> None:
+        self._bar.start()
+        self._bar.update(self._task, total=total, refresh=True)
+
+    def stage(self, text: str) -> None:
+        self._bar.update(self._task, description=text, refresh=True)
+
+    def advance(self, units: int = 1) -> None:
+        self._bar.update(self._task, advance=units, refresh=True)
+
+    def stop(self) -> None:
+        self._bar.stop()
 
 
-def _check(model: ModelResult, name: str) -> Text:
-    r = model.paths[name]
-    if r.skipped is not None:
-        return Text(f"skipped: {r.skipped}", style="dim")
-    if r.error is not None:
-        return Text(f"FAILED: {r.error}", style="bold red")
-    return Text("ok" if r.verified else "unverified")
+class _Lines(Progress):
+    """A plain line per stage, after the minutes and seconds since the start."""
+
+    def __init__(self, console: Console) -> None:
+        self._console, self._start = console, time.monotonic()
+
+    def stage(self, text: str) -> None:
+        minutes, seconds = divmod(int(time.monotonic() - self._start), 60)
+        self._console.print(f"bench {minutes:02d}:{seconds:02d} {text}", markup=False)
 
 
-def _results_table(results: BenchResults) -> Table:
-    """One row per model and path.
+def make_progress(console: Console, *, enabled: bool = True) -> Progress:
+    """The run's progress on ``console``: rich's bar on a terminal, plain lines in a log."""
+    if not enabled:
+        return Progress()
+    return _Bar(console) if console.is_terminal else _Lines(console)
 
-    ``vs gRPC`` is the path's input MB/s over plain gRPC's; ``CPU/floor`` its client CPU
-    seconds per GB over the memcpy floor's.
-    """
-    table = _table()
-    # On a terminal too narrow for it, cells fold rather than lose characters.
-    table.add_column("model", overflow="fold")
-    table.add_column("path", overflow="fold")
-    for header in ("MB/s", "req/s", "CPU s/GB", "vs gRPC", "CPU/floor", "requests"):
-        table.add_column(header, justify="right", overflow="fold")
-    table.add_column("check", overflow="fold")
-    for model in results.models:
-        for i, (name, r) in enumerate(model.paths.items()):
-            vs_grpc = model.mbps_vs(name, "grpc") if name != "grpc" else None
-            vs_floor = model.cpu_vs(name, "memcpy") if name != "memcpy" else None
-            table.add_row(
-                model.case.name,
-                name,
-                num(r.mb_per_s),
-                num(r.requests_per_s),
-                num(r.cpu_s_per_gb),
-                num(vs_grpc, "x"),
-                num(vs_floor, "x"),
-                str(r.requests),
-                _check(model, name),
-                end_section=i == len(model.paths) - 1,
-            )
+
+def _table(*headers: str, title: str | None = None) -> Table:
+    """A table: numbers to the right, the columns of :data:`_TEXT_COLUMNS` to the left."""
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
+    table.title, table.title_justify = title, "left"
+    for header in headers:
+        # On a terminal too narrow for it, cells fold rather than lose characters.
+        left = header in _TEXT_COLUMNS
+        table.add_column(header, justify="left" if left else "right", overflow="fold")
     return table
 
 
-def _ray_table(results: BenchResults) -> Table | None:
-    """The Ray paths' MB/s ratios per model; ``None`` when the run had no Ray paths."""
-    pairs = [
-        (path, base)
-        for path, base in RAY_RATIOS
-        if any(path in m.paths and base in m.paths for m in results.models)
-    ]
-    if not pairs:
-        return None
-    table = _table()
-    table.add_column("model")
-    for path, base in pairs:
-        table.add_column(f"{path} / {base}", justify="right")
-    for m in results.models:
-        table.add_row(m.case.name, *(num(m.mbps_vs(path, base), "x") for path, base in pairs))
-    return table
+def _baseline(model: ModelResult, r: RunResult) -> RunResult | None:
+    """gRPC in the same topology: the same Serve deployment or Ray Data job on plain gRPC, as
+    many gRPC caller processes (``shm-model``), or gRPC at the same concurrency."""
+    if r.path.startswith(("serve", "data")):
+        return model.run(r.path.split("-")[0] + "-grpc")
+    processes = model.run("grpc-procs", r.concurrency) if r.path == "shm-model" else None
+    return processes or model.run("grpc", r.concurrency)
 
 
-def _node_load_table(results: BenchResults) -> Table | None:
-    """One row per node-load run; ``None`` when there were none."""
-    runs = [run for m in results.models for run in m.node_load]
-    if not runs:
-        return None
-    table = _table()
-    table.add_column("model")
-    table.add_column("path")
-    for header in ("callers", "slots", "req/s", "p50 ms", "p99 ms", "fairness", "wait p99 ms"):
-        table.add_column(header, justify="right")
-    for i, run in enumerate(runs):
-        last = i == len(runs) - 1 or runs[i + 1].model != run.model
+def _model_table(model: ModelResult) -> Table:
+    """One row per run of ``model``."""
+    case = model.case
+    title = model.name
+    if case is not None:
+        title += f": model {case.model}, {case.batch_size} samples per request, "
+        title += f"{num(case.input_nbytes / 1e6)} MB in"
+    headers = ("run", "req/s", "samples/s", "MB/s", "p50 ms", "p90 ms", "p99 ms", "CPU s/GB")
+    table = _table(*headers, "vs gRPC", "fairness", "wait p99 ms", "check", title=title)
+    for r in model.runs:
+        numbers = r.numbers()
+        latency = numbers.get("latency_ms", {})
+        base = _baseline(model, r)
+        vs_grpc = mb_ratio(r, base) if base is not None and base is not r else None
+        if r.skipped is not None:
+            check = Text(f"skipped: {r.skipped}", style="dim")
+        else:
+            check = Text(f"FAILED: {r.error}", style="bold red") if r.error else Text("ok")
         table.add_row(
-            run.model,
-            run.path,
-            str(run.callers),
-            "-" if run.slots is None else str(run.slots),
-            num(run.requests_per_s),
-            num(run.p50_ms),
-            num(run.p99_ms),
-            num(run.fairness),
-            num(run.wait_p99_ms),
-            end_section=last,
+            describe_run(r.path, r.concurrency, r.slots),
+            *(num(numbers.get(key)) for key in ("requests_per_s", "samples_per_s", "mb_per_s")),
+            *(num(latency.get(p)) for p in ("p50", "p90", "p99")),
+            num(numbers.get("cpu_s_per_gb")),
+            num(vs_grpc, "x"),
+            num(numbers.get("fairness")),
+            num(numbers.get("wait_p99_ms")),
+            check,
         )
     return table
 
 
-def _goals_table(results: BenchResults) -> Table:
-    """One row per goal: met, missed or not measured."""
-    table = _table()
-    for header in ("", "model", "goal", "measured"):
-        table.add_column(header)
-    for g in results.goals():
-        status, style = _GOAL_STATUS[g.met]
-        unit = " us" if g.goal.kind == "actor_cpu_us" else "x"
-        value = "not measured" if g.value is None else f"got {num(g.value, unit)}"
-        table.add_row(Text(status, style=style), g.goal.model, g.goal.description, value)
-    return table
+def _goals_table(results: BenchResults) -> Table | None:
+    """One row per goal: met, missed or not measured; ``None`` when no goal applies."""
+    table = _table("", "model", "goal", "measured")
+    for goal, value in results.goals():
+        status, style = _GOAL_STATUS[goal.met(value)]
+        unit = "" if goal.metric in ("fairness", "node_actor_cpu_us") else "x"
+        measured = "not measured" if value is None else f"got {num(value, unit)}"
+        table.add_row(Text(status, style=style), goal.model, goal.description, measured)
+    return table if table.row_count else None
+
+
+def _recommendation(model: ModelResult) -> str:
+    rec = model.recommendation()
+    if rec is None:
+        return f"  {model.name}: no shm run posted numbers"
+    share = rec["requests_per_s"] / rec["best_requests_per_s"]
+    shm_mb = num(rec["shm_bytes"] / 1e6) if rec["shm_bytes"] else "-"
+    return (
+        f"  {model.name}: pool_size {rec['pool_size']} - {num(rec['requests_per_s'])} req/s "
+        f"with {rec['path']} ({share:.0%} of the best); shm-client at "
+        f"{num(rec['shm_vs_grpc'], 'x')} gRPC's MB/s there; {shm_mb} MB of /dev/shm"
+    )
 
 
 def print_results(results: BenchResults, console: Console) -> None:
-    """Print the results table, the Ray paths' ratios (if any) and the goals."""
-    if console.is_terminal:
-        _print_results(results, console)
-        return
+    """Print a table per model, the goals, and a recommendation per model."""
     with console.capture() as captured:  # a log gets no padding at the ends of its lines
         _print_results(results, console)
     console.file.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
@@ -167,126 +192,79 @@ def print_results(results: BenchResults, console: Console) -> None:
 
 def _print_results(results: BenchResults, console: Console) -> None:
     cfg = results.config
-    console.print(_results_table(results))
+    for model in results.models:
+        if model.error:
+            console.print(Text(f"{model.name}: FAILED: {model.error}\n", style="bold red"))
+        else:
+            console.print(_model_table(model), "")
     console.print(
-        f"MB = 1e6 bytes of input, GB = 1e9; CPU = client process CPU time (all threads). "
-        f"{cfg.rounds} interleaved rounds x {num(cfg.slice_s)} s per path; server: "
-        f"{results.server}; total {num(results.duration_s)} s.",
+        f"run = path (callers at once; slots where they differ); shm-model = ShmModel, "
+        f"grpc-procs = plain gRPC (no limit), in each caller process. MB = 1e6 bytes of input; "
+        f"CPU = client CPU time (all its processes and threads); vs gRPC = MB/s over plain "
+        f"gRPC's in the same topology; fairness = the fewest requests a caller completed over "
+        f"the mean; wait p99 = among requests that waited for a slot. {cfg.rounds} interleaved "
+        f"rounds x {num(cfg.slice_s)} s per run; Serve and Ray Data: {cfg.ray_callers} callers; "
+        f"server: {results.server}; total {num(results.duration_s)} s.\n",
         markup=False,
     )
-    ray_table = _ray_table(results)
-    if ray_table is not None:
-        callers = cfg.ray_callers
-        console.print()
-        console.print(
-            f"Ray paths (MB/s ratios of the same topology; Serve: one replica fed by {callers} "
-            f"caller actors; Ray Data: the same job with {callers} predictor actors):",
-            markup=False,
-        )
-        console.print(ray_table)
-        actor = [
-            f"{m.case.name} {name} {num(cpu, ' us')}"
-            for m in results.models
-            for name, r in m.paths.items()
-            if (cpu := r.side_cpu_us_per_request) is not None
-        ]
-        if actor:
-            console.print(
-                "node actor CPU per request (all its threads): " + ", ".join(actor), markup=False
-            )
-    node_table = _node_load_table(results)
-    if node_table is not None:
-        console.print()
-        console.print(
-            f"The node under load: caller processes each looping on one request for "
-            f"{num(cfg.node_load_s)} s; shm-model = ShmModel on the model's node slots, grpc = "
-            "plain tritonclient.grpc (no limit). fairness = fewest requests a caller completed "
-            "over the mean; wait p99 = among requests that waited for a slot:",
-            markup=False,
-        )
-        console.print(node_table)
-    console.print()
-    console.print("Goals (shm-client = TritonSHMClient.infer_shm, one max batch per call):")
-    console.print(_goals_table(results))
+    goals = _goals_table(results)
+    if goals is not None:
+        console.print("Goals:", goals, "")
+    console.print(
+        f"Recommendation (the smallest pool_size, i.e. slots, whose shm throughput reaches "
+        f"{RECOMMEND_SHARE:.0%} of the best measured):\n"
+        + "\n".join(_recommendation(model) for model in results.models),
+        markup=False,
+    )
 
 
 def write_json(results: BenchResults, path: str | Path) -> Path:
     """Write the machine-readable results; returns the path written."""
     target = Path(path)
-    if target.parent != Path(""):
-        target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(json.dumps(results.to_dict(), indent=2, sort_keys=False) + "\n")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(results.to_dict(), indent=2) + "\n")
     return target
 
 
 def write_plot(results: BenchResults, path: str | Path) -> Path:
-    """Write a grouped bar plot of input MB/s per model and path (log scale).
-
-    Raises:
-        ModuleNotFoundError: If matplotlib is not installed (saying how to install it).
-    """
+    """Write a PNG: per model, throughput and p99 latency against concurrency, a line per
+    path (and slots, where they differ from the callers). Raises ``ModuleNotFoundError``,
+    saying how to install it, without matplotlib."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ModuleNotFoundError as exc:
-        raise ModuleNotFoundError(
-            "matplotlib is not installed; install it with "
-            "`pip install 'ray-triton-shm[bench]'` (or `pip install matplotlib`), "
-            "or pass --no-plot",
-            name="matplotlib",
-        ) from exc
+        message = "matplotlib is missing: pip install 'ray-triton-shm[bench]', or pass --no-plot"
+        raise ModuleNotFoundError(message, name="matplotlib") from exc
 
-    models = results.models
-    path_names = list(dict.fromkeys(n for m in models for n in m.paths))
-    target = Path(path)
-    if target.parent != Path(""):
-        target.parent.mkdir(parents=True, exist_ok=True)
-    fig, ax = plt.subplots(figsize=(max(6.0, 2.2 * len(models) + 2), 4.8))
-    width = 0.8 / max(1, len(path_names))
-    all_values: list[float] = []
-    for j, name in enumerate(path_names):
-        xs, ys = [], []
-        for i, m in enumerate(models):
-            r = m.paths.get(name)
-            value = r.mb_per_s if r is not None else None
-            if value is not None and value > 0:
-                xs.append(i + (j - (len(path_names) - 1) / 2) * width)
-                ys.append(value)
-        label = name
-        if models and name in models[0].paths and models[0].paths[name].label != name:
-            label = f"{name}: {models[0].paths[name].label}"
-        all_values.extend(ys)
-        bars = ax.bar(xs, ys, width=width * 0.95, label=label)
-        for bar, y in zip(bars, ys, strict=True):
-            ax.annotate(
-                num(y),
-                (bar.get_x() + bar.get_width() / 2, y),
-                ha="center",
-                va="bottom",
-                fontsize=6,
-                rotation=90,
-                xytext=(0, 2),
-                textcoords="offset points",
-            )
-    ax.set_xticks(range(len(models)))
-    ax.set_xticklabels(
-        [
-            f"{m.case.name}\n(batch {m.case.batch_size}, {num(m.case.input_nbytes / 1e6)} MB in)"
-            for m in models
-        ],
-        fontsize=8,
-    )
-    if all_values:  # (a log scale without any value fails)
-        ax.set_yscale("log")
-        # Room above the tallest bar for its label.
-        ax.set_ylim(min(all_values) / 2, max(all_values) * 6)
-    ax.set_ylabel("input MB/s (log scale)")
-    ax.set_title("ray-triton-shm bench: input throughput per model and path")
-    ax.legend(fontsize=7, loc="upper left", framealpha=0.8)
-    ax.grid(axis="y", which="both", alpha=0.3)
+    models = [m for m in results.models if any(r.ok for r in m.runs)]
+    rows = max(1, len(models))
+    fig, axes = plt.subplots(rows, 2, figsize=(12, 3.6 * rows), squeeze=False)
+    for (left, right), model in zip(axes, models):
+        lines: dict[str, list[dict[str, Any]]] = {}
+        # The memcpy floor is a CPU floor: its rate would squash every other line.
+        runs = [r for r in model.runs if r.ok and r.path != "memcpy"]
+        for r in sorted(runs, key=lambda r: r.concurrency):
+            slots = f" ({r.slots} slots)" if r.slots and r.slots != r.concurrency else ""
+            lines.setdefault(r.path + slots, []).append({"x": r.concurrency, **r.numbers()})
+        for label, points in lines.items():
+            xs = [p["x"] for p in points]
+            left.plot(xs, [p["requests_per_s"] for p in points], marker="o", label=label)
+            right.plot(xs, [p["latency_ms"]["p99"] for p in points], marker="o", label=label)
+        levels = sorted({r.concurrency for r in model.runs})
+        for ax, what in ((left, "throughput (requests/s)"), (right, "p99 latency (ms)")):
+            ax.set(xscale="log", yscale="log", xlabel="concurrency (callers at once)", ylabel=what)
+            ax.set_xticks(levels, [str(level) for level in levels])
+            ax.set_xticks([], minor=True)
+            ax.grid(alpha=0.3)
+            ax.set_title(f"{model.name}: {what}", fontsize=10)
+        left.legend(fontsize=7, framealpha=0.8)
+    fig.suptitle("ray-triton-shm bench: throughput and p99 latency against concurrency")
     fig.tight_layout()
-    fig.savefig(target, dpi=120)
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(target, dpi=100)
     plt.close(fig)
     return target

@@ -1,472 +1,345 @@
-"""Runs the paths side by side, in interleaved rounds, and collects the numbers."""
+"""Runs the paths at every level of the sweep, interleaved, and collects the numbers.
+
+For each model the runs come in groups: one per ``--concurrency`` level (the sweep paths at
+that level, and the one-caller paths at level 1), the Serve and Ray Data paths (with
+``--ray-callers`` callers), and the node under load. The runs of a group are set up together,
+then measured in interleaved rounds (one time slice per run per round, the order rotating each
+round), so that load from other processes hits them alike. Each run's first request is
+checked against a plain gRPC reference before its numbers count.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import time
 import zlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from rich.progress import Progress
+import tritonclient.grpc as grpcclient
 
 from ray_triton_shm._bench import _paths, _ray_paths
-from ray_triton_shm._bench._cases import CASES, ModelCase
-from ray_triton_shm._bench._config import RAY_PATHS, BenchConfig
-from ray_triton_shm._bench._node_load import LoadRun, load_ratios, run_node_load
-from ray_triton_shm._bench._paths import (
-    BenchPath,
-    BenchTarget,
-    OutputMismatch,
-    SkipPath,
-    check_outputs,
-    grpc_request,
-)
+from ray_triton_shm._bench._cases import ModelCase
+from ray_triton_shm._bench._config import NODE_LOAD, SWEEP_PATHS, BenchConfig, CaseSpec
+from ray_triton_shm._bench._paths import BenchPath, BenchTarget, SkipPath, check_outputs
 from ray_triton_shm._bench._ray_paths import RayBenchSession, RayPath
+from ray_triton_shm.local._server import LocalTritonServer
 
-__all__ = [
-    "GOALS",
-    "PATHS",
-    "BenchResults",
-    "Goal",
-    "GoalResult",
-    "ModelResult",
-    "PathResult",
-    "SliceStats",
-    "run_bench",
-]
-
-_MB = 1e6
-_GB = 1e9
+__all__ = ["GOALS", "PATHS", "BenchResults", "Goal", "ModelResult", "Progress", "run_bench"]
 
 #: Every path, by name: those without Ray, then the Ray paths.
 PATHS: dict[str, type[BenchPath]] = {cls.name: cls for cls in (*_paths.PATHS, *_ray_paths.PATHS)}
+#: The paths run with ``--ray-callers`` callers, in a group of their own.
+_RAY_CHOICES = ("serve-grpc", "serve-shm", "serve-inproc", "data-grpc", "data-shm", "data-noop")
+#: A run: ``(path, concurrency, slots)``; slots ``None`` for the paths without any.
+RunKey = tuple[str, int, "int | None"]
+#: The shm throughput a recommended pool reaches, over the best one measured.
+RECOMMEND_SHARE = 0.95
 
 
-@dataclasses.dataclass
-class SliceStats:
-    """One time slice of one path.
+class Progress:
+    """Where the runner reports progress, here nowhere: ``start(total)`` units of work, a new
+    ``stage(text)``, ``advance(units)`` done, and ``stop()`` when the run is over."""
 
-    Attributes:
-        round: Round index.
-        requests: Requests completed.
-        wall_s: Wall-clock time.
-        cpu_s: Client process CPU time (all threads).
-        side_cpu_s: CPU time of the Ray node actor meanwhile (paths that have one).
-    """
-
-    round: int
-    requests: int
-    wall_s: float
-    cpu_s: float
-    side_cpu_s: float | None = None
+    def start(self, total: int) -> None: ...
+    def stage(self, text: str) -> None: ...
+    def advance(self, units: int = 1) -> None: ...
+    def stop(self) -> None: ...
 
 
-@dataclasses.dataclass
-class PathResult:
-    """The totals of one path on one model.
-
-    Attributes:
-        path: The path's name.
-        label: Human-readable name.
-        input_nbytes: Input bytes per request.
-        slices: Per-slice measurements.
-        verified: The first request's outputs matched the reference.
-        skipped: Why the path did not run (unavailable here), else ``None``.
-        error: Why the path failed, else ``None``.
-    """
-
-    path: str
-    label: str
-    input_nbytes: int
-    slices: list[SliceStats] = dataclasses.field(default_factory=list)
-    verified: bool = False
-    skipped: str | None = None
-    error: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        """Whether the path produced valid numbers."""
-        return self.verified and self.error is None and self.skipped is None and self.requests > 0
-
-    @property
-    def requests(self) -> int:
-        """Requests over all slices."""
-        return sum(s.requests for s in self.slices)
-
-    @property
-    def wall_s(self) -> float:
-        """Wall-clock seconds over all slices."""
-        return sum(s.wall_s for s in self.slices)
-
-    @property
-    def cpu_s(self) -> float:
-        """Client CPU seconds over all slices."""
-        return sum(s.cpu_s for s in self.slices)
-
-    @property
-    def mb_per_s(self) -> float | None:
-        """Input megabytes (1e6 B) per second."""
-        if not self.ok or self.wall_s <= 0:
-            return None
-        return self.requests * self.input_nbytes / _MB / self.wall_s
-
-    @property
-    def requests_per_s(self) -> float | None:
-        """Requests per second."""
-        if not self.ok or self.wall_s <= 0:
-            return None
-        return self.requests / self.wall_s
-
-    @property
-    def cpu_s_per_gb(self) -> float | None:
-        """Client CPU seconds per gigabyte (1e9 B) of input."""
-        if not self.ok:
-            return None
-        gigabytes = self.requests * self.input_nbytes / _GB
-        return self.cpu_s / gigabytes if gigabytes > 0 else None
-
-    @property
-    def side_cpu_us_per_request(self) -> float | None:
-        """The node actor's CPU microseconds per request (paths that have one)."""
-        sides = [s.side_cpu_s for s in self.slices]
-        if not self.ok or not sides or None in sides:
-            return None
-        return sum(s for s in sides if s is not None) / self.requests * 1e6
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready view."""
-        return {
-            "path": self.path,
-            "label": self.label,
-            "ok": self.ok,
-            "verified": self.verified,
-            "skipped": self.skipped,
-            "error": self.error,
-            "requests": self.requests,
-            "wall_s": self.wall_s,
-            "cpu_s": self.cpu_s,
-            "mb_per_s": self.mb_per_s,
-            "requests_per_s": self.requests_per_s,
-            "cpu_s_per_gb": self.cpu_s_per_gb,
-            "node_actor_cpu_us_per_request": self.side_cpu_us_per_request,
-            "slices": [dataclasses.asdict(s) for s in self.slices],
-        }
+def describe_run(path: str, concurrency: int | None = None, slots: int | None = None) -> str:
+    """E.g. ``"shm-model (16 callers, 4 slots)"``; ``path`` alone without a concurrency."""
+    if concurrency is None:
+        return path
+    callers = f"{concurrency} caller{'s' * (concurrency > 1)}"
+    return f"{path} ({callers}{f', {slots} slots' if slots and slots != concurrency else ''})"
 
 
 def _ratio(numerator: float | None, denominator: float | None) -> float | None:
-    if numerator is None or denominator is None or denominator <= 0:
-        return None
-    return numerator / denominator
+    return numerator / denominator if numerator is not None and denominator else None
+
+
+@dataclasses.dataclass
+class RunResult:
+    """One path at one concurrency (on ``slots`` slots, for the shm paths) on one model: its
+    time, client CPU time (every thread of every client process) and the node actor's
+    (``None``: not used) over the slices, every request's latency per caller, why it was
+    ``skipped`` or failed (``error``), and the path's own numbers (``extra``); see
+    :meth:`numbers`."""
+
+    path: str
+    concurrency: int
+    slots: int | None
+    case: ModelCase
+    wall_s: float = 0.0
+    cpu_s: float = 0.0
+    side_cpu_s: float | None = 0.0
+    latencies_s: list[list[float]] = dataclasses.field(default_factory=list)
+    verified: bool = False
+    skipped: str | None = None
+    error: str | None = None
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def add(self, wall_s: float, cpu_s: float, side_cpu_s: float | None, latencies: list) -> None:
+        """Adds one slice: its times, and each caller's latencies."""
+        self.wall_s += wall_s
+        self.cpu_s += cpu_s
+        if self.side_cpu_s is not None:
+            self.side_cpu_s = None if side_cpu_s is None else self.side_cpu_s + side_cpu_s
+        self.latencies_s = self.latencies_s or [[] for _ in latencies]
+        for mine, more in zip(self.latencies_s, latencies):
+            mine.extend(more)
+
+    @property
+    def ok(self) -> bool:
+        """Whether the run produced valid numbers."""
+        done = self.verified and not self.error and not self.skipped
+        return done and self.wall_s > 0 and any(self.latencies_s)
+
+    def numbers(self) -> dict[str, Any]:
+        """Requests, samples and input MB (1e6 B) per second, ``latency_ms`` (p50, p90 and
+        p99 of a request's), client CPU s per GB (1e9 B) of input, ``fairness`` (the fewest
+        requests a caller completed over the mean, with several callers), the node actor's
+        CPU us per request, and the path's own numbers; empty for a run without numbers."""
+        if not self.ok:
+            return {}
+        requests = sum(map(len, self.latencies_s))
+        every = np.concatenate([np.array(caller) for caller in self.latencies_s]) * 1e3
+        done = [len(caller) for caller in self.latencies_s]
+        gigabytes = requests * self.case.input_nbytes / 1e9
+        return {
+            "requests_per_s": requests / self.wall_s,
+            "samples_per_s": requests * self.case.batch_size / self.wall_s,
+            "mb_per_s": gigabytes * 1e3 / self.wall_s,
+            "latency_ms": dict(
+                zip(("p50", "p90", "p99"), np.percentile(every, [50, 90, 99]).tolist())
+            ),
+            "cpu_s_per_gb": self.cpu_s / gigabytes if gigabytes else None,
+            "fairness": min(done) / (requests / len(done)) if len(done) > 1 else None,
+            "node_actor_cpu_us": _ratio(self.side_cpu_s, requests / 1e6),
+            **self.extra,
+            "requests": requests,
+            "wall_s": self.wall_s,
+            "cpu_s": self.cpu_s,
+        }
+
+
+def mb_ratio(run: RunResult | None, baseline: RunResult | None) -> float | None:
+    """``run``'s MB/s over ``baseline``'s (``None`` if either has none)."""
+    value = run.numbers().get("mb_per_s") if run else None
+    return _ratio(value, baseline.numbers().get("mb_per_s") if baseline else None)
 
 
 @dataclasses.dataclass
 class ModelResult:
-    """All paths on one model.
+    """Every run on one model, in the order they ran (``case``: ``None`` if it could not be
+    made, ``error`` says why)."""
 
-    Attributes:
-        case: The workload.
-        paths: Results by path name, in table order.
-        node_load: The node under load (``bench --ray``), see :mod:`._node_load`.
-    """
+    name: str
+    case: ModelCase | None = None
+    runs: list[RunResult] = dataclasses.field(default_factory=list)
+    error: str | None = None
 
-    case: ModelCase
-    paths: dict[str, PathResult] = dataclasses.field(default_factory=dict)
-    node_load: list[LoadRun] = dataclasses.field(default_factory=list)
+    def run(
+        self, path: str, concurrency: int | None = None, slots: int | None = None
+    ) -> RunResult | None:
+        """The run of ``path``, at ``concurrency`` and on ``slots`` slots when given."""
+        for r in self.runs:
+            if r.path == path and concurrency in (None, r.concurrency) and slots in (None, r.slots):
+                return r
+        return None
 
-    def node_ratio(self, kind: str) -> float | None:
-        """``"16_vs_4"``, ``"shm_vs_grpc"`` (see :func:`load_ratios`) or ``"fairness"`` (of
-        the 16 callers on 4 slots) of the node-load runs."""
-        if kind == "fairness":
-            many = [r for r in self.node_load if r.path == "shm-model" and r.callers == 16]
-            return many[0].fairness if many else None
-        return load_ratios(self.node_load).get(self.case.name, {}).get(kind)
+    def skipped(self) -> dict[str, str]:
+        """Why the runs that did not run did not: by ``"path@concurrency"``."""
+        return {f"{r.path}@{r.concurrency}": r.skipped for r in self.runs if r.skipped}
 
-    def mbps_vs(self, path: str, baseline: str = "grpc") -> float | None:
-        """``path``'s MB/s over ``baseline``'s."""
-        a, b = self.paths.get(path), self.paths.get(baseline)
-        return _ratio(a.mb_per_s if a else None, b.mb_per_s if b else None)
-
-    def cpu_vs(self, path: str, baseline: str = "memcpy") -> float | None:
-        """``path``'s CPU s/GB over ``baseline``'s."""
-        a, b = self.paths.get(path), self.paths.get(baseline)
-        return _ratio(a.cpu_s_per_gb if a else None, b.cpu_s_per_gb if b else None)
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready view."""
-        ratios = {
-            "shm_client_vs_grpc_mb_per_s": self.mbps_vs("shm-client", "grpc"),
-            "shm_client_vs_http_mb_per_s": self.mbps_vs("shm-client", "http"),
-            "shm_client_vs_shm_manual_mb_per_s": self.mbps_vs("shm-client", "shm-manual"),
-            "shm_client_vs_memcpy_cpu_s_per_gb": self.cpu_vs("shm-client", "memcpy"),
-        }
-        for path, baseline in RAY_RATIOS:
-            if path in self.paths:
-                key = f"{path}_vs_{baseline}_mb_per_s".replace("-", "_")
-                ratios[key] = self.mbps_vs(path, baseline)
+    def recommendation(self) -> dict[str, Any] | None:
+        """The smallest ``pool_size`` whose shm throughput (``shm-client`` or ``shm-model``,
+        as many callers as slots) reaches :data:`RECOMMEND_SHARE` of the best measured;
+        shm-client's MB/s over gRPC's there, and the ``/dev/shm`` such a pool takes."""
+        shm = [
+            (r.numbers()["requests_per_s"], r)
+            for r in self.runs
+            if r.path in ("shm-client", "shm-model") and r.ok and r.slots == r.concurrency
+        ]
+        if not shm:
+            return None
+        best = max(rate for rate, _ in shm)
+        rate, fit = min(
+            ((rate, r) for rate, r in shm if rate >= RECOMMEND_SHARE * best),
+            key=lambda pair: (pair[1].concurrency, -pair[0]),
+        )
+        pool = fit.concurrency
         return {
-            "model": self.case.model,
-            "case": self.case.name,
-            "batch_size": self.case.batch_size,
-            "input_bytes_per_request": self.case.input_nbytes,
-            "output_bytes_per_request": self.case.output_nbytes,
-            "paths": {name: r.to_dict() for name, r in self.paths.items()},
-            "ratios": ratios,
-            "node_load": {
-                "runs": [r.to_dict() for r in self.node_load],
-                "ratios": load_ratios(self.node_load).get(self.case.name, {}),
-            },
+            "pool_size": pool,
+            "shm_vs_grpc": mb_ratio(self.run("shm-client", pool), self.run("grpc", pool)),
+            "shm_bytes": fit.extra.get("shm_bytes"),
+            "path": fit.path,
+            "requests_per_s": rate,
+            "best_requests_per_s": best,
         }
 
 
-#: MB/s ratios reported for the Ray paths (``bench --ray``): ``(path, baseline)``, each pair
-#: the same topology with one choice changed.
-RAY_RATIOS: tuple[tuple[str, str], ...] = (
-    ("serve-shm", "serve-grpc"),
-    ("serve-shm", "serve-inproc"),
-    ("data-shm", "data-grpc"),
-    ("data-shm", "data-noop"),
-)
+_METRICS = {
+    "mb_per_s": "MB/s",
+    "cpu_s_per_gb": "CPU s/GB",
+    "fairness": "fewest requests of a caller / mean",
+    "node_actor_cpu_us": "node actor CPU us/request",
+}
 
 
 @dataclasses.dataclass(frozen=True)
 class Goal:
-    """A target for the shm client on one model.
-
-    Attributes:
-        model: The model.
-        kind: ``"mbps_vs_grpc"`` (ratio must be at least ``target``),
-            ``"cpu_vs_memcpy"`` (ratio must be at most ``target``), ``"mbps_vs"``
-            (``path``'s MB/s over ``baseline``'s must be at least ``target``; such a goal is
-            listed only when both paths were part of the run), ``"actor_cpu_us"`` (the node
-            actor's CPU microseconds per request of ``path`` must be at most ``target``), or
-            ``"node"`` (the node-load ratio named by ``path``, see
-            :meth:`ModelResult.node_ratio`, must be at least ``target``).
-        target: The threshold.
-        path: The path measured (``"mbps_vs"``).
-        baseline: The path compared with (``"mbps_vs"``).
-    """
+    """A target on one ``model``: ``metric`` (a key of :meth:`RunResult.numbers`) of ``run``
+    (``(path, concurrency, slots)``, the last two optional), or its ratio to ``baseline``'s,
+    at least ``target`` (at most, for CPU)."""
 
     model: str
-    kind: str
+    run: tuple[Any, ...]
     target: float
-    path: str = "shm-client"
-    baseline: str = ""
+    baseline: tuple[Any, ...] = ()
+    metric: str = "mb_per_s"
 
     @property
     def description(self) -> str:
-        """E.g. ``"shm-client MB/s >= 3x gRPC"``."""
-        if self.kind == "mbps_vs_grpc":
-            return f"shm-client MB/s >= {self.target:g}x gRPC"
-        if self.kind == "mbps_vs":
-            return f"{self.path} MB/s >= {self.target:g}x {self.baseline}"
-        if self.kind == "actor_cpu_us":
-            return f"{self.path}: node actor CPU <= {self.target:g} us/request"
-        if self.kind == "node":
-            return {
-                "16_vs_4": f"16 callers on 4 slots >= {self.target:g}x req/s of 4 callers",
-                "shm_vs_grpc": f"16 callers on 4 slots >= {self.target:g}x req/s of 16 gRPC",
-                "fairness": f"16 callers on 4 slots: fewest done >= {self.target:g}x the mean",
-            }[self.path]
-        return f"shm-client CPU s/GB <= {self.target:g}x memcpy floor"
+        """E.g. ``"shm-client (1 caller) MB/s >= 3x grpc (1 caller)"``."""
+        run, metric = describe_run(*self.run), _METRICS[self.metric]
+        sign = "<=" if "cpu" in self.metric else ">="
+        if not self.baseline:
+            return f"{run}: {metric} {sign} {self.target:g}"
+        return f"{run} {metric} {sign} {self.target:g}x {describe_run(*self.baseline)}"
 
-    def applies_to(self, config: BenchConfig) -> bool:
-        """Whether the goal is listed for a run of ``config``."""
-        if self.model not in config.models:
-            return False
-        if self.kind == "actor_cpu_us":
-            return self.path in config.paths
-        if self.kind == "node":
-            return config.node_load_s > 0 and any(p in RAY_PATHS for p in config.paths)
-        return self.kind != "mbps_vs" or {self.path, self.baseline} <= set(config.paths)
+    def measure(self, model: ModelResult) -> float | None:
+        """The value this goal is about, or ``None`` if not measured."""
+        run = model.run(*self.run)
+        value = run.numbers().get(self.metric) if run else None
+        if not self.baseline:
+            return value
+        base = model.run(*self.baseline)
+        return _ratio(value, base.numbers().get(self.metric) if base else None)
 
-    def measure(self, result: ModelResult) -> float | None:
-        """The ratio this goal is about, or ``None`` if not measurable."""
-        if self.kind == "mbps_vs_grpc":
-            return result.mbps_vs("shm-client", "grpc")
-        if self.kind == "mbps_vs":
-            return result.mbps_vs(self.path, self.baseline)
-        if self.kind == "actor_cpu_us":
-            path = result.paths.get(self.path)
-            return path.side_cpu_us_per_request if path else None
-        if self.kind == "node":
-            return result.node_ratio(self.path)
-        return result.cpu_vs("shm-client", "memcpy")
-
-    def is_met(self, value: float) -> bool:
-        """Whether ``value`` meets the goal."""
-        at_most = self.kind in ("cpu_vs_memcpy", "actor_cpu_us")
-        return value <= self.target if at_most else value >= self.target
+    def met(self, value: float | None) -> bool | None:
+        """Whether ``value`` meets the goal (``None``: not measured)."""
+        if value is None:
+            return None
+        return value <= self.target if "cpu" in self.metric else value >= self.target
 
 
-#: The project's performance goals.
-GOALS: tuple[Goal, ...] = (
-    Goal("identity", "mbps_vs_grpc", 1.0),
-    Goal("classifier", "mbps_vs_grpc", 3.0),
-    Goal("my_model", "mbps_vs_grpc", 3.0),
-    Goal("large_image", "mbps_vs_grpc", 8.0),
-    Goal("classifier", "cpu_vs_memcpy", 1.5),
-    Goal("large_image", "cpu_vs_memcpy", 1.5),
-    Goal("upper-short", "mbps_vs_grpc", 1.0),
-    Goal("upper-long", "mbps_vs_grpc", 1.5),
+_LOAD, _LOAD_CASES = NODE_LOAD[0], ("identity", "classifier-1", "classifier")
+# fmt: off
+#: The project's performance goals: ``Goal``'s arguments (model, run, target, baseline, metric).
+_GOALS: tuple[tuple[Any, ...], ...] = (
+    # One caller, one request at a time: the client alone.
+    ("identity", ("shm-client", 1), 1.0, ("grpc", 1)),
+    ("classifier", ("shm-client", 1), 3.0, ("grpc", 1)),
+    ("my_model", ("shm-client", 1), 3.0, ("grpc", 1)),
+    ("large_image", ("shm-client", 1), 8.0, ("grpc", 1)),
+    ("upper-short", ("shm-client", 1), 1.0, ("grpc", 1)),
+    ("upper-long", ("shm-client", 1), 1.5, ("grpc", 1)),
+    ("classifier", ("shm-client", 1), 1.5, ("memcpy", 1), "cpu_s_per_gb"),
+    ("large_image", ("shm-client", 1), 1.5, ("memcpy", 1), "cpu_s_per_gb"),
     # bench --ray: the same Serve deployment with its replica on each client, and the same
     # Ray Data job with each predictor.
-    Goal("identity", "mbps_vs", 1.0, "serve-shm", "serve-grpc"),
-    Goal("classifier-1", "mbps_vs", 1.0, "serve-shm", "serve-grpc"),
-    Goal("classifier", "mbps_vs", 2.3, "serve-shm", "serve-grpc"),
-    Goal("large_image", "mbps_vs", 3.5, "serve-shm", "serve-grpc"),
-    *(
-        Goal(case, "mbps_vs", 0.95, "serve-shm", "serve-inproc")
-        for case in ("identity", "classifier-1", "classifier", "my_model", "large_image")
-    ),
-    Goal("classifier", "mbps_vs", 0.95, "data-shm", "data-noop"),
-    # bench --ray, the node under load: 16 caller processes on 4 node slots.
-    *(Goal(case, "node", 0.9, "16_vs_4") for case in ("identity", "classifier-1", "classifier")),
-    Goal("identity", "node", 0.85, "shm_vs_grpc"),
-    Goal("classifier-1", "node", 2.5, "shm_vs_grpc"),
-    Goal("classifier", "node", 4.5, "shm_vs_grpc"),
-    *(Goal(case, "node", 0.5, "fairness") for case in ("identity", "classifier-1", "classifier")),
-    Goal("classifier", "mbps_vs", 1.0, "data-shm", "data-grpc"),
+    ("identity", ("serve-shm",), 1.0, ("serve-grpc",)),
+    ("classifier-1", ("serve-shm",), 1.0, ("serve-grpc",)),
+    ("classifier", ("serve-shm",), 2.3, ("serve-grpc",)),
+    ("large_image", ("serve-shm",), 3.5, ("serve-grpc",)),
+    *((case, ("serve-shm",), 0.95, ("serve-inproc",))
+      for case in ("identity", "classifier-1", "classifier", "my_model", "large_image")),
+    ("classifier", ("data-shm",), 0.95, ("data-noop",)),
+    ("classifier", ("data-shm",), 1.0, ("data-grpc",)),
     # The node actor before it left the request path: about 1.17 ms of CPU per request.
-    Goal("classifier", "actor_cpu_us", 0.05 * 1170, "serve-shm"),
-    Goal("classifier", "actor_cpu_us", 0.05 * 1170, "data-shm"),
+    ("classifier", ("serve-shm",), 0.05 * 1170, (), "node_actor_cpu_us"),
+    ("classifier", ("data-shm",), 0.05 * 1170, (), "node_actor_cpu_us"),
+    # bench --ray, the node under load.
+    *((case, _LOAD, 0.9, ("shm-model", 4, 4)) for case in _LOAD_CASES),
+    ("identity", _LOAD, 0.85, NODE_LOAD[1]),
+    ("classifier-1", _LOAD, 2.5, NODE_LOAD[1]),
+    ("classifier", _LOAD, 4.5, NODE_LOAD[1]),
+    *((case, _LOAD, 0.5, (), "fairness") for case in _LOAD_CASES),
 )
-
-
-@dataclasses.dataclass(frozen=True)
-class GoalResult:
-    """A goal and what was measured.
-
-    Attributes:
-        goal: The goal.
-        value: The measured ratio (``None``: not measured, e.g. model or path not run).
-    """
-
-    goal: Goal
-    value: float | None
-
-    @property
-    def met(self) -> bool | None:
-        """``None`` if not measured."""
-        return None if self.value is None else self.goal.is_met(self.value)
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready view."""
-        return {
-            "model": self.goal.model,
-            "kind": self.goal.kind,
-            "target": self.goal.target,
-            "description": self.goal.description,
-            "value": self.value,
-            "met": self.met,
-        }
+# fmt: on
+GOALS = tuple(Goal(*goal) for goal in _GOALS)
 
 
 @dataclasses.dataclass
 class BenchResults:
-    """Everything one run measured.
-
-    Attributes:
-        config: What was run.
-        models: Per-model results, in order.
-        server: ``"embedded"`` or the URL of the server used.
-        duration_s: Total wall time.
-    """
+    """Everything one run of ``config`` measured, on the ``server`` (``"embedded"`` or its URL)."""
 
     config: BenchConfig
     models: list[ModelResult]
     server: str
     duration_s: float = 0.0
 
-    def goals(self) -> list[GoalResult]:
-        """Every goal whose model was run, with its measured value."""
-        by_model = {m.case.name: m for m in self.models}
+    def goals(self) -> list[tuple[Goal, float | None]]:
+        """Every goal whose model and paths were run, with its measured value."""
+        by_model = {m.name: m for m in self.models}
         return [
-            GoalResult(goal, goal.measure(by_model[goal.model]))
+            (goal, goal.measure(by_model[goal.model]))
             for goal in GOALS
-            if goal.model in by_model and goal.applies_to(self.config)
+            if goal.model in by_model and {goal.run[0], *goal.baseline[:1]} <= {*self.config.paths}
         ]
 
     @property
     def failures(self) -> list[str]:
-        """``"model/path: error"`` for every path that failed (not skipped)."""
-        return [
-            f"{m.case.name}/{name}: {r.error}"
+        """``"model: error"`` or ``"model/run: error"`` for every failure."""
+        return [f"{m.name}: {m.error}" for m in self.models if m.error] + [
+            f"{m.name}/{describe_run(r.path, r.concurrency, r.slots)}: {r.error}"
             for m in self.models
-            for name, r in m.paths.items()
+            for r in m.runs
             if r.error is not None
         ]
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready view."""
+        """A JSON-ready view: ``runs`` (those that posted numbers) and ``recommendations``
+        first."""
         import platform
 
+        recommendations = {m.name: m.recommendation() for m in self.models}
         return {
-            "schema": "ray-triton-shm-bench/1",
+            "schema": "ray-triton-shm-bench/2",
+            "runs": [
+                {"model": m.name, "path": r.path, "concurrency": r.concurrency, "slots": r.slots}
+                | r.numbers()
+                for m in self.models
+                for r in m.runs
+                if r.ok
+            ],
+            "recommendations": {name: r for name, r in recommendations.items() if r},
+            "models": {m.name: {"error": m.error, "skipped": m.skipped()} for m in self.models},
+            "goals": [
+                {"model": g.model, "description": g.description, "target": g.target}
+                | {"value": value, "met": g.met(value)}
+                for g, value in self.goals()
+            ],
+            "failures": self.failures,
             "units": {"mb": "1e6 bytes of input", "gb": "1e9 bytes of input"},
-            "config": {
-                **dataclasses.asdict(self.config),
-                "models": list(self.config.models),
-                "paths": list(self.config.paths),
-            },
+            "config": dataclasses.asdict(self.config),
             "server": self.server,
             "host": {"machine": platform.machine(), "python": platform.python_version()},
             "duration_s": self.duration_s,
-            "models": {m.case.name: m.to_dict() for m in self.models},
-            "goals": [g.to_dict() for g in self.goals()],
-            "failures": self.failures,
         }
 
 
-# --------------------------------------------------------------------------------------
-# Running
-# --------------------------------------------------------------------------------------
-
-#: Advances the progress bar (``advance=``) and/or sets its text (``description=``).
-_Step = Callable[..., None]
-
-
-def _reference_outputs(
-    target: BenchTarget, case: ModelCase, inputs: Mapping[str, np.ndarray]
-) -> dict[str, np.ndarray]:
-    """One plain gRPC request: the outputs every path must reproduce."""
-    import tritonclient.grpc as grpcclient
-
-    client = grpcclient.InferenceServerClient(target.grpc_url)
-    try:
-        infer_inputs, outputs = grpc_request(inputs, case.outputs)
-        result = client.infer(case.model, infer_inputs, outputs=outputs)
-        reference = {name: np.array(result.as_numpy(name)) for name in case.outputs}
-    finally:
-        with contextlib.suppress(Exception):
-            client.close()
-    for name, spec in case.outputs.items():
-        expected_shape = case.batched_shape(spec)
-        got = reference[name]
-        if got is None or got.shape != expected_shape or got.dtype != spec.dtype:
-            raise OutputMismatch(
-                f"{case.model}: reference output {name} is "
-                f"{None if got is None else (got.shape, got.dtype)}, expected "
-                f"{(expected_shape, spec.dtype)}"
-            )
-    if case.identity and not np.array_equal(reference["OUTPUT0"], inputs["INPUT0"]):
-        raise OutputMismatch(f"{case.model}: OUTPUT0 is not INPUT0")
-    return reference
-
-
-def _run_slice(path: BenchPath, *, round_index: int, slice_s: float) -> SliceStats:
-    side0 = path.side_cpu_time()
-    cpu0 = path.cpu_time()
-    t0 = time.perf_counter()
-    requests = path.run_slice(slice_s)
-    elapsed = time.perf_counter() - t0
-    cpu_s = path.cpu_time() - cpu0
-    side1 = path.side_cpu_time()
-    side_cpu_s = None if side0 is None or side1 is None else side1 - side0
-    return SliceStats(round_index, requests, elapsed, cpu_s, side_cpu_s)
+def run_groups(config: BenchConfig) -> list[list[RunKey]]:
+    """The runs of every model, in groups whose runs are interleaved (see the module doc)."""
+    levels = config.concurrency
+    one = [p for p in config.paths if p not in SWEEP_PATHS and p not in _RAY_CHOICES]
+    groups = [
+        [
+            (path, level, level if path in ("shm-client", "shm-model") else None)
+            for path in config.paths
+            if (path in SWEEP_PATHS and level in levels) or (path in one and level == 1)
+        ]
+        for level in sorted({*levels, *([1] if one else [])})
+    ]
+    groups.append([(p, config.ray_callers, None) for p in config.paths if p in _RAY_CHOICES])
+    if config.node_load and "shm-model" in config.paths:
+        swept = {key for group in groups for key in group}
+        groups.append([key for key in NODE_LOAD if key[0] in config.paths and key not in swept])
+    return [group for group in groups if group]
 
 
 def _describe(exc: BaseException) -> str:
@@ -474,152 +347,123 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
 
 
-@contextlib.contextmanager
-def _server_target(config: BenchConfig) -> Iterator[tuple[BenchTarget, str]]:
-    if config.url is not None:
-        yield BenchTarget(config.url, config.http_url), config.url
-        return
-    from ray_triton_shm.local._server import LocalTritonServer
-
-    server = LocalTritonServer(startup_timeout_s=config.startup_timeout_s, install=True)
+def _prepare(
+    spec: CaseSpec, target: BenchTarget
+) -> tuple[ModelCase, dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """The case made from the model's configuration, one request's inputs, and the plain gRPC
+    answer every path must reproduce."""
+    client = grpcclient.InferenceServerClient(target.grpc_url)
     try:
-        server.start()
-        yield BenchTarget(server.grpc_url, server.http_url), "embedded"
+        config = client.get_model_config(spec.model, as_json=True)
+        case = ModelCase.from_config(spec, config.get("config", config))
+        inputs = case.make_inputs(seed=zlib.crc32(spec.model.encode()))
+        reference = {name: np.array(a) for name, a in _paths.infer(client, case, inputs).items()}
     finally:
-        server.close()
+        with contextlib.suppress(Exception):
+            client.close()
+    return case.with_reference(reference), inputs, reference
 
 
-def _run_model(
-    case: ModelCase,
-    target: BenchTarget,
+def _run_group(
+    group: list[RunKey],
+    model: ModelResult,
+    paths: Mapping[str, Any],
     config: BenchConfig,
-    ray_session: RayBenchSession | None,
-    step: _Step,
-    units_per_path: int,
-) -> ModelResult:
-    result = ModelResult(case)
-    for name in config.paths:
-        result.paths[name] = PathResult(name, PATHS[name].label, case.input_nbytes)
-    inputs = case.make_inputs(seed=zlib.crc32(case.model.encode()))
-    step(description=f"{case.name}: reference request")
-    try:
-        reference = _reference_outputs(target, case, inputs)
-    except Exception as exc:
-        for r in result.paths.values():
-            r.error = f"reference gRPC request failed: {_describe(exc)}"
-        step(advance=units_per_path * len(config.paths))
-        return result
-
+    session: RayBenchSession | None,
+    progress: Progress,
+) -> None:
+    """Sets up the runs of ``group``, then measures them in interleaved rounds."""
+    assert model.case is not None
     with contextlib.ExitStack() as stack:
-        active: dict[str, BenchPath] = {}
-        for name in config.paths:
-            r = result.paths[name]
-            cls = PATHS[name]
-            kwargs: dict[str, Any] = dict(
-                target=target, case=case, inputs=inputs, reference=reference
-            )
-            if issubclass(cls, RayPath):
-                assert ray_session is not None
-                kwargs["session"] = ray_session
-            path = cls(**kwargs)
+        if session is not None and any(PATHS[key[0]].uses_node_actor for key in group):
+            session.end_node_actor()  # a fresh one for these runs
+            stack.callback(session.end_node_actor)
+        active: list[tuple[RunResult, BenchPath]] = []
+        for name, concurrency, slots in group:
+            cls, case = PATHS[name], model.case
+            r = RunResult(name, concurrency, slots, case)
+            model.runs.append(r)
+            path = cls(concurrency=concurrency, slots=slots, session=session, **paths)
             stack.callback(path.teardown)
-            step(description=f"{case.name}: setting up {name}")
             try:
                 path.setup()
-                path_outputs = path.run_once()
-                check_outputs(path_outputs, reference)
-                r.verified = True
-                for _ in range(max(0, config.warmup_requests - 1)):
+                check_outputs(path.run_once(), paths["reference"])
+                for _ in range(config.warmup_requests - 1):
                     path.run_once()
+                r.verified = True
+                active.append((r, path))
             except SkipPath as exc:
                 r.skipped = str(exc)
             except Exception as exc:
                 r.error = _describe(exc)
-            if r.verified and r.skipped is None and r.error is None:
-                active[name] = path
-                step(advance=1)
-            else:
-                step(advance=units_per_path)
-        names = list(active)
-        for round_index in range(config.rounds):
-            # Rotate the order so no path always runs right after the same neighbour.
-            shift = round_index % len(names) if names else 0
-            for name in names[shift:] + names[:shift]:
-                r = result.paths[name]
-                if r.error is not None:
-                    step(advance=1)
-                    continue
-                step(description=f"{case.name}: {name} (round {round_index + 1}/{config.rounds})")
+            progress.advance(1 if r.verified else 1 + config.rounds)
+        for index in range(config.rounds):
+            # Rotate the order so no run always comes right after the same neighbour.
+            shift = index % len(active) if active else 0
+            for r, path in active[shift:] + active[:shift]:
                 try:
-                    r.slices.append(
-                        _run_slice(active[name], round_index=round_index, slice_s=config.slice_s)
-                    )
+                    if r.error is None:
+                        cpu, side = path.cpu_time(), path.side_cpu_time()
+                        latencies, wall_s = path.run_slice(config.slice_s)
+                        after = path.side_cpu_time()
+                        spent = None if side is None or after is None else after - side
+                        r.add(wall_s, path.cpu_time() - cpu, spent, latencies)
                 except Exception as exc:
                     r.error = _describe(exc)
-                step(advance=1)
-        step(description=f"{case.name}: cleaning up")
-    return result
+                progress.advance()
+        for r, path in active:
+            with contextlib.suppress(Exception):
+                r.extra.update(path.stats())
 
 
-@contextlib.contextmanager
-def _ray_session(
-    config: BenchConfig, target: BenchTarget, step: _Step
-) -> Iterator[RayBenchSession | None]:
-    """The Ray session of the run if a Ray path is selected (once for all models), else
-    ``None``."""
-    if not any(issubclass(PATHS[name], RayPath) for name in config.paths):
-        yield None
-        return
-    step(description="starting Ray")
-    with RayBenchSession(target, callers=config.ray_callers) as session:
-        yield session
-        step(description="stopping Ray")
+def _run_model(
+    spec: CaseSpec,
+    target: BenchTarget,
+    config: BenchConfig,
+    session: RayBenchSession | None,
+    progress: Progress,
+) -> ModelResult:
+    model = ModelResult(spec.name)
+    groups = run_groups(config)
+    progress.stage(f"{spec.name}: reading the model configuration")
+    try:
+        model.case, inputs, reference = _prepare(spec, target)
+    except Exception as exc:
+        model.error = _describe(exc)
+        progress.advance(sum(map(len, groups)) * (1 + config.rounds))
+        return model
+    paths = {"target": target, "case": model.case, "inputs": inputs, "reference": reference}
+    for group in groups:
+        progress.stage(f"{spec.name}: {', '.join(describe_run(*key) for key in group)}")
+        _run_group(group, model, paths, config, session, progress)
+    return model
 
 
 def run_bench(config: BenchConfig, *, progress: Progress | None = None) -> BenchResults:
-    """Run the benchmark.
-
-    Everything acquired (server, regions, registrations, connections, Ray) is released
-    before this returns or raises, including on ``KeyboardInterrupt``.
-
-    Args:
-        config: What to run.
-        progress: Where to show progress (one task is added); none is shown if ``None``.
-
-    Returns:
-        The results.
-
-    Raises:
-        KeyError: If a model or path name is unknown.
-        ray_triton_shm.local._server.LocalServerError: If the embedded server fails to start.
-    """
-    cases = [CASES[m] for m in config.models]
+    """Runs the benchmark, reporting to ``progress``; everything acquired (server, regions,
+    registrations, connections, Ray) is released before this returns or raises, even on
+    ``KeyboardInterrupt``. Raises ``KeyError`` for an unknown path, and ``LocalServerError``
+    if the embedded server does not start."""
     unknown = [name for name in config.paths if name not in PATHS]
     if unknown:
         raise KeyError(f"unknown path(s): {', '.join(unknown)}")
-    units_per_path = 1 + config.rounds
-    if progress is None:
-        progress = Progress(disable=True)
-    task = progress.add_task("", total=len(cases) * len(config.paths) * units_per_path)
-    # Drawn on updates only: a refresh thread would take CPU from the timed slices.
-    step: _Step = functools.partial(progress.update, task, refresh=True)
+    progress = progress or Progress()
+    progress.start(len(config.models) * sum(map(len, run_groups(config))) * (1 + config.rounds))
     start = time.perf_counter()
-    models: list[ModelResult] = []
-    step(description="starting the Triton server" if config.url is None else "connecting")
-    with (
-        _server_target(config) as (target, server_desc),
-        _ray_session(config, target, step) as ray_session,
-    ):
-        for case in cases:
-            models.append(_run_model(case, target, config, ray_session, step, units_per_path))
-        if ray_session is not None and ray_session.error is None and config.node_load_s > 0:
-            runs = run_node_load(cases, target.grpc_url, duration_s=config.node_load_s, step=step)
-            for model in models:
-                model.node_load = [r for r in runs if r.model == model.case.name]
-        step(description="stopping the server" if config.url is None else "done")
-    return BenchResults(
-        config=config,
-        models=models,
-        server=server_desc,
-        duration_s=time.perf_counter() - start,
-    )
+    progress.stage("starting the Triton server" if config.url is None else "connecting")
+    with contextlib.ExitStack() as stack:
+        if config.url is None:
+            local = LocalTritonServer(startup_timeout_s=config.startup_timeout_s, install=True)
+            stack.enter_context(contextlib.closing(local)).start()
+            target, server = BenchTarget(local.grpc_url, local.http_url), "embedded"
+        else:
+            target, server = BenchTarget(config.url, config.http_url), config.url
+        session = None
+        if any(issubclass(PATHS[name], RayPath) for name in config.paths):
+            progress.stage("starting Ray")
+            session = stack.enter_context(RayBenchSession(target))
+        models = [
+            _run_model(config.case(m), target, config, session, progress) for m in config.models
+        ]
+        progress.stage("cleaning up")
+    return BenchResults(config, models, server, time.perf_counter() - start)
