@@ -79,9 +79,12 @@ def test_bench_ray_quick_json_has_every_ray_path_verified(
                 assert runs[(model, path, 4, None)]["node_actor_cpu_us"] is not None, path
         assert data["recommendations"][model]["pool_size"] in (1, 4)
     assert data["models"]["identity"]["skipped"] == {
-        f"{path}@4": f"the Ray Data job runs on the {DATA_CASE} case"
-        for path in RAY_PATHS
-        if path.startswith("data")
+        "http@1": "no HTTP endpoint given (--http-url)",
+        **{
+            f"{path}@4": f"the Ray Data job runs on the {DATA_CASE} case"
+            for path in RAY_PATHS
+            if path.startswith("data")
+        },
     }
     ray_goals = [g for g in data["goals"] if not g["description"].startswith("shm-client")]
     assert {(g["model"], g["description"]) for g in ray_goals} == {
