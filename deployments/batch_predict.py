@@ -66,7 +66,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--address", help="Ray cluster to join (default: a new local Ray)")
     parser.add_argument("--model", default="classifier", help="Triton model (classifier)")
     parser.add_argument("--batch-size", type=int, default=32, help="rows per Ray Data batch (32)")
-    parser.add_argument("--concurrency", type=int, default=2, help="predictor actors (2)")
+    parser.add_argument(
+        "--actors", type=int, default=2, help="predictor actors, an ActorPoolStrategy's size (2)"
+    )
     parser.add_argument(
         "--actor-cpus",
         type=float,
@@ -101,7 +103,7 @@ def run(args: argparse.Namespace, url: str) -> dict[str, Any]:
         },
         batch_format="numpy",
         batch_size=args.batch_size,
-        compute=ray.data.ActorPoolStrategy(size=args.concurrency),
+        compute=ray.data.ActorPoolStrategy(size=args.actors),
         num_cpus=args.actor_cpus,
     )
     ds = ds.map_batches(
@@ -160,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             server.stop()
     print(
         f"Classified {summary['rows']} images in {summary['elapsed_s']:.2f} s "
-        f"({summary['rows'] / summary['elapsed_s']:.1f} images/s) with {args.concurrency} "
+        f"({summary['rows'] / summary['elapsed_s']:.1f} images/s) with {args.actors} "
         f"predictor actors; predictions in {summary['output']}"
     )
     print(f"Top-1 classes of the first rows: {summary['top1_of_first_rows']}")

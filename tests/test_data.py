@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import subprocess
 import sys
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -90,6 +93,57 @@ def test_map_batches_matches_numpy_through_shared_memory(ray_cluster: str) -> No
     after = ray.get(get_node_actor().stats.remote()).models["classifier"]
     assert after["samples"] - before.get("samples", 0) == rows
     assert after["errors"] == before.get("errors", 0)
+
+
+@contextlib.contextmanager
+def _ray_deprecations() -> Iterator[list[str]]:
+    """Collects, in the list it yields, what Ray calls deprecated meanwhile: its warnings (of
+    a deprecation category, or saying so) and its loggers' records (Ray Data logs some)."""
+    found: list[str] = []
+    ray_dir = str(Path(ray.__file__).parent)
+
+    class Deprecations(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "deprecat" in record.getMessage().lower():
+                found.append(record.getMessage())
+
+    handler = Deprecations(logging.WARNING)
+    loggers = [logging.getLogger(name) for name in ("ray", "ray.data")]
+    for logger in loggers:
+        logger.addHandler(handler)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield found
+    finally:
+        for logger in loggers:
+            logger.removeHandler(handler)
+    kinds = (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
+    for warning in caught:
+        from_ray = warning.filename.startswith(ray_dir) or warning.category.__module__ == "ray"
+        from_ray |= warning.category.__module__.startswith("ray.")
+        deprecated = issubclass(warning.category, kinds) or "deprecat" in str(warning.message)
+        if from_ray and deprecated:
+            found.append(f"{warning.category.__name__}: {warning.message}")
+
+
+def test_the_data_job_gets_no_deprecation_warning_from_ray(ray_cluster: str) -> None:
+    """The job as the README and the deployments build it (``compute=``) draws no deprecation
+    from Ray, built or run; the same check catches the deprecated ``concurrency=``."""
+    # Ray 2.60 itself warns, once per process, as it creates its DataContext (setting its own
+    # deprecated fields): that is Ray's, not the job's.
+    ray.data.DataContext.get_current()
+    with _ray_deprecations() as deprecations:
+        ds = ray.data.range(16, override_num_blocks=2).map_batches(add_images, batch_format="numpy")
+        rows = _predict(ds, input_columns={"pixels": "INPUT0"}).take_all()
+    assert len(rows) == 16
+    assert deprecations == []
+
+    with _ray_deprecations() as deprecations:
+        ray.data.range(4).map_batches(
+            ShmPredictor, fn_constructor_kwargs={"model_name": "classifier"}, concurrency=2
+        )
+    assert any("concurrency" in message for message in deprecations), deprecations
 
 
 def test_default_columns_prefix_and_read_only_ragged_inputs(ray_cluster: str) -> None:

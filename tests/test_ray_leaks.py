@@ -329,7 +329,7 @@ def test_callers_ending_mid_call_never_restart_the_node_actor(
             fn_constructor_kwargs={"model_name": "identity", "max_shapes": IDENTITY_SHAPES},
             batch_size=8,
             batch_format="numpy",
-            concurrency=2,
+            compute=ray.data.ActorPoolStrategy(size=2),
             num_cpus=0,
         ).count()
         assert rows == 64

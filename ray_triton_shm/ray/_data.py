@@ -4,6 +4,7 @@ A callable class for :meth:`ray.data.Dataset.map_batches`; Ray Data builds one p
 actor, and each builds its :class:`ShmModel` there, so every worker writes its batches straight
 into a slot of its own::
 
+    import ray
     from ray_triton_shm.ray import ShmPredictor
 
     predictions = ds.map_batches(
@@ -11,7 +12,7 @@ into a slot of its own::
         fn_constructor_kwargs={"model_name": "classifier", "input_columns": {"image": "INPUT0"}},
         batch_format="numpy",
         batch_size=64,
-        concurrency=2,
+        compute=ray.data.ActorPoolStrategy(size=2),  # the actors: one ShmModel each
     )
 """
 
@@ -54,7 +55,7 @@ class ShmPredictor:
 
     Example:
         >>> ds.map_batches(ShmPredictor, fn_constructor_kwargs={"model_name": "classifier"},
-        ...                batch_format="numpy", concurrency=2)
+        ...                batch_format="numpy", compute=ray.data.ActorPoolStrategy(size=2))
     """
 
     def __init__(
