@@ -113,9 +113,8 @@ def _table(*headers: str, title: str | None = None) -> Table:
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
     table.title, table.title_justify = title, "left"
     for header in headers:
-        # On a terminal too narrow for it, cells fold rather than lose characters.
         left = header in _TEXT_COLUMNS
-        table.add_column(header, justify="left" if left else "right", overflow="fold")
+        table.add_column(header, justify="left" if left else "right", no_wrap=True)
     return table
 
 
@@ -183,6 +182,17 @@ def _recommendation(model: ModelResult) -> str:
     )
 
 
+def _show(console: Console, table: Table) -> None:
+    """Prints ``table`` whole, then a blank line: on a terminal too narrow for it, its lines
+    wrap rather than its cells fold."""
+    width = console.width
+    console.width = max(
+        width, console.measure(table, options=console.options.update_width(9999)).maximum
+    )
+    console.print(table, "")
+    console.width = width
+
+
 def print_results(results: BenchResults, console: Console) -> None:
     """Print a table per model, the goals, and a recommendation per model."""
     with console.capture() as captured:  # a log gets no padding at the ends of its lines
@@ -196,7 +206,7 @@ def _print_results(results: BenchResults, console: Console) -> None:
         if model.error:
             console.print(Text(f"{model.name}: FAILED: {model.error}\n", style="bold red"))
         else:
-            console.print(_model_table(model), "")
+            _show(console, _model_table(model))
     console.print(
         f"run = path (callers at once; slots where they differ); shm-model = ShmModel, "
         f"grpc-procs = plain gRPC (no limit), in each caller process. MB = 1e6 bytes of input; "
@@ -209,7 +219,8 @@ def _print_results(results: BenchResults, console: Console) -> None:
     )
     goals = _goals_table(results)
     if goals is not None:
-        console.print("Goals:", goals, "")
+        console.print("Goals:")
+        _show(console, goals)
     console.print(
         f"Recommendation (the smallest pool_size, i.e. slots, whose shm throughput reaches "
         f"{RECOMMEND_SHARE:.0%} of the best measured):\n"
