@@ -436,8 +436,10 @@ class _DataPath(RayPath):
         return list(dataset.iter_batches(batch_size=size, batch_format="numpy"))
 
     def run_once(self) -> Mapping[str, np.ndarray]:
-        first = self._job(self.concurrency)[0]
-        return {name: array for name, array in first.items() if name != _LATENCY}
+        # One job checks the path; more would not warm it up (each slice is a job of its own).
+        if not hasattr(self, "_first"):
+            self._first = self._job(self.concurrency)[0]
+        return {name: array for name, array in self._first.items() if name != _LATENCY}
 
     def run_slice(self, slice_s: float) -> tuple[list[np.ndarray], float]:
         start = time.perf_counter()
