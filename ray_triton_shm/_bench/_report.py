@@ -15,6 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ray_triton_shm._bench._runner import (
+    PATHS,
     RECOMMEND_SHARE,
     BenchResults,
     ModelResult,
@@ -253,6 +254,7 @@ def write_plot(results: BenchResults, path: str | Path) -> Path:
     models = [m for m in results.models if any(r.ok for r in m.runs)]
     rows = max(1, len(models))
     fig, axes = plt.subplots(rows, 2, figsize=(12, 3.6 * rows), squeeze=False)
+    colours = plt.get_cmap("tab20")
     for (left, right), model in zip(axes, models):
         lines: dict[str, list[dict[str, Any]]] = {}
         # The memcpy floor is a CPU floor: its rate would squash every other line.
@@ -261,14 +263,19 @@ def write_plot(results: BenchResults, path: str | Path) -> Path:
             slots = f" ({r.slots} slots)" if r.slots and r.slots != r.concurrency else ""
             lines.setdefault(r.path + slots, []).append({"x": r.concurrency, **r.numbers()})
         for label, points in lines.items():
+            # A path has one colour in every row; its runs on fewer slots than callers, another.
+            index = list(PATHS).index(label.split()[0]) + (len(PATHS) if " " in label else 0)
+            style = {"marker": "o", "label": label, "color": colours(index % 20)}
             xs = [p["x"] for p in points]
-            left.plot(xs, [p["requests_per_s"] for p in points], marker="o", label=label)
-            right.plot(xs, [p["latency_ms"]["p99"] for p in points], marker="o", label=label)
+            left.plot(xs, [p["requests_per_s"] for p in points], **style)
+            right.plot(xs, [p["latency_ms"]["p99"] for p in points], **style)
         levels = sorted({r.concurrency for r in model.runs})
         for ax, what in ((left, "throughput (requests/s)"), (right, "p99 latency (ms)")):
             ax.set(xscale="log", yscale="log", xlabel="concurrency (callers at once)", ylabel=what)
             ax.set_xticks(levels, [str(level) for level in levels])
             ax.set_xticks([], minor=True)
+            ax.yaxis.set_major_formatter(lambda value, _: num(value))
+            ax.yaxis.set_minor_formatter(lambda v, _: num(v) if f"{v:.0e}"[0] in "25" else "")
             ax.grid(alpha=0.3)
             ax.set_title(f"{model.name}: {what}", fontsize=10)
         left.legend(fontsize=7, framealpha=0.8)
