@@ -281,15 +281,25 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         if self._crash_cleanup:
             watch(self._url)
         region = SharedMemoryRegion.create(new_region_name(spec.name), size)
+        registered = False
         try:
             self._register_region(region, reconnect, model=spec.name)
-        except BaseException:
+            registered = True
+            header = RegionHeader(region.buffer, pool_size)
+            slots = SlotPool(pool_size, name=spec.name)
+            return ModelPool.over(spec, region, slots, pool_size, header)
+        except BaseException as exc:
+            # Registered, or interrupted (Ctrl-C) while Triton may have been registering it.
+            if registered or not isinstance(exc, Exception):
+                with contextlib.suppress(grpc.RpcError, ValueError):
+                    self._client_stub.SystemSharedMemoryUnregister(
+                        service_pb2.SystemSharedMemoryUnregisterRequest(name=region.name),
+                        metadata=self._metadata,
+                        timeout=_UNREGISTER_TIMEOUT_S,
+                    )
             region.unlink()
             region.close()
             raise
-        header = RegionHeader(region.buffer, pool_size)
-        slots = SlotPool(pool_size, name=spec.name)
-        return ModelPool.over(spec, region, slots, pool_size, header)
 
     def _attach_pool(
         self,

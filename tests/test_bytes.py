@@ -207,7 +207,7 @@ def test_ray_data_string_column(ray_with_actor: str) -> None:
         },
         batch_size=16,
         batch_format="numpy",
-        concurrency=1,
+        compute=ray.data.ActorPoolStrategy(size=1),
     ).take_all()
     by_id = {row["id"]: row for row in result}
     assert len(by_id) == len(words)
