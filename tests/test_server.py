@@ -28,7 +28,7 @@ from ray_triton_shm.local._server import (
 
 TEST_MODEL_REPOSITORY = Path(__file__).resolve().parent / "models"
 EXAMPLE_MODELS = {"identity", "classifier", "my_model", "large_image", "add_nobatch", "upper"}
-TEST_MODELS = {"slow_identity", "fail_on_negative", "strings", "variable_output"}
+TEST_MODELS = {"slow_identity", "fail_on_negative", "strings", "variable_output", "mixed_io"}
 
 
 def _infer(
