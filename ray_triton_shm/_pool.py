@@ -13,7 +13,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
 
-from ._exceptions import ClientClosedError, ModelSpecError, OverloadedError, SlotTimeoutError
+from ._exceptions import ClientClosedError, ModelSpecError, SlotTimeoutError
 
 __all__ = ["PoolStats", "SlotPool", "SlotSource"]
 
@@ -104,23 +104,15 @@ class SlotPool:
     Args:
         size: Number of slots.
         name: Used in error messages (usually the model name).
-        max_waiting: Callers that may wait at once; past it, :class:`OverloadedError`.
     """
 
-    def __init__(
-        self,
-        size: int,
-        *,
-        name: str = "",
-        max_waiting: int | None = None,
-    ) -> None:
+    def __init__(self, size: int, *, name: str = "") -> None:
         if size < 1:
             raise ModelSpecError(
                 f"slot pool {name!r} needs at least one slot, got {size}", model=name
             )
         self.size = size
         self.name = name
-        self._max_waiting = max_waiting
         self._free = list(range(size - 1, -1, -1))  # pop() gives slot 0 first
         self._waiters: deque[_ThreadWaiter | _AsyncWaiter] = deque()
         self._lock = threading.Lock()
@@ -132,7 +124,6 @@ class SlotPool:
 
         Raises:
             SlotTimeoutError: no slot came free in time.
-            OverloadedError: ``max_waiting`` callers already wait.
             ClientClosedError: the pool was closed.
         """
         with self._lock:
@@ -140,7 +131,7 @@ class SlotPool:
             if self._free:
                 return self._free.pop()
             waiter = _ThreadWaiter()
-            self._enqueue(waiter)
+            self._waiters.append(waiter)
         waiter.event.wait(timeout_s)
         with self._lock:
             if waiter.slot is not None:
@@ -169,7 +160,7 @@ class SlotPool:
             if self._free:
                 return self._free.pop()
             waiter = _AsyncWaiter(self, asyncio.get_running_loop())
-            self._enqueue(waiter)
+            self._waiters.append(waiter)
         try:
             return await asyncio.wait_for(waiter.future, timeout_s)
         except asyncio.TimeoutError:
@@ -218,15 +209,6 @@ class SlotPool:
             while self._waiters:
                 self._waiters.popleft().fail()
             return self._all_free.wait_for(lambda: len(self._free) == self.size, wait_s)
-
-    def _enqueue(self, waiter: _ThreadWaiter | _AsyncWaiter) -> None:
-        if self._max_waiting is not None and len(self._waiters) >= self._max_waiting:
-            raise OverloadedError(
-                f"{self._max_waiting} calls already wait for a slot of {self.name!r}; slow "
-                "down, or allow more with a larger max_waiting",
-                model=self.name,
-            )
-        self._waiters.append(waiter)
 
     def _dequeue(self, waiter: _ThreadWaiter | _AsyncWaiter) -> bool:
         if waiter not in self._waiters:
