@@ -28,7 +28,14 @@ from ray_triton_shm.local._server import (
 
 TEST_MODEL_REPOSITORY = Path(__file__).resolve().parent / "models"
 EXAMPLE_MODELS = {"identity", "classifier", "my_model", "large_image", "add_nobatch", "upper"}
-TEST_MODELS = {"slow_identity", "fail_on_negative", "strings", "variable_output", "mixed_io"}
+TEST_MODELS = {
+    "slow_identity",
+    "fail_on_negative",
+    "strings",
+    "variable_output",
+    "mixed_io",
+    "delay_echo",
+}
 
 
 def _infer(
@@ -416,3 +423,12 @@ def test_a_library_call_never_installs_the_server(
     finally:
         server.close()
     assert not (tmp_path / "empty-env").exists()
+
+
+def test_delay_echo(grpc_url: str) -> None:
+    data = np.arange(7, dtype=np.float32)
+    t0 = time.monotonic()
+    inputs = {"DELAY_MS": np.array([200], dtype=np.int32), "DATA": data}
+    out = _infer(grpc_url, "delay_echo", inputs, ["ECHO"])["ECHO"]
+    assert time.monotonic() - t0 >= 0.19
+    np.testing.assert_array_equal(out, data)
