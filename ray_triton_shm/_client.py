@@ -7,9 +7,11 @@ copies the chunk in, sends Triton a request that only points at the slot, and co
 outputs out once the response arrives. Up to ``pool_size`` chunks are in flight at once; when
 every slot is busy, callers wait.
 
-How one call runs over the slots (chunking, slot reuse after errors and cancellation, sending
-again after Triton restarts) is written once, in :mod:`._engine`; ``infer_shm`` and
-``infer_shm_async`` only carry out its steps, by blocking and by awaiting.
+How one call runs over the slots (chunking, slot reuse after errors, deadlines and
+cancellation, sending again after Triton restarts) is written once, in :mod:`._engine`;
+``infer_shm`` and ``infer_shm_async`` only carry out its steps, by blocking and by awaiting.
+Each slot is registered in Triton under a name of its own, so that a slot whose request was
+given up is used again exactly when Triton is done with it (:mod:`._settle`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ from typing import Any
 import grpc
 import numpy as np
 import tritonclient.grpc as grpcclient
-from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
 from ._defaults import DEFAULT_RECONNECT_TIMEOUT_S, DEFAULT_URL
@@ -38,7 +39,8 @@ from ._pool import PoolStats, SlotPool, SlotSource
 from ._reaper import watch
 from ._reclaim import reclaim_dead_registrations
 from ._reconnect import Reconnect, channel_options
-from ._shm import SharedMemoryRegion, ensure_room, mib, new_region_name
+from ._settle import Settler, unregister_slot
+from ._shm import SharedMemoryRegion, ensure_room, mib, new_region_name, slot_key
 from ._specs import ModelSpec, SlotLayout, SpecLike, resolve_model_spec
 from ._transport import as_asyncio_future, translate_error
 
@@ -57,35 +59,43 @@ _TRITONCLIENT_OPTIONS = (
 
 #: How long ``close()`` waits for in-flight requests before unmapping their memory anyway.
 _CLOSE_WAIT_S = 30.0
-#: Deadline for the unregister calls made while closing (the server may be gone).
-_UNREGISTER_TIMEOUT_S = 5.0
 
 
-def _release_pools(stub: Any, pools: dict[str, ModelPool], metadata: Metadata) -> None:
+def _release_pools(
+    stub: Any, pools: dict[str, ModelPool], metadata: Metadata, settler: Settler
+) -> None:
     """Unregisters and unlinks every pool; the finalizer of a client, so it never sees it."""
     while pools:
         _, pool = pools.popitem()
-        _release_pool(pool, stub, _CLOSE_WAIT_S, metadata)
+        _release_pool(pool, stub, _CLOSE_WAIT_S, metadata, settler)
+    settler.stop()
 
 
-def _release_pool(pool: ModelPool, stub: Any, wait_s: float, metadata: Metadata) -> None:
+def _release_pool(
+    pool: ModelPool, stub: Any, wait_s: float, metadata: Metadata, settler: Settler
+) -> None:
+    # Abandoned slots come back as Triton finishes their requests: the settler still runs.
     all_free = pool.slots.close(wait_s=wait_s)
+    settler.forget(pool)
     if not pool.region.owner:  # attached: the owner unregisters and unlinks it
         if all_free:
             pool.region.close()
         return
     try:
-        stub.SystemSharedMemoryUnregister(
-            service_pb2.SystemSharedMemoryUnregisterRequest(name=pool.region.name),
-            metadata=metadata,
-            timeout=_UNREGISTER_TIMEOUT_S,
-        )
-    except (grpc.RpcError, ValueError):
-        pass  # server gone or channel closed: nothing is registered that outlives it
+        _unregister_slots(stub, pool.slot_keys, metadata)
     finally:
         pool.region.unlink()
         if all_free:
             pool.region.close()
+
+
+def _unregister_slots(stub: Any, keys: Sequence[str], metadata: Metadata) -> None:
+    for key in keys:
+        try:
+            unregister_slot(stub, key, metadata)
+        except (grpc.RpcError, ValueError):
+            pass  # server gone or channel closed (nothing registered outlives it), or a
+            # request still runs: the watchdog or the next client takes it back
 
 
 class TritonSHMClient(grpcclient.InferenceServerClient):
@@ -145,9 +155,10 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         self._registry_lock = threading.Lock()
         self._closed = False
         self._swept = False
+        self._settler = Settler(self._client_stub, self._metadata)
         # Captures the pools and the stub, never self: the client can still be collected.
         self._finalizer = weakref.finalize(
-            self, _release_pools, self._client_stub, self._pools, self._metadata
+            self, _release_pools, self._client_stub, self._pools, self._metadata, self._settler
         )
 
     # ------------------------------------------------------------------ registration
@@ -280,26 +291,25 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         )
         if self._crash_cleanup:
             watch(self._url)
-        region = SharedMemoryRegion.create(new_region_name(spec.name), size)
+        region = SharedMemoryRegion.create(new_region_name(spec.name), size, slots=pool_size)
+        keys = [slot_key(region.name, slot) for slot in range(pool_size)]
         registered = False
         try:
-            self._register_region(region, reconnect, model=spec.name)
+            self._register_slots(region, keys, reconnect, model=spec.name)
             registered = True
             header = RegionHeader(region.buffer, pool_size)
             slots = SlotPool(pool_size, name=spec.name)
-            return ModelPool.over(spec, region, slots, pool_size, header)
+            pool = ModelPool.over(spec, region, slots, pool_size, header)
         except BaseException as exc:
             # Registered, or interrupted (Ctrl-C) while Triton may have been registering it.
             if registered or not isinstance(exc, Exception):
-                with contextlib.suppress(grpc.RpcError, ValueError):
-                    self._client_stub.SystemSharedMemoryUnregister(
-                        service_pb2.SystemSharedMemoryUnregisterRequest(name=region.name),
-                        metadata=self._metadata,
-                        timeout=_UNREGISTER_TIMEOUT_S,
-                    )
+                _unregister_slots(self._client_stub, keys, self._metadata)
             region.unlink()
             region.close()
             raise
+        pool.on_abandon = self._settler.notify
+        self._settler.watch(pool)
+        return pool
 
     def _attach_pool(
         self,
@@ -318,7 +328,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             stale = self._pools.get(spec.name)
             self._pools[spec.name] = pool
         if stale is not None:
-            _release_pool(stale, self._client_stub, _CLOSE_WAIT_S, self._metadata)
+            _release_pool(stale, self._client_stub, _CLOSE_WAIT_S, self._metadata, self._settler)
 
     def unregister_shm_model(self, model_name: str) -> None:
         """Unregisters a model's pool from Triton and frees its memory; idempotent.
@@ -328,7 +338,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         with self._registry_lock:
             pool = self._pools.pop(model_name, None)
         if pool is not None:
-            _release_pool(pool, self._client_stub, _CLOSE_WAIT_S, self._metadata)
+            _release_pool(pool, self._client_stub, _CLOSE_WAIT_S, self._metadata, self._settler)
 
     @property
     def registered_models(self) -> dict[str, ModelSpec]:
@@ -360,26 +370,34 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
                 pool.reregister()
                 pool.epoch += 1
                 return
-            self._register_region(pool.region, reconnect, model=pool.spec.name)
+            self._register_slots(pool.region, pool.slot_keys, reconnect, model=pool.spec.name)
             pool.epoch += 1
 
-    def _register_region(
-        self, region: SharedMemoryRegion, reconnect: Reconnect, *, model: str
+    def _register_slots(
+        self,
+        region: SharedMemoryRegion,
+        keys: Sequence[str],
+        reconnect: Reconnect,
+        *,
+        model: str,
     ) -> None:
-        """Registers a region in Triton; one already registered (by a concurrent caller that
-        found it missing too) is fine.
+        """Registers each slot of a region in Triton under its own name (a name already
+        registered, by a concurrent caller that found it missing too, is fine).
 
         Raises:
             TritonServerError: Triton refused.
             ServerUnreachableError: Triton stayed unreachable.
         """
-        try:
-            reconnect.call(
-                lambda: self.register_system_shared_memory(region.name, region.key, region.size)
-            )
-        except InferenceServerException as exc:
-            if exc.status() != str(grpc.StatusCode.ALREADY_EXISTS):
-                raise translate_error(exc, model=model, action="registering shared memory") from exc
+        for key in keys:
+            try:
+                reconnect.call(
+                    lambda key=key: self.register_system_shared_memory(key, "/" + key, region.size)  # type: ignore[misc]
+                )
+            except InferenceServerException as exc:
+                if exc.status() != str(grpc.StatusCode.ALREADY_EXISTS):
+                    raise translate_error(
+                        exc, model=model, action="registering shared memory"
+                    ) from exc
 
     # ------------------------------------------------------------------ inference
 
@@ -404,7 +422,11 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             inputs: ``{name: array}``; an array holds the whole batch, or is a list of
                 per-sample arrays.
             slot_timeout_s: How long to wait for a free slot (``None``: as long as it takes).
-            client_timeout_s: gRPC deadline of each request.
+            client_timeout_s: How long to wait for Triton's answer to each request (each
+                chunk), from when it is sent; past it the call raises
+                :class:`TritonServerError` with ``status`` ``"StatusCode.DEADLINE_EXCEEDED"``.
+                Triton still runs the request (it cannot be recalled): its slot is used again
+                only once Triton has answered it.
             headers: gRPC headers of this call, merged over the client's.
             request_id: Triton request id, sent with every chunk.
             reconnect_timeout_s: How long to wait for Triton while it is unreachable; ``None``
@@ -417,7 +439,8 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             ModelNotRegisteredError: the model has no pool.
             InvalidInputError: the inputs do not match the model (nothing was sent).
             SlotTimeoutError: no slot came free within ``slot_timeout_s``.
-            TritonServerError: Triton answered with an error.
+            TritonServerError: Triton answered with an error, or not within
+                ``client_timeout_s``.
             AccessDeniedError: Triton restricts inference, and the headers lack the key.
             ServerUnreachableError: Triton stayed unreachable for ``reconnect_timeout_s``.
         """
@@ -434,20 +457,26 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             match step:
                 case Step.ANSWER:
                     if arg.call is None:
-                        return infer(arg.request, metadata=metadata, timeout=client_timeout_s)
-                    return arg.call.result()
+                        if client_timeout_s is None:
+                            return infer(arg.request, metadata=metadata)
+                        arg.call = send(arg.request, metadata=metadata)
+                    try:
+                        return arg.call.result(arg.time_left(client_timeout_s))
+                    except grpc.FutureTimeoutError:
+                        raise arg.deadline_exceeded(client_timeout_s) from None
                 case Step.SLOT:
                     return pool.slots.acquire(arg)
                 case Step.SEND:
-                    arg.call = send(arg.request, metadata=metadata, timeout=client_timeout_s)
+                    arg.call = send(arg.request, metadata=metadata)
                 case Step.RECONNECT:
                     reconnect.wait(arg)
                 case Step.REREGISTER:
                     self._reregister(arg.pool, arg.epoch, reconnect)
                 case Step.SETTLE:
                     if arg.call is not None:
-                        with contextlib.suppress(grpc.FutureCancelledError):
-                            arg.call.exception()  # waits; returns the call's error, if any
+                        ended = (grpc.FutureCancelledError, grpc.FutureTimeoutError)
+                        with contextlib.suppress(*ended):
+                            arg.call.exception(arg.time_left(client_timeout_s))
 
         steps = run(pool, batch, slot_timeout_s=slot_timeout_s, request_id=request_id)
         return drive(steps, do)
@@ -481,19 +510,24 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             match step:
                 case Step.ANSWER:
                     if arg.call is None:
-                        arg.call = send(arg.request, metadata=metadata, timeout=client_timeout_s)
-                    return await as_asyncio_future(arg.call, loop)
+                        arg.call = send(arg.request, metadata=metadata)
+                    answer = as_asyncio_future(arg.call, loop)
+                    try:
+                        return await asyncio.wait_for(answer, arg.time_left(client_timeout_s))
+                    except asyncio.TimeoutError:
+                        raise arg.deadline_exceeded(client_timeout_s) from None
                 case Step.SLOT:
                     return await pool.slots.acquire_async(arg)
                 case Step.SEND:
-                    arg.call = send(arg.request, metadata=metadata, timeout=client_timeout_s)
+                    arg.call = send(arg.request, metadata=metadata)
                 case Step.RECONNECT:
                     await reconnect.wait_async(arg, loop)
                 case Step.REREGISTER:
                     await asyncio.to_thread(self._reregister, arg.pool, arg.epoch, reconnect)
                 case Step.SETTLE:
                     if arg.call is not None:
-                        await asyncio.wait([as_asyncio_future(arg.call, loop)])
+                        answer = as_asyncio_future(arg.call, loop)
+                        await asyncio.wait([answer], timeout=arg.time_left(client_timeout_s))
 
         steps = run(pool, batch, slot_timeout_s=slot_timeout_s, request_id=request_id)
         return await drive_async(steps, do)

@@ -9,11 +9,17 @@ raised). The rules below therefore exist once:
 
 - Up to ``pool_size`` chunks are in flight; a caller holding a slot never waits for another
   (it collects its oldest chunk first), so callers cannot deadlock each other.
-- A slot is reused only once Triton has answered the request that used it. After an error
-  (an ``Exception``) the call waits for its other chunks in flight, so every slot is free when
-  the error reaches the caller. After an interrupt (any other ``BaseException``: Ctrl-C, a
-  cancelled coroutine) it waits for nothing: each slot is released by its request's completion
-  callback.
+- A slot is reused only once Triton is done with the request that used it: Triton answered
+  it, or, for a request given up without its answer, Triton is proven done with it (see
+  :mod:`._settle`). After an error (an ``Exception``) the call waits for its other chunks in
+  flight (up to each one's ``client_timeout_s``), so that usually every slot is free when the
+  error reaches the caller. After an interrupt (any other ``BaseException``: Ctrl-C, a
+  cancelled coroutine) it waits for nothing. A request given up whose gRPC call lives on (a
+  deadline, a cancelled coroutine) frees its slot when Triton's answer arrives; one whose call
+  is gone (an interrupted blocking call, a connection lost) is **abandoned**: its slot stays
+  out of use until the region's owner proves Triton done with it.
+- ``client_timeout_s`` is the caller's deadline, not gRPC's: the request goes to Triton with
+  no deadline, so its answer still arrives (and frees the slot) after the caller gave up.
 - A request that finds Triton unreachable waits for it and is sent again; one that finds its
   region forgotten registers the region again and is sent again, once per chunk.
 """
@@ -38,7 +44,7 @@ from ._inputs import Batch
 from ._outputs import OutputAssembler, overflow_message
 from ._pool import SlotSource
 from ._reconnect import is_restart_symptom
-from ._shm import SharedMemoryRegion
+from ._shm import SharedMemoryRegion, slot_key
 from ._specs import ModelSpec, SlotLayout, SlotViews
 from ._transport import SlotRequests, is_missing_region, translate_error
 
@@ -50,15 +56,16 @@ class Step(enum.Enum):
     SLOT = enum.auto()
     #: A :class:`Chunk` -> ``None``; sends its request without waiting for the answer.
     SEND = enum.auto()
-    #: A :class:`Chunk` -> its response, or the ``grpc.RpcError`` raised. A chunk not sent yet
-    #: may be sent as a blocking call (one-chunk calls: less CPU than a gRPC future).
+    #: A :class:`Chunk` -> its response, or the ``grpc.RpcError`` raised, or
+    #: :meth:`Chunk.deadline_exceeded` past its deadline. A chunk not sent yet may be sent as a
+    #: blocking call when it has no deadline (one-chunk calls: less CPU than a gRPC future).
     ANSWER = enum.auto()
     #: The ``grpc.RpcError`` -> ``None`` once Triton is ready (or ``ServerUnreachableError``).
     RECONNECT = enum.auto()
     #: A :class:`Chunk` -> ``None`` once its region is registered again.
     REREGISTER = enum.auto()
-    #: A :class:`Chunk` -> ``None`` once Triton is done with it, however its call ended (its
-    #: error is not raised: the call already failed for another reason).
+    #: A :class:`Chunk` -> ``None`` once its call ended, or its deadline passed (its error is
+    #: not raised: the call already failed for another reason).
     SETTLE = enum.auto()
 
 
@@ -82,8 +89,12 @@ class ModelPool:
     #: Typed views of every slot's tensors (they keep the mapping alive until collected).
     views: list[SlotViews]
     header: RegionHeader
+    #: Each slot's name in Triton (see :func:`._shm.slot_key`).
+    slot_keys: list[str]
     #: For an attached region: makes its owner register it again (may raise to give up).
     reregister: Callable[[], None] | None = None
+    #: Told of each abandoned slot (the owner's :class:`._settle.Settler`, to look at once).
+    on_abandon: Callable[[], None] | None = None
     #: Bumped on every re-registration; a failed request knows which registration it used.
     epoch: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -100,19 +111,36 @@ class ModelPool:
     ) -> ModelPool:
         """A pool over ``slot_count`` slots of ``region``, laid out for ``spec``."""
         layout = SlotLayout.for_model(spec)
+        keys = [slot_key(region.name, slot) for slot in range(slot_count)]
         return cls(
             spec=spec,
             layout=layout,
             region=region,
             slots=slots,
-            requests=SlotRequests(spec, layout, region.name, slot_count),
+            requests=SlotRequests(spec, layout, keys),
             views=[
                 SlotViews(spec, layout, region.buffer, layout.slot_offset(slot))
                 for slot in range(slot_count)
             ],
             header=header,
+            slot_keys=keys,
             reregister=reregister,
         )
+
+    def finish(self, slot: int, answered: bool, sent_ns: int) -> None:
+        """Frees a slot whose request ended: at once if Triton answered it, else abandoned."""
+        if answered:
+            self.slots.release(slot)
+        else:
+            self.abandon(slot, sent_ns)
+
+    def abandon(self, slot: int, sent_ns: int) -> None:
+        """Takes a held slot out of use until Triton is proven done with the request sent on
+        it at ``sent_ns``, whose answer will never be read."""
+        self.header.abandon(slot, sent_ns)
+        self.slots.abandon(slot)
+        if self.on_abandon is not None:
+            self.on_abandon()
 
 
 @dataclass(eq=False)
@@ -130,8 +158,10 @@ class Chunk:
     call: grpc.Future | None = None
     #: Whether this chunk already had its region registered again.
     reregistered: bool = False
-    #: Whether a blocking call (no future to wait for) may still be in Triton.
-    blocking: bool = False
+    #: Whether Triton may be running the request: sent, and not answered yet.
+    in_triton: bool = False
+    #: When the request was last sent (``time.monotonic_ns``).
+    sent_ns: int = 0
 
     @classmethod
     def write(
@@ -150,23 +180,49 @@ class Chunk:
 
     def sending(self) -> None:
         """Marks the slot as written by Triton from now on (each time the request is sent):
-        should this process die, no other may use the slot before its quarantine is over
-        (see :mod:`._shared_slots`)."""
-        self.pool.header.set_busy_since(self.slot, time.monotonic_ns())
+        should this process die, the slot stays out of use until Triton is proven done with
+        the request (see :mod:`._shared_slots`)."""
+        self.sent_ns = time.monotonic_ns()
+        self.in_triton = True
+        self.pool.header.set_busy_since(self.slot, self.sent_ns)
+
+    def answered(self, exc: grpc.RpcError | None = None) -> None:
+        """Notes how the request's call ended: with Triton's answer (a response, or an error
+        Triton sent), or without it (``exc`` from the connection: Triton may still run it)."""
+        self.in_triton = exc is not None and not _from_triton(exc)
 
     def abandon(self) -> None:
-        """Releases the slot once Triton is done with it (at once if it already is).
+        """Gives the slot up: freed once Triton is done with the request (at once if it is).
 
-        A blocking call cut short (Ctrl-C, a Ray cancellation) leaves no future to wait for:
-        its slot is quarantined as if this process had died.
+        A live gRPC call frees it when its answer arrives; a request whose call is gone (a
+        blocking call cut short by Ctrl-C or a Ray cancellation, a lost connection) is
+        abandoned until Triton is proven done with it.
         """
-        slots, slot, header = self.pool.slots, self.slot, self.pool.header
+        pool, slot, sent_ns = self.pool, self.slot, self.sent_ns
         if self.call is not None:
-            self.call.add_done_callback(lambda _call: slots.release(slot))
-            return
-        if self.blocking:
-            header.quarantine(slot, header.busy_since(slot) + header.quarantine_ns)
-        slots.release(slot)
+            done = self.call
+            done.add_done_callback(lambda call: pool.finish(slot, _call_answered(call), sent_ns))
+        else:
+            pool.finish(slot, not self.in_triton, sent_ns)
+
+    def deadline_exceeded(self, timeout_s: float) -> TritonServerError:
+        """The caller's deadline passed before Triton answered (counted as the slot's error);
+        the request goes on in Triton, and its answer frees the slot."""
+        self.pool.header.count_error(self.slot)
+        return TritonServerError(
+            f"inference for model {self.pool.spec.name!r} got no answer within "
+            f"client_timeout_s={timeout_s} s (Triton still runs the request; its slot is used "
+            "again once Triton answers it)",
+            status=str(grpc.StatusCode.DEADLINE_EXCEEDED),
+            server_message="Deadline Exceeded",
+            model=self.pool.spec.name,
+        )
+
+    def time_left(self, timeout_s: float | None) -> float | None:
+        """Seconds left before the deadline of the request's last send (``None``: none)."""
+        if timeout_s is None:
+            return None
+        return max(0.0, timeout_s - (time.monotonic_ns() - self.sent_ns) / 1e9)
 
     def collect(self, outputs: OutputAssembler, response: service_pb2.ModelInferResponse) -> None:
         """Copies the outputs out of the slot, counts the request, then frees the slot."""
@@ -231,8 +287,7 @@ def run(pool: ModelPool, batch: Batch, *, slot_timeout_s: float | None, request_
             if slot is None:
                 slot = yield Step.SLOT, slot_timeout_s
             pending.append(Chunk.write(pool, slot, batch, start, stop, request_id))
-            pending[-1].sending()
-            yield Step.SEND, pending[-1]
+            yield from _send(pending[-1])
         while pending:
             response = yield from _answer(pending[0])
             pending.popleft().collect(outputs, response)
@@ -252,15 +307,18 @@ def run(pool: ModelPool, batch: Batch, *, slot_timeout_s: float | None, request_
 
 
 def _answer(chunk: Chunk) -> Generator[tuple[Step, Any], Any, service_pb2.ModelInferResponse]:
-    """Waits for a chunk's answer, sending it again while :meth:`Chunk.recovery` finds a way."""
+    """Waits for a chunk's answer, sending it again while :meth:`Chunk.recovery` finds a way.
+
+    A request sent again after Triton was unreachable goes on the same slot: Triton answers
+    nothing while unreachable, so the first send either never reached it or died with it.
+    """
     while True:
         if chunk.call is None:  # sent now, by a blocking call or a future
             chunk.sending()
-            chunk.blocking = True
         try:
             response = yield Step.ANSWER, chunk
         except grpc.RpcError as exc:
-            chunk.blocking = False
+            chunk.answered(exc)
             remedy = chunk.recovery(exc)
             try:
                 yield remedy
@@ -268,10 +326,19 @@ def _answer(chunk: Chunk) -> Generator[tuple[Step, Any], Any, service_pb2.ModelI
                 chunk.pool.header.count_error(chunk.slot)
                 raise
         else:
-            chunk.blocking = False
+            chunk.answered()
             return response  # type: ignore[no-any-return]
-        chunk.sending()
+        yield from _send(chunk)
+
+
+def _send(chunk: Chunk) -> Generator[tuple[Step, Any], Any, None]:
+    """Sends a chunk's request as a gRPC future."""
+    chunk.sending()
+    try:
         yield Step.SEND, chunk
+    except Exception:
+        chunk.in_triton = False  # refused before it left (a closed channel)
+        raise
 
 
 def drive(steps: Steps, do: Callable[[Step, Any], Any]) -> dict[str, np.ndarray]:
@@ -310,6 +377,30 @@ async def drive_async(
                 result, error = None, exc
     finally:
         steps.close()
+
+
+#: What gRPC says of a call that ended without Triton's answer: Triton may still run it.
+_NOT_FROM_TRITON = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.CANCELLED,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.UNKNOWN,
+    }
+)
+
+
+def _from_triton(exc: grpc.RpcError) -> bool:
+    code = exc.code() if hasattr(exc, "code") else None
+    return code is not None and code not in _NOT_FROM_TRITON
+
+
+def _call_answered(call: grpc.Future) -> bool:
+    """Whether a finished gRPC call ended with Triton's answer."""
+    if call.cancelled():
+        return False
+    error = call.exception()
+    return error is None or (isinstance(error, grpc.RpcError) and _from_triton(error))
 
 
 def _answered(response: service_pb2.ModelInferResponse) -> list[tuple[str, tuple[int, ...], bytes]]:

@@ -4,11 +4,14 @@ A region is shared by its owner and, in the Ray layer, by every process on the n
 its slots (see :mod:`._shared_slots`). The header lets them coordinate and count without a
 single message. Each word has one writer at a time, so no two processes race on a word:
 
-* the owner's settings: ``max_waiting`` (seats for waiting callers) and ``quarantine_ns``;
+* the owner's setting ``max_waiting`` (seats for waiting callers);
 * one seat per waiting caller: the slot it queues on (written by the seat's holder);
-* per slot, written only by the slot's current holder: when it sent a request on it
-  (``busy_since``, zero while free), until when the slot is quarantined, and the counters
-  (requests, samples, bytes in and out, errors, waits for a slot, their total and histogram).
+* per slot, written by the slot's current holder: when it sent a request on it
+  (``busy_since``, zero while free), since when the slot waits for Triton to finish a request
+  that was abandoned (``abandoned_since``, cleared by whoever proves Triton done, see
+  :mod:`._settle`), and the counters (requests, samples, bytes in and out, errors, waits for a
+  slot, their total and histogram, abandoned requests, how long their slots waited for Triton
+  and its histogram).
 
 Layout, native ``int64`` words: ``[0:16]`` settings and node-wide counters, ``[16:16+SEATS]``
 seats, then :data:`_WORDS_PER_SLOT` words per slot.
@@ -27,20 +30,22 @@ from ._specs import REGION_HEADER_BYTES
 __all__ = ["MAX_SEATS", "MAX_SLOTS", "RegionHeader", "SlotCounters"]
 
 # Settings and node-wide words.
-_MAX_WAITING, _QUARANTINE_NS, _OVERLOADS = 0, 1, 2
+_MAX_WAITING, _OVERLOADS = 0, 2
 _FIRST_SEAT_WORD = 16
 #: Most callers that can wait for a slot of one region at once.
 MAX_SEATS = 1024
 _FIRST_SLOT_WORD = _FIRST_SEAT_WORD + MAX_SEATS
 # Per-slot words.
 _REQUESTS, _SAMPLES, _BYTES_IN, _BYTES_OUT, _ERRORS = 0, 1, 2, 3, 4
-_WAITS, _WAIT_NS, _BUSY_SINCE, _QUARANTINE_UNTIL = 5, 6, 7, 8
-_FIRST_BUCKET = 12
-#: Wait histogram: bucket ``b`` counts waits up to ``_BUCKET0_NS * 2 ** (b / 2)``; the last
-#: bucket counts every longer wait.
+_WAITS, _WAIT_NS, _BUSY_SINCE, _ABANDONED_SINCE, _ABANDONS, _SETTLE_NS = 5, 6, 7, 8, 9, 10
+#: Histograms: bucket ``b`` counts durations up to ``_BUCKET0_NS * 2 ** (b / 2)``; the last
+#: bucket counts every longer one. The first is of waits for a slot, the second of how long
+#: abandoned slots waited for Triton.
 _BUCKETS = 36
 _BUCKET0_NS = 16_000
-_WORDS_PER_SLOT = _FIRST_BUCKET + _BUCKETS
+_WAIT_BUCKETS = 12
+_SETTLE_BUCKETS = _WAIT_BUCKETS + _BUCKETS
+_WORDS_PER_SLOT = _SETTLE_BUCKETS + _BUCKETS
 #: Most slots a region can have: as many as the header has words for.
 MAX_SLOTS = (REGION_HEADER_BYTES // 8 - _FIRST_SLOT_WORD) // _WORDS_PER_SLOT
 
@@ -57,6 +62,9 @@ class SlotCounters:
         errors: Requests that failed.
         waits: Requests that had to wait for a slot.
         wait_ns: Nanoseconds they waited, in all.
+        abandoned: Requests whose caller gave up (deadline, cancellation, death) while Triton
+            may still have run them.
+        settle_ns: Nanoseconds their slots waited for Triton to be done with them, in all.
     """
 
     requests: int = 0
@@ -66,6 +74,8 @@ class SlotCounters:
     errors: int = 0
     waits: int = 0
     wait_ns: int = 0
+    abandoned: int = 0
+    settle_ns: int = 0
 
 
 def _slot_word(slot: int, field: int) -> int:
@@ -93,20 +103,14 @@ class RegionHeader:
 
     # ---------------------------------------------------------------- owner's settings
 
-    def configure(self, *, max_waiting: int, quarantine_s: float) -> None:
+    def configure(self, *, max_waiting: int) -> None:
         """Sets the region's limits (its owner calls this before anyone else maps it)."""
         self._word[_MAX_WAITING] = min(max_waiting, MAX_SEATS)
-        self._word[_QUARANTINE_NS] = int(quarantine_s * 1e9)
 
     @property
     def max_waiting(self) -> int:
         """Callers that may wait for a slot at once (the number of seats)."""
         return self._word[_MAX_WAITING]
-
-    @property
-    def quarantine_ns(self) -> int:
-        """How long a slot whose holder died stays out of use, from when its request was sent."""
-        return self._word[_QUARANTINE_NS]
 
     # ---------------------------------------------------------------- seats
 
@@ -139,17 +143,32 @@ class RegionHeader:
         """Records when a request was sent on the slot (``0``: the slot was given back)."""
         self._word[_slot_word(slot, _BUSY_SINCE)] = since_ns
 
-    def quarantined_until(self, slot: int) -> int:
-        """Until when (``time.monotonic_ns``) the slot stays out of use."""
-        return self._word[_slot_word(slot, _QUARANTINE_UNTIL)]
+    def abandoned_since(self, slot: int) -> int:
+        """When the request Triton may still run on the slot was sent (``0``: none), the slot
+        being out of use until Triton is proven done with it."""
+        return self._word[_slot_word(slot, _ABANDONED_SINCE)]
 
-    def quarantine(self, slot: int, until_ns: int) -> None:
-        """Keeps the slot out of use until ``until_ns``."""
-        self._word[_slot_word(slot, _QUARANTINE_UNTIL)] = until_ns
+    def abandon(self, slot: int, since_ns: int) -> None:
+        """Takes the slot out of use: the request sent at ``since_ns`` was given up while
+        Triton may still run it (by the slot's holder, or by whoever found it dead)."""
+        word, base = self._word, _slot_word(slot, 0)
+        word[base + _ABANDONED_SINCE] = since_ns
+        word[base + _BUSY_SINCE] = 0
+        word[base + _ABANDONS] += 1
 
-    def quarantined(self, now_ns: int) -> int:
-        """Slots out of use at ``now_ns``."""
-        return int(np.count_nonzero(self._slots[:, _QUARANTINE_UNTIL] > now_ns))
+    def settle(self, slot: int, now_ns: int) -> None:
+        """Puts an abandoned slot back in use: Triton is done with its request (counted)."""
+        word, base = self._word, _slot_word(slot, 0)
+        since = word[base + _ABANDONED_SINCE]
+        if since:
+            waited = max(now_ns - since, 0)
+            word[base + _SETTLE_NS] += waited
+            word[base + _SETTLE_BUCKETS + _bucket(waited)] += 1
+            word[base + _ABANDONED_SINCE] = 0
+
+    def abandoned_slots(self) -> list[int]:
+        """The slots out of use until Triton is done with an abandoned request."""
+        return [int(s) for s in np.flatnonzero(self._slots[:, _ABANDONED_SINCE])]
 
     # ---------------------------------------------------------------- counters
 
@@ -170,9 +189,7 @@ class RegionHeader:
         word, base = self._word, _slot_word(slot, 0)
         word[base + _WAITS] += 1
         word[base + _WAIT_NS] += wait_ns
-        ratio = max(wait_ns, 1) / _BUCKET0_NS
-        bucket = min(_BUCKETS - 1, max(0, math.ceil(2 * math.log2(ratio))))
-        word[base + _FIRST_BUCKET + bucket] += 1
+        word[base + _WAIT_BUCKETS + _bucket(wait_ns)] += 1
 
     def count_overload(self) -> None:
         """Counts a caller refused for want of a seat (callers serialise this themselves)."""
@@ -185,15 +202,30 @@ class RegionHeader:
 
     def totals(self) -> SlotCounters:
         """The counters summed over every slot."""
-        sums = self._slots[:, :_BUSY_SINCE].sum(axis=0)
-        return SlotCounters(*(int(v) for v in sums))
+        sums = self._slots.sum(axis=0)
+        counters = (*sums[:_BUSY_SINCE], sums[_ABANDONS], sums[_SETTLE_NS])
+        return SlotCounters(*(int(v) for v in counters))
 
     def wait_quantile_s(self, q: float) -> float:
         """The ``q`` quantile of the waits for a slot, in seconds (the bucket's upper bound;
         ``0.0`` if nobody waited). Requests that found a slot free do not count."""
-        histogram = self._slots[:, _FIRST_BUCKET:].sum(axis=0)
-        total = int(histogram.sum())
-        if total == 0:
-            return 0.0
-        bucket = int(np.searchsorted(np.cumsum(histogram), q * total))
-        return _BUCKET0_NS * 2 ** (min(bucket, _BUCKETS - 1) / 2) / 1e9
+        return _quantile_s(self._slots[:, _WAIT_BUCKETS:_SETTLE_BUCKETS], q)
+
+    def settle_quantile_s(self, q: float) -> float:
+        """The ``q`` quantile of how long abandoned slots waited for Triton, in seconds (the
+        bucket's upper bound; ``0.0`` if none was abandoned and settled)."""
+        return _quantile_s(self._slots[:, _SETTLE_BUCKETS:], q)
+
+
+def _bucket(duration_ns: int) -> int:
+    ratio = max(duration_ns, 1) / _BUCKET0_NS
+    return min(_BUCKETS - 1, max(0, math.ceil(2 * math.log2(ratio))))
+
+
+def _quantile_s(per_slot: np.ndarray, q: float) -> float:
+    histogram = per_slot.sum(axis=0)
+    total = int(histogram.sum())
+    if total == 0:
+        return 0.0
+    bucket = int(np.searchsorted(np.cumsum(histogram), q * total))
+    return _BUCKET0_NS * 2 ** (min(bucket, _BUCKETS - 1) / 2) / 1e9

@@ -24,13 +24,15 @@ class PoolStats:
 
     Attributes:
         size: Slots in the pool.
-        in_use: Slots handed out and not yet released.
+        in_use: Slots handed out and not yet released (abandoned ones included).
         waiting: Callers waiting for a slot.
+        abandoned: Slots out of use until Triton is done with a request given up on them.
     """
 
     size: int
     in_use: int
     waiting: int
+    abandoned: int = 0
 
 
 class SlotSource(Protocol):
@@ -47,6 +49,13 @@ class SlotSource(Protocol):
     async def acquire_async(self, timeout_s: float | None = None) -> int: ...
 
     def release(self, slot: int) -> None: ...
+
+    def abandon(self, slot: int) -> None:
+        """Gives up a held slot whose request Triton may still run: nobody gets it before
+        :meth:`settled` (its header says since when it waits, see :mod:`._settle`)."""
+
+    def settled(self, slot: int) -> None:
+        """Triton is done with an abandoned slot: back in use."""
 
     def stats(self) -> PoolStats: ...
 
@@ -114,6 +123,7 @@ class SlotPool:
         self.size = size
         self.name = name
         self._free = list(range(size - 1, -1, -1))  # pop() gives slot 0 first
+        self._abandoned: set[int] = set()
         self._waiters: deque[_ThreadWaiter | _AsyncWaiter] = deque()
         self._lock = threading.Lock()
         self._all_free = threading.Condition(self._lock)
@@ -190,10 +200,22 @@ class SlotPool:
             if len(self._free) == self.size:
                 self._all_free.notify_all()
 
+    def abandon(self, slot: int) -> None:
+        """Keeps a held slot out of use until :meth:`settled`."""
+        with self._lock:
+            self._abandoned.add(slot)
+
+    def settled(self, slot: int) -> None:
+        """Puts an abandoned slot back in use."""
+        with self._lock:
+            self._abandoned.discard(slot)
+        self.release(slot)
+
     def stats(self) -> PoolStats:
         """A consistent snapshot of the pool."""
         with self._lock:
-            return PoolStats(self.size, self.size - len(self._free), len(self._waiters))
+            in_use = self.size - len(self._free)
+            return PoolStats(self.size, in_use, len(self._waiters), len(self._abandoned))
 
     def close(self, *, wait_s: float | None = None) -> bool:
         """Refuses new acquires, fails the waiters, and waits for slots in use to come back.

@@ -27,6 +27,8 @@ __all__ = ["watch"]
 
 #: How long the reaper waits for the owner to disappear after the pipe closes.
 _OWNER_EXIT_WAIT_S = 60.0
+#: How long it keeps trying registrations that requests the owner left running still use.
+_IN_USE_WAIT_S = 600.0
 
 
 @dataclass
@@ -121,7 +123,7 @@ def _reap(owner: int) -> None:
             return  # it still runs: not ours to clean
         time.sleep(0.05)
     for url in sorted(urls) or [None]:
-        reclaim_regions(url, owner=owner)
+        reclaim_regions(url, owner=owner, in_use_wait_s=_IN_USE_WAIT_S)
 
 
 if __name__ == "__main__":

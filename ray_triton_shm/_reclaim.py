@@ -10,6 +10,7 @@ only when their file's lock proves the owner gone; otherwise they are left alone
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -24,6 +25,7 @@ from ._shm import (
     list_local_regions,
     owner_state,
     pid_namespace,
+    region_of,
     region_owner,
     unlink_region,
 )
@@ -95,6 +97,8 @@ class ReclaimReport:
 def _registrations(
     client: grpcclient.InferenceServerClient, headers: Mapping[str, str] | None = None
 ) -> dict[str, int]:
+    """Triton's registrations by name (a region's slots are registered one by one, see
+    :func:`._shm.slot_key`), with their sizes."""
     answer = client.get_system_shared_memory_status(as_json=True, headers=headers)
     regions = answer.get("regions", {})
     return {name: int(info.get("byte_size", 0)) for name, info in regions.items()}
@@ -116,7 +120,10 @@ def region_status(
     if url is not None:
         try:
             with grpcclient.InferenceServerClient(url) as client:
-                registered = _registrations(client, _headers(headers))
+                registered = {
+                    region_of(name): size
+                    for name, size in _registrations(client, _headers(headers)).items()
+                }
         except InferenceServerException as exc:
             server_error = str(translate_error(exc, action="reading shared memory status"))
     names = sorted(set(local) | set(registered or {}))
@@ -142,6 +149,7 @@ def reclaim_dead_registrations(
     *,
     owner: int | None = None,
     headers: Mapping[str, str] | None = None,
+    in_use_wait_s: float = 0.0,
 ) -> list[str]:
     """Unregisters regions of ours whose owner is proven dead; returns their names.
 
@@ -150,20 +158,32 @@ def reclaim_dead_registrations(
         owner: Only regions of this (gone) process of our pid namespace; ``None``: of any
             owner proven dead.
         headers: gRPC headers for the calls (``None``: the client's own, if it has any).
+        in_use_wait_s: How long to keep trying a registration Triton refuses to drop because
+            a request still uses it (a request the dead owner left running): Triton lets go
+            of it once that request is done.
 
     Raises:
         InferenceServerException: when the server cannot be asked.
     """
-    reclaimed = []
-    for name in _registrations(client, headers):
-        if not _reclaimable(name, owner):
-            continue
-        try:
-            client.unregister_system_shared_memory(name, headers=headers)
-        except InferenceServerException:
-            continue  # another process reclaimed it first
-        reclaimed.append(name)
-    return reclaimed
+    reclaimed: set[str] = set()
+    names = [name for name in _registrations(client, headers) if _reclaimable(name, owner)]
+    deadline = time.monotonic() + in_use_wait_s
+    while names:
+        in_use = []
+        for name in names:
+            try:
+                client.unregister_system_shared_memory(name, headers=headers)
+            except InferenceServerException as exc:
+                if "in use" in (exc.message() or ""):
+                    in_use.append(name)
+                continue  # else another process reclaimed it first
+            reclaimed.add(region_of(name))
+        names = in_use
+        if names and time.monotonic() < deadline:
+            time.sleep(0.1)
+        else:
+            break
+    return sorted(reclaimed)
 
 
 def reclaim_regions(
@@ -171,6 +191,7 @@ def reclaim_regions(
     *,
     owner: int | None = None,
     headers: Mapping[str, str] | None = None,
+    in_use_wait_s: float = 0.0,
 ) -> ReclaimReport:
     """Unregisters from Triton and unlinks from ``/dev/shm`` every region of ours whose owner
     is proven dead (see :func:`._shm.owner_state`); regions of other pid namespaces whose owner
@@ -182,6 +203,8 @@ def reclaim_regions(
             owner proven dead.
         headers: gRPC headers (Triton's access keys); ``None`` reads them from the
             environment (``RAY_TRITON_SHM_HEADER_*``, see :func:`headers_from_env`).
+        in_use_wait_s: How long to keep trying registrations that requests still use (see
+            :func:`reclaim_dead_registrations`).
     """
     unregistered: list[str] = []
     server_error = None
@@ -189,7 +212,7 @@ def reclaim_regions(
         try:
             with grpcclient.InferenceServerClient(url) as client:
                 unregistered = reclaim_dead_registrations(
-                    client, owner=owner, headers=_headers(headers)
+                    client, owner=owner, headers=_headers(headers), in_use_wait_s=in_use_wait_s
                 )
         except InferenceServerException as exc:
             server_error = str(translate_error(exc, action="reclaiming registrations"))

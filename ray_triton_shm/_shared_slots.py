@@ -18,9 +18,9 @@ kernel drops the lock when the process dies however it dies. So:
   on the slot, and :meth:`SharedSlots.release` clears it before unlocking. A holder that died
   before sending leaves it clear, and its slot is free at once. One that died after sending
   left a request that Triton may still be working on, and Triton writes the outputs into the
-  slot whenever it is done. Triton tells no client when that is for one slot (its reference
-  count is per region, and a key can be registered only once, so not per slot), so the slot is
-  **quarantined** for the region's ``quarantine_ns``, counted from when the request was sent.
+  slot whenever it is done, so the finder **abandons** the slot: it stays out of use until the
+  region's owner proves Triton done with that request (:mod:`._settle`), which a live holder
+  that gives a request up without its answer does too (:meth:`SharedSlots.abandon`).
 
 Waiting with a timeout, or from a coroutine, happens on a daemon thread: a lock wait in the
 kernel cannot be interrupted. A caller that gives up frees its seat at once and leaves the
@@ -53,6 +53,8 @@ __all__ = ["NodeSlotStats", "SharedSlots"]
 # Lock bytes: slot i is byte i; seat s is byte _SEAT0 + s; _MUTEX serialises rare header updates.
 _SEAT0 = 1 << 20
 _MUTEX = 1 << 30
+#: How often a caller looks again when every slot waits for Triton (rare: see _pick).
+_ALL_ABANDONED_POLL_S = 0.01
 
 
 @cache
@@ -140,15 +142,16 @@ class NodeSlotStats:
     Attributes:
         in_use: Slots held.
         waiting: Callers queued for a slot.
-        quarantined: Slots out of use because their holder died mid-request.
+        abandoned: Slots out of use until Triton is done with a request given up on them
+            (its caller's deadline passed, or its caller died mid-request).
     """
 
-    __slots__ = ("in_use", "quarantined", "waiting")
+    __slots__ = ("abandoned", "in_use", "waiting")
 
-    def __init__(self, in_use: int, waiting: int, quarantined: int) -> None:
+    def __init__(self, in_use: int, waiting: int, abandoned: int) -> None:
         self.in_use = in_use
         self.waiting = waiting
-        self.quarantined = quarantined
+        self.abandoned = abandoned
 
 
 class _Wait:
@@ -265,10 +268,19 @@ class SharedSlots:
                 self._all_back.notify_all()
         self._put_fd(fd)
 
+    def abandon(self, slot: int) -> None:
+        """Gives a slot back whose header already says it is abandoned: it stays out of use
+        until the owner proves Triton done with it."""
+        self.release(slot)
+
+    def settled(self, slot: int) -> None:
+        """Nothing to do: the header, which the owner cleared, is what callers read."""
+
     def stats(self) -> PoolStats:
         """This process's share: slots it holds and its callers waiting."""
         with self._mutex:
-            return PoolStats(self.size, len(self._held), self._waiting)
+            held, waiting = len(self._held), self._waiting
+        return PoolStats(self.size, held, waiting, len(self._header.abandoned_slots()))
 
     def close(self, *, wait_s: float | None = None) -> bool:
         """Refuses new callers and waits for this process's slots to come back.
@@ -306,11 +318,11 @@ class SharedSlots:
             waiting = sum(_locked_by_another(fd, _SEAT0 + seat) for seat in seats)
         finally:
             os.close(fd)
-        return NodeSlotStats(in_use, waiting, self._header.quarantined(time.monotonic_ns()))
+        return NodeSlotStats(in_use, waiting, len(self._header.abandoned_slots()))
 
     def sweep(self) -> None:
-        """Quarantines the slots of holders that died, and clears the seats of waiters that
-        died (the owner calls this now and then; callers also find both themselves).
+        """Abandons the slots of holders that died mid-request, and clears the seats of waiters
+        that died (the owner calls this now and then; callers also find both themselves).
 
         Raises:
             ClientClosedError: the pool was closed.
@@ -319,7 +331,7 @@ class SharedSlots:
         try:
             for slot in range(self.size):
                 if self._header.busy_since(slot) and _lock(fd, slot, wait=False):
-                    self._check_dead_holder(slot, time.monotonic_ns())
+                    self._check_dead_holder(slot)
                     _unlock(fd, slot)
             for seat in range(self._header.max_waiting):
                 if self._header.queued_on(seat) is not None:
@@ -342,17 +354,16 @@ class SharedSlots:
     def _take_free(self, fd: int) -> int | None:
         """A free slot nobody waits for, locked on ``fd``, or ``None``."""
         queued = self._header.queued()
-        now = time.monotonic_ns()
         self._next += 1
         for k in range(self.size):
             slot = (self._next + k) % self.size
-            if self._header.quarantined_until(slot) > now or not _lock(fd, slot, wait=False):
+            if self._header.abandoned_since(slot) or not _lock(fd, slot, wait=False):
                 continue
             # Free: it is ours, unless a live caller queues for it (it is being woken).
             if queued[slot] and self._live_waiter_on(fd, slot):
                 _unlock(fd, slot)
                 continue
-            if self._claim(fd, slot, now):
+            if self._claim(fd, slot):
                 return slot
         return None
 
@@ -387,9 +398,8 @@ class SharedSlots:
                         return None
                     _lock(fd, slot, wait=True)
                     self._record(seat, None, wait)
-                    now = time.monotonic_ns()
-                    if self._claim(fd, slot, now):
-                        self._header.count_wait(slot, now - started)
+                    if self._claim(fd, slot):
+                        self._header.count_wait(slot, time.monotonic_ns() - started)
                         return slot
             finally:
                 self._leave_seat(fd, seat, wait)
@@ -472,27 +482,26 @@ class SharedSlots:
         _unlock(fd, _SEAT0 + seat)
 
     def _pick(self) -> int:
-        """The slot with the fewest callers queued, among those not quarantined."""
+        """The slot with the fewest callers queued, among those not abandoned."""
         while True:
-            now = time.monotonic_ns()
             queued = self._header.queued()
             best: int | None = None
             for k in range(self.size):
                 slot = (self._next + k) % self.size
-                if self._header.quarantined_until(slot) > now:
+                if self._header.abandoned_since(slot):
                     continue
                 if best is None or queued[slot] < queued[best]:
                     best = slot
             if best is not None:
                 return best
-            # Every slot is quarantined: sleep until the first comes back.
-            until = min(self._header.quarantined_until(s) for s in range(self.size))
-            time.sleep(max(0.0, (until - now) / 1e9))
+            # Every slot waits for Triton; the owner settles them in its own time.
+            time.sleep(_ALL_ABANDONED_POLL_S)
 
-    def _claim(self, fd: int, slot: int, now: int) -> bool:
-        """Makes a slot just locked on ``fd`` this caller's, unless its last holder died with
-        a request in flight (then it is quarantined and unlocked) or the pool was closed."""
-        if self._check_dead_holder(slot, now) or self._header.quarantined_until(slot) > now:
+    def _claim(self, fd: int, slot: int) -> bool:
+        """Makes a slot just locked on ``fd`` this caller's, unless it is abandoned (its last
+        holder may have died with a request in flight: then it is unlocked) or the pool was
+        closed."""
+        if self._check_dead_holder(slot) or self._header.abandoned_since(slot):
             _unlock(fd, slot)
             return False
         with self._mutex:
@@ -504,14 +513,13 @@ class SharedSlots:
             raise ClientClosedError(f"the slot pool of {self.name!r} is closed", model=self.name)
         return True
 
-    def _check_dead_holder(self, slot: int, now: int) -> bool:
-        """With ``slot`` locked: quarantines it if its last holder died holding it."""
+    def _check_dead_holder(self, slot: int) -> bool:
+        """With ``slot`` locked: abandons it if its last holder died with a request sent."""
         since = self._header.busy_since(slot)
         if not since:
             return False
-        self._header.quarantine(slot, since + self._header.quarantine_ns)
-        self._header.set_busy_since(slot, 0)
-        return self._header.quarantined_until(slot) > now
+        self._header.abandon(slot, since)
+        return True
 
     # ---------------------------------------------------------------- descriptors
 

@@ -11,6 +11,12 @@ So a region's owner is proven dead (:func:`owner_state`) when it ran in our pid 
 pid is gone, or when it ran in another one and nobody holds the lock of the region's file. Where
 neither can be proven, the region is another namespace's and is left alone.
 
+Each slot of a region also has a name of its own, a hard link to the region's file:
+``<region>@<slot>`` (:func:`slot_key`). Triton registers every slot under its own name, so it
+counts the requests using each slot apart, and refuses to unregister a slot while one does:
+that is how a slot whose request was abandoned is proven free again (see :mod:`._settle`).
+Triton refuses to register one key twice, hence names, not offsets into one name.
+
 The owner creates the region with owner-only permissions and also hands it to
 :mod:`multiprocessing.resource_tracker`, so the name is unlinked even if the owner is killed.
 Other processes :meth:`SharedMemoryRegion.attach` without the tracker: on Python < 3.13 the
@@ -25,6 +31,7 @@ import _posixshmem  # CPython's shm_open/shm_unlink, as used by multiprocessing.
 import errno
 import fcntl
 import functools
+import glob
 import math
 import mmap
 import os
@@ -52,8 +59,10 @@ __all__ = [
     "owner_state",
     "pid_alive",
     "pid_namespace",
+    "region_of",
     "region_owner",
     "shm_space",
+    "slot_key",
 ]
 
 REGION_PREFIX = "rtshm"
@@ -101,6 +110,17 @@ def new_region_name(label: str) -> str:
     safe = re.sub(r"[^A-Za-z0-9_.-]", "-", label)
     token = secrets.token_hex(4)
     return f"{REGION_PREFIX}_{os.getpid()}-{pid_namespace()}_{token}_{safe}"[:_MAX_NAME]
+
+
+def slot_key(region_name: str, slot: int) -> str:
+    """The name of one slot of a region: a hard link to the region's file, registered in
+    Triton on its own."""
+    return f"{region_name}@{slot}"
+
+
+def region_of(name: str) -> str:
+    """The region a name belongs to: itself, or the region of a slot's name."""
+    return name.lstrip("/").partition("@")[0]
 
 
 def region_owner(name: str) -> Owner | None:
@@ -237,8 +257,9 @@ class SharedMemoryRegion:
         return self._mmap
 
     @classmethod
-    def create(cls, name: str, size: int) -> SharedMemoryRegion:
-        """Creates a new region (mode 0600), locks it, reserves its pages, and maps it.
+    def create(cls, name: str, size: int, *, slots: int = 0) -> SharedMemoryRegion:
+        """Creates a new region (mode 0600) and the names of its ``slots``, locks it, reserves
+        its pages, and maps it.
 
         Raises:
             FileExistsError: if the name is taken.
@@ -251,14 +272,17 @@ class SharedMemoryRegion:
             os.posix_fallocate(fd, 0, size)
             flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
             mapping = mmap.mmap(fd, size, flags=flags)
+            for slot in range(slots):
+                os.link(SHM_DIR / name, SHM_DIR / slot_key(name, slot))
         except BaseException as exc:
-            _posixshmem.shm_unlink("/" + name)
+            unlink_region(name)
             os.close(fd)
             if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
                 space = shm_space() or (0, 0)
                 raise _full(size, *space, what=f"region {name!r}", model="", fix="") from exc
             raise
-        resource_tracker.register("/" + name, "shared_memory")
+        for key in (name, *(slot_key(name, slot) for slot in range(slots))):
+            resource_tracker.register("/" + key, "shared_memory")
         return cls(name, size, mapping, owner=True, lock_fd=fd)
 
     @classmethod
@@ -287,8 +311,8 @@ class SharedMemoryRegion:
         if not self.owner:
             return
         self.owner = False
-        unlink_region(self.name)
-        resource_tracker.unregister("/" + self.name, "shared_memory")
+        for key in unlink_region(self.name):
+            resource_tracker.unregister("/" + key, "shared_memory")
         self._unlock()  # nobody can find the file by its name any more
 
     def _unlock(self) -> None:
@@ -300,13 +324,17 @@ class SharedMemoryRegion:
         return f"SharedMemoryRegion(name={self.name!r}, size={self.size}, owner={self.owner})"
 
 
-def unlink_region(name: str) -> bool:
-    """Unlinks a region by name; returns whether it existed."""
-    try:
-        _posixshmem.shm_unlink("/" + name.lstrip("/"))
-    except FileNotFoundError:
-        return False
-    return True
+def unlink_region(name: str) -> list[str]:
+    """Unlinks a region and the names of its slots; returns the names that existed."""
+    name = name.lstrip("/")
+    unlinked = []
+    for key in [name, *(path.name for path in SHM_DIR.glob(f"{glob.escape(name)}@*"))]:
+        try:
+            _posixshmem.shm_unlink("/" + key)
+        except FileNotFoundError:
+            continue
+        unlinked.append(key)
+    return unlinked
 
 
 @dataclass(frozen=True)
@@ -333,8 +361,8 @@ def list_local_regions() -> list[LocalRegion]:
         return regions
     for path in sorted(SHM_DIR.iterdir()):
         owner = region_owner(path.name)
-        if owner is None:
-            continue
+        if owner is None or region_of(path.name) != path.name:
+            continue  # not ours, or the name of a slot (listed with its region)
         try:
             size = path.stat().st_size
         except FileNotFoundError:

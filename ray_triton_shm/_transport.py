@@ -124,18 +124,17 @@ class SlotRequests:
     Args:
         spec: The model.
         layout: Where each tensor lives inside a slot.
-        region_name: Name the region is registered under in Triton.
-        slot_count: Number of slots in the region.
+        slot_keys: The name each slot is registered under in Triton (the whole region, so
+            offsets count from the region's start).
     """
 
-    def __init__(
-        self, spec: ModelSpec, layout: SlotLayout, region_name: str, slot_count: int
-    ) -> None:
+    def __init__(self, spec: ModelSpec, layout: SlotLayout, slot_keys: Sequence[str]) -> None:
         self._spec = spec
         self._requests = [
-            self._build(spec, layout, region_name, layout.slot_offset(slot))
-            for slot in range(slot_count)
+            self._build(spec, layout, key, layout.slot_offset(slot))
+            for slot, key in enumerate(slot_keys)
         ]
+        slot_count = len(slot_keys)
         # Shapes and byte sizes each slot's request was last sent with: most calls repeat them.
         self._shapes: list[list[tuple[int, ...] | None]] = [
             [None] * len(spec.inputs) for _ in range(slot_count)

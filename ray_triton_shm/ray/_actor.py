@@ -12,8 +12,9 @@ and give back its slots **through the region itself** (:mod:`ray_triton_shm._sha
 file locks, sleeping in the kernel while they wait), and send their requests straight to Triton:
 a request makes no Ray call, at any load. The actor's part is the control plane: create and
 register the regions (again, after Triton restarts), set their limits, sweep up after callers
-that died, sum the counters from the regions' headers, and serve by value the callers that
-cannot attach a region.
+that died and put their slots back in use as soon as Triton is done with their requests
+(:mod:`ray_triton_shm._settle`), sum the counters from the regions' headers, and serve by value
+the callers that cannot attach a region.
 
 It is a threaded actor whose methods run in two concurrency groups: ``"infer"`` (by-value
 inference, which may wait for a slot) and ``"control"`` (registration, stats). The actor
@@ -83,12 +84,9 @@ class NodeActorConfig:
             by-value calls included).
         max_waiting: Callers that may wait for a slot of one model on the node; past it,
             :class:`OverloadedError`.
-        sweep_interval_s: How often the actor looks for callers that died holding a slot or
-            waiting for one, and updates the Ray metrics.
-        quarantine_s: How long a slot whose holder died mid-request stays out of use, counted
-            from when the request was sent: Triton may still write its outputs into the slot
-            until it is done with it. Set it above the model's longest queue and compute
-            time.
+        sweep_interval_s: How often the actor updates the Ray metrics. (Callers that died
+            holding a slot or waiting for one are looked for every 50 ms, and their slots
+            come back as soon as Triton is done with their requests.)
         reconnect_timeout_s: How long the actor's registrations wait for Triton while it is
             unreachable (restarting); by-value calls wait as long as their caller says.
         headers: gRPC headers of every call the actor makes: Triton's access keys for the
@@ -103,7 +101,6 @@ class NodeActorConfig:
     slots: int = 8
     max_waiting: int = 64
     sweep_interval_s: float = 1.0
-    quarantine_s: float = 30.0
     reconnect_timeout_s: float = DEFAULT_RECONNECT_TIMEOUT_S
     headers: Mapping[str, str] | None = field(default=None, repr=False)
     client_options: Mapping[str, Any] | None = field(default=None, repr=False)
@@ -142,14 +139,17 @@ class NodeStats:
         shm_free: Bytes free in the node's ``/dev/shm`` (Ray's object store lives there too).
         shm_capacity: Size of the node's ``/dev/shm``.
         models: Per model, over every process of the node: ``slots``, ``in_use`` (slots held
-            now), ``waiting`` (callers queued for a slot), ``quarantined`` (slots of callers that
-            died mid-request, free again ``quarantine_s`` after their request was sent),
+            now), ``waiting`` (callers queued for a slot), ``abandoned`` (slots out of use
+            now until Triton is done with a request whose caller gave up or died),
             ``overloads`` (callers refused past ``max_waiting``), ``shm_bytes`` (the region's
             size in ``/dev/shm``), ``by_value`` (calls the actor served by value),
             ``wait_p99_us`` (the 99th percentile of the waits for a slot, among requests that
-            waited), and the counters ``requests``, ``samples``, ``bytes_in``, ``bytes_out``,
-            ``errors``, ``waits`` (requests that waited for a slot) and ``wait_ns`` (their
-            total wait).
+            waited), ``settle_p99_us`` (the 99th percentile of how long abandoned slots waited
+            for Triton), and the counters ``requests``, ``samples``, ``bytes_in``,
+            ``bytes_out``, ``errors``, ``waits`` (requests that waited for a slot),
+            ``wait_ns`` (their total wait), ``abandoned_requests`` (requests given up while
+            Triton ran them) and ``settle_ns`` (how long their slots waited for Triton, in
+            all).
     """
 
     node_id: str
@@ -261,12 +261,13 @@ class TritonNodeActor:
             TritonServerError: Triton refused.
         """
         self._check_incarnation(incarnation)
-        region = self._client._pool(model_name).region
-        self._client._register_region(region, self._client._reconnect(model_name), model=model_name)
+        pool = self._client._pool(model_name)
+        reconnect = self._client._reconnect(model_name)
+        self._client._register_slots(pool.region, pool.slot_keys, reconnect, model=model_name)
 
     @ray.method(concurrency_group="control")
     def stats(self) -> NodeStats:
-        """Slots in use, waiting callers, quarantined slots, shared memory and counters per
+        """Slots in use, waiting callers, abandoned slots, shared memory and counters per
         model, over every process of the node."""
         models = {}
         for name in self._client.registered_models:
@@ -279,12 +280,13 @@ class TritonNodeActor:
                 "slots": pool.slots.size,
                 "in_use": now.in_use,
                 "waiting": now.waiting,
-                "quarantined": now.quarantined,
+                "abandoned": now.abandoned,
                 "overloads": pool.header.overloads,
                 "shm_bytes": pool.region.size,
                 "by_value": self._by_value.get(name, 0),
                 "wait_p99_us": round(pool.header.wait_quantile_s(0.99) * 1e6),
-                **vars(pool.header.totals()),
+                "settle_p99_us": round(pool.header.settle_quantile_s(0.99) * 1e6),
+                **_counters(pool),
             }
         free, capacity = shm_space() or (0, 0)
         return NodeStats(
@@ -307,13 +309,15 @@ class TritonNodeActor:
         inputs: Mapping[str, Any],
         reconnect_timeout_s: float | None = None,
         headers: Mapping[str, str] | None = None,
+        client_timeout_s: float | None = None,
     ) -> dict[str, np.ndarray]:
         """By-value inference: arrays in, arrays out (through Ray's object store), on the same
         slots as every other caller of the node.
 
         ``reconnect_timeout_s`` is the caller's: how long to wait for Triton while it is
         unreachable (``None``: the actor's). ``headers`` are the caller's (its inference key),
-        sent over the actor's own.
+        sent over the actor's own. ``client_timeout_s`` is the caller's deadline for Triton's
+        answer (see :meth:`TritonSHMClient.infer_shm`).
 
         Raises:
             StaleLeaseError: ``incarnation`` is not this actor's (it restarted): bind again.
@@ -323,7 +327,11 @@ class TritonNodeActor:
         with self._lock:
             self._by_value[model_name] = self._by_value.get(model_name, 0) + 1
         return self._client.infer_shm(
-            model_name, inputs, reconnect_timeout_s=reconnect_timeout_s, headers=headers
+            model_name,
+            inputs,
+            reconnect_timeout_s=reconnect_timeout_s,
+            headers=headers,
+            client_timeout_s=client_timeout_s,
         )
 
     # ---------------------------------------------------------------- internals
@@ -334,9 +342,7 @@ class TritonNodeActor:
         pool = self._client._pool(model_name)
         with self._lock:
             if not isinstance(pool.slots, SharedSlots):
-                pool.header.configure(
-                    max_waiting=self._config.max_waiting, quarantine_s=self._config.quarantine_s
-                )
+                pool.header.configure(max_waiting=self._config.max_waiting)
                 pool.slots = SharedSlots(
                     pool.region.name, pool.header, pool.slots.size, model=model_name
                 )
@@ -365,10 +371,17 @@ class TritonNodeActor:
 
 def _node_slot_stats(pool: ModelPool) -> NodeSlotStats:
     if isinstance(pool.slots, SharedSlots):
-        pool.slots.sweep()  # so that a holder that just died counts as quarantined
+        pool.slots.sweep()  # so that a holder that just died counts as abandoned
         return pool.slots.node_stats()
     stats = pool.slots.stats()  # not shared yet: registration is under way
-    return NodeSlotStats(stats.in_use, stats.waiting, 0)
+    return NodeSlotStats(stats.in_use, stats.waiting, stats.abandoned)
+
+
+def _counters(pool: ModelPool) -> dict[str, int]:
+    """The counters of a pool's header, under the names of :class:`NodeStats`."""
+    counters = vars(pool.header.totals())
+    counters["abandoned_requests"] = counters.pop("abandoned")
+    return counters
 
 
 def _current_node_id() -> str:
@@ -393,6 +406,10 @@ class _Metrics:
         ("errors", "Inference requests that failed"),
         ("waits", "Requests that waited for a slot"),
         ("overloads", "Callers refused because max_waiting callers already waited"),
+        (
+            "abandoned_requests",
+            "Requests given up (deadline, cancellation, death) while Triton ran them",
+        ),
     )
 
     def __init__(self, node_id: str) -> None:
@@ -408,15 +425,25 @@ class _Metrics:
         self._wait_s = metrics.Counter(
             "ray_triton_shm_wait_seconds", "Time requests waited for a slot", tag_keys=tags
         )
+        self._settle_s = metrics.Counter(
+            "ray_triton_shm_abandoned_wait_seconds",
+            "Time slots of abandoned requests waited for Triton to finish them",
+            tag_keys=tags,
+        )
         self._gauges = {
             "slots": metrics.Gauge("ray_triton_shm_slots", "Slots in the pool", tag_keys=tags),
             "in_use": metrics.Gauge("ray_triton_shm_slots_in_use", "Slots in use", tag_keys=tags),
             "waiting": metrics.Gauge(
                 "ray_triton_shm_waiting", "Callers waiting for a slot", tag_keys=tags
             ),
-            "quarantined": metrics.Gauge(
-                "ray_triton_shm_slots_quarantined",
-                "Slots out of use because their holder died mid-request",
+            "abandoned": metrics.Gauge(
+                "ray_triton_shm_slots_abandoned",
+                "Slots out of use until Triton finishes a request whose caller gave up or died",
+                tag_keys=tags,
+            ),
+            "settle_p99_s": metrics.Gauge(
+                "ray_triton_shm_abandoned_wait_p99_seconds",
+                "99th percentile of how long abandoned slots waited for Triton",
                 tag_keys=tags,
             ),
         }
@@ -424,18 +451,25 @@ class _Metrics:
     def export(self, model: str, pool: ModelPool, now: NodeSlotStats) -> None:
         """Adds what the counters gained since the last export; sets the gauges."""
         tags = {"model": model, "node_id": self._node_id}
-        totals = {**vars(pool.header.totals()), "overloads": pool.header.overloads}
+        totals = {**_counters(pool), "overloads": pool.header.overloads}
         last = self._exported.get(model, {})
         for name, metric in self._counters.items():
             delta = totals[name] - last.get(name, 0)
             if delta > 0:
                 metric.inc(delta, tags)
-        wait_ns = totals["wait_ns"] - last.get("wait_ns", 0)
-        if wait_ns > 0:
-            self._wait_s.inc(wait_ns / 1e9, tags)
+        for name, seconds in (("wait_ns", self._wait_s), ("settle_ns", self._settle_s)):
+            delta_ns = totals[name] - last.get(name, 0)
+            if delta_ns > 0:
+                seconds.inc(delta_ns / 1e9, tags)
         self._exported[model] = totals
-        gauges = {"slots": pool.slots.size, "in_use": now.in_use, "waiting": now.waiting}
-        for name, value in {**gauges, "quarantined": now.quarantined}.items():
+        gauges = {
+            "slots": pool.slots.size,
+            "in_use": now.in_use,
+            "waiting": now.waiting,
+            "abandoned": now.abandoned,
+            "settle_p99_s": pool.header.settle_quantile_s(0.99),
+        }
+        for name, value in gauges.items():
             self._gauges[name].set(value, tags)
 
 
@@ -444,7 +478,6 @@ def get_node_actor(
     url: str | None = None,
     slots: int = 8,
     max_waiting: int = 64,
-    quarantine_s: float = 30.0,
     reconnect_timeout_s: float = DEFAULT_RECONNECT_TIMEOUT_S,
     headers: Mapping[str, str] | None = None,
     client_options: Mapping[str, Any] | None = None,
@@ -461,8 +494,6 @@ def get_node_actor(
         slots: The default pool size of each model (requests in flight on the node for it).
         max_waiting: Callers that may wait for a slot of one model before
             :class:`OverloadedError`.
-        quarantine_s: How long a slot whose holder died mid-request stays out of use (see
-            :class:`NodeActorConfig`).
         reconnect_timeout_s: How long the actor's registrations wait for an unreachable
             Triton.
         headers: The control plane's keys (see :class:`NodeActorConfig`); prefer
@@ -481,7 +512,6 @@ def get_node_actor(
         url=url,
         slots=slots,
         max_waiting=max_waiting,
-        quarantine_s=quarantine_s,
         reconnect_timeout_s=reconnect_timeout_s,
         headers=dict(headers) if headers else None,
         client_options=dict(client_options) if client_options else None,

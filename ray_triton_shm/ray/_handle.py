@@ -55,12 +55,14 @@ class _Binding:
         *,
         zero_copy: bool,
         reconnect_timeout_s: float,
+        client_timeout_s: float | None,
         headers: dict[str, str],
         client_options: Mapping[str, Any],
     ) -> None:
         self.actor = actor
         self.registration = registration
         self.reconnect_timeout_s = reconnect_timeout_s
+        self.client_timeout_s = client_timeout_s
         self.headers = headers
         self.pid = os.getpid()
         self.spec: ModelSpec = registration.spec
@@ -99,7 +101,12 @@ class _Binding:
     def infer(self, inputs: Mapping[str, InputValue], slot_timeout_s: float | None) -> Any:
         if self.client is None:
             return get(self._by_value(inputs))
-        return self.client.infer_shm(self.spec.name, inputs, slot_timeout_s=slot_timeout_s)
+        return self.client.infer_shm(
+            self.spec.name,
+            inputs,
+            slot_timeout_s=slot_timeout_s,
+            client_timeout_s=self.client_timeout_s,
+        )
 
     async def infer_async(
         self, inputs: Mapping[str, InputValue], slot_timeout_s: float | None
@@ -107,13 +114,21 @@ class _Binding:
         if self.client is None:
             return await _awaited(self._by_value(inputs))
         return await self.client.infer_shm_async(
-            self.spec.name, inputs, slot_timeout_s=slot_timeout_s
+            self.spec.name,
+            inputs,
+            slot_timeout_s=slot_timeout_s,
+            client_timeout_s=self.client_timeout_s,
         )
 
     def _by_value(self, inputs: Mapping[str, InputValue]) -> Any:
         incarnation = self.registration.incarnation
         return self.actor.infer.remote(
-            self.spec.name, incarnation, inputs, self.reconnect_timeout_s, self.headers or None
+            self.spec.name,
+            incarnation,
+            inputs,
+            self.reconnect_timeout_s,
+            self.headers or None,
+            self.client_timeout_s,
         )
 
     def close(self) -> None:
@@ -142,6 +157,10 @@ class ShmModel:
         zero_copy: Send requests straight to Triton on the node's shared slots when possible;
             ``False`` always passes arrays by value through the actor.
         slot_timeout_s: How long a call waits for a slot (``None``: no limit).
+        client_timeout_s: How long a call waits for Triton's answer to each request, from
+            when it is sent (``None``: no limit); past it the call raises
+            :class:`TritonServerError` (``status`` ``"StatusCode.DEADLINE_EXCEEDED"``), and
+            the request's slot comes back once Triton has finished it.
         reconnect_timeout_s: How long a call waits for the node's Triton while it is
             unreachable (restarting) before :class:`ServerUnreachableError`; ``0`` fails at
             once.
@@ -152,7 +171,7 @@ class ShmModel:
         client_options: Keyword arguments of this caller's :class:`TritonSHMClient` (TLS:
             ``ssl=True``, ``root_certificates=``, ...).
         actor_options: Extra keyword arguments for :func:`get_node_actor` (``slots``,
-            ``max_waiting``, ``quarantine_s``, ``reconnect_timeout_s``, ``headers`` and
+            ``max_waiting``, ``reconnect_timeout_s``, ``headers`` and
             ``client_options`` of the control plane), used if this call creates the actor.
 
     Example:
@@ -174,6 +193,7 @@ class ShmModel:
         url: str | None = None,
         zero_copy: bool = True,
         slot_timeout_s: float | None = None,
+        client_timeout_s: float | None = None,
         reconnect_timeout_s: float = DEFAULT_RECONNECT_TIMEOUT_S,
         headers: Mapping[str, str] | None = None,
         client_options: Mapping[str, Any] | None = None,
@@ -192,6 +212,7 @@ class ShmModel:
         self._url = url
         self._zero_copy = zero_copy
         self._slot_timeout_s = slot_timeout_s
+        self._client_timeout_s = client_timeout_s
         self._reconnect_timeout_s = reconnect_timeout_s
         self._headers = normalize(headers)
         self._client_options = dict(client_options or {})
@@ -231,6 +252,7 @@ class ShmModel:
                     registration,
                     zero_copy=self._zero_copy and same_node,
                     reconnect_timeout_s=self._reconnect_timeout_s,
+                    client_timeout_s=self._client_timeout_s,
                     headers={**headers_from_env(), **self._headers},
                     client_options=self._client_options,
                 )

@@ -21,7 +21,7 @@ from ray_triton_shm import TritonServerError
 from ray_triton_shm._engine import Chunk, ModelPool, Step, drive, drive_async, run
 from ray_triton_shm._header import RegionHeader
 from ray_triton_shm._inputs import prepare_batch
-from ray_triton_shm._pool import SlotPool
+from ray_triton_shm._pool import PoolStats, SlotPool
 from ray_triton_shm._shm import SharedMemoryRegion, new_region_name
 from ray_triton_shm._specs import ModelSpec, SlotLayout, TensorSpec
 
@@ -52,6 +52,7 @@ class _Call:
     def __init__(self) -> None:
         self.callbacks: list[Callable[[Any], None]] = []
         self.done = False
+        self.error: BaseException | None = None
 
     def add_done_callback(self, callback: Callable[[Any], None]) -> None:
         if self.done:
@@ -59,8 +60,14 @@ class _Call:
         else:
             self.callbacks.append(callback)
 
-    def finish(self) -> None:
-        self.done = True
+    def cancelled(self) -> bool:
+        return False
+
+    def exception(self) -> BaseException | None:
+        return self.error
+
+    def finish(self, error: BaseException | None = None) -> None:
+        self.done, self.error = True, error
         for callback in self.callbacks:
             callback(self)
 
@@ -101,7 +108,7 @@ class ScriptedTriton:
         if self.answers == self.fail_at_answer:
             if isinstance(self.raise_, BaseException):  # an RpcError: a failed call is done
                 if arg.call is not None:
-                    arg.call.finish()
+                    arg.call.finish(self.raise_)
                 raise self.raise_
             raise self.raise_("scripted failure")
         views = arg.pool.views[arg.slot]
@@ -160,13 +167,50 @@ def test_one_chunk_is_answered_without_a_future_and_its_slot_freed_on_error(
     triton = ScriptedTriton(pool)
     np.testing.assert_array_equal(_infer(triton, rows=2)["Y"], [[0, 1], [2, 3]])
     assert [step for step, _ in triton.log] == [Step.SLOT, Step.ANSWER]
-    pool.header.configure(max_waiting=0, quarantine_s=30)
     with pytest.raises(KeyboardInterrupt):
         _infer(ScriptedTriton(pool, fail_at_answer=1, raise_=KeyboardInterrupt), rows=1)
     # Interrupted mid-call, with no future to wait for: Triton may still write into the slot,
-    # which is quarantined for the processes sharing the region.
-    assert pool.slots.stats().in_use == 0
-    assert pool.header.quarantined(time.monotonic_ns()) == 1
+    # which is abandoned until the owner proves Triton done with it (see _settle).
+    assert pool.slots.stats() == PoolStats(size=2, in_use=1, waiting=0, abandoned=1)
+    (slot,) = pool.header.abandoned_slots()
+    pool.header.settle(slot, time.monotonic_ns())
+    pool.slots.settled(slot)
+    assert pool.slots.stats().in_use == 0 and pool.header.totals().abandoned == 1
+
+
+class _Deadline(ScriptedTriton):
+    """Never answers in time: the caller's deadline passes with the call still in Triton."""
+
+    def __call__(self, step: Step, arg: Any) -> Any:
+        if step is not Step.ANSWER:
+            return super().__call__(step, arg)
+        self.log.append((step, arg.start))
+        if arg.call is None:
+            arg.call = _Call()
+            self.calls.append(arg.call)
+        raise arg.deadline_exceeded(0.1)
+
+
+@pytest.mark.parametrize(
+    ("ending", "abandoned"), [(None, 0), (grpc.StatusCode.INTERNAL, 0), ("unavailable", 1)]
+)
+def test_a_deadline_frees_the_slot_only_when_triton_answers(
+    pool: ModelPool, ending: Any, abandoned: int
+) -> None:
+    triton = _Deadline(pool)
+    with pytest.raises(TritonServerError, match="client_timeout_s=0.1") as caught:
+        _infer(triton, rows=2)
+    assert caught.value.status == "StatusCode.DEADLINE_EXCEEDED"
+    assert pool.slots.stats().in_use == 1  # Triton still runs it: the slot is not free
+    (call,) = triton.calls
+    if ending is None:
+        call.finish()  # Triton answers
+    elif ending == "unavailable":
+        call.finish(UNAVAILABLE)  # the connection went: Triton may still run it
+    else:
+        call.finish(_RpcError(ending, "model failed"))  # Triton answered with an error
+    assert pool.slots.stats().abandoned == abandoned
+    assert pool.slots.stats().in_use == abandoned
 
 
 class _RpcError(grpc.RpcError):
@@ -203,7 +247,7 @@ def test_a_restart_is_waited_out_and_the_chunk_sent_again(pool: ModelPool) -> No
     steps = [step for step, _ in triton.log]
     assert steps == [Step.SLOT, Step.ANSWER, Step.RECONNECT, Step.SEND, Step.ANSWER]
     assert pool.slots.stats().in_use == 0
-    # Sent again: a quarantine would count from the second send, not the first.
+    # Sent again: a dead holder's slot is abandoned from the second send, not the first.
     assert 0 < triton.stamps[0] < triton.stamps[1]
 
 

@@ -1,0 +1,176 @@
+"""Settling abandoned slots: proving Triton done with a request nobody waits for any more.
+
+Triton keeps running a request whose client gave up (its deadline passed, it was cancelled,
+or it died): the default scheduler does not drop it, a model that does not check for
+cancellation runs to the end, and then Triton writes the outputs into the slot the request
+named. Only Triton's answer says it is done, and an abandoned request's answer is never read.
+So such a slot is **abandoned** (its header word ``abandoned_since`` is set, see
+:mod:`._header`), and nobody takes it until its region's owner has proven Triton done with it.
+
+The proof is Triton's own reference count. Every slot is registered under a name of its own (a
+hard link to the region's file, see :func:`._shm.slot_key`), and Triton refuses to unregister
+a registration that a request still uses ("currently in use", counted per registration). The
+owner's :class:`Settler` therefore tries to unregister an abandoned slot's name: refused, the
+request still runs, and it tries again a moment later; done (or the name was unknown, after
+Triton restarted), no request of Triton's can touch the slot any more, so it registers the
+name again and puts the slot back in use. A slot is back within :data:`POLL_S` of Triton
+finishing its request, never before.
+
+The settler is a thread of the client that owns the region (a plain ``TritonSHMClient``, or
+the Ray node actor's, which owns the regions every process of its node shares). It sleeps
+until told of an abandoned slot of its own process, and for regions shared with other processes
+it also looks every :data:`POLL_S` for slots of holders that died mid-request (found through
+their file locks, see :mod:`._shared_slots`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+
+import grpc
+from tritonclient.grpc import service_pb2
+
+from ._engine import ModelPool
+from ._exceptions import ClientClosedError
+from ._headers import Metadata
+from ._shared_slots import SharedSlots
+from ._transport import expected_header
+
+__all__ = ["POLL_S", "Settler", "register_slot", "unregister_slot"]
+
+logger = logging.getLogger(__name__)
+
+#: How often abandoned slots are tried again, and shared regions swept for dead holders.
+POLL_S = 0.05
+#: Deadline of each unregister/register call the settler makes (Triton may be gone).
+_CALL_TIMEOUT_S = 5.0
+
+
+def unregister_slot(stub: object, key: str, metadata: Metadata) -> None:
+    """Unregisters one slot's name from Triton (a name Triton does not know is fine).
+
+    Raises:
+        grpc.RpcError: Triton refused (a request still uses the slot) or is unreachable.
+    """
+    request = service_pb2.SystemSharedMemoryUnregisterRequest(name=key)
+    stub.SystemSharedMemoryUnregister(request, metadata=metadata, timeout=_CALL_TIMEOUT_S)  # type: ignore[attr-defined]
+
+
+def register_slot(stub: object, key: str, size: int, metadata: Metadata) -> None:
+    """Registers one slot's name (over the whole region: offsets count from its start).
+
+    Raises:
+        grpc.RpcError: Triton refused (``ALREADY_EXISTS`` included) or is unreachable.
+    """
+    request = service_pb2.SystemSharedMemoryRegisterRequest(
+        name=key, key="/" + key, offset=0, byte_size=size
+    )
+    stub.SystemSharedMemoryRegister(request, metadata=metadata, timeout=_CALL_TIMEOUT_S)  # type: ignore[attr-defined]
+
+
+class Settler:
+    """Puts a client's abandoned slots back in use once Triton is proven done with them.
+
+    It holds the client's stub and its own set of pools, never the client, so the client can
+    still be collected.
+
+    Args:
+        stub: The client's gRPC stub.
+        metadata: The client's headers (the key of Triton's shared-memory protocol, if any).
+    """
+
+    def __init__(self, stub: object, metadata: Metadata) -> None:
+        self._stub = stub
+        self._metadata = metadata
+        self._pools: weakref.WeakSet[ModelPool] = weakref.WeakSet()
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+        self._denied_logged = False
+
+    def watch(self, pool: ModelPool) -> None:
+        """Settles the abandoned slots of ``pool`` (a pool whose region the client owns)."""
+        with self._lock:
+            self._pools.add(pool)
+            if self._thread is None and not self._stopped:
+                self._thread = threading.Thread(
+                    target=self._run, name="ray-triton-shm-settler", daemon=True
+                )
+                self._thread.start()
+        self._wake.set()
+
+    def forget(self, pool: ModelPool) -> None:
+        """Stops looking after ``pool`` (it is being released)."""
+        with self._lock:
+            self._pools.discard(pool)
+
+    def notify(self) -> None:
+        """A slot of a watched pool was just abandoned: look now."""
+        self._wake.set()
+
+    def stop(self) -> None:
+        """Ends the thread (idempotent)."""
+        with self._lock:
+            self._stopped = True
+        self._wake.set()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                if self._stopped:
+                    return
+                pools = list(self._pools)
+            self._wake.clear()
+            busy = False
+            for pool in pools:
+                try:
+                    busy |= self.settle(pool)
+                except ClientClosedError:
+                    continue  # released meanwhile
+                except Exception:  # never end the thread: the next round tries again
+                    logger.exception("ray-triton-shm: settling slots of %r failed", pool.spec.name)
+                    busy = True
+            self._wake.wait(POLL_S if busy else None)
+
+    def settle(self, pool: ModelPool) -> bool:
+        """One round over ``pool``: abandons the slots of holders that died, then puts back in
+        use each abandoned slot Triton is done with. Returns whether to look again soon (slots
+        still wait for Triton, or the pool is shared with other processes)."""
+        slots = pool.slots
+        shared = isinstance(slots, SharedSlots)
+        if isinstance(slots, SharedSlots):
+            slots.sweep()
+        waiting = False
+        for slot in pool.header.abandoned_slots():
+            if self._triton_done(pool, slot):
+                pool.header.settle(slot, time.monotonic_ns())
+                pool.slots.settled(slot)
+            else:
+                waiting = True
+        return shared or waiting
+
+    def _triton_done(self, pool: ModelPool, slot: int) -> bool:
+        """Whether Triton is done with every request on ``slot``: it let go of the slot's
+        registration (which is then made again for the slot's next request)."""
+        key = pool.slot_keys[slot]
+        try:
+            unregister_slot(self._stub, key, self._metadata)
+        except grpc.RpcError as exc:
+            if expected_header(exc) is not None and not self._denied_logged:
+                self._denied_logged = True
+                logger.warning(
+                    "ray-triton-shm: abandoned slots of %r stay out of use: Triton restricts "
+                    "shared memory and this client lacks the header %r",
+                    pool.spec.name,
+                    expected_header(exc),
+                )
+            return False  # still in use, or Triton unreachable: try again later
+        try:
+            register_slot(self._stub, key, pool.region.size, self._metadata)
+        except grpc.RpcError:
+            pass  # a request that finds it missing registers it again (see _engine)
+        return True
