@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -39,7 +40,7 @@ from ._pool import PoolStats, SlotPool, SlotSource
 from ._reaper import watch
 from ._reclaim import reclaim_dead_registrations
 from ._reconnect import Reconnect, channel_options
-from ._settle import Settler, unregister_slot
+from ._settle import Settler, unregister_slots
 from ._shm import SharedMemoryRegion, ensure_room, mib, new_region_name, slot_key
 from ._specs import ModelSpec, SlotLayout, SpecLike, resolve_model_spec
 from ._transport import as_asyncio_future, translate_error
@@ -74,7 +75,9 @@ def _release_pools(
 def _release_pool(
     pool: ModelPool, stub: Any, wait_s: float, metadata: Metadata, settler: Settler
 ) -> None:
-    # Abandoned slots come back as Triton finishes their requests: the settler still runs.
+    """Waits for the pool's callers (up to ``wait_s``), then unregisters and unlinks it, once
+    Triton is done with the requests given up on it (within the same wait)."""
+    deadline = time.monotonic() + wait_s
     all_free = pool.slots.close(wait_s=wait_s)
     settler.forget(pool)
     if not pool.region.owner:  # attached: the owner unregisters and unlinks it
@@ -82,20 +85,12 @@ def _release_pool(
             pool.region.close()
         return
     try:
-        _unregister_slots(stub, pool.slot_keys, metadata)
+        left_s = max(0.0, deadline - time.monotonic())
+        unregister_slots(stub, pool.slot_keys, metadata, in_use_wait_s=left_s)
     finally:
         pool.region.unlink()
         if all_free:
             pool.region.close()
-
-
-def _unregister_slots(stub: Any, keys: Sequence[str], metadata: Metadata) -> None:
-    for key in keys:
-        try:
-            unregister_slot(stub, key, metadata)
-        except (grpc.RpcError, ValueError):
-            pass  # server gone or channel closed (nothing registered outlives it), or a
-            # request still runs: the watchdog or the next client takes it back
 
 
 class TritonSHMClient(grpcclient.InferenceServerClient):
@@ -303,7 +298,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         except BaseException as exc:
             # Registered, or interrupted (Ctrl-C) while Triton may have been registering it.
             if registered or not isinstance(exc, Exception):
-                _unregister_slots(self._client_stub, keys, self._metadata)
+                unregister_slots(self._client_stub, keys, self._metadata)
             region.unlink()
             region.close()
             raise

@@ -46,7 +46,13 @@ from ._pool import SlotSource
 from ._reconnect import is_restart_symptom
 from ._shm import SharedMemoryRegion, slot_key
 from ._specs import ModelSpec, SlotLayout, SlotViews
-from ._transport import SlotRequests, is_missing_region, translate_error
+from ._transport import (
+    SlotRequests,
+    expected_header,
+    is_missing_region,
+    never_reached,
+    translate_error,
+)
 
 
 class Step(enum.Enum):
@@ -379,20 +385,18 @@ async def drive_async(
         steps.close()
 
 
-#: What gRPC says of a call that ended without Triton's answer: Triton may still run it.
-_NOT_FROM_TRITON = frozenset(
-    {
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.CANCELLED,
-        grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.StatusCode.UNKNOWN,
-    }
-)
-
-
 def _from_triton(exc: grpc.RpcError) -> bool:
+    """Whether a failed call was answered by Triton, or never reached it: either way Triton
+    does not run it. A call cut off on the way (a lost connection, a cancellation) may still
+    run there."""
     code = exc.code() if hasattr(exc, "code") else None
-    return code is not None and code not in _NOT_FROM_TRITON
+    if code is None:
+        return False
+    if code in (grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return False
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN):
+        return never_reached(exc) or expected_header(exc) is not None
+    return True
 
 
 def _call_answered(call: grpc.Future) -> bool:

@@ -204,6 +204,8 @@ class SlotPool:
         """Keeps a held slot out of use until :meth:`settled`."""
         with self._lock:
             self._abandoned.add(slot)
+            if len(self._free) + len(self._abandoned) == self.size:
+                self._all_free.notify_all()
 
     def settled(self, slot: int) -> None:
         """Puts an abandoned slot back in use."""
@@ -218,19 +220,22 @@ class SlotPool:
             return PoolStats(self.size, in_use, len(self._waiters), len(self._abandoned))
 
     def close(self, *, wait_s: float | None = None) -> bool:
-        """Refuses new acquires, fails the waiters, and waits for slots in use to come back.
+        """Refuses new acquires, fails the waiters, and waits for the slots callers hold to
+        come back (not for abandoned ones, which no caller reads any more).
 
         Args:
             wait_s: How long to wait for slots in use (``None``: forever).
 
         Returns:
-            Whether every slot is free (so the memory behind them can be unmapped).
+            Whether no caller holds a slot (so the memory behind them can be unmapped).
         """
         with self._lock:
             self._closed = True
             while self._waiters:
                 self._waiters.popleft().fail()
-            return self._all_free.wait_for(lambda: len(self._free) == self.size, wait_s)
+            return self._all_free.wait_for(
+                lambda: len(self._free) + len(self._abandoned) == self.size, wait_s
+            )
 
     def _dequeue(self, waiter: _ThreadWaiter | _AsyncWaiter) -> bool:
         if waiter not in self._waiters:

@@ -29,7 +29,7 @@ from ._shm import (
     region_owner,
     unlink_region,
 )
-from ._transport import translate_error
+from ._transport import is_in_use, translate_error
 
 __all__ = [
     "ReclaimReport",
@@ -174,7 +174,7 @@ def reclaim_dead_registrations(
             try:
                 client.unregister_system_shared_memory(name, headers=headers)
             except InferenceServerException as exc:
-                if "in use" in (exc.message() or ""):
+                if is_in_use(exc):
                     in_use.append(name)
                 continue  # else another process reclaimed it first
             reclaimed.add(region_of(name))

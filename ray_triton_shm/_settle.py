@@ -14,7 +14,9 @@ owner's :class:`Settler` therefore tries to unregister an abandoned slot's name:
 request still runs, and it tries again a moment later; done (or the name was unknown, after
 Triton restarted), no request of Triton's can touch the slot any more, so it registers the
 name again and puts the slot back in use. A slot is back within :data:`POLL_S` of Triton
-finishing its request, never before.
+finishing its request, never before. Where nothing listens at Triton's address any more, no
+Triton process runs the request either (Triton stops listening only once it exits: a graceful
+shutdown first finishes the requests it runs), so the slot is back too.
 
 The settler is a thread of the client that owns the region (a plain ``TritonSHMClient``, or
 the Ray node actor's, which owns the regions every process of its node shares). It sleeps
@@ -29,6 +31,7 @@ import logging
 import threading
 import time
 import weakref
+from collections.abc import Sequence
 
 import grpc
 from tritonclient.grpc import service_pb2
@@ -37,9 +40,9 @@ from ._engine import ModelPool
 from ._exceptions import ClientClosedError
 from ._headers import Metadata
 from ._shared_slots import SharedSlots
-from ._transport import expected_header
+from ._transport import expected_header, is_in_use, never_reached
 
-__all__ = ["POLL_S", "Settler", "register_slot", "unregister_slot"]
+__all__ = ["POLL_S", "Settler", "register_slot", "unregister_slots", "unregister_slot"]
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +72,32 @@ def register_slot(stub: object, key: str, size: int, metadata: Metadata) -> None
         name=key, key="/" + key, offset=0, byte_size=size
     )
     stub.SystemSharedMemoryRegister(request, metadata=metadata, timeout=_CALL_TIMEOUT_S)  # type: ignore[attr-defined]
+
+
+def unregister_slots(
+    stub: object, keys: Sequence[str], metadata: Metadata, *, in_use_wait_s: float = 0.0
+) -> None:
+    """Unregisters slots' names, trying again for up to ``in_use_wait_s`` those a request
+    still uses; gives up quietly where Triton is gone or the channel is closed (nothing
+    registered outlives a Triton), or past the wait (the watchdog, or the next client, takes
+    them back; see :mod:`._reclaim`)."""
+    deadline = time.monotonic() + in_use_wait_s
+    pending = list(keys)
+    while pending:
+        in_use = []
+        for key in pending:
+            try:
+                unregister_slot(stub, key, metadata)
+            except grpc.RpcError as exc:
+                if is_in_use(exc):
+                    in_use.append(key)
+            except ValueError:
+                return  # the channel is closed
+        pending = in_use
+        if pending and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+        else:
+            return
 
 
 class Settler:
@@ -160,6 +189,8 @@ class Settler:
         try:
             unregister_slot(self._stub, key, self._metadata)
         except grpc.RpcError as exc:
+            if never_reached(exc):
+                return True  # no Triton runs here any more; the next one registers it anew
             if expected_header(exc) is not None and not self._denied_logged:
                 self._denied_logged = True
                 logger.warning(
@@ -168,7 +199,7 @@ class Settler:
                     pool.spec.name,
                     expected_header(exc),
                 )
-            return False  # still in use, or Triton unreachable: try again later
+            return False  # still in use (or no answer): try again later
         try:
             register_slot(self._stub, key, pool.region.size, self._metadata)
         except grpc.RpcError:

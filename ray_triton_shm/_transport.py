@@ -24,7 +24,9 @@ __all__ = [
     "SlotRequests",
     "as_asyncio_future",
     "expected_header",
+    "is_in_use",
     "is_missing_region",
+    "never_reached",
     "status_and_message",
     "translate_error",
 ]
@@ -44,6 +46,19 @@ def status_and_message(exc: BaseException) -> tuple[str | None, str]:
     if isinstance(exc, InferenceServerException):
         return exc.status(), exc.message() or ""
     return None, str(exc)
+
+
+def never_reached(exc: BaseException) -> bool:
+    """Whether a call failed because nothing listens at Triton's address (no connection was
+    made: the request never left, and no Triton process serves there any more)."""
+    status, message = status_and_message(exc)
+    return status == str(grpc.StatusCode.UNAVAILABLE) and "failed to connect" in message.lower()
+
+
+def is_in_use(exc: BaseException) -> bool:
+    """Whether Triton refused to unregister a region because a request still uses it."""
+    _, message = status_and_message(exc)
+    return "currently in use" in message
 
 
 def is_missing_region(exc: BaseException) -> bool:

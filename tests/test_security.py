@@ -39,7 +39,13 @@ from ray_triton_shm import (
 )
 from ray_triton_shm import _client as client_module
 from ray_triton_shm._headers import env_var_for
-from ray_triton_shm._shm import SHM_DIR, SharedMemoryRegion, list_local_regions, unlink_region
+from ray_triton_shm._shm import (
+    SHM_DIR,
+    SharedMemoryRegion,
+    list_local_regions,
+    region_of,
+    unlink_region,
+)
 from ray_triton_shm.local import LocalTritonServer
 
 IMAGES = np.random.default_rng(0).standard_normal((5, 3, 224, 224), dtype=np.float32)
@@ -56,11 +62,12 @@ def only(keys: dict[str, str], *names: str) -> dict[str, str]:
 
 
 def registrations(server: LocalTritonServer) -> set[str]:
+    """The regions registered (slot by slot) in ``server``."""
     with grpcclient.InferenceServerClient(server.grpc_url) as plain:
         status = plain.get_system_shared_memory_status(
             headers=server.grpc_headers("shared-memory"), as_json=True
         )
-    return set(status.get("regions", {}))
+    return {region_of(name) for name in status.get("regions", {})}
 
 
 def our_regions() -> set[str]:

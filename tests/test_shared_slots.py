@@ -33,10 +33,10 @@ class Region:
 def make_region() -> Iterator:  # type: ignore[type-arg]
     made: list[tuple[SharedMemoryRegion, SharedSlots]] = []
 
-    def make(size: int, *, max_waiting: int = 8, quarantine_s: float = 30.0) -> Region:
+    def make(size: int, *, max_waiting: int = 8) -> Region:
         region = SharedMemoryRegion.create(new_region_name("test"), REGION_HEADER_BYTES + 4096)
         header = RegionHeader(region.buffer, size)
-        header.configure(max_waiting=max_waiting, quarantine_s=quarantine_s)
+        header.configure(max_waiting=max_waiting)
         slots = SharedSlots(region.name, header, size, model="m")
         made.append((region, slots))
         return Region(region.name, header, slots, size)
@@ -91,38 +91,55 @@ def test_slots_held_by_another_process_block_until_given_back(make_region) -> No
     started = time.monotonic()
     taken = {region.slots.acquire(5.0), region.slots.acquire(5.0)}
     assert taken == {0, 1} and time.monotonic() - started < 0.5
-    assert region.slots.node_stats().quarantined == 0
+    assert region.slots.node_stats().abandoned == 0
     for slot in taken:
         region.slots.release(slot)
     assert region.slots.node_stats().in_use == 0
 
 
-def test_a_slot_whose_holder_died_mid_request_is_quarantined(make_region) -> None:  # type: ignore[no-untyped-def]
-    region = make_region(2, quarantine_s=1.5)
+def test_a_slot_whose_holder_died_mid_request_is_abandoned(make_region) -> None:  # type: ignore[no-untyped-def]
+    region = make_region(2)
     # As the engine does right before it sends a request on the slot.
     child = _child(region, "s = slots.acquire(); header.set_busy_since(s, time.monotonic_ns())")
     _kill(child)
-    # The other slot serves on; the dead holder's is skipped and counted as quarantined.
+    # The other slot serves on; the dead holder's is skipped and counted as abandoned.
     first = region.slots.acquire(1.0)
     assert region.slots.try_acquire() is None
-    assert region.slots.node_stats().quarantined == 1
+    assert region.slots.node_stats().abandoned == 1
+    assert region.header.abandoned_slots() == [1 - first]
     region.slots.release(first)
     assert region.slots.acquire(1.0) == first
     region.slots.release(first)
-    # Once Triton cannot write into it any more, it serves again.
-    time.sleep(1.6)
-    taken = {region.slots.acquire(1.0), region.slots.acquire(1.0)}
-    assert taken == {0, 1} and region.slots.node_stats().quarantined == 0
-    for slot in taken:
-        region.slots.release(slot)
+
+
+def test_an_abandoned_slot_comes_back_to_a_waiter_once_settled(make_region) -> None:  # type: ignore[no-untyped-def]
+    import threading
+
+    region = make_region(1)
+    child = _child(region, "s = slots.acquire(); header.set_busy_since(s, time.monotonic_ns())")
+    _kill(child)
+    # However long Triton takes, nobody gets it until the owner proves Triton done with it.
+    with pytest.raises(SlotTimeoutError):
+        region.slots.acquire(0.3)
+    assert region.header.abandoned_slots() == [0]
+    got: list[int] = []
+    waiter = threading.Thread(target=lambda: got.append(region.slots.acquire(5.0)))
+    waiter.start()
+    time.sleep(0.2)
+    assert got == []
+    region.header.settle(0, time.monotonic_ns())  # what the owner's Settler does
+    waiter.join(5.0)
+    assert got == [0] and region.slots.node_stats().abandoned == 0
+    assert region.header.totals().abandoned == 1 and region.header.settle_quantile_s(0.99) > 0
+    region.slots.release(0)
 
 
 def test_the_owners_sweep_finds_a_dead_holder_too(make_region) -> None:  # type: ignore[no-untyped-def]
-    region = make_region(1, quarantine_s=30)
+    region = make_region(1)
     child = _child(region, "s = slots.acquire(); header.set_busy_since(s, time.monotonic_ns())")
     _kill(child)
     region.slots.sweep()
-    assert region.slots.node_stats().quarantined == 1
+    assert region.slots.node_stats().abandoned == 1
     with pytest.raises(SlotTimeoutError):
         region.slots.acquire(0.2)
 

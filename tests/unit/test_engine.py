@@ -206,7 +206,7 @@ def test_a_deadline_frees_the_slot_only_when_triton_answers(
     if ending is None:
         call.finish()  # Triton answers
     elif ending == "unavailable":
-        call.finish(UNAVAILABLE)  # the connection went: Triton may still run it
+        call.finish(_RpcError(grpc.StatusCode.UNAVAILABLE, "Socket closed"))  # cut off
     else:
         call.finish(_RpcError(ending, "model failed"))  # Triton answered with an error
     assert pool.slots.stats().abandoned == abandoned
