@@ -23,7 +23,7 @@ SHAPES = {"INPUT0": (16,), "OUTPUT0": (16,)}
 
 @pytest.fixture(scope="module")
 def node_actor(ray_local: str) -> Iterator[ray.actor.ActorHandle]:
-    actor = get_node_actor(slots=4, quarantine_s=3.0)
+    actor = get_node_actor(slots=4)
     try:
         yield actor
     finally:
@@ -68,7 +68,7 @@ def test_zero_copy_results_and_counters(node_actor) -> None:  # type: ignore[no-
     assert stats["requests"] >= 3 and stats["samples"] >= 20 and stats["by_value"] == 0
     assert stats["bytes_in"] >= x.nbytes and stats["bytes_out"] >= out.nbytes
     # A process holds a slot only while its request does: none between calls.
-    assert stats["in_use"] == stats["waiting"] == stats["quarantined"] == 0
+    assert stats["in_use"] == stats["waiting"] == stats["abandoned"] == 0
     model.close()
 
 
@@ -228,43 +228,57 @@ def test_empty_batch(node_actor) -> None:  # type: ignore[no-untyped-def]
     assert out["OUTPUT0"].shape == (0, 1000)
 
 
-def test_a_caller_killed_mid_request_leaves_its_slot_quarantined(node_actor) -> None:  # type: ignore[no-untyped-def]
-    """Its request is still in Triton, which may write into the slot: the slot stays out of
-    use for ``quarantine_s`` (3 s here), while the others serve on."""
+def test_a_caller_killed_mid_request_frees_its_slot_once_triton_is_done_with_it(node_actor) -> None:  # type: ignore[no-untyped-def]
+    """Its request is still in Triton, which writes into the slot when it is done: the slot
+    stays out of use exactly that long (not a moment less), while the others serve on, and
+    serves again within a second of Triton finishing."""
+    delay_s = 2.0
+    echo = {"max_shapes": {"DATA": (16,), "ECHO": (16,)}}
 
     @ray.remote(num_cpus=0, max_concurrency=2)
     class Caller:
         def __init__(self) -> None:
-            self.model = ShmModel("slow_identity", max_shapes=SHAPES)  # 0.3 s a request
-            self.sent = 0
+            self.model = ShmModel("delay_echo", **echo)
+            self.model.infer({"DELAY_MS": np.array([0], np.int32), "DATA": np.ones(16, np.float32)})
+            self.sent_at = 0.0
 
-        def loop(self) -> None:
-            while True:
-                self.sent += 1
-                self.model.infer({"INPUT0": np.ones((1, 16), np.float32)})
+        def slow(self) -> None:
+            self.sent_at = time.time()  # before the request leaves
+            data = np.ones(16, np.float32)
+            self.model.infer({"DELAY_MS": np.array([delay_s * 1000], np.int32), "DATA": data})
 
-        def progress(self) -> int:
-            return self.sent
+        def sent(self) -> float:
+            return self.sent_at
 
     caller = Caller.remote()
-    caller.loop.remote()
+    caller.slow.remote()
     deadline = time.monotonic() + 60
-    while ray.get(caller.progress.remote()) < 3:  # mid-way through its third request
+    while not (sent_at := ray.get(caller.sent.remote())):
         assert time.monotonic() < deadline
-        time.sleep(0.05)
+        time.sleep(0.01)
+    time.sleep(0.3)
     ray.kill(caller)
-    model = ShmModel("slow_identity", max_shapes=SHAPES)
-    x = np.full((1, 16), 3, np.float32)
-    np.testing.assert_array_equal(model.infer({"INPUT0": x})["OUTPUT0"], x)  # serves on
-    stats = ray.get(node_actor.stats.remote()).models["slow_identity"]
-    assert stats["quarantined"] == 1 and stats["in_use"] == 0
-    time.sleep(3.5)
-    stats = ray.get(node_actor.stats.remote()).models["slow_identity"]
-    assert stats["quarantined"] == 0
-    # Every slot serves again: four requests at once.
+    model = ShmModel("delay_echo", **echo)
+    x = np.full(16, 3, np.float32)
+    out = model.infer({"DELAY_MS": np.array([0], np.int32), "DATA": x})["ECHO"]
+    np.testing.assert_array_equal(out, x)  # the others serve on
+
+    def abandoned() -> int:
+        return int(ray.get(node_actor.stats.remote()).models["delay_echo"]["abandoned"])
+
+    assert abandoned() == 1
+    while abandoned():
+        assert time.time() < sent_at + delay_s + 1.0, "not back within 1 s of Triton finishing"
+        time.sleep(0.02)
+    back_at = time.time()
+    assert back_at >= sent_at + delay_s  # never before Triton was done with it
+    stats = ray.get(node_actor.stats.remote()).models["delay_echo"]
+    assert stats["abandoned_requests"] == 1 and stats["settle_p99_us"] >= 1_000_000
 
     async def four() -> list[dict[str, np.ndarray]]:
-        return await asyncio.gather(*(model.infer_async({"INPUT0": x}) for _ in range(4)))
+        inputs = {"DELAY_MS": np.array([0], np.int32), "DATA": x}
+        return await asyncio.gather(*(model.infer_async(inputs) for _ in range(4)))
 
-    assert all(np.array_equal(out["OUTPUT0"], x) for out in asyncio.run(four()))
+    # Every slot serves again: four requests at once.
+    assert all(np.array_equal(out["ECHO"], x) for out in asyncio.run(four()))
     model.close()

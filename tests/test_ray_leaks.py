@@ -1,6 +1,6 @@
 """The node actor under many callers, cancellations, killed callers, overload and restarts.
 
-After all of it: no slot in use, none of a dead caller kept out of use past its quarantine,
+After all of it: no slot in use, none of a dead caller kept out of use once Triton is done,
 and after ``shutdown()`` no region of the actor left in ``/dev/shm`` or registered in Triton.
 """
 
@@ -22,6 +22,7 @@ import tritonclient.grpc as grpcclient
 from ray import cloudpickle
 
 from ray_triton_shm import OverloadedError
+from ray_triton_shm._shm import region_of
 from ray_triton_shm.ray import ShmModel, get_node_actor
 
 # Ship this module's actor classes by value (workers cannot import the test module).
@@ -43,13 +44,15 @@ def _wait_for(condition: Callable[[], Any], *, timeout_s: float, what: str) -> A
 
 
 def _regions_in_dev_shm(pid: int) -> list[str]:
-    return sorted(p.name for p in SHM_DIR.iterdir() if p.name.startswith(f"rtshm_{pid}-"))
+    """The regions of ``pid`` in /dev/shm (a name of one of their slots counts as its region)."""
+    names = (p.name for p in SHM_DIR.iterdir() if p.name.startswith(f"rtshm_{pid}-"))
+    return sorted({region_of(name) for name in names})
 
 
 def _registered(url: str, pid: int) -> list[str]:
     with grpcclient.InferenceServerClient(url) as client:
         regions = client.get_system_shared_memory_status(as_json=True).get("regions", {})
-    return sorted(name for name in regions if name.startswith(f"rtshm_{pid}-"))
+    return sorted({region_of(name) for name in regions if name.startswith(f"rtshm_{pid}-")})
 
 
 @pytest.fixture
@@ -131,7 +134,7 @@ class _AsyncCaller:
 def test_many_callers_with_cancellations_and_a_killed_caller_leak_nothing(
     node_actor_factory: Callable[..., Any], ray_local: str
 ) -> None:
-    actor = node_actor_factory(slots=8, quarantine_s=2.0)
+    actor = node_actor_factory(slots=8)
     # 4 caller processes x 4 asyncio tasks = 16 concurrent callers; 1000 calls in all.
     whole, cancels_tasks, cancelled, killed = (_AsyncCaller.remote() for _ in range(4))
     pids = ray.get([c.pid.remote() for c in (whole, cancels_tasks, cancelled, killed)])
@@ -167,14 +170,14 @@ def test_many_callers_with_cancellations_and_a_killed_caller_leak_nothing(
     made = [ray.get(c.progress.remote()) for c in (whole, cancels_tasks, cancelled)]
     assert 0 < made[2] < 250
 
-    # Every caller alive gives its slots back. The killed caller's are free again once their
-    # quarantine (for requests it may have left in Triton) is over.
+    # Every caller alive gives its slots back. The killed caller's are free again once Triton
+    # is done with the requests it left there.
     ray.get([c.close.remote() for c in (whole, cancels_tasks, cancelled)])
 
     def settled() -> Any:
         stats = ray.get(actor.stats.remote())
         identity = stats.models["identity"]
-        idle = identity["in_use"] == identity["quarantined"] == identity["waiting"] == 0
+        idle = identity["in_use"] == identity["abandoned"] == identity["waiting"] == 0
         return idle and stats
 
     stats = _wait_for(settled, timeout_s=30, what="every slot, the killed caller's too")
