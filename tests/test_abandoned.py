@@ -1,0 +1,150 @@
+"""Requests given up before Triton answered: a deadline, an interrupt, a cancelled coroutine.
+
+Triton runs such a request to the end and then writes its outputs into the slot it named. A
+slot is therefore used again only once Triton is done with it, however the call ended, and no
+caller is ever answered with another request's data. ``delay_echo`` echoes its input after a
+delay the request chooses (4 instances), so the timing of each case is the test's to set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from ray_triton_shm import TritonServerError, TritonSHMClient
+
+ECHO_SHAPES = {"DATA": (64,), "ECHO": (64,)}
+
+
+def _inputs(delay_ms: int, value: float, length: int = 64) -> dict[str, np.ndarray]:
+    return {
+        "DELAY_MS": np.array([delay_ms], np.int32),
+        "DATA": np.full(length, value, np.float32),
+    }
+
+
+@pytest.fixture
+def one_slot(grpc_url: str) -> Iterator[TritonSHMClient]:
+    with TritonSHMClient(url=grpc_url) as client:
+        client.register_shm_model("delay_echo", max_shapes=ECHO_SHAPES, pool_size=1)
+        yield client
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_deadline_raises_on_time_and_the_slot_waits_for_triton(
+    one_slot: TritonSHMClient, mode: str
+) -> None:
+    async def infer_async(inputs: dict[str, np.ndarray], **options: float) -> dict:  # type: ignore[type-arg]
+        return await one_slot.infer_shm_async("delay_echo", inputs, **options)
+
+    def infer(inputs: dict[str, np.ndarray], **options: float) -> dict:  # type: ignore[type-arg]
+        if mode == "async":
+            return asyncio.run(infer_async(inputs, **options))
+        return one_slot.infer_shm("delay_echo", inputs, **options)
+
+    started = time.monotonic()
+    with pytest.raises(TritonServerError) as info:
+        infer(_inputs(800, 1.0), client_timeout_s=0.1)
+    assert time.monotonic() - started < 0.5  # the caller's deadline holds
+    assert info.value.status == "StatusCode.DEADLINE_EXCEEDED"
+    assert "client_timeout_s=0.1" in str(info.value)
+    # Triton still runs A and will write A's outputs into the only slot: B must wait for it.
+    out = infer(_inputs(0, 2.0))["ECHO"]
+    assert time.monotonic() - started >= 0.8
+    np.testing.assert_array_equal(out, np.full(64, 2.0, np.float32))
+    stats = one_slot.shm_stats("delay_echo")
+    assert stats.in_use == 0 and stats.abandoned == 0
+
+
+def test_an_interrupted_blocking_call_is_abandoned_until_triton_is_done(
+    one_slot: TritonSHMClient,
+) -> None:
+    def interrupt(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    started = time.monotonic()
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        with pytest.raises(KeyboardInterrupt):
+            one_slot.infer_shm("delay_echo", _inputs(1000, 1.0))  # a blocking gRPC call
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert time.monotonic() - started < 0.8
+    # No gRPC call to wait for: the slot is abandoned until Triton lets go of its registration.
+    assert one_slot.shm_stats("delay_echo").abandoned == 1
+    out = one_slot.infer_shm("delay_echo", _inputs(0, 2.0))["ECHO"]
+    assert time.monotonic() - started >= 1.0
+    np.testing.assert_array_equal(out, np.full(64, 2.0, np.float32))
+    assert one_slot.shm_stats("delay_echo").abandoned == 0
+    header = one_slot._pools["delay_echo"].header
+    assert header.totals().abandoned == 1 and header.settle_quantile_s(0.99) >= 0.5
+
+
+def test_a_cancelled_coroutine_frees_its_slot_when_triton_answers(
+    one_slot: TritonSHMClient,
+) -> None:
+    async def main() -> float:
+        started = time.monotonic()
+        slow = asyncio.ensure_future(one_slot.infer_shm_async("delay_echo", _inputs(600, 1.0)))
+        await asyncio.sleep(0.1)
+        slow.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await slow
+        out = await one_slot.infer_shm_async("delay_echo", _inputs(0, 2.0))
+        np.testing.assert_array_equal(out["ECHO"], np.full(64, 2.0, np.float32))
+        return time.monotonic() - started
+
+    assert asyncio.run(main()) >= 0.6
+
+
+def test_many_threads_with_deadlines_on_few_slots_never_get_another_requests_data(
+    grpc_url: str,
+) -> None:
+    """The case that once answered 1 request in 456 with another's data: 8 threads on 2 slots,
+    delays of 0 to 250 ms, one request in four with a 60 ms deadline."""
+    wrong: list[tuple[float, np.ndarray]] = []
+    counts = {"answered": 0, "deadline": 0}
+    lock = threading.Lock()
+    with TritonSHMClient(url=grpc_url) as client:
+        client.register_shm_model("delay_echo", max_shapes=ECHO_SHAPES, pool_size=2)
+
+        def caller(seed: int) -> None:
+            rng = random.Random(seed)
+            for n in range(30):
+                value = seed * 1000 + n
+                length = rng.randint(1, 64)
+                deadline = 0.06 if rng.random() < 0.25 else None
+                inputs = _inputs(rng.choice([0, 0, 50, 120, 250]), value, length)
+                try:
+                    out = client.infer_shm("delay_echo", inputs, client_timeout_s=deadline)["ECHO"]
+                except TritonServerError as exc:
+                    assert exc.status == "StatusCode.DEADLINE_EXCEEDED", exc
+                    with lock:
+                        counts["deadline"] += 1
+                    continue
+                with lock:
+                    counts["answered"] += 1
+                    if not np.array_equal(out, inputs["DATA"]):
+                        wrong.append((value, out))
+
+        threads = [threading.Thread(target=caller, args=(seed,)) for seed in range(1, 9)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        # Every slot comes back once Triton has answered the requests given up on.
+        deadline = time.monotonic() + 5
+        while client.shm_stats("delay_echo").in_use and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert client.shm_stats("delay_echo").in_use == 0
+    assert wrong == []
+    assert counts["deadline"] > 0 and counts["answered"] + counts["deadline"] == 240
