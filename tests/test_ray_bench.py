@@ -12,7 +12,7 @@ import numpy as np
 from _helpers import registered_on
 
 from ray_triton_shm._bench._config import DEFAULT_PATHS, RAY_PATHS, BenchConfig
-from ray_triton_shm._bench._ray_paths import DATA_CASE
+from ray_triton_shm._bench._ray_paths import CHURN_CASE, DATA_CASE
 from ray_triton_shm._bench._runner import run_bench
 from ray_triton_shm._shm import ALIVE, owner_state
 from ray_triton_shm.local._server import LocalTritonServer
@@ -65,6 +65,8 @@ def test_bench_ray_quick_json_has_every_ray_path_verified(
         expected |= {(p, 4) for p in RAY_PATHS if p.startswith("serve")}
         expected |= {(p, 4) for p in RAY_PATHS if p.startswith("data") and model == DATA_CASE}
         expected |= {("shm-model", 16), ("grpc-procs", 16)}  # the node under load
+        if model == CHURN_CASE:
+            expected |= {("shm-model-nokill", 8), ("shm-model-churn", 8)}
         assert {(path, level) for m, path, level, _ in runs if m == model} == expected, model
         for level in (1, 4):
             shm_model = runs[(model, "shm-model", level, level)]
@@ -84,6 +86,10 @@ def test_bench_ray_quick_json_has_every_ray_path_verified(
             f"{path}@4": f"the Ray Data job runs on the {DATA_CASE} case"
             for path in RAY_PATHS
             if path.startswith("data")
+        },
+        **{
+            f"{path}@8": f"the churn runs on the {CHURN_CASE} case"
+            for path in ("shm-model-nokill", "shm-model-churn")
         },
     }
     ray_goals = [g for g in data["goals"] if not g["description"].startswith("shm-client")]
@@ -105,6 +111,7 @@ def test_bench_ray_quick_json_has_every_ray_path_verified(
                 "shm-model (16 callers, 4 slots): fewest requests of a caller / mean >= 0.5",
             )
         ),
+        *((CHURN_CASE, goal) for goal in _CHURN_GOALS),
     }
     assert all(isinstance(g["met"], bool) for g in ray_goals)
 
@@ -116,6 +123,55 @@ def test_bench_ray_quick_json_has_every_ray_path_verified(
     # Ray, Serve, the callers and the node actor are gone, and so are their regions.
     assert registered_on(triton.grpc_url) - registered_before == set()
     # (Other processes on this machine may create regions meanwhile: only live owners.)
+    left = [name for name in _our_regions() - regions_before if owner_state(name) != ALIVE]
+    assert left == []
+
+
+_CHURN_GOALS = (
+    "shm-model-churn (8 callers, 4 slots) req/s >= 0.8x shm-model-nokill (8 callers, 4 slots)",
+    "shm-model-nokill (8 callers, 4 slots): wrong answers <= 0",
+    "shm-model-churn (8 callers, 4 slots): wrong answers <= 0",
+)
+
+
+def test_bench_churn_kills_callers_mid_request_and_every_answer_is_right(
+    triton: LocalTritonServer, tmp_path: Path
+) -> None:
+    json_path = tmp_path / "bench.json"
+    registered_before = registered_on(triton.grpc_url)
+    regions_before = _our_regions()
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "ray_triton_shm", "bench", "--quick", "--churn-s", "3"),
+            *("--url", triton.grpc_url, "--no-plot", "--json", str(json_path)),
+            *("--models", CHURN_CASE, "--paths", "shm-model-nokill", "shm-model-churn"),
+        ],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=300,
+    )
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+
+    data = json.loads(json_path.read_text())
+    assert data["failures"] == [] and data["config"]["churn_s"] == 3
+    runs = {r["path"]: r for r in data["runs"]}
+    assert set(runs) == {"shm-model-nokill", "shm-model-churn"}
+    steady, churn = runs["shm-model-nokill"], runs["shm-model-churn"]
+    # One caller SIGKILLed every 2 s of the run: 3 s, in 2 rounds of 1.5 s.
+    assert (steady["kills"], churn["kills"]) == (0, 1)
+    for run in (steady, churn):
+        assert (run["concurrency"], run["slots"]) == (8, 4)
+        assert run["requests"] > 0 and run["wrong_answers"] == 0
+    goals = {g["description"]: g for g in data["goals"]}
+    assert set(goals) == set(_CHURN_GOALS)
+    assert goals[_CHURN_GOALS[0]]["value"] == churn["requests_per_s"] / steady["requests_per_s"]
+    assert goals[_CHURN_GOALS[1]]["met"] is goals[_CHURN_GOALS[2]]["met"] is True
+    assert "Churn (8 caller processes on 4 node slots, 3.00 s each" in proc.stdout
+    assert "1 caller(s) killed" in proc.stdout and ", 0 wrong" in proc.stdout
+    # A killed caller's lost requests are not errors; Ray's reports of its death stay out.
+    assert "Unhandled error" not in proc.stderr and "(raylet)" not in proc.stdout + proc.stderr
+    assert registered_on(triton.grpc_url) - registered_before == set()
     left = [name for name in _our_regions() - regions_before if owner_state(name) != ALIVE]
     assert left == []
 

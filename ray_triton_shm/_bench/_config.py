@@ -9,7 +9,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
-__all__ = ["CASE_NAMES", "DEFAULT_PATHS", "EXAMPLE_CASES", "NODE_LOAD", "RAY_PATHS"]
+__all__ = ["CASE_NAMES", "CHURN", "DEFAULT_PATHS", "EXAMPLE_CASES", "NODE_LOAD", "RAY_PATHS"]
 __all__ += ["SWEEP_PATHS", "BenchConfig", "CaseSpec", "add_arguments", "config_from_args"]
 
 
@@ -55,7 +55,7 @@ DEFAULT_PATHS: tuple[str, ...] = ("grpc", "http", "shm-manual", "shm-client", "m
 #: The Ray paths (``--ray``), in table order.
 RAY_PATHS: tuple[str, ...] = (
     "shm-model", "grpc-procs", "serve-grpc", "serve-shm", "serve-inproc",
-    "data-grpc", "data-shm", "data-noop",
+    "data-grpc", "data-shm", "data-noop", "shm-model-nokill", "shm-model-churn",
 )  # fmt: skip
 #: Paths run at every ``--concurrency`` level. The Serve and Ray Data paths run with
 #: ``--ray-callers`` callers, every other path with one.
@@ -64,12 +64,15 @@ SWEEP_PATHS: tuple[str, ...] = ("grpc", "shm-client", "shm-model", "grpc-procs")
 NODE_LOAD: tuple[tuple[str, int, int | None], ...] = (
     ("shm-model", 16, 4), ("grpc-procs", 16, None)
 )  # fmt: skip
+#: The churn runs (``--ray``): ``(path, callers, node slots)``, each a group of its own (the
+#: callers killed meanwhile leave slots quarantined, which would slow the other run).
+CHURN: tuple[tuple[str, int, int], ...] = (("shm-model-nokill", 8, 4), ("shm-model-churn", 8, 4))
 DEFAULT_RAY_CALLERS = 4
 DEFAULT_PLOT_PATH = "bench-results/bench.png"
 #: Exit status when ``--check-goals`` is given and a goal is missed.
 EXIT_GOALS_MISSED = 3
 
-_QUICK = {"rounds": 2, "slice_s": 0.1, "warmup_requests": 1}
+_QUICK = {"rounds": 2, "slice_s": 0.1, "warmup_requests": 1, "churn_s": 2.5}
 _T = TypeVar("_T")
 
 
@@ -83,6 +86,7 @@ class BenchConfig:
         max_element_bytes: ``[MODEL:]TENSOR`` -> bytes of a BYTES element, over the cases' own.
         url: gRPC endpoint of a running server; ``None`` starts the embedded one.
         node_load: Also run the node under load (:data:`NODE_LOAD`) when ``shm-model`` runs.
+        churn_s: Seconds of each churn run (:data:`CHURN`), over the rounds.
     """
 
     models: tuple[str, ...] = CASE_NAMES
@@ -99,6 +103,7 @@ class BenchConfig:
     startup_timeout_s: float = 180.0
     ray_callers: int = DEFAULT_RAY_CALLERS
     node_load: bool = True
+    churn_s: float = 10.0
 
     def case(self, name: str) -> CaseSpec:
         """The case ``name``: an example case or the model of that name, with this run's
@@ -192,6 +197,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ("--rounds", "rounds", int, "interleaved rounds"),
         ("--slice-s", "slice_s", float, "seconds per run per round"),
         ("--warmup", "warmup_requests", int, "untimed requests per run"),
+        ("--churn-s", "churn_s", float, "seconds of each churn run"),
     ):
         default = f"{text} ({getattr(defaults, key)}; --quick: {_QUICK[key]})"
         what.add_argument(flag, type=kind, dest=key, metavar="N", help=default)
@@ -220,7 +226,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     if unknown:
         raise ValueError(f"unknown path(s) {', '.join(unknown)}; choose from {', '.join(known)}")
     base: dict[str, Any] = dict(_QUICK) if args.quick else {}
-    for key in ("rounds", "slice_s", "warmup_requests"):
+    for key in ("rounds", "slice_s", "warmup_requests", "churn_s"):
         if getattr(args, key) is not None:
             base[key] = getattr(args, key)
     config = BenchConfig(
@@ -239,8 +245,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     )
     if args.http_url and not args.url:
         raise ValueError("--http-url needs --url")
-    if config.slice_s <= 0:
-        raise ValueError("--slice-s must be positive")
+    if config.slice_s <= 0 or config.churn_s <= 0:
+        raise ValueError("--slice-s and --churn-s must be positive")
     counts = {
         "rounds": config.rounds,
         "warmup": config.warmup_requests,

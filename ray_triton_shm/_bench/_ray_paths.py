@@ -4,6 +4,8 @@
   (``ShmModel``, the model given ``slots`` node slots) and ``grpc-procs`` (plain gRPC).
 * Serve: the same deployment (one replica, fed by the callers) whose replica uses
   ``tritonclient.grpc.aio``, ``ShmModel``, or a ``TritonSHMClient`` of its own.
+* Churn: ``ShmModel`` in caller processes on inputs of their own, every answer checked, once
+  undisturbed and once with one caller SIGKILLed (mid-request) and replaced at intervals.
 * Ray Data: the same ``map_batches`` job (one predictor actor per caller) with a plain gRPC
   predictor, ``ShmPredictor`` or a no-op one (the job's own ceiling), on ``classifier``. A
   slice is a whole job; a request's latency, the predictor's call.
@@ -14,6 +16,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
@@ -44,12 +48,15 @@ except ImportError as exc:  # without the ray extra: the session says so, and th
 else:
     _NO_RAY = None
 
-__all__ = ["DATA_CASE", "PATHS", "RayBenchSession", "RayPath"]
+__all__ = ["CHURN_CASE", "CHURN_KILL_EVERY_S", "DATA_CASE", "PATHS", "RayBenchSession", "RayPath"]
 
 _SERVE_APP = "ray-triton-shm-bench"
 #: The case the Ray Data job runs on, and its size in batches.
 DATA_CASE = "classifier"
 DATA_JOB_BATCHES = 64
+#: The case the churn runs run on, and how often (in run time) the churn kills a caller.
+CHURN_CASE = "classifier"
+CHURN_KILL_EVERY_S = 2.0
 #: The column in which the predictor reports its call's latency (on a batch's first row).
 _LATENCY = "__bench_latency_s"
 
@@ -115,6 +122,77 @@ class _Caller:
     def remove(self, key: str) -> None:
         """Forgets ``key``, closing what it held."""
         self._targets.pop(key, (None, lambda: None))[1]()
+
+
+class _ChurnCaller:
+    """A caller process of the churn runs: ``ShmModel`` on inputs of its own, every answer
+    checked against plain gRPC's answer to them. What it completed can be taken while it runs
+    (it may be killed at any time)."""
+
+    def __init__(self) -> None:
+        self._lock, self._ready = threading.Lock(), threading.Event()
+        self._call: Callable[[], Mapping[str, np.ndarray]] | None = None
+        self._close: Callable[[], None] = lambda: None
+        self._reference: dict[str, np.ndarray] = {}
+        self._latencies: list[float] = []
+        self._wrong = 0
+
+    def start(self, case: ModelCase, url: str, slots: int, inputs: Any) -> int:
+        """Sends ``inputs`` (or those of that seed, an ``int``) through ``ShmModel``; binds,
+        connects, warms up. Returns this process's id."""
+        try:
+            if isinstance(inputs, int):
+                inputs = case.make_inputs(seed=inputs)
+            grpc_call, grpc_close = _client("grpc", url, case)
+            try:
+                self._reference = {name: np.array(a) for name, a in grpc_call(inputs).items()}
+            finally:
+                grpc_close()
+            call, self._close = _client("shm-model", slots, case)
+            self._call = lambda: call(inputs)
+            self.once()
+        finally:
+            self._ready.set()  # a loop waiting for it returns, if it failed
+        return os.getpid()
+
+    def once(self) -> dict[str, np.ndarray]:
+        """One request; returns its outputs, checked (``AssertionError`` if wrong)."""
+        assert self._call is not None
+        answer = dict(self._call())
+        check_outputs(answer, self._reference)
+        return answer
+
+    def loop(self, end_at: float) -> tuple[list[float], int, float | None]:
+        """Requests back to back until ``end_at`` (``time.time()``), once started; returns what
+        :meth:`take` would, and when the last one completed (``None``: none did)."""
+        self._ready.wait()
+        last = None
+        while self._call is not None and time.time() < end_at:
+            sent = time.perf_counter()
+            answer = self._call()
+            latency = time.perf_counter() - sent
+            try:
+                check_outputs(answer, self._reference)
+                wrong = 0
+            except AssertionError:
+                wrong = 1
+            with self._lock:
+                self._latencies.append(latency)
+                self._wrong += wrong
+            last = time.time()
+        return (*self.take(), last)
+
+    def take(self) -> tuple[list[float], int]:
+        """The latencies of the requests completed since the last take, and how many of their
+        answers were wrong."""
+        with self._lock:
+            taken = self._latencies, self._wrong
+            self._latencies, self._wrong = [], 0
+        return taken
+
+    def close(self) -> None:
+        """Closes its ``ShmModel``."""
+        self._close()
 
 
 class _BenchReplica:
@@ -370,6 +448,105 @@ class GrpcProcsPath(_CallerPath):
     name, label, kind = "grpc-procs", "gRPC client in each caller", "grpc"
 
 
+class _ChurnPath(ShmModelPath):
+    """``concurrency`` caller processes (:class:`_ChurnCaller`; the first on the bench's inputs,
+    the others on inputs of their own), the model given ``slots`` node slots; with ``kills``,
+    one of them is SIGKILLed every :data:`CHURN_KILL_EVERY_S` of the run (mid-request, as they
+    loop) and replaced at once by a fresh one. The requests a killed caller had in flight are
+    lost; those it completed count."""
+
+    kills: ClassVar[bool]
+
+    def setup(self) -> None:
+        if self.case.name != CHURN_CASE:
+            raise SkipPath(f"the churn runs on the {CHURN_CASE} case")
+        RayPath.setup(self)
+        self._class = ray.remote(num_cpus=0, max_concurrency=2)(_ChurnCaller)  # type: ignore[call-overload]
+        self._started = self._killed = self._wrong = 0
+        self._run_s, self._next_kill_s = 0.0, CHURN_KILL_EVERY_S
+        self._cpu: dict[int, float] = {}  # by pid, the last read (killed callers' included)
+        self._callers = [self._start() for _ in range(self.concurrency)]
+        self._pids = [os.getpid(), *ray.get([pid for _, pid in self._callers])]
+
+    def _start(self) -> tuple[Any, Any]:
+        """A fresh caller: its actor, and the ref of its pid once started."""
+        actor = self._class.remote()
+        inputs = ray.put(self.inputs) if self._started == 0 else self._started
+        self._started += 1
+        return actor, actor.start.remote(self.case, self.target.grpc_url, self.slots, inputs)
+
+    def run_once(self) -> Mapping[str, np.ndarray]:
+        """One request from every caller at once, each checked; returns the first's."""
+        return ray.get([actor.once.remote() for actor, _ in self._callers])[0]  # type: ignore[no-any-return]
+
+    def run_slice(self, slice_s: float) -> tuple[list[np.ndarray], float]:
+        start_at = time.time() + 0.05 + 0.005 * len(self._callers)
+        end_at = start_at + slice_s
+        loops = [actor.loop.remote(end_at) for actor, _ in self._callers]
+        latencies: list[list[float]] = [[] for _ in self._callers]
+        lost = []
+        while self.kills and self._next_kill_s < self._run_s + slice_s:
+            time.sleep(max(0.0, start_at + self._next_kill_s - self._run_s - time.time()))
+            seat = self._killed % len(self._callers)
+            actor, pid = self._callers[seat]
+            done, wrong = ray.get(actor.take.remote(), timeout=60)
+            pid = ray.get(pid, timeout=60)
+            self._cpu[pid] = _process_cpu_s(pid)
+            os.kill(pid, signal.SIGKILL)
+            latencies[seat] += done
+            self._wrong += wrong
+            self._killed += 1
+            self._next_kill_s += CHURN_KILL_EVERY_S
+            lost.append(loops[seat])
+            self._callers[seat] = self._start()
+            loops[seat] = self._callers[seat][0].loop.remote(end_at)
+        lasts = []
+        for seat, (done, wrong, last) in enumerate(ray.get(loops)):
+            latencies[seat] += done
+            self._wrong += wrong
+            lasts.append(last or end_at)
+        for ref in lost:  # gotten, or Ray reports their errors as unhandled
+            with contextlib.suppress(Exception):
+                ray.get(ref, timeout=10)
+        self._run_s += slice_s
+        self._pids = [*dict.fromkeys([*self._pids, *ray.get([p for _, p in self._callers])])]
+        return [np.array(seat) for seat in latencies], max(lasts) - start_at
+
+    def cpu_time(self) -> float:
+        for pid in self._pids:
+            self._cpu[pid] = max(self._cpu.get(pid, 0.0), _process_cpu_s(pid))
+        return sum(self._cpu.values())
+
+    def stats(self) -> dict[str, Any]:
+        """Callers killed, wrong answers, the slots quarantined at the end (their holder died
+        mid-request), and :class:`ShmModelPath`'s numbers."""
+        numbers: dict[str, Any] = {"kills": self._killed, "wrong_answers": self._wrong}
+        with contextlib.suppress(Exception):
+            numbers |= super().stats()
+            numbers["quarantined"] = self._node_stats().models[self.case.model]["quarantined"]
+        return numbers
+
+    def teardown(self) -> None:
+        with contextlib.suppress(Exception):
+            ray.get([actor.close.remote() for actor, _ in self._callers], timeout=60)
+        for actor, _ in self._callers:
+            with contextlib.suppress(Exception):
+                ray.kill(actor, no_restart=True)
+        self._callers = []
+
+
+class ShmModelNoKillPath(_ChurnPath):
+    """The churn runs' callers, none killed."""
+
+    name, label, kills = "shm-model-nokill", "ShmModel, callers never killed", False
+
+
+class ShmModelChurnPath(_ChurnPath):
+    """The churn runs' callers, one killed and replaced every :data:`CHURN_KILL_EVERY_S`."""
+
+    name, label, kills = "shm-model-churn", "ShmModel, a caller killed every 2 s", True
+
+
 class _ServePath(_CallerPath):
     """The same Serve deployment, fed by the callers; only its ``backend`` differs."""
 
@@ -483,4 +660,6 @@ PATHS: tuple[type[RayPath], ...] = (
     DataGrpcPath,
     DataShmPath,
     DataNoopPath,
+    ShmModelNoKillPath,
+    ShmModelChurnPath,
 )

@@ -14,6 +14,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ray_triton_shm._bench._config import CHURN
+from ray_triton_shm._bench._ray_paths import CHURN_KILL_EVERY_S
 from ray_triton_shm._bench._runner import (
     PATHS,
     RECOMMEND_SHARE,
@@ -164,7 +166,7 @@ def _goals_table(results: BenchResults) -> Table | None:
     table = _table("", "model", "goal", "measured")
     for goal, value in results.goals():
         status, style = _GOAL_STATUS[goal.met(value)]
-        unit = "" if goal.metric in ("fairness", "node_actor_cpu_us") else "x"
+        unit = "x" if goal.baseline else ""
         measured = "not measured" if value is None else f"got {num(value, unit)}"
         table.add_row(Text(status, style=style), goal.model, goal.description, measured)
     return table if table.row_count else None
@@ -180,6 +182,26 @@ def _recommendation(model: ModelResult) -> str:
         f"  {model.name}: pool_size {rec['pool_size']} - {num(rec['requests_per_s'])} req/s "
         f"with {rec['path']} ({share:.0%} of the best); shm-client at "
         f"{num(rec['shm_vs_grpc'], 'x')} gRPC's MB/s there; {shm_mb} MB of /dev/shm"
+    )
+
+
+def _churn(model: ModelResult) -> str | None:
+    """The churn runs of ``model`` in a line, if both posted numbers."""
+    steady, churn = (run.numbers() if run else {} for run in (model.run(*key) for key in CHURN))
+    if not steady or not churn:
+        return None
+
+    def rate(numbers: dict[str, Any]) -> str:
+        p50, p99 = (num(numbers["latency_ms"][p]) for p in ("p50", "p99"))
+        return f"{num(numbers['requests_per_s'])} req/s (p50 {p50} / p99 {p99} ms)"
+
+    ratio = churn["requests_per_s"] / steady["requests_per_s"]
+    checked = steady["requests"] + churn["requests"]
+    wrong = steady["wrong_answers"] + churn["wrong_answers"]
+    return (
+        f"  {model.name}: {rate(churn)} with {churn['kills']} caller(s) killed "
+        f"({churn.get('quarantined', '-')} slot(s) quarantined at the end), {ratio:.2f}x the "
+        f"{rate(steady)} without; {checked:,} answers checked, {wrong} wrong"
     )
 
 
@@ -218,6 +240,17 @@ def _print_results(results: BenchResults, console: Console) -> None:
         f"server: {results.server}; total {num(results.duration_s)} s.\n",
         markup=False,
     )
+    churn = [line for line in map(_churn, results.models) if line]
+    if churn:
+        _, callers, slots = CHURN[0]
+        console.print(
+            f"Churn ({callers} caller processes on {slots} node slots, {num(cfg.churn_s)} s "
+            f"each; one SIGKILLed every {CHURN_KILL_EVERY_S:g} s, mid-request, and replaced at "
+            f"once; every answer checked against plain gRPC's for its inputs):\n"
+            + "\n".join(churn)
+            + "\n",
+            markup=False,
+        )
     goals = _goals_table(results)
     if goals is not None:
         console.print("Goals:")

@@ -2,10 +2,10 @@
 
 For each model the runs come in groups: one per ``--concurrency`` level (the sweep paths at
 that level, and the one-caller paths at level 1), the Serve and Ray Data paths (with
-``--ray-callers`` callers), and the node under load. The runs of a group are set up together,
-then measured in interleaved rounds (one time slice per run per round, the order rotating each
-round), so that load from other processes hits them alike. Each run's first request is
-checked against a plain gRPC reference before its numbers count.
+``--ray-callers`` callers), the node under load, and each churn run. The runs of a group are
+set up together, then measured in interleaved rounds (one time slice per run per round, the
+order rotating each round), so that load from other processes hits them alike. Each run's
+first request is checked against a plain gRPC reference before its numbers count.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ import tritonclient.grpc as grpcclient
 
 from ray_triton_shm._bench import _paths, _ray_paths
 from ray_triton_shm._bench._cases import ModelCase
-from ray_triton_shm._bench._config import NODE_LOAD, SWEEP_PATHS, BenchConfig, CaseSpec
+from ray_triton_shm._bench._config import CHURN, NODE_LOAD, SWEEP_PATHS, BenchConfig, CaseSpec
 from ray_triton_shm._bench._paths import BenchPath, BenchTarget, SkipPath, check_outputs
-from ray_triton_shm._bench._ray_paths import RayBenchSession, RayPath
+from ray_triton_shm._bench._ray_paths import CHURN_CASE, RayBenchSession, RayPath
 from ray_triton_shm.local._server import LocalTritonServer
 
 __all__ = ["GOALS", "PATHS", "BenchResults", "Goal", "ModelResult", "Progress", "run_bench"]
@@ -33,6 +33,7 @@ __all__ = ["GOALS", "PATHS", "BenchResults", "Goal", "ModelResult", "Progress", 
 PATHS: dict[str, type[BenchPath]] = {cls.name: cls for cls in (*_paths.PATHS, *_ray_paths.PATHS)}
 #: The paths run with ``--ray-callers`` callers, in a group of their own.
 _RAY_CHOICES = ("serve-grpc", "serve-shm", "serve-inproc", "data-grpc", "data-shm", "data-noop")
+_CHURN_PATHS = tuple(path for path, _, _ in CHURN)
 #: A run: ``(path, concurrency, slots)``; slots ``None`` for the paths without any.
 RunKey = tuple[str, int, "int | None"]
 #: The shm throughput a recommended pool reaches, over the best one measured.
@@ -184,17 +185,21 @@ class ModelResult:
 
 _METRICS = {
     "mb_per_s": "MB/s",
+    "requests_per_s": "req/s",
     "cpu_s_per_gb": "CPU s/GB",
     "fairness": "fewest requests of a caller / mean",
     "node_actor_cpu_us": "node actor CPU us/request",
+    "wrong_answers": "wrong answers",
 }
+#: The metrics whose goals are at most, not at least.
+_AT_MOST = ("cpu_s_per_gb", "node_actor_cpu_us", "wrong_answers")
 
 
 @dataclasses.dataclass(frozen=True)
 class Goal:
     """A target on one ``model``: ``metric`` (a key of :meth:`RunResult.numbers`) of ``run``
     (``(path, concurrency, slots)``, the last two optional), or its ratio to ``baseline``'s,
-    at least ``target`` (at most, for CPU)."""
+    at least ``target`` (at most, for CPU and wrong answers)."""
 
     model: str
     run: tuple[Any, ...]
@@ -206,7 +211,7 @@ class Goal:
     def description(self) -> str:
         """E.g. ``"shm-client (1 caller) MB/s >= 3x grpc (1 caller)"``."""
         run, metric = describe_run(*self.run), _METRICS[self.metric]
-        sign = "<=" if "cpu" in self.metric else ">="
+        sign = "<=" if self.metric in _AT_MOST else ">="
         if not self.baseline:
             return f"{run}: {metric} {sign} {self.target:g}"
         return f"{run} {metric} {sign} {self.target:g}x {describe_run(*self.baseline)}"
@@ -224,7 +229,7 @@ class Goal:
         """Whether ``value`` meets the goal (``None``: not measured)."""
         if value is None:
             return None
-        return value <= self.target if "cpu" in self.metric else value >= self.target
+        return value <= self.target if self.metric in _AT_MOST else value >= self.target
 
 
 _LOAD, _LOAD_CASES = NODE_LOAD[0], ("identity", "classifier-1", "classifier")
@@ -259,6 +264,9 @@ _GOALS: tuple[tuple[Any, ...], ...] = (
     ("classifier-1", _LOAD, 2.5, NODE_LOAD[1]),
     ("classifier", _LOAD, 4.5, NODE_LOAD[1]),
     *((case, _LOAD, 0.5, (), "fairness") for case in _LOAD_CASES),
+    # bench --ray, churn: a caller killed mid-request and replaced every 2 s.
+    (CHURN_CASE, CHURN[1], 0.8, CHURN[0], "requests_per_s"),
+    *((CHURN_CASE, run, 0, (), "wrong_answers") for run in CHURN),
 )
 # fmt: on
 GOALS = tuple(Goal(*goal) for goal in _GOALS)
@@ -326,7 +334,7 @@ class BenchResults:
 def run_groups(config: BenchConfig) -> list[list[RunKey]]:
     """The runs of every model, in groups whose runs are interleaved (see the module doc)."""
     levels = config.concurrency
-    one = [p for p in config.paths if p not in SWEEP_PATHS and p not in _RAY_CHOICES]
+    one = [p for p in config.paths if p not in (*SWEEP_PATHS, *_RAY_CHOICES, *_CHURN_PATHS)]
     groups = [
         [
             (path, level, level if path in ("shm-client", "shm-model") else None)
@@ -339,6 +347,7 @@ def run_groups(config: BenchConfig) -> list[list[RunKey]]:
     if config.node_load and "shm-model" in config.paths:
         swept = {key for group in groups for key in group}
         groups.append([key for key in NODE_LOAD if key[0] in config.paths and key not in swept])
+    groups += [[key] for key in CHURN if key[0] in config.paths]
     return [group for group in groups if group]
 
 
@@ -404,7 +413,9 @@ def _run_group(
                 try:
                     if r.error is None:
                         cpu, side = path.cpu_time(), path.side_cpu_time()
-                        latencies, wall_s = path.run_slice(config.slice_s)
+                        churn = r.path in _CHURN_PATHS
+                        slice_s = config.churn_s / config.rounds if churn else config.slice_s
+                        latencies, wall_s = path.run_slice(slice_s)
                         after = path.side_cpu_time()
                         spent = None if side is None or after is None else after - side
                         r.add(wall_s, path.cpu_time() - cpu, spent, latencies)
