@@ -212,8 +212,7 @@ def test_the_runs_are_grouped_by_level() -> None:
         ],
         [(p, 3, None) for p in RAY_PATHS if p.startswith(("serve", "data"))],
         [("shm-model", 16, 4)],  # 16 gRPC caller processes were swept already
-        [("shm-model-nokill", 8, 4)],  # the churn runs, a group each
-        [("shm-model-churn", 8, 4)],
+        [("shm-model-nokill", 8, 4), ("shm-model-churn", 8, 4)],  # the churn runs
     ]
     without = BenchConfig(paths=("grpc", "shm-model"), concurrency=(1,), node_load=False)
     assert _runner.run_groups(without) == [[("grpc", 1, None), ("shm-model", 1, 1)]]

@@ -64,8 +64,7 @@ SWEEP_PATHS: tuple[str, ...] = ("grpc", "shm-client", "shm-model", "grpc-procs")
 NODE_LOAD: tuple[tuple[str, int, int | None], ...] = (
     ("shm-model", 16, 4), ("grpc-procs", 16, None)
 )  # fmt: skip
-#: The churn runs (``--ray``): ``(path, callers, node slots)``, each a group of its own (the
-#: callers killed meanwhile leave slots quarantined, which would slow the other run).
+#: The churn runs (``--ray``): ``(path, callers, node slots)``, interleaved like the rest.
 CHURN: tuple[tuple[str, int, int], ...] = (("shm-model-nokill", 8, 4), ("shm-model-churn", 8, 4))
 DEFAULT_RAY_CALLERS = 4
 DEFAULT_PLOT_PATH = "bench-results/bench.png"

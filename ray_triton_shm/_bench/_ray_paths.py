@@ -518,12 +518,14 @@ class _ChurnPath(ShmModelPath):
         return sum(self._cpu.values())
 
     def stats(self) -> dict[str, Any]:
-        """Callers killed, wrong answers, the slots quarantined at the end (their holder died
-        mid-request), and :class:`ShmModelPath`'s numbers."""
+        """Callers killed, wrong answers, the slots abandoned at the end (waiting for Triton to
+        finish a killed caller's request), and :class:`ShmModelPath`'s numbers."""
         numbers: dict[str, Any] = {"kills": self._killed, "wrong_answers": self._wrong}
         with contextlib.suppress(Exception):
             numbers |= super().stats()
-            numbers["quarantined"] = self._node_stats().models[self.case.model]["quarantined"]
+            model = self._node_stats().models[self.case.model]
+            numbers["abandoned"] = model["abandoned"]
+            numbers["settle_p99_us"] = model["settle_p99_us"]
         return numbers
 
     def teardown(self) -> None:

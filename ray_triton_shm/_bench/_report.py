@@ -200,7 +200,8 @@ def _churn(model: ModelResult) -> str | None:
     wrong = steady["wrong_answers"] + churn["wrong_answers"]
     return (
         f"  {model.name}: {rate(churn)} with {churn['kills']} caller(s) killed "
-        f"({churn.get('quarantined', '-')} slot(s) quarantined at the end), {ratio:.2f}x the "
+        f"(their slots back {churn.get('settle_p99_us', 0) / 1000:,.0f} ms after being given up, "
+        f"p99), {ratio:.2f}x the "
         f"{rate(steady)} without; {checked:,} answers checked, {wrong} wrong"
     )
 

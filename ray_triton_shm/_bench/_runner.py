@@ -347,7 +347,7 @@ def run_groups(config: BenchConfig) -> list[list[RunKey]]:
     if config.node_load and "shm-model" in config.paths:
         swept = {key for group in groups for key in group}
         groups.append([key for key in NODE_LOAD if key[0] in config.paths and key not in swept])
-    groups += [[key] for key in CHURN if key[0] in config.paths]
+    groups.append([key for key in CHURN if key[0] in config.paths])
     return [group for group in groups if group]
 
 
