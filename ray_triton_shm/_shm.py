@@ -359,10 +359,11 @@ def list_local_regions() -> list[LocalRegion]:
     regions: list[LocalRegion] = []
     if not SHM_DIR.is_dir():
         return regions
+    names = {path.name for path in SHM_DIR.iterdir()}
     for path in sorted(SHM_DIR.iterdir()):
         owner = region_owner(path.name)
-        if owner is None or region_of(path.name) != path.name:
-            continue  # not ours, or the name of a slot (listed with its region)
+        if owner is None or region_of(path.name) in names - {path.name}:
+            continue  # not ours, or the name of a slot, listed with its region
         try:
             size = path.stat().st_size
         except FileNotFoundError:
