@@ -50,7 +50,8 @@ from ._shm import SHM_DIR
 
 __all__ = ["NodeSlotStats", "SharedSlots"]
 
-# Lock bytes: slot i is byte i; seat s is byte _SEAT0 + s; _MUTEX serialises rare header updates.
+# Lock bytes: slot i is byte i; seat s is byte _SEAT0 + s; _MUTEX serialises taking seats (so
+# that "every seat taken" is seen at one instant) and rare header updates.
 _SEAT0 = 1 << 20
 _MUTEX = 1 << 30
 #: How often a caller looks again when every slot waits for Triton (rare: see _pick).
@@ -377,10 +378,17 @@ class SharedSlots:
 
     def _clear_if_dead(self, fd: int, seat: int) -> bool:
         """Clears ``seat``'s queue entry if its holder is gone; whether it was."""
-        if not _lock(fd, _SEAT0 + seat, wait=False):
-            return False
-        self._header.queue(seat, None)
-        _unlock(fd, _SEAT0 + seat)
+        if _locked_by_another(fd, _SEAT0 + seat):
+            return False  # a live waiter: the common case, decided with no lock taken
+        # Seats are only taken under _MUTEX (see _take_seat): holding it, a free seat stays
+        # free while its stale entry is cleared, and no seat is ever locked by a non-waiter.
+        _lock(fd, _MUTEX, wait=True)
+        try:
+            if _locked_by_another(fd, _SEAT0 + seat):
+                return False
+            self._header.queue(seat, None)
+        finally:
+            _unlock(fd, _MUTEX)
         return True
 
     def _queue(self, fd: int, wait: _Wait | None) -> int | None:
@@ -442,15 +450,18 @@ class SharedSlots:
 
     def _take_seat(self, fd: int, wait: _Wait | None) -> int:
         seats = self._header.max_waiting
-        for k in range(seats):  # each process starts elsewhere: fewer seats found taken
-            seat = (self._next + k) % seats
-            if _lock(fd, _SEAT0 + seat, wait=False):
-                if wait is not None:
-                    with wait.guard:
-                        wait.seat = seat
-                return seat
+        # Seats are taken only under _MUTEX, and left at any time: so a scan that finds every
+        # seat taken saw them all taken at once. Without it, seats checked one after another
+        # while waiters come and go could each look taken with fewer than max_waiting waiting.
         _lock(fd, _MUTEX, wait=True)
         try:
+            for k in range(seats):  # each process starts elsewhere: fewer seats found taken
+                seat = (self._next + k) % seats
+                if _lock(fd, _SEAT0 + seat, wait=False):
+                    if wait is not None:
+                        with wait.guard:
+                            wait.seat = seat
+                    return seat
             self._header.count_overload()
         finally:
             _unlock(fd, _MUTEX)

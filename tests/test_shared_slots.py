@@ -305,3 +305,55 @@ def test_threads_of_one_process_share_slots_with_no_slot_lost(make_region) -> No
         thread.join()
     assert errors == []
     assert region.slots.stats().in_use == 0 and region.slots.node_stats().in_use == 0
+
+
+def test_seats_taken_and_left_during_a_scan_never_look_all_taken(make_region, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Waiters come and go while a caller looks for a seat: one leaves seat 0 right after the
+    caller found it taken, another then sits in seat 1 before the caller looks there. Never
+    were both seats taken at once, so the caller waits instead of being refused."""
+    import threading
+
+    from ray_triton_shm import _shared_slots as shared
+    from ray_triton_shm._shm import SHM_DIR
+
+    region = make_region(1, max_waiting=2)
+    held = region.slots.acquire()
+    other = SharedSlots(region.name, region.header, 1, model="m")  # another process's pool
+    seated = os.open(SHM_DIR / region.name, os.O_RDWR)  # a waiter already in seat 0
+    probe = os.open(SHM_DIR / region.name, os.O_RDWR)
+    assert shared._lock(seated, shared._SEAT0, wait=False)
+    results: list[BaseException] = []
+
+    def arrive() -> None:
+        try:
+            other.acquire(0.5)
+        except BaseException as exc:
+            results.append(exc)
+
+    newcomer = threading.Thread(target=arrive)
+    real_lock = shared._lock
+
+    def lock(fd: int, byte: int, *, wait: bool) -> bool:
+        taken = real_lock(fd, byte, wait=wait)
+        if byte == shared._SEAT0 and fd != seated and not taken and not newcomer.is_alive():
+            os.close(seated)  # the waiter in seat 0 leaves; a newcomer looks from seat 1
+            newcomer.start()
+            deadline = time.monotonic() + 0.3
+            while time.monotonic() < deadline:
+                if shared._locked_by_another(probe, shared._SEAT0 + 1):
+                    break
+                time.sleep(0.005)
+        return taken
+
+    monkeypatch.setattr(shared, "_lock", lock)
+    region.slots._next, other._next = 1, 0  # this caller looks at seat 0 first, other at 1
+    try:
+        with pytest.raises(SlotTimeoutError):
+            region.slots.acquire(0.5)
+        newcomer.join(5)
+        assert [type(exc) for exc in results] == [SlotTimeoutError]
+        assert region.header.overloads == 0
+    finally:
+        region.slots.release(held)
+        other.close(wait_s=5)
+        os.close(probe)
