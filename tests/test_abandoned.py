@@ -17,6 +17,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from _helpers import registered_on
 
 from ray_triton_shm import TritonServerError, TritonSHMClient
 
@@ -148,3 +149,16 @@ def test_many_threads_with_deadlines_on_few_slots_never_get_another_requests_dat
         assert client.shm_stats("delay_echo").in_use == 0
     assert wrong == []
     assert counts["deadline"] > 0 and counts["answered"] + counts["deadline"] == 240
+
+
+def test_close_waits_for_a_request_triton_still_runs_then_unregisters(grpc_url: str) -> None:
+    """A request given up (here a deadline; Ctrl-C in the bench) still runs in Triton, which
+    refuses to unregister its slot until it is done: close() waits for that instead of leaving
+    the registration behind."""
+    with TritonSHMClient(url=grpc_url) as client:
+        client.register_shm_model("delay_echo", max_shapes=ECHO_SHAPES, pool_size=1)
+        name = client._pools["delay_echo"].region.name
+        with pytest.raises(TritonServerError, match="client_timeout_s"):
+            client.infer_shm("delay_echo", _inputs(1000, 1.0), client_timeout_s=0.2)
+        assert name in registered_on(grpc_url)
+    assert name not in registered_on(grpc_url)
