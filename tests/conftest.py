@@ -25,6 +25,29 @@ TEST_MODEL_REPOSITORY: Path = Path(__file__).resolve().parent / "models"
 #: Both repositories, as served by the ``triton`` and ``fresh_triton`` fixtures.
 MODEL_REPOSITORIES: tuple[Path, ...] = (EXAMPLE_MODEL_REPOSITORY, TEST_MODEL_REPOSITORY)
 
+#: How long the chaos soak (tests/test_soak.py) runs unless ``--soak-s`` says otherwise.
+DEFAULT_SOAK_S = 60.0
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """``--soak-s=SECONDS``: how long the chaos soak runs (longer soaks find rarer races)."""
+    parser.addoption(
+        "--soak-s",
+        type=float,
+        default=DEFAULT_SOAK_S,
+        metavar="SECONDS",
+        help=f"duration of the chaos soak in tests/test_soak.py (default {DEFAULT_SOAK_S:g})",
+    )
+
+
+@pytest.fixture
+def soak_s(request: pytest.FixtureRequest) -> float:
+    """The chaos soak's duration in seconds (``--soak-s``)."""
+    seconds = float(request.config.getoption("--soak-s"))
+    if seconds <= 0:
+        raise pytest.UsageError(f"--soak-s must be > 0, got {seconds}")
+    return seconds
+
 
 @pytest.fixture(scope="session")
 def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalTritonServer]:
