@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import os
 import secrets
 import signal
@@ -65,10 +64,6 @@ SHAPES = {"DATA": (MAX_LEN,), "ECHO": (MAX_LEN,)}
 #: Slots of this process's client pool, and of the node actor: fewer than the callers of each.
 CLIENT_SLOTS = 2
 NODE_SLOTS = 4
-#: The node actor's quarantine: above the longest queue-plus-compute time of a request (about
-#: 0.75 s: at most 6 in flight on 4 model instances, 250 ms each), so that a killed caller's
-#: slot is reused only once Triton is done with it; short, as every quarantined slot is one of 4.
-QUARANTINE_S = 3.0
 DRIVER_THREADS = 4
 DRIVER_COROUTINES = 4
 RAY_CALLERS = 3
@@ -293,12 +288,6 @@ async def coroutine_caller(
             log.answer(request, task.result())
 
 
-#: Whether ``ShmModel`` takes a client deadline.
-# TODO(client_timeout_s): drop this guard once ShmModel(..., client_timeout_s=) lands (it is being
-# added); until then the Ray callers send no request with a deadline, and the summary says so.
-SHM_MODEL_DEADLINES = "client_timeout_s" in inspect.signature(ShmModel).parameters
-
-
 def shm_model(url: str, client_timeout_s: float | None = None) -> ShmModel:
     """A handle to the model on the node's slots, with a client deadline if given."""
     options = {} if client_timeout_s is None else {"client_timeout_s": client_timeout_s}
@@ -319,11 +308,7 @@ class RayCaller:
         self._seed = seed
         self._log = EventLog(Path(log_path))
         self._plain = shm_model(url)
-        self._timed = (
-            [shm_model(url, timeout_s) for timeout_s in RAY_DEADLINES_S]
-            if SHM_MODEL_DEADLINES
-            else []
-        )
+        self._timed = [shm_model(url, timeout_s) for timeout_s in RAY_DEADLINES_S]
         self._rng = np.random.default_rng(seed - 1)
         self._stop = threading.Event()
 
@@ -341,7 +326,7 @@ class RayCaller:
 
     def _model(self, deadline: float | None) -> ShmModel:
         """The plain handle, or (for a request that drew a deadline) one with a deadline."""
-        if deadline is None or not self._timed:
+        if deadline is None:
             return self._plain
         return self._timed[int(self._rng.integers(len(self._timed)))]
 
@@ -468,7 +453,7 @@ class Soak:
         self._threads: list[threading.Thread] = []
         self._log: EventLog | None = None
         self._next_caller = 0
-        self.node = get_node_actor(url=self.url, slots=NODE_SLOTS, quarantine_s=QUARANTINE_S)
+        self.node = get_node_actor(url=self.url, slots=NODE_SLOTS)
         first = ray.get(self.node.stats.remote(), timeout=120)
         self.node_pids = [first.pid]
         self.incarnations = [first.incarnation]
@@ -642,16 +627,16 @@ class Soak:
 
     def settle_and_close(self) -> dict[str, int]:
         """Closes the client, waits for every node slot to be free (a killed caller's after its
-        quarantine), checks the incarnation, and shuts the node actor down.
+        request ends in Triton), checks the incarnation, and shuts the node actor down.
 
         Returns the model's node stats (``{}`` when its last incarnation never had it).
         """
         self.client.close()
-        deadline = time.monotonic() + QUARANTINE_S + 60
+        deadline = time.monotonic() + 60
         while True:
             stats = ray.get(self.node.stats.remote(), timeout=60)
             model = stats.models.get(MODEL, {})
-            if model.get("in_use", 0) == model.get("waiting", 0) == model.get("quarantined", 0):
+            if model.get("in_use", 0) == model.get("waiting", 0) == model.get("abandoned", 0):
                 break
             if time.monotonic() > deadline:
                 self.problems.append(f"node slots never all came back: {model}")
@@ -736,7 +721,6 @@ def test_chaos_soak_never_answers_with_another_requests_data(
         f"{soak.faults['caller kills']} caller kills, {soak.faults['Triton restarts']} Triton "
         f"restart(s), {soak.faults['node actor kills']} node actor kill(s), "
         f"{node.get('requests', 0)} requests on the node actor's next incarnation"
-        + ("" if SHM_MODEL_DEADLINES else "; Ray callers send no deadline (ShmModel takes none)")
     )
     with capsys.disabled():
         print(f"\n{summary}")
