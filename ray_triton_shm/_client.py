@@ -302,7 +302,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             region.unlink()
             region.close()
             raise
-        pool.on_abandon = self._settler.notify
+        pool.wake_settler = self._settler.notify
         self._settler.watch(pool)
         return pool
 

@@ -99,8 +99,9 @@ class ModelPool:
     slot_keys: list[str]
     #: For an attached region: makes its owner register it again (may raise to give up).
     reregister: Callable[[], None] | None = None
-    #: Told of each abandoned slot (the owner's :class:`._settle.Settler`, to look at once).
-    on_abandon: Callable[[], None] | None = None
+    #: Wakes the owner's :class:`._settle.Settler`: a slot was abandoned, or the pool's slots
+    #: became shared with other processes (whose dead holders it then looks for).
+    wake_settler: Callable[[], None] | None = None
     #: Bumped on every re-registration; a failed request knows which registration it used.
     epoch: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -145,8 +146,8 @@ class ModelPool:
         it at ``sent_ns``, whose answer will never be read."""
         self.header.abandon(slot, sent_ns)
         self.slots.abandon(slot)
-        if self.on_abandon is not None:
-            self.on_abandon()
+        if self.wake_settler is not None:
+            self.wake_settler()
 
 
 @dataclass(eq=False)

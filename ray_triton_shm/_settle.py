@@ -138,7 +138,8 @@ class Settler:
             self._pools.discard(pool)
 
     def notify(self) -> None:
-        """A slot of a watched pool was just abandoned: look now."""
+        """A slot of a watched pool was just abandoned, or its slots became shared: look
+        now."""
         self._wake.set()
 
     def stop(self) -> None:

@@ -43,10 +43,10 @@ import weakref
 from collections.abc import Callable
 from functools import cache
 
-from ._exceptions import ClientClosedError, OverloadedError, SlotTimeoutError
+from ._exceptions import ClientClosedError, OverloadedError, SlotTimeoutError, StaleLeaseError
 from ._header import RegionHeader
 from ._pool import PoolStats
-from ._shm import SHM_DIR
+from ._shm import DEAD, SHM_DIR, owner_state
 
 __all__ = ["NodeSlotStats", "SharedSlots"]
 
@@ -188,6 +188,7 @@ class SharedSlots:
     ) -> None:
         self.size = size
         self.name = model
+        self._region_name = region_name
         self._header = header
         # Descriptors are opened anew from this one, so they work after the name is unlinked.
         self._base_fd = os.open(SHM_DIR / region_name, os.O_RDWR | os.O_CLOEXEC)
@@ -505,7 +506,13 @@ class SharedSlots:
                     best = slot
             if best is not None:
                 return best
-            # Every slot waits for Triton; the owner settles them in its own time.
+            # Every slot waits for Triton, until the owner settles them: unless it is gone.
+            if owner_state(self._region_name) == DEAD:
+                raise StaleLeaseError(
+                    f"the owner of the region of {self.name!r} is gone (the Ray node actor "
+                    "restarted?) with every slot waiting for Triton; bind again",
+                    model=self.name,
+                )
             time.sleep(_ALL_ABANDONED_POLL_S)
 
     def _claim(self, fd: int, slot: int) -> bool:

@@ -332,7 +332,7 @@ class RayCaller:
 
     async def run(self) -> None:
         """Runs every caller of the process until :meth:`stop`, then closes the handles."""
-        deadlines = bool(self._timed)
+        deadlines = True
 
         def infer(request: Request, deadline: float | None) -> dict[str, np.ndarray]:
             return self._model(deadline).infer(request.inputs)

@@ -346,6 +346,8 @@ class TritonNodeActor:
                 pool.slots = SharedSlots(
                     pool.region.name, pool.header, pool.slots.size, model=model_name
                 )
+                if pool.wake_settler is not None:
+                    pool.wake_settler()  # from now on it sweeps the region for dead holders
         return pool
 
     def _check_incarnation(self, incarnation: str) -> None:
