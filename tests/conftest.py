@@ -74,6 +74,20 @@ def fresh_triton(tmp_path: Path) -> Iterator[LocalTritonServer]:
         server.close()
 
 
+@pytest.fixture
+def ray_on_fresh_triton(fresh_triton: LocalTritonServer) -> Iterator[LocalTritonServer]:
+    """A private local Ray beside a Triton of the test's own (free to be restarted)."""
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    init_ray(address="local", num_cpus=4, include_dashboard=False)
+    try:
+        yield fresh_triton
+    finally:
+        ray.shutdown()
+
+
 @pytest.fixture(scope="module")
 def ray_local(triton: LocalTritonServer) -> Iterator[str]:
     """A private local Ray whose processes see the session server's URL; yields the URL."""

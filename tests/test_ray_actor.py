@@ -14,7 +14,7 @@ import ray
 from _helpers import classifier_expected
 
 from ray_triton_shm import InvalidInputError, ModelSpecError, TritonServerError
-from ray_triton_shm._shm import list_local_regions
+from ray_triton_shm._shm import list_local_regions, pid_alive
 from ray_triton_shm.ray import URL_ENV_VAR, ShmModel, get_node_actor
 from ray_triton_shm.ray._actor import NAMESPACE, actor_name
 
@@ -250,7 +250,11 @@ def test_a_caller_killed_mid_request_frees_its_slot_once_triton_is_done_with_it(
         def sent(self) -> float:
             return self.sent_at
 
+        def pid(self) -> int:
+            return os.getpid()
+
     caller = Caller.remote()
+    pid = ray.get(caller.pid.remote())
     caller.slow.remote()
     deadline = time.monotonic() + 60
     while not (sent_at := ray.get(caller.sent.remote())):
@@ -258,6 +262,9 @@ def test_a_caller_killed_mid_request_frees_its_slot_once_triton_is_done_with_it(
         time.sleep(0.01)
     time.sleep(0.3)
     ray.kill(caller)
+    while pid_alive(pid):  # ray.kill returns before the process is gone
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
     model = ShmModel("delay_echo", **echo)
     x = np.full(16, 3, np.float32)
     out = model.infer({"DELAY_MS": np.array([0], np.int32), "DATA": x})["ECHO"]

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from _helpers import registered_on
@@ -32,17 +33,14 @@ def _our_regions() -> set[str]:
     return {p.name for p in SHM_DIR.iterdir() if p.name.startswith("rtshm_")}
 
 
-def test_bench_ray_quick_json_has_every_ray_path_verified(
-    triton: LocalTritonServer, tmp_path: Path
-) -> None:
-    json_path = tmp_path / "bench.json"
-    registered_before = registered_on(triton.grpc_url)
-    regions_before = _our_regions()
+def _bench_json(
+    triton: LocalTritonServer, json_path: Path, *args: str
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    """Runs ``bench --quick`` on the test's Triton; returns the process and its JSON."""
     proc = subprocess.run(
         [
-            *(sys.executable, "-m", "ray_triton_shm", "bench", "--ray", "--quick"),
+            *(sys.executable, "-m", "ray_triton_shm", "bench", "--quick", *args),
             *("--url", triton.grpc_url, "--no-plot", "--json", str(json_path)),
-            *("--models", "identity", DATA_CASE, "--concurrency", "1", "4"),
         ],
         capture_output=True,
         text=True,
@@ -50,8 +48,18 @@ def test_bench_ray_quick_json_has_every_ray_path_verified(
         timeout=600,
     )
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    return proc, json.loads(json_path.read_text())
 
-    data = json.loads(json_path.read_text())
+
+def test_bench_ray_quick_json_has_every_ray_path_verified(
+    triton: LocalTritonServer, tmp_path: Path
+) -> None:
+    json_path = tmp_path / "bench.json"
+    registered_before = registered_on(triton.grpc_url)
+    regions_before = _our_regions()
+    proc, data = _bench_json(
+        triton, json_path, "--ray", "--models", "identity", DATA_CASE, "--concurrency", "1", "4"
+    )
     assert data["config"]["ray_callers"] == 4
     assert data["failures"] == []
     runs = {(r["model"], r["path"], r["concurrency"], r["slots"]): r for r in data["runs"]}
@@ -140,20 +148,12 @@ def test_bench_churn_kills_callers_mid_request_and_every_answer_is_right(
     json_path = tmp_path / "bench.json"
     registered_before = registered_on(triton.grpc_url)
     regions_before = _our_regions()
-    proc = subprocess.run(
-        [
-            *(sys.executable, "-m", "ray_triton_shm", "bench", "--quick", "--churn-s", "3"),
-            *("--url", triton.grpc_url, "--no-plot", "--json", str(json_path)),
-            *("--models", CHURN_CASE, "--paths", "shm-model-nokill", "shm-model-churn"),
-        ],
-        capture_output=True,
-        text=True,
-        env=_env(),
-        timeout=300,
+    proc, data = _bench_json(
+        triton,
+        json_path,
+        *("--churn-s", "3", "--models", CHURN_CASE),
+        *("--paths", "shm-model-nokill", "shm-model-churn"),
     )
-    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
-
-    data = json.loads(json_path.read_text())
     assert data["failures"] == [] and data["config"]["churn_s"] == 3
     runs = {r["path"]: r for r in data["runs"]}
     assert set(runs) == {"shm-model-nokill", "shm-model-churn"}
@@ -255,7 +255,7 @@ def test_status_ray_lists_node_actors_with_stats(triton: LocalTritonServer, ray_
         # The node's whole footprint in /dev/shm, beside what is free there.
         assert stats.shm_bytes == shm_bytes and 0 < stats.shm_free <= stats.shm_capacity
         assert "held in /dev/shm by the node's regions" in out
-        expected = (8, 0, 0, 0, 0, 0, shm_bytes, 1, 2, x.nbytes, x.nbytes, 0)
+        expected = (8, 0, 0, 0, 0, 0, 0, shm_bytes, 1, 2, x.nbytes, x.nbytes, 0)
         assert row.split()[1:] == [str(v) for v in expected]
         # The regions report still follows, with the actor's regions registered.
         assert f"rtshm_{stats.pid}-" in out

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 import ray
-from _helpers import classifier_expected, init_ray, registered_on
+from _helpers import classifier_expected, registered_on
 from ray import cloudpickle
 
 from ray_triton_shm import (
@@ -215,17 +215,6 @@ class _RayCaller:
 
     def stop(self) -> None:
         self.stopped.set()
-
-
-@pytest.fixture
-def ray_on_fresh_triton(fresh_triton: LocalTritonServer) -> Iterator[LocalTritonServer]:
-    if ray.is_initialized():
-        ray.shutdown()
-    init_ray(address="local", num_cpus=4, include_dashboard=False)
-    try:
-        yield fresh_triton
-    finally:
-        ray.shutdown()
 
 
 def test_ray_callers_wait_out_a_triton_restart(ray_on_fresh_triton: LocalTritonServer) -> None:

@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import pytest
 import ray
-from _helpers import init_ray, registered_on
+from _helpers import registered_on
 from ray import cloudpickle
 from ray.exceptions import RayActorError
 
@@ -680,20 +680,8 @@ class Soak:
             self.client.close()
 
 
-@pytest.fixture
-def ray_on_soak_triton(fresh_triton: LocalTritonServer) -> Iterator[LocalTritonServer]:
-    """A private local Ray beside a Triton of the test's own (restarted during the soak)."""
-    if ray.is_initialized():
-        ray.shutdown()
-    init_ray(address="local", num_cpus=4, include_dashboard=False)
-    try:
-        yield fresh_triton
-    finally:
-        ray.shutdown()
-
-
 def test_chaos_soak_never_answers_with_another_requests_data(
-    ray_on_soak_triton: LocalTritonServer,
+    ray_on_fresh_triton: LocalTritonServer,
     soak_s: float,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
@@ -701,7 +689,7 @@ def test_chaos_soak_never_answers_with_another_requests_data(
     seed = secrets.randbits(31)
     logs = tmp_path / "logs"
     logs.mkdir()
-    soak = Soak(ray_on_soak_triton, logs, seed)
+    soak = Soak(ray_on_fresh_triton, logs, seed)
     try:
         soak.run(soak_s)
         node = soak.settle_and_close()
