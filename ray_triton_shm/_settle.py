@@ -21,8 +21,8 @@ shutdown first finishes the requests it runs), so the slot is back too.
 The settler is a thread of the client that owns the region (a plain ``TritonSHMClient``, or
 the Ray node actor's, which owns the regions every process of its node shares). It sleeps
 until told of an abandoned slot of its own process, and for regions shared with other processes
-it also looks every :data:`POLL_S` for slots of holders that died mid-request (found through
-their file locks, see :mod:`._shared_slots`).
+it also looks every :data:`SWEEP_S` for slots of holders that died mid-request (found through
+their file locks, see :mod:`._shared_slots`; the next caller to lock such a slot finds it too).
 """
 
 from __future__ import annotations
@@ -42,12 +42,14 @@ from ._headers import Metadata
 from ._shared_slots import SharedSlots
 from ._transport import expected_header, is_in_use, never_reached
 
-__all__ = ["POLL_S", "Settler", "register_slot", "unregister_slots", "unregister_slot"]
+__all__ = ["POLL_S", "SWEEP_S", "Settler", "register_slot", "unregister_slots", "unregister_slot"]
 
 logger = logging.getLogger(__name__)
 
-#: How often abandoned slots are tried again, and shared regions swept for dead holders.
+#: How often abandoned slots are tried again.
 POLL_S = 0.05
+#: How often a region shared with other processes is swept for holders that died.
+SWEEP_S = 0.25
 #: Deadline of each unregister/register call the settler makes (Triton may be gone).
 _CALL_TIMEOUT_S = 5.0
 
@@ -155,23 +157,23 @@ class Settler:
                     return
                 pools = list(self._pools)
             self._wake.clear()
-            busy = False
+            waits: list[float | None] = [None]
             for pool in pools:
                 try:
-                    busy |= self.settle(pool)
+                    waits.append(self.settle(pool))
                 except ClientClosedError:
                     continue  # released meanwhile
                 except Exception:  # never end the thread: the next round tries again
                     logger.exception("ray-triton-shm: settling slots of %r failed", pool.spec.name)
-                    busy = True
-            self._wake.wait(POLL_S if busy else None)
+                    waits.append(POLL_S)
+            self._wake.wait(min((w for w in waits if w is not None), default=None))
 
-    def settle(self, pool: ModelPool) -> bool:
+    def settle(self, pool: ModelPool) -> float | None:
         """One round over ``pool``: abandons the slots of holders that died, then puts back in
-        use each abandoned slot Triton is done with. Returns whether to look again soon (slots
-        still wait for Triton, or the pool is shared with other processes)."""
+        use each abandoned slot Triton is done with. Returns when to look again: soon while
+        slots wait for Triton, every :data:`SWEEP_S` for a pool shared with other processes,
+        else when told (``None``)."""
         slots = pool.slots
-        shared = isinstance(slots, SharedSlots)
         if isinstance(slots, SharedSlots):
             slots.sweep()
         waiting = False
@@ -181,7 +183,9 @@ class Settler:
                 pool.slots.settled(slot)
             else:
                 waiting = True
-        return shared or waiting
+        if waiting:
+            return POLL_S
+        return SWEEP_S if isinstance(slots, SharedSlots) else None
 
     def _triton_done(self, pool: ModelPool, slot: int) -> bool:
         """Whether Triton is done with every request on ``slot``: it let go of the slot's

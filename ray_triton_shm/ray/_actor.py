@@ -85,8 +85,8 @@ class NodeActorConfig:
         max_waiting: Callers that may wait for a slot of one model on the node; past it,
             :class:`OverloadedError`.
         sweep_interval_s: How often the actor updates the Ray metrics. (Callers that died
-            holding a slot or waiting for one are looked for every 50 ms, and their slots
-            come back as soon as Triton is done with their requests.)
+            holding a slot or waiting for one are looked for every 0.25 s, and their slots
+            come back within 50 ms of Triton being done with their requests.)
         reconnect_timeout_s: How long the actor's registrations wait for Triton while it is
             unreachable (restarting); by-value calls wait as long as their caller says.
         headers: gRPC headers of every call the actor makes: Triton's access keys for the
