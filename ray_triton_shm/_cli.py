@@ -6,6 +6,7 @@ Subcommands:
 * ``serve-local``: run the embedded Triton server with the example models until Ctrl-C;
 * ``bench``: a concurrency sweep of shared memory against plain gRPC (and HTTP, shm by hand,
   Ray), with latency percentiles and a pool-size recommendation, for any model;
+* ``doctor``: check a node (``--ray``: every node) for what breaks shared memory at deployment;
 * ``status`` / ``reclaim``: show / reclaim shared-memory regions left behind.
 
 Heavy modules are imported only by the subcommand that needs them, so ``--help`` is fast.
@@ -373,6 +374,51 @@ def _cmd_reclaim(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------------------
+# doctor
+# --------------------------------------------------------------------------------------
+
+
+def _model_pool(text: str) -> tuple[str, int | None]:
+    name, _, pool = text.partition(":")
+    if not name or (pool and not pool.isdigit()):
+        raise argparse.ArgumentTypeError(f"expected NAME or NAME:POOL_SIZE, got {text!r}")
+    return name, int(pool) if pool else None
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    import json
+
+    from ray_triton_shm._doctor import check_node, format_reports
+
+    tls = {"ssl": args.ssl, "root_certificates": args.root_certificates}
+    models = dict(args.model or [])
+    if args.ray or args.address:
+        try:
+            from ray_triton_shm.ray._doctor import check_cluster
+
+            reports = check_cluster(
+                address=args.address, url=args.url, models=models, timeout_s=args.timeout_s, tls=tls
+            )
+        except ImportError as exc:
+            print(f"{PROG} doctor: error: Ray is not installed ({exc})", file=sys.stderr)
+            return 1
+        except ConnectionError as exc:
+            print(
+                f"{PROG} doctor: error: no Ray cluster at {args.address or 'auto'}: {exc}",
+                file=sys.stderr,
+            )
+            return 1
+    else:
+        reports = [check_node(url=args.url, models=models, timeout_s=args.timeout_s, **tls)]
+    if args.json:
+        failed = any(r.failed for r in reports)
+        print(json.dumps({"failed": failed, "nodes": [r.to_dict() for r in reports]}, indent=2))
+    else:
+        print(format_reports(reports))
+    return 1 if any(r.failed for r in reports) else 0
+
+
+# --------------------------------------------------------------------------------------
 # The parser
 # --------------------------------------------------------------------------------------
 
@@ -431,6 +477,45 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_arguments(p)
     p.set_defaults(func=_cmd_bench)
+
+    p = sub.add_parser(
+        "doctor",
+        help="check this node (or, with --ray, every node) before traffic arrives",
+        description="Check that Triton is reachable and ready, that it can open a region made "
+        "here (else: another /dev/shm or another uid), that the access keys in "
+        "RAY_TRITON_SHM_HEADER_* are enough, that /dev/shm has room for the pools and Ray's "
+        "object store, and list leftovers and versions. Each check says ok, warn or fail, with "
+        "its fix; the exit status is 1 when one fails. Nothing is left behind.",
+    )
+    p.add_argument(
+        "--url",
+        metavar="HOST:PORT",
+        help="Triton's gRPC address (default: the node actor's, else $RAY_TRITON_SHM_URL on "
+        f"the node, else {DEFAULT_URL})",
+    )
+    p.add_argument(
+        "--model",
+        action="append",
+        type=_model_pool,
+        metavar="NAME[:POOL]",
+        help="a pool the node would hold, sized from the model's configuration (POOL slots, "
+        "default 4); repeatable",
+    )
+    p.add_argument("--ray", action="store_true", help="check every alive node of the Ray cluster")
+    p.add_argument("--address", metavar="ADDR", help="Ray cluster address (implies --ray)")
+    p.add_argument("--json", action="store_true", help="print the reports as JSON")
+    p.add_argument(
+        "--timeout-s",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="the longest wait for one answer from Triton (default: %(default)s)",
+    )
+    p.add_argument("--ssl", action="store_true", help="talk TLS to Triton")
+    p.add_argument(
+        "--root-certificates", metavar="PEM", help="CA certificate of Triton's (implies --ssl)"
+    )
+    p.set_defaults(func=_cmd_doctor)
 
     for name, func, text in (
         ("status", _cmd_status, "show shared-memory regions (local and registered)"),

@@ -587,6 +587,10 @@ class LocalTritonServer:
             (``--grpc-use-ssl``); clients pass ``ssl=True, root_certificates=...``. Needs
             ``tls_key``.
         tls_key: PEM private key of ``tls_cert``.
+        launcher: A command ``tritonserver`` is started under, which must ``exec`` it, e.g.
+            ``("taskset", "-c", "1")``, or ``("setpriv", "--reuid=1000", "--regid=1000",
+            "--clear-groups")`` to run it as another user (who must be able to read the model
+            repositories and the server environment).
     """
 
     def __init__(
@@ -607,6 +611,7 @@ class LocalTritonServer:
         restricted_protocols: Mapping[str, tuple[str, str]] | None = None,
         tls_cert: str | Path | None = None,
         tls_key: str | Path | None = None,
+        launcher: Sequence[str] = (),
     ) -> None:
         if model_repository is None:
             repos = [EXAMPLE_MODEL_REPOSITORY]
@@ -638,7 +643,10 @@ class LocalTritonServer:
         self._python_shm_growth_byte_size = int(python_shm_growth_byte_size)
         self._may_install = install is True
         self._install = install if isinstance(install, TritonServerInstall) else None
+        self._launcher = tuple(str(a) for a in launcher)
         self._tmpdir = tempfile.mkdtemp(prefix="ray-triton-shm-server-")
+        # Readable by a server that a launcher runs as another user (it holds no secret).
+        os.chmod(self._tmpdir, 0o755)
         self._log_path = (
             Path(log_path).expanduser().absolute()
             if log_path is not None
@@ -908,7 +916,7 @@ class LocalTritonServer:
 
     def _command(self) -> list[str]:
         assert self._install is not None
-        args = [str(self._install.executable)]
+        args = [*self._launcher, str(self._install.executable)]
         args += [f"--model-repository={repo}" for repo in self._model_repositories]
         if self._backend_dir is not None:
             args.append(f"--backend-directory={self._backend_dir}")

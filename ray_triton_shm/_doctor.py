@@ -1,0 +1,588 @@
+"""``ray-triton-shm doctor``: is this machine set up for Triton's shared memory?
+
+Shared memory fails most often at deployment: Triton in another container with another
+``/dev/shm``, Triton running as another uid, Docker's 64 MB ``/dev/shm``, a missing access key,
+Triton not where ``$RAY_TRITON_SHM_URL`` says. The library reports each of these on the first
+request that meets it; :func:`check_node` finds them all before any traffic, each with its fix:
+
+* ``triton``: reachable, live and ready, its version, the system shared memory extension;
+* ``region``: a tiny region made here, registered in Triton and removed again; when Triton
+  cannot open it, a second region readable by everyone tells another uid (it opens that one)
+  from another ``/dev/shm`` (it opens neither);
+* ``keys``: each protocol the library calls is allowed with this machine's
+  ``RAY_TRITON_SHM_HEADER_*`` keys (a refusal names the header, never a value);
+* ``dev_shm``: room in ``/dev/shm`` for the pools and for Ray's object store;
+* ``leftovers``: regions whose owner is gone;
+* ``versions``: Python, numpy, tritonclient, Ray, this library and Triton.
+
+It leaves nothing behind, and an unreachable Triton fails within ``timeout_s``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import socket
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from importlib import metadata as importlib_metadata
+from pathlib import Path
+from typing import Any
+
+import grpc
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from ._defaults import DEFAULT_URL
+from ._headers import env_var_for, headers_from_env
+from ._reclaim import region_status
+from ._shm import DEAD, SHM_DIR, SharedMemoryRegion, mib, new_region_name, shm_space
+from ._specs import SlotLayout, resolve_model_spec
+from ._transport import expected_header, never_reached, status_and_message, translate_error
+
+__all__ = [
+    "FAIL",
+    "OK",
+    "SKIP",
+    "WARN",
+    "Check",
+    "NodeReport",
+    "check_node",
+    "format_reports",
+    "url_for_node",
+]
+
+OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
+#: The environment variable the node actor reads Triton's address from (see ``ray._actor``).
+URL_ENV_VAR = "RAY_TRITON_SHM_URL"
+#: Below this much ``/dev/shm`` with nothing else known, it is most likely Docker's default.
+_DOCKER_DEFAULT_SHM = 64 * 2**20
+#: A model no Triton serves: a call about it that Triton answers "unknown" was allowed.
+_NO_MODEL = "__ray_triton_shm_doctor__"
+_PROBE_BYTES = 4096
+
+
+@dataclass(frozen=True)
+class Check:
+    """The result of one check.
+
+    Attributes:
+        name: ``triton``, ``region``, ``keys``, ``dev_shm``, ``leftovers`` or ``versions``.
+        status: ``ok``, ``warn``, ``fail``, or ``skip`` (not tried: another check failed).
+        summary: What was found, in one line.
+        fix: What to do about it, in one line (empty when nothing is to be done).
+        details: What was measured, for ``--json``.
+    """
+
+    name: str
+    status: str
+    summary: str
+    fix: str = ""
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NodeReport:
+    """Every check of one machine.
+
+    Attributes:
+        node: The Ray node id, or ``""`` outside Ray.
+        hostname: The machine's hostname.
+        url: The Triton address checked.
+        url_source: Where that address came from (``--url``, ``$RAY_TRITON_SHM_URL``, the node
+            actor, or the default).
+        checks: The checks, in order.
+        elapsed_s: How long the checks took.
+    """
+
+    node: str
+    hostname: str
+    url: str
+    url_source: str
+    checks: list[Check]
+    elapsed_s: float
+
+    @property
+    def failed(self) -> bool:
+        """Whether a check failed."""
+        return any(c.status == FAIL for c in self.checks)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as plain data, for JSON."""
+        return {**asdict(self), "failed": self.failed}
+
+
+def url_for_node(url: str | None) -> tuple[str, str]:
+    """The Triton address the node actor of this machine would use, and where it comes from."""
+    if url:
+        return url, "--url"
+    if os.environ.get(URL_ENV_VAR):
+        return os.environ[URL_ENV_VAR], f"${URL_ENV_VAR}"
+    return DEFAULT_URL, "the default"
+
+
+def check_node(
+    *,
+    url: str | None = None,
+    url_source: str | None = None,
+    models: Mapping[str, int | None] | None = None,
+    held: Mapping[str, int] | None = None,
+    object_store_bytes: int = 0,
+    node: str = "",
+    timeout_s: float = 5.0,
+    root_certificates: str | None = None,
+    ssl: bool = False,
+) -> NodeReport:
+    """Runs every check on this machine.
+
+    Args:
+        url: Triton's gRPC address; ``None``: ``$RAY_TRITON_SHM_URL``, else the default.
+        url_source: Where ``url`` came from, for the report (when the caller chose it).
+        models: Pools this machine would hold: ``{model: pool_size}`` (``None``: 4 slots),
+            sized from the model's configuration on Triton.
+        held: Pools the node actor holds already: ``{model: bytes}``.
+        object_store_bytes: Ray's object store on this node (counted if it lives in
+            ``/dev/shm``); ``0``: no Ray, or unknown.
+        node: The Ray node id, for the report.
+        timeout_s: The longest wait for one answer from Triton.
+        root_certificates: PEM file of the CA that signed Triton's certificate (TLS).
+        ssl: Talk TLS to Triton (with the system's CAs unless ``root_certificates``).
+    """
+    started = time.monotonic()
+    chosen, source = url_for_node(url)
+    headers = headers_from_env()
+    store = object_store_bytes
+    checks: list[Check] = []
+    with _channel(chosen, ssl=ssl or root_certificates is not None, roots=root_certificates) as ch:
+        triton = _Triton(chosen, ch, headers, timeout_s)
+        for name, run in (
+            ("triton", triton.check),
+            ("region", lambda: _check_region(triton)),
+            ("keys", lambda: _check_keys(triton)),
+            ("dev_shm", lambda: _check_dev_shm(triton, models or {}, held or {}, store)),
+            ("leftovers", lambda: _check_leftovers(triton)),
+            ("versions", lambda: _check_versions(triton)),
+        ):
+            try:
+                checks.append(run())
+            except Exception as exc:
+                checks.append(Check(name, FAIL, f"the check itself failed: {exc!r}"))
+    return NodeReport(
+        node=node,
+        hostname=socket.gethostname(),
+        url=chosen,
+        url_source=url_source or source,
+        checks=checks,
+        elapsed_s=round(time.monotonic() - started, 3),
+    )
+
+
+@contextlib.contextmanager
+def _channel(url: str, *, ssl: bool, roots: str | None) -> Iterator[grpc.Channel]:
+    if ssl:
+        pem = Path(roots).read_bytes() if roots else None
+        channel = grpc.secure_channel(url, grpc.ssl_channel_credentials(root_certificates=pem))
+    else:
+        channel = grpc.insecure_channel(url)
+    try:
+        yield channel
+    finally:
+        channel.close()
+
+
+class _Triton:
+    """The doctor's calls to Triton, and what the first of them found out."""
+
+    def __init__(
+        self, url: str, channel: grpc.Channel, headers: Mapping[str, str], timeout_s: float
+    ) -> None:
+        self.url = url
+        self.headers = dict(headers)
+        self.stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        self.timeout_s = timeout_s
+        self.reachable = False
+        self.version = ""
+        self.refused: dict[str, str] = {}  # protocol -> the header Triton wants
+
+    def call(self, method: str, request: Any) -> Any:
+        rpc: Callable[..., Any] = getattr(self.stub, method)
+        return rpc(request, metadata=tuple(self.headers.items()), timeout=self.timeout_s)
+
+    def check(self) -> Check:
+        try:
+            live = self.call("ServerLive", service_pb2.ServerLiveRequest()).live
+        except grpc.RpcError as exc:
+            header = expected_header(exc)
+            if header is None:
+                return self._unreachable(exc)
+            self.reachable = True
+            self.refused["health"] = header
+            return Check(
+                "triton",
+                FAIL,
+                f"Triton answers at {self.url}, but refused to say whether it is live: its "
+                "health protocol is restricted (see keys)",
+                _key_fix(header, self.headers),
+            )
+        self.reachable = True
+        ready = self.call("ServerReady", service_pb2.ServerReadyRequest()).ready
+        extensions: list[str] | None = None
+        try:
+            meta = self.call("ServerMetadata", service_pb2.ServerMetadataRequest())
+        except grpc.RpcError as exc:
+            header = expected_header(exc)
+            if header is None:
+                raise
+            self.refused["metadata"] = header
+        else:
+            self.version = meta.version
+            extensions = list(meta.extensions)
+        details = {"live": live, "ready": ready, "version": self.version, "extensions": extensions}
+        about = f"Triton {self.version or '(version not told)'} at {self.url}"
+        if not (live and ready):
+            return Check(
+                "triton",
+                FAIL,
+                f"{about} is {'live' if live else 'not live'} but not ready (a model failed to "
+                "load, or it is starting or stopping)",
+                "look at Triton's log; with --strict-readiness every model must load",
+                details,
+            )
+        if extensions is not None and "system_shared_memory" not in extensions:
+            return Check(
+                "triton",
+                FAIL,
+                f"{about} is ready but has no system shared memory extension",
+                "use a Triton build with system shared memory (any official release has it)",
+                details,
+            )
+        known = "" if extensions is not None else " (extensions not told: see keys)"
+        return Check(
+            "triton",
+            OK,
+            f"{about} is live and ready, with system shared memory{known}",
+            "",
+            details,
+        )
+
+    def _unreachable(self, exc: grpc.RpcError) -> Check:
+        status, message = status_and_message(exc)
+        lower = message.lower()
+        if any(w in lower for w in ("dns resolution failed", "errors resolving", "not known")):
+            what = f"the host of {self.url} does not resolve"
+        elif status == str(grpc.StatusCode.DEADLINE_EXCEEDED):
+            what = f"nothing answered at {self.url} within {self.timeout_s:g} s"
+        elif never_reached(exc):
+            what = f"nothing listens at {self.url} (connection refused)"
+        else:
+            what = f"Triton could not be asked at {self.url}: {status}: {message}"
+        return Check(
+            "triton",
+            FAIL,
+            what,
+            f"start Triton on this node, or give its gRPC address with --url or "
+            f"${URL_ENV_VAR} on the node",
+            {"status": status, "message": message},
+        )
+
+
+def _key_fix(header: str, headers: Mapping[str, str]) -> str:
+    variable = env_var_for(header)
+    if header in headers:
+        return f"${variable} is set, but not to the key Triton expects: set it to that key"
+    return f"set ${variable} on this node to Triton's key (the header is {header!r})"
+
+
+def _skipped(name: str, triton: _Triton, needs: str | None = None) -> Check | None:
+    if not triton.reachable:
+        return Check(name, SKIP, "not tried: Triton cannot be reached (see triton)")
+    if needs is not None and needs in triton.refused:
+        return Check(name, SKIP, f"not tried: Triton refused the {needs} protocol (see keys)")
+    return None
+
+
+# ---- region ---------------------------------------------------------------------------
+
+
+def _check_region(triton: _Triton) -> Check:
+    skipped = _skipped("region", triton)
+    if skipped:
+        return skipped
+    error = _register_probe(triton, mode=0o600)
+    if error is None:
+        return Check(
+            "region",
+            OK,
+            f"Triton opened a region made here in {SHM_DIR} (mode 0600), and it is gone again",
+        )
+    header = expected_header(error)
+    if header is not None:
+        triton.refused["shared-memory"] = header
+        return Check(
+            "region", SKIP, "not tried: Triton refused the shared-memory protocol (see keys)"
+        )
+    translated = translate_error(error, action="registering a region")
+    if "Unable to open shared memory region" not in translated.server_message:
+        return Check("region", FAIL, str(translated), "", {"server_message": error.details()})
+    # Triton cannot open our region: a region anyone may open tells a uid from a /dev/shm.
+    if _register_probe(triton, mode=0o666) is None:
+        return Check(
+            "region",
+            FAIL,
+            f"Triton runs as another user than this process (uid {os.getuid()}): it opened a "
+            "region readable by everyone, not the library's, which are its owner's only (0600)",
+            "run Triton and Ray as the same uid: `docker run --user` on both, or the same "
+            "securityContext.runAsUser on both containers in Kubernetes",
+            {"cause": "uid", "uid": os.getuid()},
+        )
+    return Check(
+        "region",
+        FAIL,
+        f"Triton cannot see regions made here: it has another {SHM_DIR} than this process "
+        "(another container, pod or machine)",
+        "share /dev/shm: `docker run --ipc=container:<triton>` (or --ipc=host) for Ray, or in "
+        "Kubernetes Triton as a sidecar with one `medium: Memory` emptyDir at /dev/shm in both "
+        "containers, and Triton's address on this node (localhost)",
+        {"cause": "dev_shm"},
+    )
+
+
+def _register_probe(triton: _Triton, *, mode: int) -> grpc.RpcError | None:
+    """Makes a region, registers it in Triton, then unregisters and removes it.
+
+    Returns:
+        Triton's refusal, or ``None`` if it registered the region.
+    """
+    region = SharedMemoryRegion.create(new_region_name("doctor"), _PROBE_BYTES)
+    try:
+        os.chmod(SHM_DIR / region.name, mode)
+        request = service_pb2.SystemSharedMemoryRegisterRequest(
+            name=region.name, key=region.key, offset=0, byte_size=region.size
+        )
+        try:
+            triton.call("SystemSharedMemoryRegister", request)
+        except grpc.RpcError as exc:
+            return exc
+        triton.call(
+            "SystemSharedMemoryUnregister",
+            service_pb2.SystemSharedMemoryUnregisterRequest(name=region.name),
+        )
+        return None
+    finally:
+        region.close()
+        region.unlink()
+
+
+# ---- keys -----------------------------------------------------------------------------
+
+#: The protocols the library calls, each with a request Triton answers when it is allowed.
+_PROTOCOLS: tuple[tuple[str, str, Callable[[], Any]], ...] = (
+    ("health", "ServerReady", service_pb2.ServerReadyRequest),
+    ("metadata", "ServerMetadata", service_pb2.ServerMetadataRequest),
+    ("model-config", "ModelConfig", lambda: service_pb2.ModelConfigRequest(name=_NO_MODEL)),
+    ("shared-memory", "SystemSharedMemoryStatus", service_pb2.SystemSharedMemoryStatusRequest),
+    ("inference", "ModelInfer", lambda: service_pb2.ModelInferRequest(model_name=_NO_MODEL)),
+)
+
+
+def _check_keys(triton: _Triton) -> Check:
+    skipped = _skipped("keys", triton)
+    if skipped:
+        return skipped
+    names = sorted(triton.headers)
+    keys_set = f"keys set: {', '.join(names)}" if names else "no RAY_TRITON_SHM_HEADER_* set"
+    refused: dict[str, str] = {}
+    for protocol, method, request in _PROTOCOLS:
+        try:
+            triton.call(method, request())
+        except grpc.RpcError as exc:
+            header = expected_header(exc)
+            if header is not None:
+                refused[protocol] = header
+    triton.refused.update(refused)
+    details = {"headers": names, "refused": refused}
+    if not refused:
+        return Check(
+            "keys",
+            OK,
+            f"every protocol the library calls is allowed ({', '.join(p[0] for p in _PROTOCOLS)}"
+            f"; {keys_set}, values not shown)",
+            "",
+            details,
+        )
+    by_header: dict[str, list[str]] = {}
+    for protocol, header in refused.items():
+        by_header.setdefault(header, []).append(protocol)
+    what = "; ".join(
+        f"{', '.join(protocols)} refused without {header!r}"
+        + (" (set, but not to Triton's key)" if header in triton.headers else "")
+        for header, protocols in by_header.items()
+    )
+    fix = "; ".join(_key_fix(header, triton.headers) for header in by_header)
+    return Check("keys", FAIL, f"{what} ({keys_set})", fix, details)
+
+
+# ---- /dev/shm -------------------------------------------------------------------------
+
+
+def _check_dev_shm(
+    triton: _Triton,
+    models: Mapping[str, int | None],
+    held: Mapping[str, int],
+    object_store_bytes: int,
+) -> Check:
+    space = shm_space()
+    if space is None:
+        return Check("dev_shm", WARN, f"{SHM_DIR} cannot be read: is it mounted?")
+    free, total = space
+    new, unsized = _pool_sizes(triton, models)
+    store = object_store_bytes if _object_store_in_dev_shm(object_store_bytes, total) else 0
+    demand = sum(held.values()) + sum(new.values()) + store
+    details: dict[str, Any] = {
+        "free": free,
+        "total": total,
+        "held": dict(held),
+        "new": new,
+        "unsized": unsized,
+        "object_store": store,
+        "demand": demand,
+    }
+    parts = [f"pools held {mib(sum(held.values()))}"] if held else []
+    parts += [f"{m} {mib(b)}" for m, b in new.items()]
+    if store:
+        parts.append(f"Ray's object store {mib(store)}")
+    needs = f"needs {mib(demand)} ({', '.join(parts)})" if parts else "no pools known"
+    summary = f"{mib(total)} in all, {mib(free)} free; {needs}"
+    if unsized:
+        summary += f"; not sized: {'; '.join(f'{m}: {why}' for m, why in unsized.items())}"
+    suggested = 2 ** max(6, (2 * max(demand, 1) - 1).bit_length() - 20)  # MiB, a power of 2
+    fix = (
+        f"give /dev/shm at least {suggested} MiB: `docker run --shm-size={suggested}m`, or in "
+        f"Kubernetes an emptyDir with `medium: Memory` and `sizeLimit: {suggested}Mi` at "
+        "/dev/shm; or smaller pools (pool_size, max_batch_size)"
+    )
+    if sum(new.values()) > free or demand > total:
+        return Check("dev_shm", FAIL, summary + ": it does not fit", fix, details)
+    if demand and total < 2 * demand:
+        return Check("dev_shm", WARN, summary + ": less than twice that", fix, details)
+    if not demand and total <= _DOCKER_DEFAULT_SHM:
+        return Check(
+            "dev_shm",
+            WARN,
+            summary + f": {mib(total)} is Docker's default, too small for most pools",
+            fix.replace(f"at least {suggested} MiB", "room for the pools (say 1024 MiB)")
+            .replace(f"{suggested}m", "1g")
+            .replace(f"{suggested}Mi", "1Gi"),
+            details,
+        )
+    return Check("dev_shm", OK, summary, "", details)
+
+
+def _pool_sizes(
+    triton: _Triton, models: Mapping[str, int | None]
+) -> tuple[dict[str, int], dict[str, str]]:
+    """Bytes of each model's pool, from its configuration on Triton; and why others could
+    not be sized."""
+    sizes: dict[str, int] = {}
+    unsized: dict[str, str] = {}
+    for model, pool_size in models.items():
+        if not triton.reachable:
+            unsized[model] = "Triton cannot be reached"
+            continue
+        try:
+            spec = resolve_model_spec(
+                model,
+                inputs=None,
+                outputs=None,
+                max_batch_size=None,
+                model_version="",
+                max_shapes=None,
+                load_config=lambda model=model: _model_config(triton, model),  # type: ignore[misc]
+            )
+        except Exception as exc:
+            unsized[model] = str(exc)
+            continue
+        sizes[model] = SlotLayout.for_model(spec).region_bytes(pool_size or 4)
+    return sizes, unsized
+
+
+def _model_config(triton: _Triton, model: str) -> Mapping[str, Any]:
+    from google.protobuf.json_format import MessageToDict
+
+    try:
+        answer = triton.call("ModelConfig", service_pb2.ModelConfigRequest(name=model))
+    except grpc.RpcError as exc:
+        raise translate_error(exc, model=model, action="reading the model configuration") from exc
+    return MessageToDict(answer.config, preserving_proto_field_name=True)
+
+
+def _object_store_in_dev_shm(object_store_bytes: int, shm_total: int) -> bool:
+    """Whether Ray's object store lives in ``/dev/shm``: a raylet of this machine maps a file
+    there; where no raylet is visible, Ray's own rule (it uses ``/dev/shm`` when it fits)."""
+    if not object_store_bytes:
+        return False
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if (proc / "comm").read_text().strip() != "raylet":
+                continue
+            return f" {SHM_DIR}/" in (proc / "maps").read_text()
+        except OSError:
+            continue
+    return object_store_bytes <= shm_total
+
+
+# ---- leftovers, versions --------------------------------------------------------------
+
+
+def _check_leftovers(triton: _Triton) -> Check:
+    asked = triton.reachable and "shared-memory" not in triton.refused
+    report = region_status(triton.url if asked else None, headers=triton.headers)
+    dead = [r for r in report.regions if r.owner == DEAD]
+    held = sum(r.size for r in dead)
+    details = {"regions": [r.name for r in dead], "bytes": held}
+    where = "" if asked and not report.server_error else " (in /dev/shm only: Triton not asked)"
+    if not dead:
+        return Check("leftovers", OK, f"no region whose owner is gone{where}", "", details)
+    return Check(
+        "leftovers",
+        WARN,
+        f"{len(dead)} region(s) whose owner is gone hold {mib(held)}{where}",
+        "`ray-triton-shm reclaim` removes them (a restarted node actor does too)",
+        details,
+    )
+
+
+def _check_versions(triton: _Triton) -> Check:
+    versions = {"python": platform.python_version()}
+    for package in ("numpy", "tritonclient", "grpcio", "ray", "ray-triton-shm"):
+        try:
+            versions[package] = importlib_metadata.version(package)
+        except importlib_metadata.PackageNotFoundError:
+            versions[package] = "not installed"
+    versions["triton"] = triton.version or "unknown"
+    summary = ", ".join(f"{name} {version}" for name, version in versions.items())
+    return Check("versions", OK, summary, "", versions)
+
+
+def format_reports(reports: Sequence[NodeReport]) -> str:
+    """The reports as text, one block per node."""
+    lines: list[str] = []
+    for report in reports:
+        node = f"node {report.node[:12]} ({report.hostname})" if report.node else report.hostname
+        lines.append(
+            f"{node}: Triton at {report.url} (from {report.url_source}), "
+            f"checked in {report.elapsed_s:.1f} s"
+        )
+        for check in report.checks:
+            lines.append(f"  {check.status:<5} {check.name:<10} {check.summary}")
+            if check.fix and check.status in (FAIL, WARN):
+                lines.append(f"  {'':<5} {'':<10} fix: {check.fix}")
+    failed = sum(r.failed for r in reports)
+    lines.append(
+        f"{len(reports)} node(s): "
+        + (f"{failed} with a failed check" if failed else "no check failed")
+    )
+    return "\n".join(lines)

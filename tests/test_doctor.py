@@ -1,0 +1,326 @@
+"""``ray-triton-shm doctor`` against real Tritons set up each way a deployment goes wrong.
+
+Each misconfiguration gets a Triton of its own: in its own mount namespace with its own
+``/dev/shm`` (``unshare --mount``), running as another uid (``setpriv``), locked down with keys;
+and the doctor itself runs in a 64 MB ``/dev/shm``, and against a port where nothing listens.
+``--ray`` runs on a two-node ``cluster_utils`` cluster. Every run is checked to leave nothing in
+``/dev/shm`` or in Triton.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _helpers import ADMIN, INFER, READ, free_ports, raylet_start_window, registered_on
+from conftest import MODEL_REPOSITORIES
+
+from ray_triton_shm._headers import env_var_for
+from ray_triton_shm.local._server import LocalTritonServer
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SHM_DIR = Path("/dev/shm")
+#: A Triton started under this sees a /dev/shm of its own (the container mistake).
+OWN_DEV_SHM = ("unshare", "--mount", "sh", "-c", 'mount -t tmpfs tmpfs /dev/shm && exec "$0" "$@"')
+#: A Triton started under this runs as nobody. It keeps the right to read any file (root's
+#: Python installation is private here), but not to write one: it cannot open a 0600 region.
+OTHER_UID = (
+    "setpriv",
+    "--reuid=65534",
+    "--regid=65534",
+    "--clear-groups",
+    "--inh-caps=+dac_read_search",
+    "--ambient-caps=+dac_read_search",
+)
+CHECKS = ["triton", "region", "keys", "dev_shm", "leftovers", "versions"]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    """This process's environment without any key or URL of ours, plus ``extra``."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("RAY_TRITON_SHM_HEADER_") and k != "RAY_TRITON_SHM_URL"
+    }
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+    return {**env, **extra}
+
+
+def _doctor(
+    *args: str, env: Mapping[str, str] | None = None, prefix: tuple[str, ...] = ()
+) -> tuple[int, dict[str, Any], str]:
+    """Runs ``doctor --json``; returns its exit status, its report and its whole output."""
+    done = subprocess.run(
+        [*prefix, sys.executable, "-m", "ray_triton_shm", "doctor", "--json", *args],
+        capture_output=True,
+        text=True,
+        env=dict(env) if env is not None else _env(),
+        timeout=120,
+    )
+    assert done.stdout.strip(), done.stderr
+    return done.returncode, json.loads(done.stdout), done.stdout + done.stderr
+
+
+def _checks(report: dict[str, Any], node: int = 0) -> dict[str, dict[str, Any]]:
+    checks = report["nodes"][node]["checks"]
+    assert [c["name"] for c in checks] == CHECKS
+    return {c["name"]: c for c in checks}
+
+
+def _statuses(checks: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
+    return {name: check["status"] for name, check in checks.items()}
+
+
+def _unshare_reason(*flags: str) -> str | None:
+    if shutil.which("unshare") is None:
+        return "unshare is not installed"
+    done = subprocess.run(["unshare", *flags, "true"], capture_output=True, text=True)
+    return None if done.returncode == 0 else f"`unshare {' '.join(flags)}` needs root here"
+
+
+def _shm_names() -> set[str]:
+    return {p.name for p in SHM_DIR.iterdir() if p.name.startswith("rtshm_")}
+
+
+@pytest.fixture
+def leaves_nothing(triton: LocalTritonServer) -> Iterator[None]:
+    """Fails the test if anything of ours appeared in /dev/shm or in the shared Triton."""
+    shm, registered = _shm_names(), registered_on(triton.grpc_url)
+    yield
+    assert _shm_names() == shm
+    assert registered_on(triton.grpc_url) == registered
+
+
+@pytest.fixture
+def odd_triton(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LocalTritonServer]:
+    """A Triton started under the launcher given by ``request.param``."""
+    launcher = request.param
+    if launcher[0] == "unshare":
+        reason = _unshare_reason("--mount")
+    elif os.geteuid() != 0 or shutil.which("setpriv") is None:
+        reason = "running Triton as another uid needs root and setpriv"
+    else:
+        reason = None
+    if reason:
+        pytest.skip(reason)
+    server = LocalTritonServer(
+        list(MODEL_REPOSITORIES), launcher=launcher, log_path=tmp_path / "tritonserver.log"
+    )
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def test_a_healthy_node_passes_every_check_and_leaves_nothing(
+    triton: LocalTritonServer, leaves_nothing: None
+) -> None:
+    code, report, _ = _doctor("--url", triton.grpc_url, "--model", "classifier:8")
+    checks = _checks(report)
+    assert code == 0 and not report["failed"], report
+    assert set(_statuses(checks).values()) == {"ok"}, report
+    assert checks["triton"]["details"]["version"] == "2.51.0"
+    assert "system_shared_memory" in checks["triton"]["details"]["extensions"]
+    # The classifier's pool: 8 slots of 8 images of 3x224x224 float32 in, 1000 floats out.
+    pool = checks["dev_shm"]["details"]["new"]["classifier"]
+    assert 8 * 8 * (3 * 224 * 224 + 1000) * 4 <= pool < 1.1 * 8 * 8 * (3 * 224 * 224 + 1000) * 4
+    versions = checks["versions"]["details"]
+    assert versions["triton"] == "2.51.0" and versions["numpy"].startswith("2.")
+    assert report["nodes"][0]["url_source"] == "--url"
+
+
+def test_the_url_comes_from_the_environment_as_the_node_actor_reads_it(
+    triton: LocalTritonServer,
+) -> None:
+    code, report, _ = _doctor(env=_env(RAY_TRITON_SHM_URL=triton.grpc_url))
+    assert code == 0, report
+    assert report["nodes"][0]["url"] == triton.grpc_url
+    assert report["nodes"][0]["url_source"] == "$RAY_TRITON_SHM_URL"
+
+
+def test_an_unreachable_triton_fails_in_seconds_and_says_where_it_looked() -> None:
+    url = f"127.0.0.1:{free_ports(1)[0]}"
+    started = time.monotonic()
+    code, report, text = _doctor("--url", url)
+    took = time.monotonic() - started
+    checks = _checks(report)
+    assert code == 1 and report["failed"]
+    assert checks["triton"]["status"] == "fail"
+    assert f"nothing listens at {url}" in checks["triton"]["summary"]
+    assert "RAY_TRITON_SHM_URL" in checks["triton"]["fix"]
+    assert checks["region"]["status"] == checks["keys"]["status"] == "skip"
+    # Not the 60 s a request waits for Triton by default (reconnect_timeout_s).
+    assert took < 30, took
+
+
+def test_a_host_that_does_not_resolve_is_told_apart() -> None:
+    code, report, _ = _doctor("--url", "no-such-host.invalid:8001")
+    triton = _checks(report)["triton"]
+    assert code == 1 and triton["status"] == "fail"
+    assert "does not resolve" in triton["summary"]
+
+
+@pytest.mark.parametrize("odd_triton", [OWN_DEV_SHM], indirect=True)
+def test_a_triton_with_its_own_dev_shm_is_named(odd_triton: LocalTritonServer) -> None:
+    before = _shm_names()
+    code, report, _ = _doctor("--url", odd_triton.grpc_url)
+    checks = _checks(report)
+    assert code == 1
+    assert _statuses(checks) == {**dict.fromkeys(CHECKS, "ok"), "region": "fail"}, report
+    region = checks["region"]
+    assert region["details"]["cause"] == "dev_shm"
+    assert "another /dev/shm" in region["summary"]
+    assert "--ipc=container:" in region["fix"] and "medium: Memory" in region["fix"]
+    assert _shm_names() == before
+    assert not registered_on(odd_triton.grpc_url)
+
+
+@pytest.mark.parametrize("odd_triton", [OTHER_UID], indirect=True)
+def test_a_triton_running_as_another_uid_is_named(odd_triton: LocalTritonServer) -> None:
+    status = Path(f"/proc/{odd_triton.pid}/status").read_text()
+    assert "Uid:\t65534" in status  # the set-up really runs Triton as another user
+    before = _shm_names()
+    code, report, _ = _doctor("--url", odd_triton.grpc_url)
+    checks = _checks(report)
+    assert code == 1
+    assert _statuses(checks) == {**dict.fromkeys(CHECKS, "ok"), "region": "fail"}, report
+    region = checks["region"]
+    assert region["details"]["cause"] == "uid"
+    assert "another user" in region["summary"] and "0600" in region["summary"]
+    assert "runAsUser" in region["fix"] and "--user" in region["fix"]
+    assert _shm_names() == before
+    assert not registered_on(odd_triton.grpc_url)
+
+
+def test_a_restricted_triton_without_keys_names_each_missing_header_never_a_value(
+    restricted: LocalTritonServer, keys: dict[str, str]
+) -> None:
+    code, report, text = _doctor("--url", restricted.grpc_url)
+    checks = _checks(report)
+    assert code == 1
+    assert checks["keys"]["status"] == "fail"
+    assert checks["keys"]["details"]["refused"] == {
+        "health": READ,
+        "metadata": READ,
+        "model-config": READ,
+        "shared-memory": ADMIN,
+        "inference": INFER,
+    }
+    for header in (ADMIN, INFER, READ):
+        assert header in checks["keys"]["summary"]
+        assert env_var_for(header) in checks["keys"]["fix"]
+    # Triton answered (it is not down), but would not say whether it is live.
+    assert checks["triton"]["status"] == "fail" and "restricted" in checks["triton"]["summary"]
+    assert checks["region"]["status"] == "skip"
+
+    # Every key but a wrong inference key: only that one is named, as set but wrong.
+    env = {env_var_for(h): v for h, v in keys.items()}
+    code, report, text = _doctor(
+        "--url", restricted.grpc_url, env=_env(**{**env, env_var_for(INFER): "not-the-key"})
+    )
+    checks = _checks(report)
+    assert code == 1 and checks["keys"]["details"]["refused"] == {"inference": INFER}
+    assert "set, but not to Triton's key" in checks["keys"]["summary"]
+    assert "is set, but not to the key Triton expects" in checks["keys"]["fix"]
+    assert checks["region"]["status"] == "ok"
+
+    code, report, text = _doctor("--url", restricted.grpc_url, env=_env(**env))
+    assert code == 0, report
+    assert set(_statuses(_checks(report)).values()) == {"ok"}
+    for value in keys.values():
+        assert value not in text
+    assert not registrations_left(restricted, keys)
+
+
+def registrations_left(server: LocalTritonServer, keys: Mapping[str, str]) -> list[str]:
+    import tritonclient.grpc as grpcclient
+
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        status = client.get_system_shared_memory_status(headers=dict(keys), as_json=True)
+    return list(status.get("regions", {}))
+
+
+def test_a_64_mb_dev_shm_is_flagged_and_a_pool_that_does_not_fit_fails(
+    triton: LocalTritonServer, leaves_nothing: None
+) -> None:
+    reason = _unshare_reason("--mount")
+    if reason:
+        pytest.skip(reason)
+    small = ("unshare", "--mount", "sh", "-c", 'mount -t tmpfs -o size=64m tmpfs /dev/shm && "$@"')
+    prefix = (*small, "doctor")
+
+    code, report, _ = _doctor("--url", triton.grpc_url, prefix=prefix)
+    dev_shm = _checks(report)["dev_shm"]
+    assert dev_shm["status"] == "warn" and "Docker's default" in dev_shm["summary"]
+    assert dev_shm["details"]["total"] == 64 * 2**20
+
+    code, report, _ = _doctor("--url", triton.grpc_url, "--model", "large_image:4", prefix=prefix)
+    checks = _checks(report)
+    dev_shm = checks["dev_shm"]
+    assert code == 1 and dev_shm["status"] == "fail", report
+    assert dev_shm["details"]["new"]["large_image"] > 64 * 2**20
+    assert "does not fit" in dev_shm["summary"]
+    assert "--shm-size=" in dev_shm["fix"] and "sizeLimit" in dev_shm["fix"]
+    # This doctor sees a /dev/shm of its own, and says so: each cause has its own message.
+    assert checks["region"]["details"]["cause"] == "dev_shm"
+
+
+def test_doctor_ray_checks_every_node_of_a_cluster(
+    triton: LocalTritonServer, leaves_nothing: None
+) -> None:
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from ray_triton_shm.ray import URL_ENV_VAR, get_node_actor
+
+    if ray.is_initialized():
+        ray.shutdown()
+    old = os.environ.get(URL_ENV_VAR)
+    cluster = None
+    try:
+        # The nodes read Triton's address from their own environment, as in production.
+        os.environ[URL_ENV_VAR] = triton.grpc_url
+        with raylet_start_window():
+            cluster = Cluster()
+            head = cluster.add_node(num_cpus=1, include_dashboard=False)
+            worker = cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        # A node actor on the worker, holding a pool: the doctor counts it there.
+        ray.init(address=cluster.address)
+        actor = get_node_actor(node_id=worker.node_id)
+        ray.get(actor.register.remote("classifier", pool_size=2))
+        ray.shutdown()
+
+        code, report, _ = _doctor("--ray", "--address", cluster.address)
+        assert code == 0, report
+        nodes = {n["node"]: n for n in report["nodes"]}
+        assert len(nodes) == 2 and worker.node_id in nodes
+        for node_id, node in nodes.items():
+            checks = {c["name"]: c for c in node["checks"]}
+            assert {c["status"] for c in checks.values()} == {"ok"}, node
+            assert node["url"] == triton.grpc_url
+            held = checks["dev_shm"]["details"]["held"]
+            assert list(held) == (["classifier"] if node_id == worker.node_id else [])
+        assert nodes[worker.node_id]["url_source"] == "the node actor"
+        assert nodes[head.node_id]["url_source"] == f"${URL_ENV_VAR}"
+
+        ray.init(address=cluster.address)
+        ray.get(get_node_actor(node_id=worker.node_id).shutdown.remote())
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        if cluster is not None:
+            cluster.shutdown()
+        if old is None:
+            os.environ.pop(URL_ENV_VAR, None)
+        else:
+            os.environ[URL_ENV_VAR] = old
