@@ -35,6 +35,9 @@ _EXPORTS = {
     "SlotTimeoutError": "._exceptions",
     "TritonServerError": "._exceptions",
     "TritonSHMError": "._exceptions",
+    "CheckResult": "._doctor",
+    "NodeReport": "._doctor",
+    "check_node": "._doctor",
     "headers_from_env": "._headers",
     "PoolStats": "._pool",
     "ReclaimReport": "._reclaim",
@@ -49,6 +52,7 @@ _EXPORTS = {
 
 __all__ = [
     "AccessDeniedError",
+    "CheckResult",
     "ClientClosedError",
     "InvalidInputError",
     "LocalServerError",
@@ -56,6 +60,7 @@ __all__ = [
     "ModelNotRegisteredError",
     "ModelSpec",
     "ModelSpecError",
+    "NodeReport",
     "OverloadedError",
     "PoolStats",
     "ReclaimReport",
@@ -70,6 +75,7 @@ __all__ = [
     "TritonSHMError",
     "TritonServerError",
     "__version__",
+    "check_node",
     "headers_from_env",
     "reclaim_regions",
     "region_status",
@@ -78,6 +84,7 @@ __all__ = [
 
 if typing.TYPE_CHECKING:  # what type checkers and IDEs see: the names, typed, and no others
     from ._client import TritonSHMClient
+    from ._doctor import CheckResult, NodeReport, check_node
     from ._exceptions import (
         AccessDeniedError,
         ClientClosedError,

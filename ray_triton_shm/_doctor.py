@@ -34,7 +34,7 @@ from typing import Any
 import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from ._defaults import DEFAULT_URL
+from ._defaults import DEFAULT_URL, URL_ENV_VAR
 from ._headers import env_var_for, headers_from_env
 from ._reclaim import region_status
 from ._shm import DEAD, SHM_DIR, SharedMemoryRegion, mib, new_region_name, shm_space
@@ -46,7 +46,7 @@ __all__ = [
     "OK",
     "SKIP",
     "WARN",
-    "Check",
+    "CheckResult",
     "NodeReport",
     "check_node",
     "format_reports",
@@ -54,8 +54,6 @@ __all__ = [
 ]
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
-#: The environment variable the node actor reads Triton's address from (see ``ray._actor``).
-URL_ENV_VAR = "RAY_TRITON_SHM_URL"
 #: Below this much ``/dev/shm`` with nothing else known, it is most likely Docker's default.
 _DOCKER_DEFAULT_SHM = 64 * 2**20
 #: A model no Triton serves: a call about it that Triton answers "unknown" was allowed.
@@ -64,7 +62,7 @@ _PROBE_BYTES = 4096
 
 
 @dataclass(frozen=True)
-class Check:
+class CheckResult:
     """The result of one check.
 
     Attributes:
@@ -100,7 +98,7 @@ class NodeReport:
     hostname: str
     url: str
     url_source: str
-    checks: list[Check]
+    checks: list[CheckResult]
     elapsed_s: float
 
     @property
@@ -153,7 +151,7 @@ def check_node(
     chosen, source = url_for_node(url)
     headers = headers_from_env()
     store = object_store_bytes
-    checks: list[Check] = []
+    checks: list[CheckResult] = []
     with _channel(chosen, ssl=ssl or root_certificates is not None, roots=root_certificates) as ch:
         triton = _Triton(chosen, ch, headers, timeout_s)
         for name, run in (
@@ -167,7 +165,7 @@ def check_node(
             try:
                 checks.append(run())
             except Exception as exc:
-                checks.append(Check(name, FAIL, f"the check itself failed: {exc!r}"))
+                checks.append(CheckResult(name, FAIL, f"the check itself failed: {exc!r}"))
     return NodeReport(
         node=node,
         hostname=socket.gethostname(),
@@ -209,7 +207,7 @@ class _Triton:
         rpc: Callable[..., Any] = getattr(self.stub, method)
         return rpc(request, metadata=tuple(self.headers.items()), timeout=self.timeout_s)
 
-    def check(self) -> Check:
+    def check(self) -> CheckResult:
         try:
             live = self.call("ServerLive", service_pb2.ServerLiveRequest()).live
         except grpc.RpcError as exc:
@@ -218,7 +216,7 @@ class _Triton:
                 return self._unreachable(exc)
             self.reachable = True
             self.refused["health"] = header
-            return Check(
+            return CheckResult(
                 "triton",
                 FAIL,
                 f"Triton answers at {self.url}, but refused to say whether it is live: its "
@@ -241,7 +239,7 @@ class _Triton:
         details = {"live": live, "ready": ready, "version": self.version, "extensions": extensions}
         about = f"Triton {self.version or '(version not told)'} at {self.url}"
         if not (live and ready):
-            return Check(
+            return CheckResult(
                 "triton",
                 FAIL,
                 f"{about} is {'live' if live else 'not live'} but not ready (a model failed to "
@@ -250,7 +248,7 @@ class _Triton:
                 details,
             )
         if extensions is not None and "system_shared_memory" not in extensions:
-            return Check(
+            return CheckResult(
                 "triton",
                 FAIL,
                 f"{about} is ready but has no system shared memory extension",
@@ -258,7 +256,7 @@ class _Triton:
                 details,
             )
         known = "" if extensions is not None else " (extensions not told: see keys)"
-        return Check(
+        return CheckResult(
             "triton",
             OK,
             f"{about} is live and ready, with system shared memory{known}",
@@ -266,7 +264,7 @@ class _Triton:
             details,
         )
 
-    def _unreachable(self, exc: grpc.RpcError) -> Check:
+    def _unreachable(self, exc: grpc.RpcError) -> CheckResult:
         status, message = status_and_message(exc)
         lower = message.lower()
         if any(w in lower for w in ("dns resolution failed", "errors resolving", "not known")):
@@ -277,7 +275,7 @@ class _Triton:
             what = f"nothing listens at {self.url} (connection refused)"
         else:
             what = f"Triton could not be asked at {self.url}: {status}: {message}"
-        return Check(
+        return CheckResult(
             "triton",
             FAIL,
             what,
@@ -294,24 +292,24 @@ def _key_fix(header: str, headers: Mapping[str, str]) -> str:
     return f"set ${variable} on this node to Triton's key (the header is {header!r})"
 
 
-def _skipped(name: str, triton: _Triton, needs: str | None = None) -> Check | None:
+def _skipped(name: str, triton: _Triton, needs: str | None = None) -> CheckResult | None:
     if not triton.reachable:
-        return Check(name, SKIP, "not tried: Triton cannot be reached (see triton)")
+        return CheckResult(name, SKIP, "not tried: Triton cannot be reached (see triton)")
     if needs is not None and needs in triton.refused:
-        return Check(name, SKIP, f"not tried: Triton refused the {needs} protocol (see keys)")
+        return CheckResult(name, SKIP, f"not tried: Triton refused the {needs} protocol (see keys)")
     return None
 
 
 # ---- region ---------------------------------------------------------------------------
 
 
-def _check_region(triton: _Triton) -> Check:
+def _check_region(triton: _Triton) -> CheckResult:
     skipped = _skipped("region", triton)
     if skipped:
         return skipped
     error = _register_probe(triton, mode=0o600)
     if error is None:
-        return Check(
+        return CheckResult(
             "region",
             OK,
             f"Triton opened a region made here in {SHM_DIR} (mode 0600), and it is gone again",
@@ -319,15 +317,15 @@ def _check_region(triton: _Triton) -> Check:
     header = expected_header(error)
     if header is not None:
         triton.refused["shared-memory"] = header
-        return Check(
+        return CheckResult(
             "region", SKIP, "not tried: Triton refused the shared-memory protocol (see keys)"
         )
     translated = translate_error(error, action="registering a region")
     if "Unable to open shared memory region" not in translated.server_message:
-        return Check("region", FAIL, str(translated), "", {"server_message": error.details()})
+        return CheckResult("region", FAIL, str(translated), "", {"server_message": error.details()})
     # Triton cannot open our region: a region anyone may open tells a uid from a /dev/shm.
     if _register_probe(triton, mode=0o666) is None:
-        return Check(
+        return CheckResult(
             "region",
             FAIL,
             f"Triton runs as another user than this process (uid {os.getuid()}): it opened a "
@@ -336,7 +334,7 @@ def _check_region(triton: _Triton) -> Check:
             "securityContext.runAsUser on both containers in Kubernetes",
             {"cause": "uid", "uid": os.getuid()},
         )
-    return Check(
+    return CheckResult(
         "region",
         FAIL,
         f"Triton cannot see regions made here: it has another {SHM_DIR} than this process "
@@ -386,7 +384,7 @@ _PROTOCOLS: tuple[tuple[str, str, Callable[[], Any]], ...] = (
 )
 
 
-def _check_keys(triton: _Triton) -> Check:
+def _check_keys(triton: _Triton) -> CheckResult:
     skipped = _skipped("keys", triton)
     if skipped:
         return skipped
@@ -403,7 +401,7 @@ def _check_keys(triton: _Triton) -> Check:
     triton.refused.update(refused)
     details = {"headers": names, "refused": refused}
     if not refused:
-        return Check(
+        return CheckResult(
             "keys",
             OK,
             f"every protocol the library calls is allowed ({', '.join(p[0] for p in _PROTOCOLS)}"
@@ -420,7 +418,7 @@ def _check_keys(triton: _Triton) -> Check:
         for header, protocols in by_header.items()
     )
     fix = "; ".join(_key_fix(header, triton.headers) for header in by_header)
-    return Check("keys", FAIL, f"{what} ({keys_set})", fix, details)
+    return CheckResult("keys", FAIL, f"{what} ({keys_set})", fix, details)
 
 
 # ---- /dev/shm -------------------------------------------------------------------------
@@ -431,10 +429,10 @@ def _check_dev_shm(
     models: Mapping[str, int | None],
     held: Mapping[str, int],
     object_store_bytes: int,
-) -> Check:
+) -> CheckResult:
     space = shm_space()
     if space is None:
-        return Check("dev_shm", WARN, f"{SHM_DIR} cannot be read: is it mounted?")
+        return CheckResult("dev_shm", WARN, f"{SHM_DIR} cannot be read: is it mounted?")
     free, total = space
     new, unsized = _pool_sizes(triton, models)
     store = object_store_bytes if _object_store_in_dev_shm(object_store_bytes, total) else 0
@@ -463,11 +461,11 @@ def _check_dev_shm(
         "/dev/shm; or smaller pools (pool_size, max_batch_size)"
     )
     if sum(new.values()) > free or demand > total:
-        return Check("dev_shm", FAIL, summary + ": it does not fit", fix, details)
+        return CheckResult("dev_shm", FAIL, summary + ": it does not fit", fix, details)
     if demand and total < 2 * demand:
-        return Check("dev_shm", WARN, summary + ": less than twice that", fix, details)
+        return CheckResult("dev_shm", WARN, summary + ": less than twice that", fix, details)
     if not demand and total <= _DOCKER_DEFAULT_SHM:
-        return Check(
+        return CheckResult(
             "dev_shm",
             WARN,
             summary + f": {mib(total)} is Docker's default, too small for most pools",
@@ -476,7 +474,7 @@ def _check_dev_shm(
             .replace(f"{suggested}Mi", "1Gi"),
             details,
         )
-    return Check("dev_shm", OK, summary, "", details)
+    return CheckResult("dev_shm", OK, summary, "", details)
 
 
 def _pool_sizes(
@@ -537,7 +535,7 @@ def _object_store_in_dev_shm(object_store_bytes: int, shm_total: int) -> bool:
 # ---- leftovers, versions --------------------------------------------------------------
 
 
-def _check_leftovers(triton: _Triton) -> Check:
+def _check_leftovers(triton: _Triton) -> CheckResult:
     asked = triton.reachable and "shared-memory" not in triton.refused
     report = region_status(triton.url if asked else None, headers=triton.headers)
     dead = [r for r in report.regions if r.owner == DEAD]
@@ -545,8 +543,8 @@ def _check_leftovers(triton: _Triton) -> Check:
     details = {"regions": [r.name for r in dead], "bytes": held}
     where = "" if asked and not report.server_error else " (in /dev/shm only: Triton not asked)"
     if not dead:
-        return Check("leftovers", OK, f"no region whose owner is gone{where}", "", details)
-    return Check(
+        return CheckResult("leftovers", OK, f"no region whose owner is gone{where}", "", details)
+    return CheckResult(
         "leftovers",
         WARN,
         f"{len(dead)} region(s) whose owner is gone hold {mib(held)}{where}",
@@ -555,7 +553,7 @@ def _check_leftovers(triton: _Triton) -> Check:
     )
 
 
-def _check_versions(triton: _Triton) -> Check:
+def _check_versions(triton: _Triton) -> CheckResult:
     versions = {"python": platform.python_version()}
     for package in ("numpy", "tritonclient", "grpcio", "ray", "ray-triton-shm"):
         try:
@@ -564,7 +562,7 @@ def _check_versions(triton: _Triton) -> Check:
             versions[package] = "not installed"
     versions["triton"] = triton.version or "unknown"
     summary = ", ".join(f"{name} {version}" for name, version in versions.items())
-    return Check("versions", OK, summary, "", versions)
+    return CheckResult("versions", OK, summary, "", versions)
 
 
 def format_reports(reports: Sequence[NodeReport]) -> str:

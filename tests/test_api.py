@@ -15,6 +15,7 @@ from ray_triton_shm import _exceptions
 
 CORE = [
     "AccessDeniedError",
+    "CheckResult",
     "ClientClosedError",
     "InvalidInputError",
     "LocalServerError",
@@ -22,6 +23,7 @@ CORE = [
     "ModelNotRegisteredError",
     "ModelSpec",
     "ModelSpecError",
+    "NodeReport",
     "OverloadedError",
     "PoolStats",
     "ReclaimReport",
@@ -36,6 +38,7 @@ CORE = [
     "TritonSHMError",
     "TritonServerError",
     "__version__",
+    "check_node",
     "headers_from_env",
     "reclaim_regions",
     "region_status",
@@ -47,6 +50,7 @@ RAY = [
     "StaleLeaseError",
     "TritonNodeActor",
     "URL_ENV_VAR",
+    "check_cluster",
     "get_node_actor",
 ]
 

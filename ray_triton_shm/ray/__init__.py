@@ -12,6 +12,7 @@ Importing this subpackage imports Ray (``pip install "ray-triton-shm[ray]"``)::
 from .._exceptions import StaleLeaseError
 from ._actor import URL_ENV_VAR, NodeStats, TritonNodeActor, get_node_actor
 from ._data import ShmPredictor
+from ._doctor import check_cluster
 from ._handle import ShmModel
 
 __all__ = [
@@ -21,5 +22,6 @@ __all__ = [
     "ShmPredictor",
     "StaleLeaseError",
     "TritonNodeActor",
+    "check_cluster",
     "get_node_actor",
 ]

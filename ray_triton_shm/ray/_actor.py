@@ -40,7 +40,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from .._client import TritonSHMClient
-from .._defaults import DEFAULT_RECONNECT_TIMEOUT_S, DEFAULT_URL
+from .._defaults import DEFAULT_RECONNECT_TIMEOUT_S, DEFAULT_URL, URL_ENV_VAR
 from .._engine import ModelPool
 from .._exceptions import ModelSpecError, StaleLeaseError, TritonSHMError
 from .._headers import headers_from_env, normalize
@@ -64,8 +64,6 @@ logger = logging.getLogger(__name__)
 
 #: Ray namespace of the node actors.
 NAMESPACE = "ray_triton_shm"
-#: Environment variable with the Triton gRPC address of a node (read on that node).
-URL_ENV_VAR = "RAY_TRITON_SHM_URL"
 
 
 def actor_name(node_id: str) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from .._doctor import FAIL, Check, NodeReport, check_node
+from .._doctor import FAIL, CheckResult, NodeReport, check_node
 from ._actor import NAMESPACE, actor_name
 
 __all__ = ["check_cluster"]
@@ -112,6 +112,6 @@ def _unchecked(node: Mapping[str, Any], why: str) -> NodeReport:
         hostname=str(node.get("NodeManagerHostname") or socket.gethostname()),
         url="",
         url_source="",
-        checks=[Check("node", FAIL, why, "is the node healthy? `ray status` shows it")],
+        checks=[CheckResult("node", FAIL, why, "is the node healthy? `ray status` shows it")],
         elapsed_s=0.0,
     )
