@@ -572,7 +572,7 @@ def format_reports(reports: Sequence[NodeReport]) -> str:
         node = f"node {report.node[:12]} ({report.hostname})" if report.node else report.hostname
         lines.append(
             f"{node}: Triton at {report.url} (from {report.url_source}), "
-            f"checked in {report.elapsed_s:.1f} s"
+            f"checked in {report.elapsed_s:.2f} s"
         )
         for check in report.checks:
             lines.append(f"  {check.status:<5} {check.name:<10} {check.summary}")

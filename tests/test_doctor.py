@@ -162,6 +162,24 @@ def test_an_unreachable_triton_fails_in_seconds_and_says_where_it_looked() -> No
     assert took < 30, took
 
 
+def test_the_text_report_gives_each_check_its_status_and_each_failure_its_fix() -> None:
+    url = f"127.0.0.1:{free_ports(1)[0]}"
+    done = subprocess.run(
+        [sys.executable, "-m", "ray_triton_shm", "doctor", "--url", url],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=120,
+    )
+    lines = done.stdout.splitlines()
+    assert done.returncode == 1
+    assert f"Triton at {url} (from --url), checked in " in lines[0]
+    assert lines[1].split()[:2] == ["fail", "triton"]
+    assert lines[2].split()[0] == "fix:"
+    assert [line.split()[:2] for line in lines[3:5]] == [["skip", "region"], ["skip", "keys"]]
+    assert lines[-1] == "1 node(s): 1 with a failed check"
+
+
 def test_a_host_that_does_not_resolve_is_told_apart() -> None:
     code, report, _ = _doctor("--url", "no-such-host.invalid:8001")
     triton = _checks(report)["triton"]
