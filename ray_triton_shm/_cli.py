@@ -397,7 +397,12 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
             from ray_triton_shm.ray._doctor import check_cluster
 
             reports = check_cluster(
-                address=args.address, url=args.url, models=models, timeout_s=args.timeout_s, tls=tls
+                address=args.address,
+                url=args.url,
+                models=models,
+                timeout_s=args.timeout_s,
+                tls=tls,
+                all_nodes=args.all_nodes,
             )
         except ImportError as exc:
             print(f"{PROG} doctor: error: Ray is not installed ({exc})", file=sys.stderr)
@@ -503,6 +508,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--ray", action="store_true", help="check every alive node of the Ray cluster")
     p.add_argument("--address", metavar="ADDR", help="Ray cluster address (implies --ray)")
+    p.add_argument(
+        "--all-nodes",
+        action="store_true",
+        help="with --ray, check nodes without CPUs or GPUs too (skipped by default: no replica "
+        "runs there, e.g. a head with num-cpus 0)",
+    )
     p.add_argument("--json", action="store_true", help="print the reports as JSON")
     p.add_argument(
         "--timeout-s",

@@ -570,10 +570,13 @@ def format_reports(reports: Sequence[NodeReport]) -> str:
     lines: list[str] = []
     for report in reports:
         node = f"node {report.node[:12]} ({report.hostname})" if report.node else report.hostname
-        lines.append(
-            f"{node}: Triton at {report.url} (from {report.url_source}), "
-            f"checked in {report.elapsed_s:.2f} s"
-        )
+        if report.url:
+            lines.append(
+                f"{node}: Triton at {report.url} (from {report.url_source}), "
+                f"checked in {report.elapsed_s:.2f} s"
+            )
+        else:
+            lines.append(f"{node}: not checked")
         for check in report.checks:
             lines.append(f"  {check.status:<5} {check.name:<10} {check.summary}")
             if check.fix and check.status in (FAIL, WARN):

@@ -309,7 +309,8 @@ def test_doctor_ray_checks_every_node_of_a_cluster(
         os.environ[URL_ENV_VAR] = triton.grpc_url
         with raylet_start_window():
             cluster = Cluster()
-            head = cluster.add_node(num_cpus=1, include_dashboard=False)
+            # A head without CPUs, as KubeRay's production heads: no replica runs there.
+            head = cluster.add_node(num_cpus=0, include_dashboard=False)
             worker = cluster.add_node(num_cpus=1)
         cluster.wait_for_nodes()
         # A node actor on the worker, holding a pool: the doctor counts it there.
@@ -321,7 +322,15 @@ def test_doctor_ray_checks_every_node_of_a_cluster(
         code, report, _ = _doctor("--ray", "--address", cluster.address)
         assert code == 0, report
         nodes = {n["node"]: n for n in report["nodes"]}
-        assert len(nodes) == 2 and worker.node_id in nodes
+        assert set(nodes) == {head.node_id, worker.node_id}
+        (skipped,) = nodes[head.node_id]["checks"]
+        assert skipped["status"] == "skip" and "num-cpus: 0" in skipped["summary"], skipped
+        assert {c["status"] for c in nodes[worker.node_id]["checks"]} == {"ok"}, report
+
+        code, report, _ = _doctor("--ray", "--address", cluster.address, "--all-nodes")
+        assert code == 0, report
+        nodes = {n["node"]: n for n in report["nodes"]}
+        assert set(nodes) == {head.node_id, worker.node_id}
         for node_id, node in nodes.items():
             checks = {c["name"]: c for c in node["checks"]}
             assert {c["status"] for c in checks.values()} == {"ok"}, node

@@ -16,7 +16,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from .._doctor import FAIL, CheckResult, NodeReport, check_node
+from .._doctor import FAIL, SKIP, CheckResult, NodeReport, check_node
 from ._actor import NAMESPACE, actor_name
 
 __all__ = ["check_cluster"]
@@ -30,6 +30,7 @@ def check_cluster(
     timeout_s: float = 5.0,
     wait_s: float = 60.0,
     tls: Mapping[str, Any] | None = None,
+    all_nodes: bool = False,
 ) -> list[NodeReport]:
     """Runs the doctor's checks on every alive node of the cluster at ``address``.
 
@@ -42,6 +43,9 @@ def check_cluster(
         wait_s: How long to wait for the nodes' tasks (a node whose task did not run in time
             is reported failed).
         tls: ``ssl`` and ``root_certificates`` for :func:`check_node`.
+        all_nodes: Check nodes without CPUs or GPUs too. By default they are reported
+            skipped: no replica or predictor is placed there (a KubeRay head with
+            ``num-cpus: "0"`` is one), so no Triton needs to run beside them.
 
     Raises:
         ConnectionError: No Ray cluster at ``address``.
@@ -56,8 +60,20 @@ def check_cluster(
         check = ray.remote(num_cpus=0, max_retries=0)(_check_here)
         nodes = sorted((n for n in ray.nodes() if n.get("Alive")), key=lambda n: n["NodeID"])
         pending = {}
+        reports = []
         for node in nodes:
             node_id = node["NodeID"]
+            resources = node.get("Resources", {})
+            if not all_nodes and not resources.get("CPU") and not resources.get("GPU"):
+                reports.append(
+                    _unchecked(
+                        node,
+                        "no CPU or GPU here (num-cpus: 0): no replica or predictor runs on this "
+                        "node, so it needs no Triton (--all-nodes checks it anyway)",
+                        status=SKIP,
+                    )
+                )
+                continue
             actor_url, held = _node_actor(node_id, timeout_s)
             ref = check.options(
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)
@@ -67,7 +83,7 @@ def check_cluster(
                     url_source="--url" if url else ("the node actor" if actor_url else None),
                     models=dict(models or {}),
                     held=held,
-                    object_store_bytes=int(node.get("Resources", {}).get("object_store_memory", 0)),
+                    object_store_bytes=int(resources.get("object_store_memory", 0)),
                     node=node_id,
                     timeout_s=timeout_s,
                     **dict(tls or {}),
@@ -75,7 +91,6 @@ def check_cluster(
             )
             pending[ref] = node
         ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=wait_s)
-        reports = []
         for ref, node in pending.items():
             if ref in ready:
                 try:
@@ -86,7 +101,7 @@ def check_cluster(
             else:
                 why = f"the check task did not run within {wait_s:g} s"
             reports.append(_unchecked(node, why))
-        return reports
+        return sorted(reports, key=lambda r: r.node)
     finally:
         ray.shutdown()
 
@@ -106,12 +121,19 @@ def _node_actor(node_id: str, timeout_s: float) -> tuple[str | None, dict[str, i
     return stats.url, {name: int(m["shm_bytes"]) for name, m in stats.models.items()}
 
 
-def _unchecked(node: Mapping[str, Any], why: str) -> NodeReport:
+def _unchecked(node: Mapping[str, Any], why: str, *, status: str = FAIL) -> NodeReport:
     return NodeReport(
         node=node["NodeID"],
         hostname=str(node.get("NodeManagerHostname") or socket.gethostname()),
         url="",
         url_source="",
-        checks=[CheckResult("node", FAIL, why, "is the node healthy? `ray status` shows it")],
+        checks=[
+            CheckResult(
+                "node",
+                status,
+                why,
+                "is the node healthy? `ray status` shows it" if status == FAIL else "",
+            )
+        ],
         elapsed_s=0.0,
     )

@@ -1,0 +1,490 @@
+"""``deployments/kuberay/rayservice.yaml``: valid for KubeRay, right for shared memory, and real.
+
+Three layers, each able to fail on its own:
+
+* **Schema.** The manifest is validated against the ``v1`` schema of the RayService CRD of a
+  pinned KubeRay release (vendored under ``tests/schemas/``), closed as the API server's strict
+  field validation is: an unknown or misspelt field is an error, as are a wrong type and two
+  list entries with the same key (two containers of one name).
+* **Invariants.** What shared memory needs and no schema says: Triton beside every Ray container
+  that can host a replica, one memory-backed ``emptyDir`` at ``/dev/shm`` in both, the same uid,
+  ``RAY_TRITON_SHM_URL`` at that Triton, its readiness probe, the keys from one Secret into
+  both, no port taken twice in a pod. Each invariant is shown to catch a broken copy.
+* **Triton.** The Triton container's own arguments start a real Triton (2.51, as the image), and
+  the Ray container's environment is enough for the library: ``doctor`` passes and the
+  classifier answers through shared memory with the keys the Secret would give.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import secrets
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+jsonschema = pytest.importorskip("jsonschema")
+yaml = pytest.importorskip("yaml")
+
+from ray_triton_shm import TritonSHMClient, check_node  # noqa: E402
+from ray_triton_shm._headers import ENV_PREFIX, headers_from_env  # noqa: E402
+from ray_triton_shm.local import EXAMPLE_MODEL_REPOSITORY, LocalTritonServer  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+MANIFEST = ROOT / "deployments" / "kuberay" / "rayservice.yaml"
+CRD = Path(__file__).parent / "schemas" / "kuberay-v1.7.0" / "ray.io_rayservices.yaml"
+
+#: Triton's defaults, where its arguments do not say.
+TRITON_PORTS = {"grpc": 8001, "http": 8000, "metrics": 8002}
+#: Ports a Ray container listens on besides those it declares: Serve's proxy on every node, and
+#: the metrics export port KubeRay sets.
+RAY_PORTS = {8000, 8080}
+_QUANTITY = re.compile(r"^(\d+(?:\.\d+)?)([KMGTPE]i?)?$")
+_KEY_ARG = re.compile(r"^(?P<apis>[a-z,-]+):(?P<key>[A-Za-z0-9-]+)=\$\((?P<var>[A-Z0-9_]+)\)$")
+
+Manifest = dict[str, Any]
+
+
+# ---- schema ------------------------------------------------------------------------------
+
+
+def _closed(schema: Any) -> Any:
+    """The schema with every object that lists its properties closed to others, as the API
+    server's strict field validation treats them (unless it preserves unknown fields)."""
+    if isinstance(schema, list):
+        return [_closed(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    closed = {k: _closed(v) for k, v in schema.items()}
+    if (
+        "properties" in closed
+        and "additionalProperties" not in closed
+        and not closed.get("x-kubernetes-preserve-unknown-fields")
+    ):
+        closed["additionalProperties"] = False
+    return closed
+
+
+@pytest.fixture(scope="module")
+def rayservice_schema() -> dict[str, Any]:
+    crd = yaml.safe_load(CRD.read_text())
+    assert crd["spec"]["names"]["kind"] == "RayService"
+    (v1,) = (v for v in crd["spec"]["versions"] if v["name"] == "v1")
+    return _closed(v1["schema"]["openAPIV3Schema"])
+
+
+def schema_problems(manifest: Manifest, schema: dict[str, Any]) -> list[str]:
+    """Where ``manifest`` breaks the CRD's schema: types, unknown fields, duplicate list keys."""
+    validator = jsonschema.Draft7Validator(schema)
+    problems = [
+        f"{'.'.join(str(p) for p in e.absolute_path) or '(root)'}: {e.message}"
+        for e in validator.iter_errors(manifest)
+    ]
+    return problems + _duplicate_keys(schema, manifest, "")
+
+
+def _duplicate_keys(schema: dict[str, Any], value: Any, path: str) -> list[str]:
+    """Lists the CRD types as maps (``x-kubernetes-list-type: map``) must not repeat a key."""
+    problems = []
+    if isinstance(value, dict):
+        for name, item in value.items():
+            sub = schema.get("properties", {}).get(name)
+            if sub is None and isinstance(schema.get("additionalProperties"), dict):
+                sub = schema["additionalProperties"]
+            if sub is not None:
+                problems += _duplicate_keys(sub, item, f"{path}.{name}")
+    elif isinstance(value, list):
+        if schema.get("x-kubernetes-list-type") == "map":
+            fields = schema.get("x-kubernetes-list-map-keys", [])
+            seen = [tuple(i.get(f) for f in fields) for i in value if isinstance(i, dict)]
+            problems += [
+                f"{path}: two entries with {dict(zip(fields, k))}"
+                for k in sorted({k for k in seen if seen.count(k) > 1}, key=str)
+            ]
+        for i, item in enumerate(value):
+            problems += _duplicate_keys(schema.get("items", {}), item, f"{path}[{i}]")
+    return problems
+
+
+# ---- invariants --------------------------------------------------------------------------
+
+
+def _bytes(quantity: str | int) -> float:
+    """A Kubernetes quantity (``2Gi``, ``512M``, ``1073741824``) in bytes."""
+    match = _QUANTITY.match(str(quantity))
+    if not match:
+        raise ValueError(f"not a quantity: {quantity!r}")
+    number, unit = float(match[1]), match[2] or ""
+    power = "KMGTPE".index(unit[0]) + 1 if unit else 0
+    return number * (1024 if unit.endswith("i") else 1000) ** power
+
+
+def _flag(args: list[str], name: str) -> list[str]:
+    return [a.split("=", 1)[1] for a in args if a.startswith(f"--{name}=")]
+
+
+def _triton_port(args: list[str], kind: str) -> int:
+    given = _flag(args, f"{kind}-port")
+    return int(given[-1]) if given else TRITON_PORTS[kind]
+
+
+def _groups(manifest: Manifest) -> Iterator[tuple[str, dict[str, Any]]]:
+    cluster = manifest["spec"]["rayClusterConfig"]
+    yield "head", cluster["headGroupSpec"]
+    for group in cluster.get("workerGroupSpecs", []):
+        yield f"worker group {group['groupName']}", group
+
+
+def _hosts_replicas(group: dict[str, Any]) -> bool:
+    params = group.get("rayStartParams", {})
+    return str(params.get("num-cpus", "")) != "0" or str(params.get("num-gpus", "0")) != "0"
+
+
+def _is_triton(container: dict[str, Any]) -> bool:
+    return "tritonserver" in " ".join([container.get("image", ""), *container.get("command", [])])
+
+
+def _env(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+def _secret_ref(env: dict[str, Any] | None) -> tuple[str, str] | None:
+    ref = (env or {}).get("valueFrom", {}).get("secretKeyRef")
+    return (ref["name"], ref["key"]) if ref else None
+
+
+def invariant_problems(manifest: Manifest) -> list[str]:
+    """What keeps the library from working in this RayService, one line each."""
+    problems: list[str] = []
+    serve_config = yaml.safe_load(manifest["spec"].get("serveConfigV2", "")) or {}
+    for app in serve_config.get("applications", []):
+        module, _, attr = app["import_path"].partition(":")
+        source = ROOT / (module.replace(".", "/") + ".py")
+        if not source.is_file() or not re.search(rf"^{attr} = ", source.read_text(), re.M):
+            problems.append(f"app {app['name']}: {app['import_path']} is not in this repository")
+    serving = 0
+    for where, group in _groups(manifest):
+        pod = group["template"]["spec"]
+        containers = pod["containers"]
+        for c in containers:
+            limits = c.get("resources", {}).get("limits", {})
+            if not {"cpu", "memory"} <= set(limits):
+                problems.append(f"{where}: container {c['name']} has no cpu and memory limits")
+        if _is_triton(containers[0]):
+            problems.append(f"{where}: KubeRay takes the first container for Ray's, not Triton")
+            continue
+        if not _hosts_replicas(group):
+            continue
+        serving += 1
+        ray_c, tritons = containers[0], [c for c in containers if _is_triton(c)]
+        if not tritons:
+            problems.append(f"{where}: no Triton container beside Ray (it can host replicas)")
+            continue
+        triton = tritons[0]
+        args = [*triton.get("command", []), *triton.get("args", [])]
+        problems += _shared_dev_shm(where, pod, ray_c, triton, group)
+        problems += _same_uid(where, pod, ray_c, triton)
+        problems += _url_and_ports(where, ray_c, triton, args)
+        problems += _keys(where, ray_c, triton, args)
+        repository = _flag(args, "model-repository")
+        mounts = {m["mountPath"] for m in triton.get("volumeMounts", [])}
+        if not repository or repository[0] not in mounts:
+            problems.append(f"{where}: Triton's --model-repository is not a mounted volume")
+    if not serving:
+        problems.append("no group can host a replica")
+    return problems
+
+
+def _shared_dev_shm(
+    where: str, pod: dict[str, Any], ray_c: dict[str, Any], triton: dict[str, Any], group: Any
+) -> list[str]:
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    at_shm = [
+        {m["name"] for m in c.get("volumeMounts", []) if m["mountPath"] == "/dev/shm"}
+        for c in (ray_c, triton)
+    ]
+    shared = at_shm[0] & at_shm[1]
+    if not shared:
+        return [f"{where}: Ray and Triton do not mount one volume at /dev/shm"]
+    empty_dir = volumes.get(shared.pop(), {}).get("emptyDir")
+    if empty_dir is None or empty_dir.get("medium") != "Memory":
+        return [f"{where}: the volume at /dev/shm is not an emptyDir with medium: Memory"]
+    if "sizeLimit" not in empty_dir:
+        return [f"{where}: the /dev/shm emptyDir has no sizeLimit"]
+    store = group.get("rayStartParams", {}).get("object-store-memory")
+    if store is None:
+        return [f"{where}: no object-store-memory: Ray sizes its store from the pod's memory"]
+    if _bytes(store) >= _bytes(empty_dir["sizeLimit"]):
+        return [f"{where}: the /dev/shm sizeLimit leaves no room for pools beside the object store"]
+    return []
+
+
+def _same_uid(
+    where: str, pod: dict[str, Any], ray_c: dict[str, Any], triton: dict[str, Any]
+) -> list[str]:
+    default = pod.get("securityContext", {}).get("runAsUser")
+    uids = [c.get("securityContext", {}).get("runAsUser", default) for c in (ray_c, triton)]
+    if None in uids:
+        return [f"{where}: runAsUser is not set for both containers (images differ in users)"]
+    if uids[0] != uids[1]:
+        return [f"{where}: Ray runs as uid {uids[0]}, Triton as {uids[1]}: not the same"]
+    return []
+
+
+def _url_and_ports(
+    where: str, ray_c: dict[str, Any], triton: dict[str, Any], args: list[str]
+) -> list[str]:
+    problems = []
+    grpc = _triton_port(args, "grpc")
+    url = _env(ray_c).get("RAY_TRITON_SHM_URL", {}).get("value")
+    if url != f"localhost:{grpc}":
+        problems.append(f"{where}: RAY_TRITON_SHM_URL is {url!r}, not localhost:{grpc}")
+    ready = triton.get("readinessProbe", {}).get("httpGet", {})
+    http = _triton_port(args, "http")
+    if ready.get("path") != "/v2/health/ready" or ready.get("port") != http:
+        problems.append(f"{where}: Triton has no readiness probe on /v2/health/ready:{http}")
+    ray_ports = RAY_PORTS | {p["containerPort"] for p in ray_c.get("ports", [])}
+    taken = sorted(ray_ports & {_triton_port(args, k) for k in TRITON_PORTS})
+    if taken:
+        problems.append(f"{where}: Triton and Ray both listen on port(s) {taken}")
+    return problems
+
+
+def _keys(where: str, ray_c: dict[str, Any], triton: dict[str, Any], args: list[str]) -> list[str]:
+    problems = []
+    grpc, http = _flag(args, "grpc-restricted-protocol"), _flag(args, "http-restricted-api")
+    if sorted(grpc) != sorted(http):
+        problems.append(f"{where}: Triton's HTTP is not restricted as its gRPC is")
+    ray_env, triton_env = _env(ray_c), _env(triton)
+    for restriction in grpc:
+        match = _KEY_ARG.match(restriction)
+        if match is None:
+            problems.append(f"{where}: a restriction's key is not taken from the environment")
+            continue
+        source = _secret_ref(triton_env.get(match["var"]))
+        if source is None:
+            problems.append(f"{where}: Triton's {match['var']} is not from a Secret")
+            continue
+        variable = ENV_PREFIX + f"triton-grpc-protocol-{match['key']}".upper().replace("-", "_")
+        if _secret_ref(ray_env.get(variable)) != source:
+            problems.append(f"{where}: Ray's {variable} is not the Secret's {source[1]}")
+    return problems
+
+
+# ---- the tests -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def manifest() -> Manifest:
+    return yaml.safe_load(MANIFEST.read_text())
+
+
+def test_the_manifest_is_a_valid_rayservice(
+    manifest: Manifest, rayservice_schema: dict[str, Any]
+) -> None:
+    assert manifest["apiVersion"] == "ray.io/v1" and manifest["kind"] == "RayService"
+    assert schema_problems(manifest, rayservice_schema) == []
+
+
+def test_the_manifest_keeps_every_invariant(manifest: Manifest) -> None:
+    assert invariant_problems(manifest) == []
+
+
+def _worker(m: Manifest) -> dict[str, Any]:
+    return m["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]
+
+
+def _pod(m: Manifest) -> dict[str, Any]:
+    return _worker(m)["template"]["spec"]
+
+
+def _container(m: Manifest, name: str) -> dict[str, Any]:
+    return next(c for c in _pod(m)["containers"] if c["name"] == name)
+
+
+def _drop_env(m: Manifest, container: str, name: str) -> None:
+    c = _container(m, container)
+    c["env"] = [e for e in c["env"] if e["name"] != name]
+
+
+def _set_arg(m: Manifest, prefix: str, value: str | None) -> None:
+    c = _container(m, "triton")
+    c["args"] = [a for a in c["args"] if not a.startswith(prefix)]
+    if value is not None:
+        c["args"].append(prefix + value)
+
+
+BROKEN: dict[str, tuple[Callable[[Manifest], Any], str]] = {
+    "no Triton": (
+        lambda m: _pod(m).update(containers=_pod(m)["containers"][:1]),
+        "no Triton container beside Ray",
+    ),
+    "Triton first": (
+        lambda m: _pod(m)["containers"].reverse(),
+        "first container for Ray's",
+    ),
+    "disk /dev/shm": (
+        lambda m: _pod(m)["volumes"][0]["emptyDir"].pop("medium"),
+        "not an emptyDir with medium: Memory",
+    ),
+    "no sizeLimit": (
+        lambda m: _pod(m)["volumes"][0]["emptyDir"].pop("sizeLimit"),
+        "no sizeLimit",
+    ),
+    "store fills /dev/shm": (
+        lambda m: _worker(m)["rayStartParams"].update({"object-store-memory": "3221225472"}),
+        "no room for pools",
+    ),
+    "Triton's own /dev/shm": (
+        lambda m: _container(m, "triton")["volumeMounts"].pop(0),
+        "do not mount one volume at /dev/shm",
+    ),
+    "Triton as root": (
+        lambda m: _container(m, "triton").update(securityContext={"runAsUser": 0}),
+        "not the same",
+    ),
+    "no runAsUser": (
+        lambda m: _pod(m).pop("securityContext"),
+        "runAsUser is not set",
+    ),
+    "no URL": (
+        lambda m: _drop_env(m, "ray-worker", "RAY_TRITON_SHM_URL"),
+        "RAY_TRITON_SHM_URL is None",
+    ),
+    "URL at another port": (
+        lambda m: _set_arg(m, "--grpc-port=", "9001"),
+        "not localhost:9001",
+    ),
+    "no readiness probe": (
+        lambda m: _container(m, "triton").pop("readinessProbe"),
+        "no readiness probe",
+    ),
+    "Triton's HTTP on Serve's port": (
+        lambda m: (
+            _set_arg(m, "--http-port=", None),
+            _container(m, "triton").pop("readinessProbe"),
+        ),
+        "both listen on port(s) [8000]",
+    ),
+    "Ray lacks the inference key": (
+        lambda m: _drop_env(m, "ray-worker", f"{ENV_PREFIX}TRITON_GRPC_PROTOCOL_INFER_KEY"),
+        "TRITON_GRPC_PROTOCOL_INFER_KEY is not the Secret's infer-key",
+    ),
+    "a key in the manifest": (
+        lambda m: _set_arg(m, "--grpc-restricted-protocol=inference:", "infer-key=hunter2"),
+        "not taken from the environment",
+    ),
+    "HTTP left open": (
+        lambda m: _set_arg(m, "--http-restricted-api=", None),
+        "HTTP is not restricted",
+    ),
+    "models in the image": (
+        lambda m: _container(m, "triton")["volumeMounts"].pop(),
+        "--model-repository is not a mounted volume",
+    ),
+    "no limits": (
+        lambda m: _container(m, "triton").pop("resources"),
+        "container triton has no cpu and memory limits",
+    ),
+    "an app from elsewhere": (
+        lambda m: m["spec"].update(
+            serveConfigV2=m["spec"]["serveConfigV2"].replace("classifier:app", "classify:app")
+        ),
+        "deployments.classify:app is not in this repository",
+    ),
+}
+
+
+@pytest.mark.parametrize("broken", list(BROKEN))
+def test_a_broken_copy_is_caught(manifest: Manifest, broken: str) -> None:
+    change, expected = BROKEN[broken]
+    copied = copy.deepcopy(manifest)
+    change(copied)
+    problems = invariant_problems(copied)
+    assert any(expected in p for p in problems), problems
+
+
+SCHEMA_BROKEN: dict[str, tuple[Callable[[Manifest], Any], str]] = {
+    "a misspelt field": (
+        lambda m: _pod(m)["volumes"][0]["emptyDir"].update(sizeLimt="2Gi"),
+        "'sizeLimt' was unexpected",
+    ),
+    "a wrong type": (lambda m: _worker(m).update(replicas="two"), "'two' is not of type"),
+    "a missing field": (lambda m: _worker(m).pop("groupName"), "'groupName' is a required"),
+    "a start parameter not a string": (
+        lambda m: _worker(m)["rayStartParams"].update({"object-store-memory": 2**30}),
+        "is not of type 'string'",
+    ),
+    "two containers of one name": (
+        lambda m: _container(m, "triton").update(name="ray-worker"),
+        "two entries with {'name': 'ray-worker'}",
+    ),
+}
+
+
+@pytest.mark.parametrize("broken", list(SCHEMA_BROKEN))
+def test_the_schema_check_catches_a_broken_copy(
+    manifest: Manifest, rayservice_schema: dict[str, Any], broken: str
+) -> None:
+    change, expected = SCHEMA_BROKEN[broken]
+    copied = copy.deepcopy(manifest)
+    change(copied)
+    problems = schema_problems(copied, rayservice_schema)
+    assert any(expected in p for p in problems), problems
+
+
+def test_the_triton_container_args_run_and_the_ray_env_is_enough(
+    manifest: Manifest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker pod's Triton, as its arguments say (keys from a made-up Secret), and its Ray
+    container's environment: the library infers through shared memory, and the probe's path
+    answers without a key."""
+    ray_c, triton = _container(manifest, "ray-worker"), _container(manifest, "triton")
+    secret = {"admin-key": secrets.token_hex(16), "infer-key": secrets.token_hex(16)}
+    triton_env = {
+        name: secret[ref[1]] for name, e in _env(triton).items() if (ref := _secret_ref(e))
+    }
+    restricted = {}
+    for restriction in _flag(triton["args"], "grpc-restricted-protocol"):
+        match = _KEY_ARG.match(restriction)
+        assert match is not None, restriction
+        restricted[match["apis"]] = (match["key"], triton_env[match["var"]])
+    # The embedded server applies each restriction to gRPC and HTTP alike (the invariants check
+    # that the manifest does too), and picks its own ports and repository.
+    own = ("--grpc-restricted-protocol=", "--http-restricted-api=", "--model-repository=")
+    own += tuple(f"--{kind}-{what}=" for kind in TRITON_PORTS for what in ("port", "address"))
+    extra = [a for a in triton["args"] if not a.startswith(own)]
+    server = LocalTritonServer(
+        EXAMPLE_MODEL_REPOSITORY,
+        restricted_protocols=restricted,
+        extra_args=extra,
+        log_path=tmp_path / "tritonserver.log",
+    )
+    server.start()
+    try:
+        for name, e in _env(ray_c).items():
+            if name.startswith(ENV_PREFIX):
+                ref = _secret_ref(e)
+                assert ref is not None, name
+                monkeypatch.setenv(name, secret[ref[1]])
+        report = check_node(url=server.grpc_url, models={"classifier": 8})
+        assert not report.failed, report
+        assert {c.name: c.status for c in report.checks}["keys"] == "ok", report
+
+        x = np.random.default_rng(0).random((2, 3, 224, 224), dtype=np.float32)
+        with TritonSHMClient(server.grpc_url, headers=headers_from_env()) as client:
+            client.register_shm_model("classifier", pool_size=1)
+            out = client.infer_shm("classifier", {"INPUT0": x})["OUTPUT0"]
+        expected = x.reshape(2, -1)[:, :150000].reshape(2, 1000, 150).mean(axis=2)
+        np.testing.assert_allclose(out, expected, rtol=1e-5)
+
+        probe = triton["readinessProbe"]["httpGet"]["path"]
+        with urllib.request.urlopen(f"http://{server.http_url}{probe}", timeout=5) as answer:
+            assert answer.status == 200
+    finally:
+        server.close()
