@@ -42,8 +42,8 @@ CRD = Path(__file__).parent / "schemas" / "kuberay-v1.7.0" / "ray.io_rayservices
 #: Triton's defaults, where its arguments do not say.
 TRITON_PORTS = {"grpc": 8001, "http": 8000, "metrics": 8002}
 #: Ports a Ray container listens on besides those it declares: Serve's proxy on every node, and
-#: the metrics export port KubeRay sets.
-RAY_PORTS = {8000, 8080}
+#: the metrics export and dashboard agent ports KubeRay sets.
+RAY_PORTS = {8000, 8080, 52365}
 _QUANTITY = re.compile(r"^(\d+(?:\.\d+)?)([KMGTPE]i?)?$")
 _KEY_ARG = re.compile(r"^(?P<apis>[a-z,-]+):(?P<key>[A-Za-z0-9-]+)=\$\((?P<var>[A-Z0-9_]+)\)$")
 
