@@ -423,6 +423,23 @@ def _kill_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of the group ``pgid`` is still running (zombies do not count)."""
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+                return True
+    return False
+
+
 def _terminate(
     proc: subprocess.Popen[bytes], grace_s: float, shm_prefix: str | None = None
 ) -> None:
@@ -447,6 +464,11 @@ def _terminate(
     _kill_group(pgid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=5.0)
+    # A killed stub takes a moment to exit (its mappings torn down): the group is gone, or as
+    # good as gone (reaped by init), before stop() returns.
+    deadline = time.monotonic() + 5.0
+    while _group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.01)
     if shm_prefix:
         shm_dir = Path("/dev/shm")
         with contextlib.suppress(OSError):
