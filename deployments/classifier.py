@@ -22,15 +22,23 @@ list per image, best first; bad requests get a 400 with ``{"error": ...}``.
 Every image of every request becomes one call of the ``@serve.batch`` method, so images of
 concurrent requests share Triton requests of up to ``max_batch_size``; the batch is written
 straight into a shared-memory slot of the replica by :class:`ShmModel`.
+
+``backend="grpc"`` runs the same app on plain gRPC (``tritonclient.grpc.aio``), and
+``backend="noop"`` answers zeros without Triton: Serve's own ceiling for this app. ``bench
+--ray`` compares the three behind Serve's HTTP proxy, with :meth:`stage_times` saying where a
+request's time goes in the replica.
 """
 
 from __future__ import annotations
 
+import ast
 import asyncio
+import contextlib
 import inspect
-import io
 import json
-from collections.abc import Mapping
+import os
+import time
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -39,10 +47,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from ray_triton_shm import InvalidInputError, OverloadedError, SlotTimeoutError
-from ray_triton_shm.ray import ShmModel
+from ray_triton_shm.ray import URL_ENV_VAR, ShmModel
 
 IMAGE_SHAPE = (3, 224, 224)
 NUM_CLASSES = 1000
+#: How the replica calls the model: through shared memory, by value over gRPC, or not at all.
+BACKENDS = ("shm", "grpc", "noop")
 #: Accepted image dtypes; everything is converted to float32 for the model.
 _DTYPES = {"float32", "float64", "uint8"}
 
@@ -66,6 +76,62 @@ class BadRequest(ValueError):
     """The request cannot be turned into images (answered with HTTP 400)."""
 
 
+class GrpcModel:
+    """The model by value over plain gRPC (``tritonclient.grpc.aio``), with
+    :class:`ShmModel`'s ``infer_async``: the app without shared memory, for comparison."""
+
+    def __init__(self, model_name: str, url: str | None = None) -> None:
+        self._model_name = model_name
+        self._url = url or os.environ.get(URL_ENV_VAR, "localhost:8001")
+        self._client: Any = None
+
+    async def infer_async(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        import tritonclient.grpc.aio as grpcclient
+
+        from ray_triton_shm import headers_from_env
+
+        if self._client is None:  # made on the replica's event loop
+            self._client = grpcclient.InferenceServerClient(self._url)
+        batch = np.stack(inputs["INPUT0"])
+        infer_input = grpcclient.InferInput("INPUT0", list(batch.shape), "FP32")
+        infer_input.set_data_from_numpy(batch)
+        result = await self._client.infer(
+            self._model_name,
+            [infer_input],
+            outputs=[grpcclient.InferRequestedOutput("OUTPUT0")],
+            headers=headers_from_env(),
+        )
+        return {"OUTPUT0": result.as_numpy("OUTPUT0")}
+
+
+class NoopModel:
+    """No model: zero scores for every image, at once. The app's own ceiling (Serve, parsing,
+    batching, top-k and JSON, without inference)."""
+
+    async def infer_async(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        return {"OUTPUT0": np.zeros((len(inputs["INPUT0"]), NUM_CLASSES), np.float32)}
+
+
+class StageTimes:
+    """Seconds spent in each stage of a request, summed, with how often it ran: ``with
+    times("parse"): ...``. A few hundred ns per stage; :meth:`ClassifierDeployment.stage_times`
+    reads them."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+        self.images = 0
+
+    @contextlib.contextmanager
+    def __call__(self, stage: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - start
+            self.calls[stage] = self.calls.get(stage, 0) + 1
+
+
 def _batch_options(max_concurrent_batches: int) -> dict[str, Any]:
     # max_concurrent_batches came with Ray 2.4x; older Serve runs one batch at a time.
     if "max_concurrent_batches" in inspect.signature(serve.batch).parameters:
@@ -85,6 +151,8 @@ class ClassifierDeployment:
         max_batch_size: Images per Triton request (``@serve.batch``).
         batch_wait_timeout_s: How long a batch waits to fill up.
         max_images_per_request: Larger requests are refused (400).
+        backend: ``"shm"`` (:class:`ShmModel`), ``"grpc"`` (:class:`GrpcModel`, for
+            comparison) or ``"noop"`` (:class:`NoopModel`: no inference, the app's ceiling).
 
     ``user_config`` may set ``top_k``, ``max_batch_size`` and ``batch_wait_timeout_s`` at run
     time (``serve deploy`` with a new config, no restart).
@@ -99,8 +167,18 @@ class ClassifierDeployment:
         max_batch_size: int = 8,
         batch_wait_timeout_s: float = 0.01,
         max_images_per_request: int = 64,
+        backend: str = "shm",
     ) -> None:
-        self._model = ShmModel(model_name, url=url)
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        self._model: Any
+        if backend == "shm":
+            self._model = ShmModel(model_name, url=url)
+        elif backend == "grpc":
+            self._model = GrpcModel(model_name, url)
+        else:
+            self._model = NoopModel()
+        self._times = StageTimes()
         self._top_k = top_k
         self._max_images = max_images_per_request
         self._apply_batching(max_batch_size, batch_wait_timeout_s)
@@ -118,25 +196,58 @@ class ClassifierDeployment:
 
     async def __call__(self, request: Request) -> JSONResponse:
         """Answers one HTTP request: images in, top-k classes out."""
+        times = self._times
         try:
-            images, top_k = await self._parse(request)
-            scores = await asyncio.gather(*(self._classify_image(image) for image in images))
+            with times("request"):
+                with times("body"):
+                    body = await request.body()
+                with times("parse"):
+                    images, top_k = self._parse(request, body)
+                with times("batched"):
+                    scores = await asyncio.gather(*map(self._classify_image, images))
+                with times("top_k"):
+                    answer = {"top_k": top_k_classes(np.stack(scores), top_k) if scores else []}
+                with times("json"):
+                    return JSONResponse(answer)
         except (BadRequest, InvalidInputError) as exc:
             return JSONResponse({"error": str(exc)}, status_code=400)
         except (OverloadedError, SlotTimeoutError) as exc:
             return JSONResponse({"error": str(exc)}, status_code=503)
-        if not scores:
-            return JSONResponse({"top_k": []})
-        return JSONResponse({"top_k": top_k_classes(np.stack(scores), top_k)})
 
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.01, **_batch_options(2))
     async def _classify_image(self, images: list[np.ndarray]) -> list[np.ndarray]:
         # Per-sample arrays go straight into the slot: no np.stack copy of the batch first.
-        outputs = await self._model.infer_async({"INPUT0": images})
+        times = self._times
+        with times("model"):
+            outputs = await self._model.infer_async({"INPUT0": images})
+        times.images += len(images)
         return list(outputs["OUTPUT0"])
 
-    async def _parse(self, request: Request) -> tuple[np.ndarray, int]:
-        body = await request.body()
+    async def stage_times(self, reset: bool = False) -> dict[str, Any]:
+        """Where this replica's requests spent their time since the last reset.
+
+        Returns:
+            ``replica`` (its id), ``pid``, ``images`` (classified), and ``stages``: per
+            stage, ``seconds`` in all and ``calls``. The stages: ``request`` (the whole of
+            ``__call__``), ``body`` (reading it), ``parse`` (to float32 images), ``batched``
+            (from the images' ``@serve.batch`` calls to their scores: waiting for a batch,
+            splitting and joining, and the model), ``model`` (a batch's model call), ``top_k``
+            and ``json``.
+        """
+        times = self._times
+        if reset:
+            self._times = StageTimes()
+        return {
+            "replica": serve.get_replica_context().replica_id.unique_id,
+            "pid": os.getpid(),
+            "images": times.images,
+            "stages": {
+                stage: {"seconds": seconds, "calls": times.calls[stage]}
+                for stage, seconds in times.seconds.items()
+            },
+        }
+
+    def _parse(self, request: Request, body: bytes) -> tuple[np.ndarray, int]:
         content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
         top_k = request.query_params.get("top_k")
         if content_type == "application/json" or body[:1] == b"{":
@@ -198,10 +309,29 @@ def _parse_json(body: bytes) -> tuple[np.ndarray, Any]:
 
 
 def _parse_npy(body: bytes) -> np.ndarray:
+    """The array of a ``.npy`` body, read in place (no copy of the data)."""
+    if body[:6] != b"\x93NUMPY" or len(body) < 10:
+        raise BadRequest("the body is not a valid .npy array: no .npy header")
+    major = body[6]
+    size_bytes = 2 if major == 1 else 4
+    header_len = int.from_bytes(body[8 : 8 + size_bytes], "little")
+    start = 8 + size_bytes + header_len
     try:
-        return np.load(io.BytesIO(body), allow_pickle=False)
-    except (ValueError, OSError, EOFError) as exc:
+        header = ast.literal_eval(body[8 + size_bytes : start].decode("latin1"))
+        dtype, shape = np.dtype(header["descr"]), tuple(header["shape"])
+        fortran = bool(header["fortran_order"])
+    except (ValueError, SyntaxError, KeyError, TypeError) as exc:
         raise BadRequest(f"the body is not a valid .npy array: {exc}") from None
+    if dtype.hasobject:
+        raise BadRequest("the body is not a valid .npy array: object arrays are not accepted")
+    count = int(np.prod(shape))
+    if len(body) - start != count * dtype.itemsize:
+        raise BadRequest(
+            f"the body is not a valid .npy array: {shape} of {dtype} needs "
+            f"{count * dtype.itemsize} bytes of data, it has {len(body) - start}"
+        )
+    array = np.frombuffer(body, dtype, count=count, offset=start)
+    return array.reshape(shape[::-1]).T if fortran else array.reshape(shape)
 
 
 def _parse_raw(body: bytes, shape_header: str, dtype_header: str | None) -> np.ndarray:

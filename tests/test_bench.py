@@ -19,7 +19,7 @@ from _helpers import registered_on
 from rich.console import Console
 
 from ray_triton_shm._bench import _paths as bench_paths
-from ray_triton_shm._bench import _ray_paths, _runner
+from ray_triton_shm._bench import _ray_paths, _runner, _serve_http
 from ray_triton_shm._bench._cases import ModelCase
 from ray_triton_shm._bench._config import (
     CASE_NAMES,
@@ -27,6 +27,7 @@ from ray_triton_shm._bench._config import (
     DEFAULT_RAY_CALLERS,
     EXAMPLE_CASES,
     RAY_PATHS,
+    SERVE_HTTP_PATHS,
     BenchConfig,
     CaseSpec,
 )
@@ -210,7 +211,9 @@ def test_the_runs_are_grouped_by_level() -> None:
             ("shm-model", 16, 16),
             ("grpc-procs", 16, None),
         ],
-        [(p, 3, None) for p in RAY_PATHS if p.startswith(("serve", "data"))],
+        [(p, 3, None) for p in RAY_PATHS if p.startswith(("serve", "data")) and "http" not in p],
+        [(p, 1, None) for p in SERVE_HTTP_PATHS],  # the example app behind Serve's proxy
+        [(p, 16, None) for p in SERVE_HTTP_PATHS],
         [("shm-model", 16, 4)],  # 16 gRPC caller processes were swept already
         [("shm-model-nokill", 8, 4), ("shm-model-churn", 8, 4)],  # the churn runs
     ]
@@ -348,7 +351,8 @@ def test_bench_unreachable_server_or_model_fails_cleanly(
 
 def test_the_light_names_are_those_of_the_paths() -> None:
     assert tuple(cls.name for cls in bench_paths.PATHS) == DEFAULT_PATHS
-    assert tuple(cls.name for cls in _ray_paths.PATHS) == RAY_PATHS
+    ray_paths = (*_ray_paths.PATHS, *_serve_http.PATHS)
+    assert sorted(cls.name for cls in ray_paths) == sorted(RAY_PATHS)
     assert tuple(_runner.PATHS) == (*DEFAULT_PATHS, *RAY_PATHS)
     assert BenchConfig().ray_callers == DEFAULT_RAY_CALLERS
 

@@ -12,7 +12,13 @@ from typing import Any
 import numpy as np
 from _helpers import registered_on
 
-from ray_triton_shm._bench._config import DEFAULT_PATHS, RAY_PATHS, BenchConfig
+from ray_triton_shm._bench._config import (
+    DEFAULT_PATHS,
+    RAY_PATHS,
+    SERVE_HTTP_CLIENTS,
+    SERVE_HTTP_PATHS,
+    BenchConfig,
+)
 from ray_triton_shm._bench._ray_paths import CHURN_CASE, DATA_CASE
 from ray_triton_shm._bench._runner import run_bench
 from ray_triton_shm._shm import ALIVE, owner_state
@@ -70,7 +76,9 @@ def test_bench_ray_quick_json_has_every_ray_path_verified(
             for level in (1, 4)
         }
         expected |= {(p, 1) for p in DEFAULT_PATHS if p != "http"}
-        expected |= {(p, 4) for p in RAY_PATHS if p.startswith("serve")}
+        expected |= {(p, 4) for p in RAY_PATHS if p.startswith("serve") and "http" not in p}
+        if model == DATA_CASE:  # the example app behind Serve's proxy, at low load and under it
+            expected |= {(p, n) for p in SERVE_HTTP_PATHS for n in SERVE_HTTP_CLIENTS}
         expected |= {(p, 4) for p in RAY_PATHS if p.startswith("data") and model == DATA_CASE}
         expected |= {("shm-model", 16), ("grpc-procs", 16)}  # the node under load
         if model == CHURN_CASE:
@@ -99,7 +107,19 @@ def test_bench_ray_quick_json_has_every_ray_path_verified(
             f"{path}@8": f"the churn runs on the {CHURN_CASE} case"
             for path in ("shm-model-nokill", "shm-model-churn")
         },
+        **{
+            f"{path}@{clients}": "the example app runs on classifier-1 and classifier"
+            for path in SERVE_HTTP_PATHS
+            for clients in SERVE_HTTP_CLIENTS
+        },
     }
+    for clients in SERVE_HTTP_CLIENTS:
+        for path in SERVE_HTTP_PATHS:
+            run = runs[(DATA_CASE, path, clients, None)]
+            assert run["wrong_answers"] == 0 and run["answers_checked"] >= run["requests"], run
+            stages = run["replica_ms"]
+            assert 0 < stages["parse"] < stages["request"] and stages["model"] > 0, run
+            assert 1 <= run["images_per_batch"] <= 8, run
     ray_goals = [g for g in data["goals"] if not g["description"].startswith("shm-client")]
     assert {(g["model"], g["description"]) for g in ray_goals} == {
         ("identity", "serve-shm MB/s >= 1x serve-grpc"),
@@ -120,10 +140,18 @@ def test_bench_ray_quick_json_has_every_ray_path_verified(
             )
         ),
         *((CHURN_CASE, goal) for goal in _CHURN_GOALS),
+        (DATA_CASE, "serve-http-shm (16 callers) MB/s >= 1.2x serve-http-grpc (16 callers)"),
+        (DATA_CASE, "serve-http-shm (16 callers) MB/s >= 0.9x serve-http-noop (16 callers)"),
+        *(
+            (DATA_CASE, f"{path} ({clients} caller{'s' * (clients > 1)}): wrong answers <= 0")
+            for path in SERVE_HTTP_PATHS
+            for clients in SERVE_HTTP_CLIENTS
+        ),
     }
     assert all(isinstance(g["met"], bool) for g in ray_goals)
 
     assert "serve-shm (4 callers)" in proc.stdout and "Recommendation" in proc.stdout
+    assert f"{DATA_CASE}, 16 clients: shm " in proc.stdout and "Serve over HTTP" in proc.stdout
     # Quiet: Ray's and Ray Data's logs stay out; a log gets a plain line per stage.
     assert "INFO" not in proc.stdout + proc.stderr and "(raylet)" not in proc.stdout + proc.stderr
     assert "deprecated" not in proc.stdout + proc.stderr

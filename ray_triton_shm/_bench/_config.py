@@ -10,7 +10,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 __all__ = ["CASE_NAMES", "CHURN", "DEFAULT_PATHS", "EXAMPLE_CASES", "NODE_LOAD", "RAY_PATHS"]
-__all__ += ["SWEEP_PATHS", "BenchConfig", "CaseSpec", "add_arguments", "config_from_args"]
+__all__ += [
+    "SERVE_HTTP_CLIENTS",
+    "SERVE_HTTP_PATHS",
+    "SWEEP_PATHS",
+    "BenchConfig",
+    "CaseSpec",
+    "add_arguments",
+    "config_from_args",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,11 +63,16 @@ DEFAULT_PATHS: tuple[str, ...] = ("grpc", "http", "shm-manual", "shm-client", "m
 #: The Ray paths (``--ray``), in table order.
 RAY_PATHS: tuple[str, ...] = (
     "shm-model", "grpc-procs", "serve-grpc", "serve-shm", "serve-inproc",
+    "serve-http-grpc", "serve-http-shm", "serve-http-noop",
     "data-grpc", "data-shm", "data-noop", "shm-model-nokill", "shm-model-churn",
 )  # fmt: skip
 #: Paths run at every ``--concurrency`` level. The Serve and Ray Data paths run with
 #: ``--ray-callers`` callers, every other path with one.
 SWEEP_PATHS: tuple[str, ...] = ("grpc", "shm-client", "shm-model", "grpc-procs")
+#: The example app behind Serve's HTTP proxy (``--ray``): its paths, and the HTTP clients at
+#: once of their runs (one, and more than the node's slots).
+SERVE_HTTP_PATHS: tuple[str, ...] = ("serve-http-grpc", "serve-http-shm", "serve-http-noop")
+SERVE_HTTP_CLIENTS: tuple[int, ...] = (1, 16)
 #: The node under load (``--ray``): ``(path, callers, node slots)`` of its runs.
 NODE_LOAD: tuple[tuple[str, int, int | None], ...] = (
     ("shm-model", 16, 4), ("grpc-procs", 16, None)

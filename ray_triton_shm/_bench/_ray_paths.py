@@ -17,6 +17,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -269,7 +270,10 @@ class RayBenchSession:
         self.error: BaseException | None = None
         self._callers: list[Any] = []
         self._apps: dict[str, Any] = {}  # Serve apps by backend
+        self._http_apps: dict[str, tuple[str, Any]] = {}  # the example app's, by backend
         self._undo: list[Callable[[], Any]] = []
+        #: The port of Serve's HTTP proxy (once Serve runs).
+        self.http_port = 0
 
     def __enter__(self) -> RayBenchSession:
         try:
@@ -284,6 +288,7 @@ class RayBenchSession:
             self._undo.append(lambda: os.environ.update({URL_ENV_VAR: before} if before else {}))
             self._undo.append(lambda: os.environ.pop(URL_ENV_VAR, None))
             os.environ[URL_ENV_VAR] = self.target.grpc_url
+            self._example_app_on_path()
             if not ray.is_initialized():
                 # The callers, replica and node actor ask for no CPU.
                 ray.init(
@@ -319,15 +324,52 @@ class RayBenchSession:
         self._callers += [caller_class.remote() for _ in range(count - len(self._callers))]
         return self._callers[:count]
 
+    def _example_app_on_path(self) -> None:
+        """``deployments`` importable here and in Ray's workers (they inherit the variable)."""
+        import sys
+
+        from ray_triton_shm._bench._serve_http import example_app_root
+
+        root = example_app_root()
+        if root is None:
+            return
+        before = os.environ.get("PYTHONPATH")
+        self._undo.append(
+            lambda: (
+                os.environ.update({"PYTHONPATH": before})
+                if before is not None
+                else os.environ.pop("PYTHONPATH", None)
+            )
+        )
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(root), *filter(None, [before])])
+        if str(root) not in sys.path:
+            sys.path.insert(0, str(root))
+            self._undo.append(lambda: sys.path.remove(str(root)))
+
+    def _serve(self) -> None:
+        """Starts Serve once, with its HTTP proxy on a free local port."""
+        from ray import serve
+
+        if self.http_port:
+            return
+        logging.getLogger("ray.serve").setLevel(logging.WARNING)
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        serve.start(
+            proxy_location="HeadOnly",
+            http_options={"host": "127.0.0.1", "port": port},
+            logging_config={"log_level": "WARNING"},
+        )
+        self._undo.append(serve.shutdown)
+        self.http_port = port
+
     def deploy(self, backend: str, callers: int) -> Any:
         """The ``DeploymentHandle`` of the bench deployment with ``backend`` (an app of its
         own, one replica), run on first use."""
         from ray import serve
 
-        if not self._apps:
-            logging.getLogger("ray.serve").setLevel(logging.WARNING)
-            serve.start(proxy_location="Disabled", logging_config={"log_level": "WARNING"})
-            self._undo.append(serve.shutdown)
+        self._serve()
         if backend not in self._apps:
             deployment = serve.deployment(
                 _BenchReplica,
@@ -338,6 +380,41 @@ class RayBenchSession:
             app = deployment.bind(backend, self.target.grpc_url, max(8, callers))  # type: ignore[attr-defined]
             self._apps[backend] = serve.run(app, name=f"{_SERVE_APP}-{backend}", route_prefix=None)
         return self._apps[backend]
+
+    def deploy_app(self, backend: str) -> tuple[str, Any]:
+        """The route and handle of the example app (``deployments/classifier.py``) with its
+        model ``backend``, as it ships but for its replicas (``REPLICAS``, asking for no CPU
+        so that the three fit beside each other), run on first use."""
+        import importlib
+
+        from ray import serve
+
+        from ray_triton_shm._bench._serve_http import REPLICAS
+
+        self._serve()
+        if backend not in self._http_apps:
+            example = importlib.import_module("deployments.classifier")
+            app = example.ClassifierDeployment.options(
+                name=f"classifier-{backend}",
+                num_replicas=REPLICAS,
+                ray_actor_options={"num_cpus": 0},
+            ).bind(backend=backend, url=self.target.grpc_url)
+            route = f"/classify-{backend}"
+            handle = serve.run(app, name=f"{_SERVE_APP}-app-{backend}", route_prefix=route)
+            self._http_apps[backend] = route, handle
+        return self._http_apps[backend]
+
+    def app_stage_times(self, handle: Any) -> dict[str, Any]:
+        """Every replica's :meth:`stage_times` since the last call, summed (and reset)."""
+        from ray_triton_shm._bench._serve_http import REPLICAS, merge_stage_times
+
+        answers, replicas = [], set()
+        for _ in range(100):  # the handle picks a replica: ask until each has answered
+            answers.append(handle.stage_times.remote(reset=True).result())
+            replicas.add(answers[-1]["replica"])
+            if len(replicas) >= REPLICAS:
+                break
+        return merge_stage_times(answers)
 
     def node_actor(self) -> Any:
         """This node's actor (``ValueError`` if there is none)."""

@@ -8,13 +8,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from rich import box
 from rich import progress as bars
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ray_triton_shm._bench._config import CHURN
+from ray_triton_shm._bench._config import CHURN, SERVE_HTTP_CLIENTS, SERVE_HTTP_PATHS
 from ray_triton_shm._bench._ray_paths import CHURN_KILL_EVERY_S
 from ray_triton_shm._bench._runner import (
     PATHS,
@@ -23,9 +24,11 @@ from ray_triton_shm._bench._runner import (
     ModelResult,
     Progress,
     RunResult,
+    _ratio,
     describe_run,
     mb_ratio,
 )
+from ray_triton_shm._bench._serve_http import REPLICAS
 
 __all__ = ["make_console", "make_progress", "num", "print_results", "write_json", "write_plot"]
 
@@ -33,6 +36,7 @@ __all__ = ["make_console", "make_progress", "num", "print_results", "write_json"
 _PLAIN_WIDTH = 1000
 _GOAL_STATUS = {True: ("MET", "green"), False: ("MISS", "bold red"), None: ("n/a", "dim")}
 _TEXT_COLUMNS = ("", "model", "path", "run", "goal", "measured", "check")
+_STAGES = ("request", "body", "parse", "batched", "model", "top_k", "json")
 
 
 def num(value: float | None, suffix: str = "") -> str:
@@ -125,7 +129,7 @@ def _baseline(model: ModelResult, r: RunResult) -> RunResult | None:
     """gRPC in the same topology: the same Serve deployment or Ray Data job on plain gRPC, as
     many gRPC caller processes (``shm-model``), or gRPC at the same concurrency."""
     if r.path.startswith(("serve", "data")):
-        return model.run(r.path.split("-")[0] + "-grpc")
+        return model.run(r.path.rsplit("-", 1)[0] + "-grpc", r.concurrency)
     processes = model.run("grpc-procs", r.concurrency) if r.path == "shm-model" else None
     return processes or model.run("grpc", r.concurrency)
 
@@ -206,6 +210,42 @@ def _churn(model: ModelResult) -> str | None:
     )
 
 
+def _serve_http(model: ModelResult) -> list[str]:
+    """The example app behind Serve's HTTP proxy on ``model``, a line per load: the shm app
+    against the gRPC and no-op apps, and where each spent a request's time in its replica."""
+    lines = []
+    for clients in SERVE_HTTP_CLIENTS:
+        runs = {p.rsplit("-", 1)[1]: model.run(p, clients) for p in SERVE_HTTP_PATHS}
+        numbers = {b: r.numbers() if r else {} for b, r in runs.items()}
+        if not numbers["shm"]:
+            continue
+        rate = {b: n.get("requests_per_s") for b, n in numbers.items()}
+        p50 = "/".join(
+            num(numbers[b].get("latency_ms", {}).get("p50")) for b in ("shm", "grpc", "noop")
+        )
+        lines.append(
+            f"  {model.name}, {clients} client{'s' * (clients > 1)}: shm {num(rate['shm'])} req/s"
+            f" = {num(_ratio(rate['shm'], rate['grpc']), 'x')} gRPC's {num(rate['grpc'])}, "
+            f"{num(_ratio(rate['shm'], rate['noop']), 'x')} no-op's {num(rate['noop'])}; "
+            f"p50 {p50} ms (shm/gRPC/no-op)"
+        )
+        for backend, r in runs.items():
+            stages = numbers[backend].get("replica_ms")
+            if not stages or r is None:
+                continue
+            mean = 1e3 * float(np.mean(np.concatenate([np.array(c) for c in r.latencies_s])))
+            batch = numbers[backend].get("images_per_batch")
+            parts = ", ".join(
+                f"{stage} {num(stages[stage])}" for stage in _STAGES if stage in stages
+            )
+            lines.append(
+                f"    {backend:<4} ms per request in the replica: {parts}"
+                f" ({num(batch)} images per batch); outside it (proxy, hops, client): "
+                f"{num(mean - stages.get('request', 0.0))} of {num(mean)} (mean)"
+            )
+    return lines
+
+
 def _show(console: Console, table: Table) -> None:
     """Prints ``table`` whole, then a blank line: on a terminal too narrow for it, its lines
     wrap rather than its cells fold."""
@@ -250,6 +290,17 @@ def _print_results(results: BenchResults, console: Console) -> None:
             f"once; every answer checked against plain gRPC's for its inputs):\n"
             + "\n".join(churn)
             + "\n",
+            markup=False,
+        )
+    http = [line for model in results.models for line in _serve_http(model)]
+    if http:
+        console.print(
+            f"Serve over HTTP (the example app, {REPLICAS} replicas each, as it ships but for "
+            f"its model: ShmModel, plain gRPC, or none; .npy bodies from clients in this "
+            f"process; every answer's classes checked). In the replica, per request: request = "
+            f"the whole handler, body = reading it, parse = to float32 images, batched = "
+            f"@serve.batch's wait, split, model and join, model = the model's call (shared by "
+            f"the batch), top_k and json:\n" + "\n".join(http) + "\n",
             markup=False,
         )
     goals = _goals_table(results)

@@ -20,9 +20,19 @@ from typing import Any
 import numpy as np
 import tritonclient.grpc as grpcclient
 
-from ray_triton_shm._bench import _paths, _ray_paths
+from ray_triton_shm._bench import _paths, _ray_paths, _serve_http
 from ray_triton_shm._bench._cases import ModelCase
-from ray_triton_shm._bench._config import CHURN, NODE_LOAD, SWEEP_PATHS, BenchConfig, CaseSpec
+from ray_triton_shm._bench._config import (
+    CHURN,
+    DEFAULT_PATHS,
+    NODE_LOAD,
+    RAY_PATHS,
+    SERVE_HTTP_CLIENTS,
+    SERVE_HTTP_PATHS,
+    SWEEP_PATHS,
+    BenchConfig,
+    CaseSpec,
+)
 from ray_triton_shm._bench._paths import BenchPath, BenchTarget, SkipPath, check_outputs
 from ray_triton_shm._bench._ray_paths import CHURN_CASE, RayBenchSession, RayPath
 from ray_triton_shm.local._server import LocalTritonServer
@@ -30,7 +40,8 @@ from ray_triton_shm.local._server import LocalTritonServer
 __all__ = ["GOALS", "PATHS", "BenchResults", "Goal", "ModelResult", "Progress", "run_bench"]
 
 #: Every path, by name: those without Ray, then the Ray paths.
-PATHS: dict[str, type[BenchPath]] = {cls.name: cls for cls in (*_paths.PATHS, *_ray_paths.PATHS)}
+_CLASSES = {cls.name: cls for cls in (*_paths.PATHS, *_ray_paths.PATHS, *_serve_http.PATHS)}
+PATHS: dict[str, type[BenchPath]] = {name: _CLASSES[name] for name in (*DEFAULT_PATHS, *RAY_PATHS)}
 #: The paths run with ``--ray-callers`` callers, in a group of their own.
 _RAY_CHOICES = ("serve-grpc", "serve-shm", "serve-inproc", "data-grpc", "data-shm", "data-noop")
 _CHURN_PATHS = tuple(path for path, _, _ in CHURN)
@@ -233,6 +244,7 @@ class Goal:
 
 
 _LOAD, _LOAD_CASES = NODE_LOAD[0], ("identity", "classifier-1", "classifier")
+_HTTP_LOAD = max(SERVE_HTTP_CLIENTS)
 # fmt: off
 #: The project's performance goals: ``Goal``'s arguments (model, run, target, baseline, metric).
 _GOALS: tuple[tuple[Any, ...], ...] = (
@@ -255,6 +267,14 @@ _GOALS: tuple[tuple[Any, ...], ...] = (
       for case in ("identity", "classifier-1", "classifier", "my_model", "large_image")),
     ("classifier", ("data-shm",), 0.95, ("data-noop",)),
     ("classifier", ("data-shm",), 1.0, ("data-grpc",)),
+    # bench --ray: the example app behind Serve's HTTP proxy, under load, against the same app
+    # on plain gRPC and with a no-op model (its ceiling); every answer checked.
+    *((case, ("serve-http-shm", _HTTP_LOAD), target, ("serve-http-grpc", _HTTP_LOAD))
+      for case, target in (("classifier-1", 1.0), ("classifier", 1.2))),
+    *((case, ("serve-http-shm", _HTTP_LOAD), 0.9, ("serve-http-noop", _HTTP_LOAD))
+      for case in _serve_http.APP_CASES),
+    *((case, (path, clients), 0, (), "wrong_answers") for case in _serve_http.APP_CASES
+      for path in SERVE_HTTP_PATHS for clients in SERVE_HTTP_CLIENTS),
     # The node actor before it left the request path: about 1.17 ms of CPU per request.
     ("classifier", ("serve-shm",), 0.05 * 1170, (), "node_actor_cpu_us"),
     ("classifier", ("data-shm",), 0.05 * 1170, (), "node_actor_cpu_us"),
@@ -334,7 +354,8 @@ class BenchResults:
 def run_groups(config: BenchConfig) -> list[list[RunKey]]:
     """The runs of every model, in groups whose runs are interleaved (see the module doc)."""
     levels = config.concurrency
-    one = [p for p in config.paths if p not in (*SWEEP_PATHS, *_RAY_CHOICES, *_CHURN_PATHS)]
+    grouped = (*SWEEP_PATHS, *_RAY_CHOICES, *SERVE_HTTP_PATHS, *_CHURN_PATHS)
+    one = [p for p in config.paths if p not in grouped]
     groups = [
         [
             (path, level, level if path in ("shm-client", "shm-model") else None)
@@ -344,6 +365,8 @@ def run_groups(config: BenchConfig) -> list[list[RunKey]]:
         for level in sorted({*levels, *([1] if one else [])})
     ]
     groups.append([(p, config.ray_callers, None) for p in config.paths if p in _RAY_CHOICES])
+    for clients in SERVE_HTTP_CLIENTS:
+        groups.append([(p, clients, None) for p in config.paths if p in SERVE_HTTP_PATHS])
     if config.node_load and "shm-model" in config.paths:
         swept = {key for group in groups for key in group}
         groups.append([key for key in NODE_LOAD if key[0] in config.paths and key not in swept])

@@ -1,0 +1,226 @@
+"""``serve-http-*``: the example app (``deployments/classifier.py``) behind Serve's HTTP proxy.
+
+The same app class three ways, only its model differing (``backend``): ``ShmModel`` as it
+ships, plain gRPC, and a no-op model (zeros at once: the app's own ceiling). Each is an app of
+its own with :data:`REPLICAS` replicas, behind the session's one proxy. The callers are HTTP
+clients in the bench's own process (asyncio, one keep-alive connection each) POSTing ``.npy``
+bodies of the case's images: one body of :data:`BODIES`, each of other images, so an answer
+mixed up with another request's shows. Every answer's top-k classes are checked against those of
+Triton's plain gRPC answer for its body (of zeros, for the no-op). The replicas' stage timings
+(:meth:`ClassifierDeployment.stage_times`) over the run's slices say where a request's time
+went in the replica, and what is left is the proxy's and the hops'.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import time
+import zlib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+
+from ray_triton_shm._bench._paths import SkipPath, infer
+from ray_triton_shm._bench._ray_paths import RayPath, _process_cpu_s
+
+__all__ = ["APP_CASES", "BODIES", "PATHS", "REPLICAS", "example_app_root"]
+
+#: The cases the example app runs on (1 and 8 images per request).
+APP_CASES = ("classifier-1", "classifier")
+#: Replicas of each app.
+REPLICAS = 2
+#: Distinct request bodies per run.
+BODIES = 4
+#: The top-k the app answers (its default).
+TOP_K = 5
+
+
+def example_app_root() -> Path | None:
+    """The directory holding ``deployments/classifier.py`` (a checkout of this repository),
+    or ``None``: an installed package comes without the example app."""
+    here = Path(__file__).resolve().parents[2]
+    for root in (here, Path.cwd()):
+        if (root / "deployments" / "classifier.py").is_file():
+            return root
+    return None
+
+
+def top_classes(scores: np.ndarray, k: int = TOP_K) -> list[list[int]]:
+    """The app's answer's classes for ``scores`` (``(images, classes)``), best first."""
+    return np.argsort(-scores, axis=1, kind="stable")[:, :k].tolist()  # type: ignore[no-any-return]
+
+
+class HttpError(RuntimeError):
+    """The app answered with an error status."""
+
+
+async def _exchange(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: bytes
+) -> tuple[int, bytes]:
+    """Sends one prepared HTTP/1.1 request on a keep-alive connection; its status and body."""
+    writer.write(request)
+    await writer.drain()
+    head = (await reader.readuntil(b"\r\n\r\n")).decode("latin1").split("\r\n")
+    status = int(head[0].split()[1])
+    headers = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in head[1:])}
+    if "content-length" in headers:
+        return status, await reader.readexactly(int(headers["content-length"]))
+    chunks = []
+    while True:  # Transfer-Encoding: chunked
+        size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+        chunks.append(await reader.readexactly(size + 2))
+        if size == 0:
+            return status, b"".join(c[:-2] for c in chunks)
+
+
+class _ServeHttpPath(RayPath):
+    """The example app with ``backend``, fed by ``concurrency`` HTTP clients."""
+
+    kind = "serve-http"
+    backend: ClassVar[str]
+
+    def setup(self) -> None:
+        if self.case.name not in APP_CASES:
+            raise SkipPath(f"the example app runs on {' and '.join(APP_CASES)}")
+        if example_app_root() is None:
+            raise SkipPath("the example app (deployments/) is in the repository, not the package")
+        super().setup()
+        self._route, self._handle = self.session.deploy_app(self.backend)
+        host, port = "127.0.0.1", self.session.http_port
+        self._address = host, port
+        self._requests, self._expected = [], []
+        client = grpcclient.InferenceServerClient(self.target.grpc_url)
+        try:
+            for index in range(BODIES):
+                images = self.case.make_inputs(seed=zlib.crc32(f"http-{index}".encode()))
+                if index == 0:
+                    images = dict(self.inputs)
+                if self.backend == "noop":
+                    scores = np.zeros((self.case.batch_size, 1000), np.float32)
+                else:
+                    scores = infer(client, self.case, images)["OUTPUT0"]
+                self._expected.append(top_classes(scores))
+                body = io.BytesIO()
+                np.save(body, images["INPUT0"], allow_pickle=False)
+                head = (
+                    f"POST {self._route} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+                    f"Content-Type: application/x-npy\r\n"
+                    f"Content-Length: {body.getbuffer().nbytes}\r\n\r\n"
+                )
+                self._requests.append(head.encode() + body.getvalue())
+        finally:
+            client.close()
+        self._wrong = self._checked = 0
+        self._times: dict[str, Any] = {}
+
+    async def _clients(self, count: int, duration_s: float | None) -> list[list[float]]:
+        """``count`` clients sending requests back to back for ``duration_s`` (``None``: one
+        each); every answer checked. Each client's latencies."""
+        connections = [await asyncio.open_connection(*self._address) for _ in range(count)]
+        try:
+            deadline = time.perf_counter() + (duration_s or 0.0)
+            runs = [self._client(i, *c, deadline) for i, c in enumerate(connections)]
+            return list(await asyncio.gather(*runs))
+        finally:
+            for _, writer in connections:
+                writer.close()
+
+    async def _client(
+        self,
+        index: int,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        deadline: float,
+    ) -> list[float]:
+        latencies, clock = [], time.perf_counter
+        while True:
+            body = index % len(self._requests)
+            sent = clock()
+            status, answer = await _exchange(reader, writer, self._requests[body])
+            done = clock()
+            latencies.append(done - sent)
+            if status != 200:
+                raise HttpError(f"HTTP {status} from the app: {answer[:300]!r}")
+            classes = [[c["class"] for c in image] for image in json.loads(answer)["top_k"]]
+            self._checked += 1
+            self._wrong += classes != self._expected[body]
+            index += 1
+            if done >= deadline:
+                return latencies
+
+    def run_once(self) -> Mapping[str, np.ndarray]:
+        """One request from every client; each answer is checked here (the app answers top-k
+        classes, not the model's outputs), and the reference stands for them."""
+        wrong = self._wrong
+        asyncio.run(self._clients(self.concurrency, None))
+        if self._wrong != wrong:
+            raise AssertionError("the app answered other classes than Triton's for the images")
+        self._times = self.session.app_stage_times(self._handle)  # warm-up's: dropped
+        return self.reference
+
+    def run_slice(self, slice_s: float) -> tuple[list[np.ndarray], float]:
+        start = time.perf_counter()
+        latencies = asyncio.run(self._clients(self.concurrency, slice_s))
+        return [np.array(c) for c in latencies], time.perf_counter() - start
+
+    def cpu_time(self) -> float:
+        pids = self._times.get("pids", [])
+        return time.process_time() + sum(map(_process_cpu_s, pids))
+
+    def stats(self) -> dict[str, Any]:
+        times = self.session.app_stage_times(self._handle)
+        requests = times["stages"].get("request", {}).get("calls", 0)
+        per_request = {stage: 1e3 * t["seconds"] / requests for stage, t in times["stages"].items()}
+        batches = times["stages"].get("model", {}).get("calls", 0)
+        return {
+            "wrong_answers": self._wrong,
+            "answers_checked": self._checked,
+            "replica_ms": per_request,
+            "images_per_batch": times["images"] / batches if batches else None,
+        }
+
+    def teardown(self) -> None:
+        return None
+
+
+class ServeHttpGrpcPath(_ServeHttpPath):
+    """The example app on plain gRPC (``tritonclient.grpc.aio``)."""
+
+    name, label, backend = "serve-http-grpc", "the example app over HTTP, plain gRPC", "grpc"
+
+
+class ServeHttpShmPath(_ServeHttpPath):
+    """The example app as it ships (``ShmModel``)."""
+
+    name, label, backend = "serve-http-shm", "the example app over HTTP, ShmModel", "shm"
+    uses_node_actor = True
+
+
+class ServeHttpNoopPath(_ServeHttpPath):
+    """The example app with a no-op model: Serve's own ceiling for it."""
+
+    name, label, backend = "serve-http-noop", "the example app over HTTP, no-op model", "noop"
+
+
+def merge_stage_times(answers: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The sum of :meth:`stage_times` answers (each since its replica's last reset)."""
+    merged: dict[str, Any] = {
+        "images": 0,
+        "stages": {},
+        "pids": sorted({a["pid"] for a in answers}),
+    }
+    for answer in answers:
+        merged["images"] += answer["images"]
+        for stage, t in answer["stages"].items():
+            mine = merged["stages"].setdefault(stage, {"seconds": 0.0, "calls": 0})
+            mine["seconds"] += t["seconds"]
+            mine["calls"] += t["calls"]
+    return merged
+
+
+PATHS: tuple[type[RayPath], ...] = (ServeHttpGrpcPath, ServeHttpShmPath, ServeHttpNoopPath)
