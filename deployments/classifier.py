@@ -165,7 +165,7 @@ class ClassifierDeployment:
         top_k: int = 5,
         url: str | None = None,
         max_batch_size: int = 8,
-        batch_wait_timeout_s: float = 0.01,
+        batch_wait_timeout_s: float = 0.005,
         max_images_per_request: int = 64,
         backend: str = "shm",
     ) -> None:
@@ -214,7 +214,7 @@ class ClassifierDeployment:
         except (OverloadedError, SlotTimeoutError) as exc:
             return JSONResponse({"error": str(exc)}, status_code=503)
 
-    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.01, **_batch_options(2))
+    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.005, **_batch_options(2))
     async def _classify_image(self, images: list[np.ndarray]) -> list[np.ndarray]:
         # Per-sample arrays go straight into the slot: no np.stack copy of the batch first.
         times = self._times

@@ -24,7 +24,12 @@ if str(ROOT) not in sys.path:
 
 from _helpers import classifier_expected, free_ports, init_ray  # noqa: E402
 
-from deployments.classifier import ClassifierDeployment, synthetic_images  # noqa: E402
+from deployments.classifier import (  # noqa: E402
+    BadRequest,
+    ClassifierDeployment,
+    _parse_npy,
+    synthetic_images,
+)
 from ray_triton_shm.local._server import LocalTritonServer  # noqa: E402
 from ray_triton_shm.ray import URL_ENV_VAR, get_node_actor  # noqa: E402
 
@@ -163,3 +168,92 @@ def test_empty_batch(classifier_url: str) -> None:
     response = requests.post(classifier_url, json={"seed": 0, "batch": 0}, timeout=60)
     assert response.status_code == 200
     assert response.json() == {"top_k": []}
+
+
+def _npy(array: np.ndarray, **options: Any) -> bytes:
+    buffer = io.BytesIO()
+    np.lib.format.write_array(buffer, array, **options)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize(
+    "array",
+    [
+        np.arange(24, dtype=np.float32).reshape(2, 3, 4),
+        np.asfortranarray(np.arange(24, dtype=np.float64).reshape(2, 3, 4)),
+        np.arange(6, dtype=">f4").reshape(2, 3),
+        np.arange(5, dtype=np.uint8),
+    ],
+    ids=["C order", "Fortran order", "big-endian", "uint8"],
+)
+def test_npy_bodies_are_read_in_place_as_numpy_reads_them(array: np.ndarray) -> None:
+    for version in ((1, 0), (2, 0)):
+        body = _npy(array, version=version)
+        parsed = _parse_npy(body)
+        expected = np.load(io.BytesIO(body))
+        assert parsed.dtype == expected.dtype and parsed.shape == expected.shape
+        np.testing.assert_array_equal(parsed, expected)
+        # A view of the body, not a copy of it.
+        assert np.shares_memory(parsed, np.frombuffer(body, np.uint8))
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (_npy(np.zeros(10, np.float32))[:-4], "needs 40 bytes of data, it has 36"),
+        (_npy(np.zeros(10, np.float32)) + b"\0", "needs 40 bytes of data, it has 41"),
+        (_npy(np.array([{}, 1], dtype=object), allow_pickle=True), "object arrays"),
+        (b"\x93NUMPY\x01\x00\x08\x00{'a': 1}", "'descr'"),
+        (b"\x93NUMPY", "no .npy header"),
+    ],
+    ids=["truncated", "trailing bytes", "object dtype", "no descr", "cut header"],
+)
+def test_bad_npy_bodies_are_refused(body: bytes, message: str) -> None:
+    with pytest.raises(BadRequest, match="not a valid .npy array") as caught:
+        _parse_npy(body)
+    assert message in str(caught.value)
+
+
+def test_the_grpc_and_noop_backends_answer_like_the_app(classifier_url: str) -> None:
+    """The same app class on plain gRPC answers as on shared memory; the no-op one answers
+    zeros; each replica says where its requests' time went."""
+    images = np.random.default_rng(9).random((3, 3, 224, 224), dtype=np.float32)
+    body = _npy(images)
+    base = classifier_url.rsplit(ROUTE, 1)[0]
+    handles = {}
+    for backend in ("grpc", "noop"):
+        handles[backend] = serve.run(
+            ClassifierDeployment.options(
+                name=f"classifier-{backend}", ray_actor_options={"num_cpus": 0.5}
+            ).bind(backend=backend),
+            name=f"classifier-{backend}",
+            route_prefix=f"{ROUTE}-{backend}",
+        )
+    try:
+        answers = {}
+        for backend in ("", "-grpc", "-noop"):
+            response = requests.post(
+                f"{base}{ROUTE}{backend}",
+                data=body,
+                headers={"Content-Type": "application/x-npy"},
+                timeout=120,
+            )
+            assert response.status_code == 200, response.text
+            answers[backend] = response.json()["top_k"]
+        _check_top_k(answers[""], images, 5)
+        _check_top_k(answers["-grpc"], images, 5)
+        assert [[c["class"] for c in row] for row in answers["-noop"]] == [[0, 1, 2, 3, 4]] * 3
+        assert {c["score"] for row in answers["-noop"] for c in row} == {0.0}
+
+        times = handles["grpc"].stage_times.remote(reset=True).result()
+        stages = times["stages"]
+        assert stages["request"]["calls"] == 1 and times["images"] == 3
+        assert set(stages) == {"request", "body", "parse", "batched", "model", "top_k", "json"}
+        inner = sum(stages[s]["seconds"] for s in ("body", "parse", "batched", "top_k", "json"))
+        assert 0 < inner <= stages["request"]["seconds"]
+        assert handles["grpc"].stage_times.remote().result()["stages"] == {}  # reset
+    finally:
+        for backend in handles:
+            serve.delete(f"classifier-{backend}")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        ClassifierDeployment.func_or_class(backend="carrier-pigeon")

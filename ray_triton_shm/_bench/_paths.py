@@ -91,10 +91,11 @@ def run_until(call: Callable[[], Any], deadline: float) -> np.ndarray:
 @dataclasses.dataclass(frozen=True)
 class BenchTarget:
     """The server being benchmarked: its gRPC and HTTP (``None``: unknown, the HTTP path is
-    then skipped) endpoints, ``"host:port"``."""
+    then skipped) endpoints, ``"host:port"``, and its process (group) when it runs here."""
 
     grpc_url: str
     http_url: str | None = None
+    server_pid: int | None = None
 
 
 class BenchPath:
@@ -109,6 +110,8 @@ class BenchPath:
     label: ClassVar[str]
     #: Whether the path uses the Ray node actor (which then starts afresh for its runs).
     uses_node_actor: ClassVar[bool] = False
+    #: Its slices last this many ``--slice-s`` (for requests of hundreds of ms under load).
+    slice_factor: ClassVar[float] = 1.0
     _client: Any = None
 
     def __init__(

@@ -238,10 +238,14 @@ def _serve_http(model: ModelResult) -> list[str]:
             parts = ", ".join(
                 f"{stage} {num(stages[stage])}" for stage in _STAGES if stage in stages
             )
+            cpu = numbers[backend].get("cpu_ms", {})
+            cpus = ", ".join(f"{name} {num(ms)}" for name, ms in cpu.items())
+            busy = numbers[backend].get("proxy_busy")
             lines.append(
                 f"    {backend:<4} ms per request in the replica: {parts}"
                 f" ({num(batch)} images per batch); outside it (proxy, hops, client): "
-                f"{num(mean - stages.get('request', 0.0))} of {num(mean)} (mean)"
+                f"{num(mean - stages.get('request', 0.0))} of {num(mean)} (mean). CPU ms per "
+                f"request: {cpus}; the proxy busy {num(busy)} of a core"
             )
     return lines
 

@@ -438,6 +438,7 @@ def _run_group(
                         cpu, side = path.cpu_time(), path.side_cpu_time()
                         churn = r.path in _CHURN_PATHS
                         slice_s = config.churn_s / config.rounds if churn else config.slice_s
+                        slice_s *= path.slice_factor
                         latencies, wall_s = path.run_slice(slice_s)
                         after = path.side_cpu_time()
                         spent = None if side is None or after is None else after - side
@@ -489,7 +490,8 @@ def run_bench(config: BenchConfig, *, progress: Progress | None = None) -> Bench
         if config.url is None:
             local = LocalTritonServer(startup_timeout_s=config.startup_timeout_s, install=True)
             stack.enter_context(contextlib.closing(local)).start()
-            target, server = BenchTarget(local.grpc_url, local.http_url), "embedded"
+            target = BenchTarget(local.grpc_url, local.http_url, server_pid=local.pid)
+            server = "embedded"
         else:
             target, server = BenchTarget(config.url, config.http_url), config.url
         session = None

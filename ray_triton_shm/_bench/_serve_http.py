@@ -14,11 +14,12 @@ went in the replica, and what is left is the proxy's and the hops'.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
 import time
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -48,6 +49,30 @@ def example_app_root() -> Path | None:
         if (root / "deployments" / "classifier.py").is_file():
             return root
     return None
+
+
+def _pids(match: Callable[[list[str]], bool]) -> list[int]:
+    """The processes whose ``/proc/<pid>/stat`` fields (after the name) ``match``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if match(fields):
+                found.append(int(entry.name))
+    return found
+
+
+def _proxy_pids() -> list[int]:
+    """Serve's HTTP proxies on this machine (Ray titles the process ``ray::ProxyActor``)."""
+    pids = []
+    for pid in _pids(lambda fields: True):
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ray::ProxyActor"):
+                pids.append(pid)
+    return pids
 
 
 def top_classes(scores: np.ndarray, k: int = TOP_K) -> list[list[int]]:
@@ -83,6 +108,8 @@ class _ServeHttpPath(RayPath):
 
     kind = "serve-http"
     backend: ClassVar[str]
+    # 16 clients of requests that take hundreds of ms: a 0.5 s slice would be mostly its ends.
+    slice_factor = 4.0
 
     def setup(self) -> None:
         if self.case.name not in APP_CASES:
@@ -115,8 +142,11 @@ class _ServeHttpPath(RayPath):
                 self._requests.append(head.encode() + body.getvalue())
         finally:
             client.close()
-        self._wrong = self._checked = 0
+        self._wrong = self._checked = self._sent = 0
         self._times: dict[str, Any] = {}
+        self._proxies = _proxy_pids()
+        self._cpu: dict[str, float] = {}
+        self._wall_s = 0.0
 
     async def _clients(self, count: int, duration_s: float | None) -> list[list[float]]:
         """``count`` clients sending requests back to back for ``duration_s`` (``None``: one
@@ -163,10 +193,27 @@ class _ServeHttpPath(RayPath):
         self._times = self.session.app_stage_times(self._handle)  # warm-up's: dropped
         return self.reference
 
+    def _cpu_now(self) -> dict[str, float]:
+        """CPU seconds so far of the clients (this process), the proxy, the replicas and the
+        embedded Triton (its Python-backend stubs too)."""
+        triton = self.target.server_pid
+        group = _pids(lambda fields: int(fields[2]) == triton) if triton else []
+        return {
+            "clients": time.process_time(),
+            "proxy": sum(map(_process_cpu_s, self._proxies)),
+            "replicas": sum(map(_process_cpu_s, self._times.get("pids", []))),
+            **({"triton": sum(map(_process_cpu_s, group))} if group else {}),
+        }
+
     def run_slice(self, slice_s: float) -> tuple[list[np.ndarray], float]:
-        start = time.perf_counter()
+        before, start = self._cpu_now(), time.perf_counter()
         latencies = asyncio.run(self._clients(self.concurrency, slice_s))
-        return [np.array(c) for c in latencies], time.perf_counter() - start
+        wall_s = time.perf_counter() - start
+        for name, spent in self._cpu_now().items():
+            self._cpu[name] = self._cpu.get(name, 0.0) + spent - before.get(name, spent)
+        self._sent += sum(map(len, latencies))
+        self._wall_s += wall_s
+        return [np.array(c) for c in latencies], wall_s
 
     def cpu_time(self) -> float:
         pids = self._times.get("pids", [])
@@ -182,6 +229,8 @@ class _ServeHttpPath(RayPath):
             "answers_checked": self._checked,
             "replica_ms": per_request,
             "images_per_batch": times["images"] / batches if batches else None,
+            "cpu_ms": {name: 1e3 * s / max(1, self._sent) for name, s in self._cpu.items()},
+            "proxy_busy": self._cpu.get("proxy", 0.0) / self._wall_s if self._wall_s else None,
         }
 
     def teardown(self) -> None:
