@@ -212,8 +212,8 @@ def test_the_runs_are_grouped_by_level() -> None:
             ("grpc-procs", 16, None),
         ],
         [(p, 3, None) for p in RAY_PATHS if p.startswith(("serve", "data")) and "http" not in p],
-        [(p, 1, None) for p in SERVE_HTTP_PATHS],  # the example app behind Serve's proxy
-        [(p, 16, None) for p in SERVE_HTTP_PATHS],
+        # The example app behind Serve's proxy, at low load and under load, interleaved.
+        [(p, n, None) for n in (1, 16) for p in SERVE_HTTP_PATHS],
         [("shm-model", 16, 4)],  # 16 gRPC caller processes were swept already
         [("shm-model-nokill", 8, 4), ("shm-model-churn", 8, 4)],  # the churn runs
     ]

@@ -404,6 +404,14 @@ class RayBenchSession:
             self._http_apps[backend] = route, handle
         return self._http_apps[backend]
 
+    def drop_app(self, backend: str) -> None:
+        """Deletes the example app with ``backend``, if it runs."""
+        from ray import serve
+
+        if self._http_apps.pop(backend, None) is not None:
+            with contextlib.suppress(Exception):
+                serve.delete(f"{_SERVE_APP}-app-{backend}")
+
     def app_stage_times(self, handle: Any) -> dict[str, Any]:
         """Every replica's :meth:`stage_times` since the last call, summed (and reset)."""
         from ray_triton_shm._bench._serve_http import REPLICAS, merge_stage_times

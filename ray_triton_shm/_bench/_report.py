@@ -28,6 +28,7 @@ from ray_triton_shm._bench._runner import (
     describe_run,
     mb_ratio,
 )
+from ray_triton_shm._bench._serve_http import PATHS as HTTP_PATHS
 from ray_triton_shm._bench._serve_http import REPLICAS
 
 __all__ = ["make_console", "make_progress", "num", "print_results", "write_json", "write_plot"]
@@ -210,7 +211,7 @@ def _churn(model: ModelResult) -> str | None:
     )
 
 
-def _serve_http(model: ModelResult) -> list[str]:
+def _serve_http_lines(model: ModelResult) -> list[str]:
     """The example app behind Serve's HTTP proxy on ``model``, a line per load: the shm app
     against the gRPC and no-op apps, and where each spent a request's time in its replica."""
     lines = []
@@ -281,7 +282,9 @@ def _print_results(results: BenchResults, console: Console) -> None:
         f"CPU = client CPU time (all its processes and threads); vs gRPC = MB/s over plain "
         f"gRPC's in the same topology; fairness = the fewest requests a caller completed over "
         f"the mean; wait p99 = among requests that waited for a slot. {cfg.rounds} interleaved "
-        f"rounds x {num(cfg.slice_s)} s per run; Serve and Ray Data: {cfg.ray_callers} callers; "
+        f"rounds x {num(cfg.slice_s)} s per run (Serve over HTTP: "
+        f"{num(cfg.slice_s * HTTP_PATHS[0].slice_factor)} s); Serve and Ray Data: "
+        f"{cfg.ray_callers} callers; "
         f"server: {results.server}; total {num(results.duration_s)} s.\n",
         markup=False,
     )
@@ -296,7 +299,7 @@ def _print_results(results: BenchResults, console: Console) -> None:
             + "\n",
             markup=False,
         )
-    http = [line for model in results.models for line in _serve_http(model)]
+    http = [line for model in results.models for line in _serve_http_lines(model)]
     if http:
         console.print(
             f"Serve over HTTP (the example app, {REPLICAS} replicas each, as it ships but for "

@@ -365,8 +365,8 @@ def run_groups(config: BenchConfig) -> list[list[RunKey]]:
         for level in sorted({*levels, *([1] if one else [])})
     ]
     groups.append([(p, config.ray_callers, None) for p in config.paths if p in _RAY_CHOICES])
-    for clients in SERVE_HTTP_CLIENTS:
-        groups.append([(p, clients, None) for p in config.paths if p in SERVE_HTTP_PATHS])
+    http = [p for p in config.paths if p in SERVE_HTTP_PATHS]
+    groups.append([(p, clients, None) for clients in SERVE_HTTP_CLIENTS for p in http])
     if config.node_load and "shm-model" in config.paths:
         swept = {key for group in groups for key in group}
         groups.append([key for key in NODE_LOAD if key[0] in config.paths and key not in swept])

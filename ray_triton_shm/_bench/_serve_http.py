@@ -147,6 +147,7 @@ class _ServeHttpPath(RayPath):
         self._proxies = _proxy_pids()
         self._cpu: dict[str, float] = {}
         self._wall_s = 0.0
+        self._stages: dict[str, Any] = {}
 
     async def _clients(self, count: int, duration_s: float | None) -> list[list[float]]:
         """``count`` clients sending requests back to back for ``duration_s`` (``None``: one
@@ -190,7 +191,7 @@ class _ServeHttpPath(RayPath):
         asyncio.run(self._clients(self.concurrency, None))
         if self._wrong != wrong:
             raise AssertionError("the app answered other classes than Triton's for the images")
-        self._times = self.session.app_stage_times(self._handle)  # warm-up's: dropped
+        self._times = self.session.app_stage_times(self._handle)  # for the replicas' pids
         return self.reference
 
     def _cpu_now(self) -> dict[str, float]:
@@ -206,9 +207,13 @@ class _ServeHttpPath(RayPath):
         }
 
     def run_slice(self, slice_s: float) -> tuple[list[np.ndarray], float]:
+        # The app also serves this backend's run at the other load: only this slice counts.
+        self.session.app_stage_times(self._handle)
         before, start = self._cpu_now(), time.perf_counter()
         latencies = asyncio.run(self._clients(self.concurrency, slice_s))
         wall_s = time.perf_counter() - start
+        spent = self.session.app_stage_times(self._handle)
+        self._stages = merge_stage_times([self._stages, spent]) if self._stages else spent
         for name, spent in self._cpu_now().items():
             self._cpu[name] = self._cpu.get(name, 0.0) + spent - before.get(name, spent)
         self._sent += sum(map(len, latencies))
@@ -220,7 +225,7 @@ class _ServeHttpPath(RayPath):
         return time.process_time() + sum(map(_process_cpu_s, pids))
 
     def stats(self) -> dict[str, Any]:
-        times = self.session.app_stage_times(self._handle)
+        times = self._stages
         requests = times["stages"].get("request", {}).get("calls", 0)
         per_request = {stage: 1e3 * t["seconds"] / requests for stage, t in times["stages"].items()}
         batches = times["stages"].get("model", {}).get("calls", 0)
@@ -234,7 +239,8 @@ class _ServeHttpPath(RayPath):
         }
 
     def teardown(self) -> None:
-        return None
+        # Idle replicas and their proxy would weigh on the runs after these, on a small machine.
+        self.session.drop_app(self.backend)
 
 
 class ServeHttpGrpcPath(_ServeHttpPath):
@@ -257,12 +263,10 @@ class ServeHttpNoopPath(_ServeHttpPath):
 
 
 def merge_stage_times(answers: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The sum of :meth:`stage_times` answers (each since its replica's last reset)."""
-    merged: dict[str, Any] = {
-        "images": 0,
-        "stages": {},
-        "pids": sorted({a["pid"] for a in answers}),
-    }
+    """The sum of :meth:`stage_times` answers (each since its replica's last reset), or of
+    sums of them."""
+    pids = {pid for a in answers for pid in a.get("pids", [a.get("pid")]) if pid}
+    merged: dict[str, Any] = {"images": 0, "stages": {}, "pids": sorted(pids)}
     for answer in answers:
         merged["images"] += answer["images"]
         for stage, t in answer["stages"].items():
