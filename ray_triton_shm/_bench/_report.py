@@ -28,7 +28,6 @@ from ray_triton_shm._bench._runner import (
     describe_run,
     mb_ratio,
 )
-from ray_triton_shm._bench._serve_http import PATHS as HTTP_PATHS
 from ray_triton_shm._bench._serve_http import REPLICAS
 
 __all__ = ["make_console", "make_progress", "num", "print_results", "write_json", "write_plot"]
@@ -282,8 +281,8 @@ def _print_results(results: BenchResults, console: Console) -> None:
         f"CPU = client CPU time (all its processes and threads); vs gRPC = MB/s over plain "
         f"gRPC's in the same topology; fairness = the fewest requests a caller completed over "
         f"the mean; wait p99 = among requests that waited for a slot. {cfg.rounds} interleaved "
-        f"rounds x {num(cfg.slice_s)} s per run (Serve over HTTP: "
-        f"{num(cfg.slice_s * HTTP_PATHS[0].slice_factor)} s); Serve and Ray Data: "
+        f"rounds x {num(cfg.slice_s)} s per run (Serve over HTTP by several clients: "
+        f"{num(cfg.slice_s * 3)} s); Serve and Ray Data: "
         f"{cfg.ray_callers} callers; "
         f"server: {results.server}; total {num(results.duration_s)} s.\n",
         markup=False,

@@ -108,8 +108,11 @@ class _ServeHttpPath(RayPath):
 
     kind = "serve-http"
     backend: ClassVar[str]
-    # 16 clients of requests that take hundreds of ms: a 0.5 s slice would be mostly its ends.
-    slice_factor = 4.0
+
+    @property
+    def slice_factor(self) -> float:  # type: ignore[override]
+        # Under load a request takes hundreds of ms: a 0.5 s slice would be mostly its ends.
+        return 3.0 if self.concurrency > 1 else 1.0
 
     def setup(self) -> None:
         if self.case.name not in APP_CASES:
@@ -239,7 +242,7 @@ class _ServeHttpPath(RayPath):
         }
 
     def teardown(self) -> None:
-        # Idle replicas and their proxy would weigh on the runs after these, on a small machine.
+        # Idle replicas would weigh on the runs after these, on a small machine.
         self.session.drop_app(self.backend)
 
 
