@@ -320,6 +320,37 @@ def test_a_wrong_path_posts_no_numbers(
     assert results.goals() == [] and "Goals" not in printed
 
 
+class _TwoRounds(bench_paths.GrpcPath):
+    """Plain gRPC in at most two rounds, like the Ray Data paths (a slice of theirs is a job)."""
+
+    name, max_rounds = "test-two-rounds", 2
+
+
+def test_a_path_runs_in_at_most_its_max_rounds(
+    triton: LocalTritonServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(_runner.PATHS, _TwoRounds.name, _TwoRounds)
+    slices: list[str] = []
+    real_slice = BenchPath.run_slice
+    monkeypatch.setattr(
+        BenchPath,
+        "run_slice",
+        lambda path, slice_s: slices.append(path.name) or real_slice(path, slice_s),
+    )
+    config = BenchConfig(
+        models=("identity",),
+        paths=("grpc", _TwoRounds.name),
+        concurrency=(1,),
+        rounds=4,
+        slice_s=0.05,
+        warmup_requests=1,
+        url=triton.grpc_url,
+    )
+    (model,) = run_bench(config).models
+    assert slices.count("grpc") == 4 and slices.count(_TwoRounds.name) == 2
+    assert all(model.run(p).ok for p in ("grpc", _TwoRounds.name))  # type: ignore[union-attr]
+
+
 def test_bench_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--paths", "carrier-pigeon", "--url", "x:1"]) == 2
     assert "unknown path" in capsys.readouterr().err

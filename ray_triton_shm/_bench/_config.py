@@ -108,7 +108,7 @@ class BenchConfig:
     max_element_bytes: Mapping[str, int] = dataclasses.field(default_factory=dict)
     batch: int | None = None
     rounds: int = 4
-    slice_s: float = 0.5
+    slice_s: float = 0.4
     warmup_requests: int = 2
     url: str | None = None
     http_url: str | None = None

@@ -112,6 +112,8 @@ class BenchPath:
     uses_node_actor: ClassVar[bool] = False
     #: Its slices last this many ``--slice-s`` (for requests of hundreds of ms under load).
     slice_factor: ClassVar[float] = 1.0
+    #: Its runs take part in at most this many rounds (``None``: all of them).
+    max_rounds: ClassVar[int | None] = None
     _client: Any = None
 
     def __init__(

@@ -49,12 +49,23 @@ except ImportError as exc:  # without the ray extra: the session says so, and th
 else:
     _NO_RAY = None
 
-__all__ = ["CHURN_CASE", "CHURN_KILL_EVERY_S", "DATA_CASE", "PATHS", "RayBenchSession", "RayPath"]
+__all__ = [
+    "CHURN_CASE",
+    "CHURN_KILL_EVERY_S",
+    "DATA_CASE",
+    "DATA_JOB_BATCHES",
+    "DATA_JOB_ROUNDS",
+    "PATHS",
+    "RayBenchSession",
+    "RayPath",
+]
 
 _SERVE_APP = "ray-triton-shm-bench"
 #: The case the Ray Data job runs on, and its size in batches.
 DATA_CASE = "classifier"
 DATA_JOB_BATCHES = 64
+#: The most rounds the Ray Data paths take part in (each slice of theirs is a job).
+DATA_JOB_ROUNDS = 2
 #: The case the churn runs run on, and how often (in run time) the churn kills a caller.
 CHURN_CASE = "classifier"
 CHURN_KILL_EVERY_S = 2.0
@@ -672,6 +683,9 @@ class ServeInProcessPath(_ServePath):
 
 class _DataPath(RayPath):
     """The same Ray Data job with the predictor ``kind`` (see :class:`_Predictor`)."""
+
+    # A slice is a whole job of DATA_JOB_BATCHES batches (seconds, whatever --slice-s says).
+    max_rounds = DATA_JOB_ROUNDS
 
     def setup(self) -> None:
         if self.case.name != DATA_CASE:

@@ -433,6 +433,9 @@ def _run_group(
             # Rotate the order so no run always comes right after the same neighbour.
             shift = index % len(active) if active else 0
             for r, path in active[shift:] + active[:shift]:
+                if path.max_rounds is not None and index >= path.max_rounds:
+                    progress.advance()
+                    continue
                 try:
                     if r.error is None:
                         cpu, side = path.cpu_time(), path.side_cpu_time()

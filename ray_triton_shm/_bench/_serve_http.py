@@ -111,7 +111,7 @@ class _ServeHttpPath(RayPath):
 
     @property
     def slice_factor(self) -> float:  # type: ignore[override]
-        # Under load a request takes hundreds of ms: a 0.5 s slice would be mostly its ends.
+        # Under load a request takes hundreds of ms: one --slice-s would be mostly its ends.
         return 3.0 if self.concurrency > 1 else 1.0
 
     def setup(self) -> None:
