@@ -351,6 +351,45 @@ def test_a_path_runs_in_at_most_its_max_rounds(
     assert all(model.run(p).ok for p in ("grpc", _TwoRounds.name))  # type: ignore[union-attr]
 
 
+class _KillsTheServer(bench_paths.GrpcPath):
+    """Plain gRPC, but the first time it is set up it SIGKILLs the embedded Triton (a crash)."""
+
+    name, killed = "test-kills-the-server", False
+
+    def setup(self) -> None:
+        super().setup()
+        if not _KillsTheServer.killed and self.target.server_pid is not None:
+            _KillsTheServer.killed = True
+            os.kill(self.target.server_pid, signal.SIGKILL)
+
+
+def test_the_embedded_server_is_restarted_after_it_crashed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(_runner.PATHS, _KillsTheServer.name, _KillsTheServer)
+    pb_regions_before = set(SHM_DIR.glob("triton_pb*"))
+    config = BenchConfig(
+        models=("identity", "classifier-1"),
+        paths=(_KillsTheServer.name, "grpc"),
+        concurrency=(1,),
+        rounds=1,
+        slice_s=0.05,
+        warmup_requests=1,
+    )
+    results = run_bench(config)
+    crashed, after = results.models
+    assert (
+        crashed.server_exited is not None and "exited while this model ran" in crashed.server_exited
+    )
+    assert crashed.run(_KillsTheServer.name).error is not None  # type: ignore[union-attr]
+    assert after.server_exited is None and after.error is None
+    assert all(r.ok for r in after.runs), [r.error for r in after.runs]
+    assert [f for f in results.failures if f.startswith("identity: the embedded Triton")]
+    assert "restarted for the next one" in _printed(results)
+    # The crashed server's Python-backend regions went with the restart.
+    assert set(SHM_DIR.glob("triton_pb*")) - pb_regions_before == set()
+
+
 def test_bench_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--paths", "carrier-pigeon", "--url", "x:1"]) == 2
     assert "unknown path" in capsys.readouterr().err

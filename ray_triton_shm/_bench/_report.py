@@ -275,6 +275,8 @@ def _print_results(results: BenchResults, console: Console) -> None:
             console.print(Text(f"{model.name}: FAILED: {model.error}\n", style="bold red"))
         else:
             _show(console, _model_table(model))
+        if model.server_exited:
+            console.print(Text(f"{model.name}: {model.server_exited}\n", style="bold red"))
     console.print(
         f"run = path (callers at once; slots where they differ); shm-model = ShmModel, "
         f"grpc-procs = plain gRPC (no limit), in each caller process. MB = 1e6 bytes of input; "

@@ -35,7 +35,7 @@ from ray_triton_shm._bench._config import (
 )
 from ray_triton_shm._bench._paths import BenchPath, BenchTarget, SkipPath, check_outputs
 from ray_triton_shm._bench._ray_paths import CHURN_CASE, RayBenchSession, RayPath
-from ray_triton_shm.local._server import LocalTritonServer
+from ray_triton_shm.local._server import LocalTritonServer, _log_tail
 
 __all__ = ["GOALS", "PATHS", "BenchResults", "Goal", "ModelResult", "Progress", "run_bench"]
 
@@ -153,6 +153,8 @@ class ModelResult:
     case: ModelCase | None = None
     runs: list[RunResult] = dataclasses.field(default_factory=list)
     error: str | None = None
+    #: Set when the embedded server exited while the model ran: what its log ended with.
+    server_exited: str | None = None
 
     def run(
         self, path: str, concurrency: int | None = None, slots: int | None = None
@@ -313,12 +315,16 @@ class BenchResults:
     @property
     def failures(self) -> list[str]:
         """``"model: error"`` or ``"model/run: error"`` for every failure."""
-        return [f"{m.name}: {m.error}" for m in self.models if m.error] + [
-            f"{m.name}/{describe_run(r.path, r.concurrency, r.slots)}: {r.error}"
-            for m in self.models
-            for r in m.runs
-            if r.error is not None
-        ]
+        return (
+            [f"{m.name}: {m.error}" for m in self.models if m.error]
+            + [f"{m.name}: {m.server_exited}" for m in self.models if m.server_exited]
+            + [
+                f"{m.name}/{describe_run(r.path, r.concurrency, r.slots)}: {r.error}"
+                for m in self.models
+                for r in m.runs
+                if r.error is not None
+            ]
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready view: ``runs`` (those that posted numbers) and ``recommendations``
@@ -489,6 +495,7 @@ def run_bench(config: BenchConfig, *, progress: Progress | None = None) -> Bench
     progress.start(len(config.models) * sum(map(len, run_groups(config))) * (1 + config.rounds))
     start = time.perf_counter()
     progress.stage("starting the Triton server" if config.url is None else "connecting")
+    local: LocalTritonServer | None = None
     with contextlib.ExitStack() as stack:
         if config.url is None:
             local = LocalTritonServer(startup_timeout_s=config.startup_timeout_s, install=True)
@@ -501,8 +508,19 @@ def run_bench(config: BenchConfig, *, progress: Progress | None = None) -> Bench
         if any(issubclass(PATHS[name], RayPath) for name in config.paths):
             progress.stage("starting Ray")
             session = stack.enter_context(RayBenchSession(target))
-        models = [
-            _run_model(config.case(m), target, config, session, progress) for m in config.models
-        ]
+        models = []
+        for name in config.models:
+            if local is not None and not local.is_running:
+                # It crashed under the last model (Triton's Python backend can): a fresh one
+                # on the same ports, so the models after it still run.
+                progress.stage("restarting the Triton server (it exited)")
+                local.restart()
+                target = dataclasses.replace(target, server_pid=local.pid)
+            models.append(_run_model(config.case(name), target, config, session, progress))
+            if local is not None and not local.is_running:
+                models[-1].server_exited = (
+                    "the embedded Triton exited while this model ran (restarted for the next "
+                    f"one); its log ends:\n{_log_tail(local.log_path)}"
+                )
         progress.stage("cleaning up")
     return BenchResults(config, models, server, time.perf_counter() - start)
