@@ -19,7 +19,7 @@ import io
 import json
 import time
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -28,6 +28,7 @@ import tritonclient.grpc as grpcclient
 
 from ray_triton_shm._bench._paths import SkipPath, infer
 from ray_triton_shm._bench._ray_paths import RayPath, _process_cpu_s
+from ray_triton_shm.local._server import _proc_stats
 
 __all__ = ["APP_CASES", "BODIES", "PATHS", "REPLICAS", "example_app_root"]
 
@@ -51,24 +52,10 @@ def example_app_root() -> Path | None:
     return None
 
 
-def _pids(match: Callable[[list[str]], bool]) -> list[int]:
-    """The processes whose ``/proc/<pid>/stat`` fields (after the name) ``match``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except (OSError, IndexError):
-                continue
-            if match(fields):
-                found.append(int(entry.name))
-    return found
-
-
 def _proxy_pids() -> list[int]:
     """Serve's HTTP proxies on this machine (Ray titles the process ``ray::ProxyActor``)."""
     pids = []
-    for pid in _pids(lambda fields: True):
+    for pid, _ in _proc_stats():
         with contextlib.suppress(OSError):
             if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ray::ProxyActor"):
                 pids.append(pid)
@@ -201,7 +188,7 @@ class _ServeHttpPath(RayPath):
         """CPU seconds so far of the clients (this process), the proxy, the replicas and the
         embedded Triton (its Python-backend stubs too)."""
         triton = self.target.server_pid
-        group = _pids(lambda fields: int(fields[2]) == triton) if triton else []
+        group = [pid for pid, f in _proc_stats() if int(f[2]) == triton] if triton else []
         return {
             "clients": time.process_time(),
             "proxy": sum(map(_process_cpu_s, self._proxies)),

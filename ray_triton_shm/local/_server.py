@@ -33,7 +33,7 @@ import time
 import urllib.error
 import urllib.request
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -423,21 +423,25 @@ def _kill_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
-def _group_alive(pgid: int) -> bool:
-    """Whether a process of the group ``pgid`` is still running (zombies do not count)."""
-    try:
-        os.killpg(pgid, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
+def _proc_stats() -> Iterator[tuple[int, list[str]]]:
+    """Every process here: its pid and its ``/proc/<pid>/stat`` fields after the name (the
+    state first, then the parent, then the process group)."""
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
                 fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
             except (OSError, IndexError):
                 continue
-            if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-                return True
-    return False
+            yield int(entry.name), fields
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of the group ``pgid`` is still running (zombies do not count)."""
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return any(int(f[2]) == pgid and f[0] not in ("Z", "X") for _, f in _proc_stats())
 
 
 def _terminate(
