@@ -150,6 +150,8 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         self._registry_lock = threading.Lock()
         self._closed = False
         self._swept = False
+        self._channel_closed = False
+        self._close_lock = threading.Lock()
         self._settler = Settler(self._client_stub, self._metadata)
         # Captures the pools and the stub, never self: the client can still be collected.
         self._finalizer = weakref.finalize(
@@ -530,15 +532,23 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
     # ------------------------------------------------------------------ lifecycle
 
     def close(self) -> None:
-        """Unregisters and frees every pool, then closes the channel; idempotent."""
+        """Unregisters and frees every pool, then closes the channel; idempotent.
+
+        Waits for the requests in flight (up to 30 s); a close called meanwhile, from another
+        thread, waits for the first one to end.
+        """
         # tritonclient's __del__ calls close() even when __init__ failed half-way.
-        if getattr(self, "_closed", True):
+        if not hasattr(self, "_close_lock"):
             if hasattr(self, "_channel"):
                 super().close()
             return
-        self._closed = True
-        self._finalizer()
-        super().close()
+        self._closed = True  # refuses new requests at once
+        with self._close_lock:
+            if self._channel_closed:
+                return
+            self._finalizer()
+            super().close()
+            self._channel_closed = True
 
     def _check_open(self) -> None:
         if self._closed:

@@ -162,3 +162,44 @@ def test_close_waits_for_a_request_triton_still_runs_then_unregisters(grpc_url: 
             client.infer_shm("delay_echo", _inputs(1000, 1.0), client_timeout_s=0.2)
         assert name in registered_on(grpc_url)
     assert name not in registered_on(grpc_url)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_close_from_another_thread_meanwhile_waits_for_the_first(
+    grpc_url: str, mode: str
+) -> None:
+    """Two threads close the client while a request is in flight (as two callers of a
+    ``ShmModel`` whose node actor restarted both do): neither closes the channel under the
+    request, which gets its own answer."""
+    client = TritonSHMClient(url=grpc_url)
+    client.register_shm_model("delay_echo", max_shapes=ECHO_SHAPES, pool_size=2)
+    name = client._pools["delay_echo"].region.name
+    answers: list[np.ndarray] = []
+    errors: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            if mode == "async":
+                coroutine = client.infer_shm_async("delay_echo", _inputs(800, 3.0))
+                answers.append(asyncio.run(coroutine)["ECHO"])
+            else:
+                answers.append(client.infer_shm("delay_echo", _inputs(800, 3.0))["ECHO"])
+        except BaseException as exc:
+            errors.append(exc)
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    deadline = time.monotonic() + 5
+    while client.shm_stats("delay_echo").in_use == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.1)  # the request is in Triton now
+    closers = [threading.Thread(target=client.close) for _ in range(2)]
+    for thread in closers:
+        thread.start()
+        time.sleep(0.05)
+    for thread in [caller, *closers]:
+        thread.join(timeout=30)
+    assert errors == []
+    assert len(answers) == 1
+    np.testing.assert_array_equal(answers[0], np.full(64, 3.0, np.float32))
+    assert name not in registered_on(grpc_url)

@@ -282,8 +282,9 @@ class ShmModel:
     def _rebind(self, stale: _Binding) -> None:
         """Forgets a binding to a node actor that restarted; the next call binds again."""
         with self._bind_lock:
-            if self._binding is stale:
-                self._binding = None
+            if self._binding is not stale:
+                return  # another call forgot it first, and closes it
+            self._binding = None
         # Other calls may still finish on it: close it without holding anyone up.
         threading.Thread(target=stale.close, daemon=True).start()
 
