@@ -150,13 +150,12 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         self._registry_lock = threading.Lock()
         self._closed = False
         self._swept = False
-        self._channel_closed = False
-        self._close_lock = threading.Lock()
         self._settler = Settler(self._client_stub, self._metadata)
         # Captures the pools and the stub, never self: the client can still be collected.
         self._finalizer = weakref.finalize(
             self, _release_pools, self._client_stub, self._pools, self._metadata, self._settler
         )
+        self._close_lock = threading.Lock()  # last: close() tells a whole client by it
 
     # ------------------------------------------------------------------ registration
 
@@ -544,11 +543,12 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             return
         self._closed = True  # refuses new requests at once
         with self._close_lock:
-            if self._channel_closed:
+            if not self._finalizer.alive:
                 return
-            self._finalizer()
-            super().close()
-            self._channel_closed = True
+            try:
+                self._finalizer()
+            finally:
+                super().close()
 
     def _check_open(self) -> None:
         if self._closed:
