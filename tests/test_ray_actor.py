@@ -232,7 +232,9 @@ def test_a_caller_killed_mid_request_frees_its_slot_once_triton_is_done_with_it(
     """Its request is still in Triton, which writes into the slot when it is done: the slot
     stays out of use exactly that long (not a moment less), while the others serve on, and
     serves again within a second of Triton finishing."""
-    delay_s = 2.0
+    # Long enough that the kill, and binding a new handle, end before Triton does (they took
+    # over 1.7 s once on 2 busy cores, and the slot was already back when first looked at).
+    delay_s = 5.0
     echo = {"max_shapes": {"DATA": (16,), "ECHO": (16,)}}
 
     @ray.remote(num_cpus=0, max_concurrency=2)
