@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 import time
 import weakref
@@ -29,12 +30,19 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from ._changes import Registration, changed_error, differences
 from ._defaults import DEFAULT_RECONNECT_TIMEOUT_S, DEFAULT_URL
-from ._engine import ModelPool, Step, drive, drive_async, run
-from ._exceptions import ClientClosedError, ModelNotRegisteredError, ModelSpecError
+from ._engine import ModelPool, PoolRetired, Step, SuspectedChange, drive, drive_async, run
+from ._exceptions import (
+    ClientClosedError,
+    InvalidInputError,
+    ModelNotRegisteredError,
+    ModelSpecError,
+)
 from ._header import MAX_SLOTS, RegionHeader
 from ._headers import Metadata, normalize, redact
-from ._inputs import InputValue, prepare_batch
+from ._inputs import Batch, InputValue, prepare_batch
+from ._options import ParameterValue, RequestOptions, request_options, select_outputs
 from ._outputs import empty_outputs
 from ._pool import PoolStats, SlotPool, SlotSource
 from ._reaper import watch
@@ -42,10 +50,12 @@ from ._reclaim import reclaim_dead_registrations
 from ._reconnect import Reconnect, channel_options
 from ._settle import Settler, unregister_slots
 from ._shm import SharedMemoryRegion, ensure_room, mib, new_region_name, slot_key
-from ._specs import ModelSpec, SlotLayout, SpecLike, resolve_model_spec
+from ._specs import ModelSpec, SlotLayout, SpecLike
 from ._transport import as_asyncio_future, translate_error
 
 __all__ = ["TritonSHMClient"]
+
+logger = logging.getLogger(__name__)
 
 #: tritonclient's positional arguments after ``url`` and ``verbose``.
 _TRITONCLIENT_OPTIONS = (
@@ -60,6 +70,14 @@ _TRITONCLIENT_OPTIONS = (
 
 #: How long ``close()`` waits for in-flight requests before unmapping their memory anyway.
 _CLOSE_WAIT_S = 30.0
+#: What may send a call to another pool of its model: the model changed on Triton (suspected
+#: from a refusal or an answer, or from inputs the pool's spec refuses), or its pool was
+#: replaced meanwhile.
+_MOVED = (SuspectedChange, PoolRetired, ClientClosedError, InvalidInputError)
+#: How many times one call may move to a newer pool.
+_MAX_MOVES = 2
+#: Inputs the spec refuses make Triton's config be read again at most this often (per pool).
+_INPUT_RECHECK_S = 1.0
 
 
 def _release_pools(
@@ -116,6 +134,10 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         reconnect_timeout_s: How long a request or registration waits for Triton while it is
             unreachable (restarting), before :class:`ServerUnreachableError`; ``0`` fails at
             once. Requests wait on their own, so none fails because Triton was briefly away.
+        config_check_interval_s: How often the config of a model whose pool follows it is
+            compared with the pool, in the background, to pick up changes no request runs
+            into (a larger ``max_batch_size``, an output added); ``None``: only when a
+            request runs into one. See :meth:`register_shm_model`.
         **kwargs: Passed to :class:`tritonclient.grpc.InferenceServerClient`.
 
     Example:
@@ -132,10 +154,15 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         headers: Mapping[str, str] | None = None,
         crash_cleanup: bool = True,
         reconnect_timeout_s: float = DEFAULT_RECONNECT_TIMEOUT_S,
+        config_check_interval_s: float | None = 10.0,
         **kwargs: Any,
     ) -> None:
         if reconnect_timeout_s < 0:
             raise ValueError(f"reconnect_timeout_s must be >= 0, got {reconnect_timeout_s}")
+        if config_check_interval_s is not None and not config_check_interval_s > 0:
+            raise ValueError(
+                f"config_check_interval_s must be > 0 or None, got {config_check_interval_s}"
+            )
         self._headers = normalize(headers)
         self._metadata = Metadata(self._headers.items())
         options = dict(zip(_TRITONCLIENT_OPTIONS, args, strict=False)) | kwargs
@@ -146,6 +173,9 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         self._url = url
         self._crash_cleanup = crash_cleanup
         self._reconnect_timeout_s = reconnect_timeout_s
+        self._config_check_interval_s = config_check_interval_s
+        #: Called on each new pool before anyone uses it (the Ray node actor shares its slots).
+        self._on_new_pool: Callable[[ModelPool], None] | None = None
         self._pools: dict[str, ModelPool] = {}
         self._registry_lock = threading.Lock()
         self._closed = False
@@ -170,12 +200,23 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         model_version: str = "",
         max_shapes: Mapping[str, Sequence[int]] | None = None,
         max_element_bytes: Mapping[str, int] | None = None,
+        replace: bool = False,
     ) -> ModelSpec:
         """Allocates a slot pool for a model and registers it with Triton.
 
         Specs are ``(name, shape_without_batch, dtype)``; the dtype is a NumPy dtype or a Triton
         datatype name. Whatever is left out is read from the model's configuration on the
         server. Registering the same model again with the same specs is a no-op.
+
+        **When the model changes on Triton** (a new config loaded, Triton restarted on an
+        edited repository): a pool whose ``inputs``, ``outputs`` and ``max_batch_size`` all
+        came from Triton's config follows the model. The first request that Triton refuses or
+        answers in a way the change explains (or inputs the old spec refuses, or the check
+        every ``config_check_interval_s``) makes the client read the config again, lay the
+        pool out anew in a new region and send the request again there; the old region is
+        unregistered and unlinked once Triton is done with every request on it. A pool with
+        specs given by hand gets :class:`ModelChangedError` instead, naming what changed:
+        register it again with ``replace=True``.
 
         Args:
             model_name: The model.
@@ -189,13 +230,15 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
                 ``{"INPUT0": (16,)}``: slots are sized for it.
             max_element_bytes: The longest element of each BYTES (string) tensor, e.g.
                 ``{"TEXT": 256, "UPPER": 256}``: slots are sized for it.
+            replace: If the model is registered with other specs, lay its pool out anew for
+                these (calls in flight finish on the old pool) instead of raising.
 
         Returns:
             The resolved :class:`ModelSpec`.
 
         Raises:
             ModelSpecError: unusable specs (a BYTES tensor without ``max_element_bytes``...),
-                or the model is registered with other specs.
+                or the model is registered with other specs (and ``replace`` is false).
             SharedMemoryFullError: ``/dev/shm`` has no room for the pool (nothing was created).
             TritonServerError: Triton refused (unknown model, no shared memory, ...).
             AccessDeniedError: Triton restricts shared memory or model configuration, and the
@@ -208,28 +251,34 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
                 f"model {model_name!r}: pool_size must be >= 1 and <= {MAX_SLOTS}, got {pool_size}",
                 model=model_name,
             )
-        spec = resolve_model_spec(
-            model_name,
+        registration = Registration.of(
             inputs=inputs,
             outputs=outputs,
             max_batch_size=max_batch_size,
             model_version=model_version,
             max_shapes=max_shapes,
-            load_config=lambda: self._load_config(model_name, model_version),
             max_element_bytes=max_element_bytes,
+        )
+        spec = registration.resolve(
+            model_name, lambda: self._load_config(model_name, model_version)
         )
         with self._registry_lock:
             existing = self._pools.get(model_name)
-            if existing is not None:
-                if existing.spec == spec and existing.slots.size == pool_size:
-                    return spec
+            if existing is None:
+                self._pools[model_name] = self._create_pool(spec, pool_size, registration)
+                return spec
+            if existing.spec == spec and existing.slots.size == pool_size:
+                return spec
+            # The same request of a pool that follows the model: the model changed meanwhile.
+            follows = existing.registration == registration and registration.follows
+            if not (replace or (follows and existing.slots.size == pool_size)):
                 raise ModelSpecError(
                     f"model {model_name!r} is already registered with other specs "
-                    f"(pool_size {existing.slots.size}, {existing.spec}); call "
-                    "unregister_shm_model first",
+                    f"(pool_size {existing.slots.size}, {existing.spec}); pass replace=True, "
+                    "or call unregister_shm_model first",
                     model=model_name,
                 )
-            self._pools[model_name] = self._create_pool(spec, pool_size)
+        self._replace(existing, spec, pool_size, registration)
         return spec
 
     def _load_config(self, model_name: str, model_version: str) -> Mapping[str, Any]:
@@ -268,7 +317,13 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         merged = {**self._headers, **normalize(headers)}
         return Metadata(super()._get_metadata(merged))
 
-    def _create_pool(self, spec: ModelSpec, pool_size: int) -> ModelPool:
+    def _create_pool(
+        self,
+        spec: ModelSpec,
+        pool_size: int,
+        registration: Registration,
+        generation: int = 0,
+    ) -> ModelPool:
         reconnect = self._reconnect(spec.name)
         if not self._swept:
             # Registrations left by crashed processes pin memory in Triton: drop them once.
@@ -295,7 +350,18 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             registered = True
             header = RegionHeader(region.buffer, pool_size)
             slots = SlotPool(pool_size, name=spec.name)
-            pool = ModelPool.over(spec, region, slots, pool_size, header)
+            pool = ModelPool.over(
+                spec,
+                region,
+                slots,
+                pool_size,
+                header,
+                registration=registration,
+                generation=generation,
+            )
+            pool.next_check = time.monotonic() + (self._config_check_interval_s or 0)
+            if self._on_new_pool is not None:
+                self._on_new_pool(pool)
         except BaseException as exc:
             # Registered, or interrupted (Ctrl-C) while Triton may have been registering it.
             if registered or not isinstance(exc, Exception):
@@ -307,6 +373,124 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         self._settler.watch(pool)
         return pool
 
+    # ------------------------------------------------------------------ model changes
+
+    def _replace(
+        self, old: ModelPool, spec: ModelSpec, pool_size: int, registration: Registration
+    ) -> ModelPool:
+        """Lays a model's pool out anew; the old one is retired: a caller that takes one of
+        its slots moves to the new pool, and once Triton is done with every request on it,
+        it is unregistered and unlinked (in the background)."""
+        with old.lock:
+            if old.successor is not None:
+                return old.successor
+            new = self._create_pool(spec, pool_size, registration, old.generation + 1)
+            with self._registry_lock:
+                if self._pools.get(spec.name) is old:
+                    self._pools[spec.name] = new
+            old.successor = new
+            old.header.retire()
+        logger.info(
+            "ray-triton-shm: model %r laid out anew for its config on Triton (generation %d)",
+            spec.name,
+            new.generation,
+        )
+        threading.Thread(
+            target=_release_pool,
+            args=(old, self._client_stub, _CLOSE_WAIT_S, self._metadata, self._settler),
+            name="ray-triton-shm-retire",
+            daemon=True,
+        ).start()
+        return new
+
+    def _follow(
+        self, pool: ModelPool, *, since: float, cause: BaseException | None = None
+    ) -> ModelPool | None:
+        """Compares Triton's config of the model with the pool's spec (unless that was done
+        after ``since``, a ``time.monotonic()``), and lays the pool out anew if it follows the
+        model and the model changed.
+
+        Returns:
+            The pool to use now, or ``None`` if the model did not change.
+
+        Raises:
+            ModelChangedError: specs given by hand that no longer match the model.
+            ModelSpecError: the new config cannot be laid out (a ``-1`` dim without a maximum).
+            ModelNotLoadedError: the model is not loaded on Triton.
+        """
+        registration = pool.registration
+        if registration is None:
+            return None
+        name = pool.spec.name
+        with pool.lock:
+            if pool.successor is not None:
+                return pool.successor
+            if pool.checked_at >= since:
+                if pool.check_error is not None:
+                    raise pool.check_error
+                return None
+            pool.checked_at = time.monotonic()
+            config = self._load_config(name, registration.model_version)
+            if not registration.follows:
+                current = registration.resolve_from_config(name, config)
+                found = [] if current is None else differences(pool.spec, current, exact=False)
+                pool.check_error = changed_error(pool.spec, found, cause) if found else None
+                if pool.check_error is not None:
+                    raise pool.check_error
+                return None
+            spec = registration.resolve(name, lambda: config)
+            if spec == pool.spec:
+                return None
+        return self._replace(pool, spec, pool.slots.size, registration)
+
+    def _next_pool(
+        self,
+        pool: ModelPool,
+        exc: BaseException,
+        options: RequestOptions | None,
+        started: float,
+    ) -> ModelPool:
+        """The pool a call goes to after ``exc`` (one of :data:`_MOVED`) stopped it on
+        ``pool``, or raises what the caller should get."""
+        current = self._pools.get(pool.spec.name)
+        if isinstance(exc, (PoolRetired, ClientClosedError)):
+            if self._closed or current is None or current is pool or pool.registration is None:
+                raise exc
+            return current
+        if pool.registration is None:
+            raise exc  # attached: the region's owner follows the model (ShmModel asks it)
+        if isinstance(exc, InvalidInputError):
+            if not pool.follows or exc.model is None:
+                raise exc
+            newer = self._follow(pool, since=time.monotonic() - _INPUT_RECHECK_S)
+        else:
+            assert isinstance(exc, SuspectedChange)
+            newer = self._follow(pool, since=started, cause=exc.error)
+            if newer is not None and exc.executed and options is not None and options.is_sequence:
+                raise exc.error  # Triton ran this step: sending it again would apply it twice
+        if newer is None:
+            raise exc.error if isinstance(exc, SuspectedChange) else exc
+        return newer
+
+    def _maybe_check(self, pool: ModelPool) -> None:
+        """Every ``config_check_interval_s``, compares the config of a model whose pool
+        follows it with the pool, in the background."""
+        if self._config_check_interval_s is None or not pool.follows:
+            return
+        now = time.monotonic()
+        if now < pool.next_check:
+            return
+        pool.next_check = now + self._config_check_interval_s
+        threading.Thread(
+            target=self._check_quietly, args=(pool,), name="ray-triton-shm-config", daemon=True
+        ).start()
+
+    def _check_quietly(self, pool: ModelPool) -> None:
+        try:
+            self._follow(pool, since=time.monotonic())
+        except Exception as exc:  # a request that meets the problem reports it
+            logger.debug("ray-triton-shm: checking the config of %r: %s", pool.spec.name, exc)
+
     def _attach_pool(
         self,
         spec: ModelSpec,
@@ -314,12 +498,15 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         slots: SlotSource,
         slot_count: int,
         reregister: Callable[[], None],
+        generation: int = 0,
     ) -> None:
         """Uses an attached region somebody else owns and registered (the Ray node actor), on
         the slots ``slots`` hands out; replaces an earlier attachment of the model."""
         self._check_open()
         header = RegionHeader(region.buffer, slot_count)
-        pool = ModelPool.over(spec, region, slots, slot_count, header, reregister)
+        pool = ModelPool.over(
+            spec, region, slots, slot_count, header, reregister, generation=generation
+        )
         with self._registry_lock:
             stale = self._pools.get(spec.name)
             self._pools[spec.name] = pool
@@ -407,6 +594,13 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         headers: Mapping[str, str] | None = None,
         request_id: str = "",
         reconnect_timeout_s: float | None = None,
+        priority: int = 0,
+        queue_timeout_s: float | None = None,
+        sequence_id: int | str = 0,
+        sequence_start: bool = False,
+        sequence_end: bool = False,
+        parameters: Mapping[str, ParameterValue] | None = None,
+        outputs: Sequence[str] | None = None,
     ) -> dict[str, np.ndarray]:
         """Runs inference through the model's shared-memory slots.
 
@@ -427,27 +621,51 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             request_id: Triton request id, sent with every chunk.
             reconnect_timeout_s: How long to wait for Triton while it is unreachable; ``None``
                 for the client's ``reconnect_timeout_s``.
+            priority: Triton's priority level of the request (``0``: the model's default;
+                ``1`` is the highest), for a model whose scheduler has ``priority_levels``.
+            queue_timeout_s: Triton's own timeout: past it, a request still waiting in
+                Triton's queue is rejected there and its slot is free at once (the model
+                needs ``default_queue_policy { timeout_action: REJECT
+                allow_timeout_override: true }``). Unlike ``client_timeout_s``, Triton does not
+                run such a request at all.
+            sequence_id: The sequence of a stateful model (int, or str for a model with
+                string ids); its steps are never chunked.
+            sequence_start: This request starts the sequence.
+            sequence_end: This request ends the sequence.
+            parameters: Custom parameters for the model (str, int, float or bool values); names
+                the library or Triton use themselves are refused.
+            outputs: Ask for these outputs only (``None``: all); only they are returned.
 
         Returns:
             ``{output name: array}``; the arrays belong to the caller.
 
         Raises:
             ModelNotRegisteredError: the model has no pool.
-            InvalidInputError: the inputs do not match the model (nothing was sent).
+            InvalidInputError: the inputs or options do not match the model (nothing was sent).
             SlotTimeoutError: no slot came free within ``slot_timeout_s``.
             TritonServerError: Triton answered with an error, or not within
                 ``client_timeout_s``.
+            ModelChangedError: the model changed on Triton and its specs were given by hand.
+            ModelNotLoadedError: the model is not loaded on Triton.
             AccessDeniedError: Triton restricts inference, and the headers lack the key.
             ServerUnreachableError: Triton stayed unreachable for ``reconnect_timeout_s``.
         """
         pool = self._pool(model_name)
-        batch = prepare_batch(pool.spec, inputs)
-        if batch.size == 0:
-            return empty_outputs(pool.spec)
+        options = request_options(
+            model_name,
+            priority=priority,
+            queue_timeout_s=queue_timeout_s,
+            sequence_id=sequence_id,
+            sequence_start=sequence_start,
+            sequence_end=sequence_end,
+            parameters=parameters,
+            outputs=outputs,
+        )
         metadata = self._get_metadata(headers)
         reconnect = self._reconnect(model_name, reconnect_timeout_s, metadata)
         infer = self._client_stub.ModelInfer
         send = infer.future
+        started = time.monotonic()
 
         def do(step: Step, arg: Any) -> Any:
             match step:
@@ -474,8 +692,25 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
                         with contextlib.suppress(*ended):
                             arg.call.exception(arg.time_left(client_timeout_s))
 
-        steps = run(pool, batch, slot_timeout_s=slot_timeout_s, request_id=request_id)
-        return drive(steps, do)
+        for moves in range(_MAX_MOVES + 1):
+            try:
+                batch, chosen = _prepare(pool, inputs, options)
+                if batch.size == 0:
+                    return empty_outputs(pool.spec, None if chosen is None else chosen.outputs)
+                self._maybe_check(pool)
+                steps = run(
+                    pool,
+                    batch,
+                    slot_timeout_s=slot_timeout_s,
+                    request_id=request_id,
+                    options=chosen,
+                )
+                return drive(steps, do)
+            except _MOVED as exc:
+                if moves == _MAX_MOVES:
+                    raise exc.error if isinstance(exc, SuspectedChange) else exc from None
+                pool = self._next_pool(pool, exc, options, started)
+        raise AssertionError("unreachable")
 
     async def infer_shm_async(
         self,
@@ -487,6 +722,13 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         headers: Mapping[str, str] | None = None,
         request_id: str = "",
         reconnect_timeout_s: float | None = None,
+        priority: int = 0,
+        queue_timeout_s: float | None = None,
+        sequence_id: int | str = 0,
+        sequence_start: bool = False,
+        sequence_end: bool = False,
+        parameters: Mapping[str, ParameterValue] | None = None,
+        outputs: Sequence[str] | None = None,
     ) -> dict[str, np.ndarray]:
         """:meth:`infer_shm` for coroutines: same semantics, no thread blocked while waiting.
 
@@ -494,13 +736,21 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         the coroutine is safe: slots come back once Triton has answered.
         """
         pool = self._pool(model_name)
-        batch = prepare_batch(pool.spec, inputs)
-        if batch.size == 0:
-            return empty_outputs(pool.spec)
+        options = request_options(
+            model_name,
+            priority=priority,
+            queue_timeout_s=queue_timeout_s,
+            sequence_id=sequence_id,
+            sequence_start=sequence_start,
+            sequence_end=sequence_end,
+            parameters=parameters,
+            outputs=outputs,
+        )
         loop = asyncio.get_running_loop()
         metadata = self._get_metadata(headers)
         reconnect = self._reconnect(model_name, reconnect_timeout_s, metadata)
         send = self._client_stub.ModelInfer.future
+        started = time.monotonic()
 
         async def do(step: Step, arg: Any) -> Any:
             match step:
@@ -525,8 +775,25 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
                         answer = as_asyncio_future(arg.call, loop)
                         await asyncio.wait([answer], timeout=arg.time_left(client_timeout_s))
 
-        steps = run(pool, batch, slot_timeout_s=slot_timeout_s, request_id=request_id)
-        return await drive_async(steps, do)
+        for moves in range(_MAX_MOVES + 1):
+            try:
+                batch, chosen = _prepare(pool, inputs, options)
+                if batch.size == 0:
+                    return empty_outputs(pool.spec, None if chosen is None else chosen.outputs)
+                self._maybe_check(pool)
+                steps = run(
+                    pool,
+                    batch,
+                    slot_timeout_s=slot_timeout_s,
+                    request_id=request_id,
+                    options=chosen,
+                )
+                return await drive_async(steps, do)
+            except _MOVED as exc:
+                if moves == _MAX_MOVES:
+                    raise exc.error if isinstance(exc, SuspectedChange) else exc from None
+                pool = await asyncio.to_thread(self._next_pool, pool, exc, options, started)
+        raise AssertionError("unreachable")
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -564,3 +831,29 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         state = "closed" if self._closed else f"models={sorted(self._pools)}"
         headers = f" headers={redact(self._headers)}" if self._headers else ""
         return f"<TritonSHMClient {self._url}{headers} {state}>"
+
+
+def _prepare(
+    pool: ModelPool, inputs: Mapping[str, InputValue], options: RequestOptions | None
+) -> tuple[Batch, RequestOptions | None]:
+    """Checks a call's inputs and options against the pool's spec.
+
+    Raises:
+        InvalidInputError: naming what does not match (nothing was written).
+    """
+    batch = prepare_batch(pool.spec, inputs)
+    if options is None:
+        return batch, None
+    chosen = select_outputs(pool.spec, options)
+    if options.is_sequence and batch.size > pool.spec.batch_capacity:
+        raise InvalidInputError(
+            f"model {pool.spec.name!r}: a step of sequence {options.sequence_id!r} holds "
+            f"{batch.size} samples, more than one request takes (max_batch_size "
+            f"{pool.spec.batch_capacity}); the steps of a sequence are never split: send at "
+            "most max_batch_size samples per step",
+            model=pool.spec.name,
+            tensor=None,
+            expected=f"<= {pool.spec.batch_capacity} samples",
+            actual=batch.size,
+        )
+    return batch, chosen

@@ -38,9 +38,11 @@ import grpc
 import numpy as np
 from tritonclient.grpc import service_pb2
 
+from ._changes import Registration, answer_mismatch, is_change_symptom
 from ._exceptions import TritonServerError, TritonSHMError
 from ._header import RegionHeader
 from ._inputs import Batch
+from ._options import RequestOptions
 from ._outputs import OutputAssembler, overflow_message
 from ._pool import SlotSource
 from ._reconnect import is_restart_symptom
@@ -50,6 +52,7 @@ from ._transport import (
     SlotRequests,
     expected_header,
     is_missing_region,
+    is_queue_refusal,
     never_reached,
     translate_error,
 )
@@ -76,6 +79,33 @@ class Step(enum.Enum):
 
 
 Steps = Generator[tuple[Step, Any], Any, dict[str, np.ndarray]]
+
+
+class SuspectedChange(Exception):
+    """Triton refused a request, or answered it, in a way a change of the model's config
+    explains. The client compares Triton's config with the pool's spec: the pool follows the
+    model, or the caller gets :class:`ModelChangedError` if the specs were given by hand, or
+    :attr:`error` if nothing changed after all.
+
+    Attributes:
+        error: What the caller gets if the model did not change.
+        executed: Whether Triton ran the request (it answered): a sequence step is then not
+            sent again.
+    """
+
+    def __init__(self, error: TritonServerError, *, executed: bool) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.executed = executed
+
+
+class PoolRetired(Exception):
+    """A slot was taken from a pool whose model moved to a new layout (it is given back
+    unused): the call goes to the model's current pool."""
+
+    def __init__(self, pool: ModelPool) -> None:
+        super().__init__(f"the pool of model {pool.spec.name!r} was replaced by a new layout")
+        self.pool = pool
 
 
 @dataclass(eq=False)
@@ -105,6 +135,24 @@ class ModelPool:
     #: Bumped on every re-registration; a failed request knows which registration it used.
     epoch: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: What the pool was registered with (``None`` for an attached region: its owner knows).
+    registration: Registration | None = None
+    #: Bumped on every new layout of the model (the model changed on Triton).
+    generation: int = 0
+    #: The pool that replaced this one, once the model changed on Triton.
+    successor: ModelPool | None = None
+    #: When Triton's config was last compared with the spec (``time.monotonic``), and what
+    #: that found: the error of hand-given specs that no longer match, or ``None``.
+    checked_at: float = float("-inf")
+    check_error: BaseException | None = None
+    #: When the config of a pool that follows the model is next compared with it.
+    next_check: float = 0.0
+
+    @property
+    def follows(self) -> bool:
+        """Whether the pool is laid out again when the model changes on Triton (its client
+        owns it, and its specs came from Triton's config)."""
+        return self.registration is not None and self.registration.follows
 
     @classmethod
     def over(
@@ -115,6 +163,8 @@ class ModelPool:
         slot_count: int,
         header: RegionHeader,
         reregister: Callable[[], None] | None = None,
+        registration: Registration | None = None,
+        generation: int = 0,
     ) -> ModelPool:
         """A pool over ``slot_count`` slots of ``region``, laid out for ``spec``."""
         layout = SlotLayout.for_model(spec)
@@ -132,7 +182,20 @@ class ModelPool:
             header=header,
             slot_keys=keys,
             reregister=reregister,
+            registration=registration,
+            generation=generation,
         )
+
+    def take(self, slot: int) -> int:
+        """Checks a slot just taken: one of a retired pool goes back unused.
+
+        Raises:
+            PoolRetired: the model moved to a new layout.
+        """
+        if self.header.retired:
+            self.slots.release(slot)
+            raise PoolRetired(self)
+        return slot
 
     def finish(self, slot: int, answered: bool, sent_ns: int) -> None:
         """Frees a slot whose request ended: at once if Triton answered it, else abandoned."""
@@ -172,7 +235,14 @@ class Chunk:
 
     @classmethod
     def write(
-        cls, pool: ModelPool, slot: int, batch: Batch, start: int, stop: int, request_id: str
+        cls,
+        pool: ModelPool,
+        slot: int,
+        batch: Batch,
+        start: int,
+        stop: int,
+        request_id: str,
+        options: RequestOptions | None,
     ) -> Chunk:
         """Writes rows ``start:stop`` into a slot and prepares their request; the slot is the
         chunk's now (released here if writing fails)."""
@@ -180,6 +250,8 @@ class Chunk:
             written = batch.write_chunk(pool.views[slot], start, stop)
             rows = stop - start if batch.batched else None
             request = pool.requests.prepare(slot, rows, batch.sample_shapes, written, request_id)
+            if options is not None:
+                request = options.apply(request)
         except BaseException:
             pool.slots.release(slot)
             raise
@@ -235,23 +307,37 @@ class Chunk:
         """Copies the outputs out of the slot, counts the request, then frees the slot."""
         pool, slot = self.pool, self.slot
         try:
+            mismatch = answer_mismatch(
+                pool.spec, ((o.name, o.datatype, tuple(o.shape)) for o in response.outputs)
+            )
+            if mismatch is not None:
+                pool.header.count_error(slot)
+                error = TritonServerError(
+                    f"model {pool.spec.name!r} answered outputs that do not fit the specs it "
+                    f"was registered with: {mismatch}",
+                    model=pool.spec.name,
+                )
+                raise SuspectedChange(error, executed=True)
             bytes_out = outputs.add(pool.views[slot], self.start, _answered(response))
             pool.header.count(slot, self.rows, self.bytes_in, bytes_out)
         finally:
             pool.slots.release(slot)
 
-    def failed(self, exc: BaseException) -> TritonServerError:
-        """Counts the failed request; returns Triton's error as ours."""
+    def failed(self, exc: BaseException) -> TritonServerError | SuspectedChange:
+        """Counts the failed request; returns Triton's error as ours (wrapped in
+        :class:`SuspectedChange` if a change of the model's config explains it)."""
         self.pool.header.count_error(self.slot)
         error = translate_error(exc, model=self.pool.spec.name, action="inference")
         overflow = overflow_message(self.pool.spec, error.server_message)
         if overflow is not None:
-            return TritonServerError(
+            error = TritonServerError(
                 overflow,
                 status=error.status,
                 server_message=error.server_message,
                 model=error.model,
             )
+        if is_change_symptom(exc):
+            return SuspectedChange(error, executed=False)
         return error
 
     def recovery(self, exc: BaseException) -> tuple[Step, Any]:
@@ -270,12 +356,19 @@ class Chunk:
         raise self.failed(exc) from exc
 
 
-def run(pool: ModelPool, batch: Batch, *, slot_timeout_s: float | None, request_id: str) -> Steps:
+def run(
+    pool: ModelPool,
+    batch: Batch,
+    *,
+    slot_timeout_s: float | None,
+    request_id: str,
+    options: RequestOptions | None = None,
+) -> Steps:
     """The steps of one inference call of a non-empty ``batch``; returns the outputs."""
-    outputs = OutputAssembler(pool.spec, batch.size)
+    outputs = OutputAssembler(pool.spec, batch.size, None if options is None else options.outputs)
     if batch.size <= pool.spec.batch_capacity:  # one chunk, the common case
-        slot = yield Step.SLOT, slot_timeout_s
-        chunk = Chunk.write(pool, slot, batch, 0, batch.size, request_id)
+        only = pool.take((yield Step.SLOT, slot_timeout_s))
+        chunk = Chunk.write(pool, only, batch, 0, batch.size, request_id, options)
         try:
             response = yield from _answer(chunk)
         except BaseException:
@@ -293,7 +386,8 @@ def run(pool: ModelPool, batch: Batch, *, slot_timeout_s: float | None, request_
                 slot = pool.slots.try_acquire()
             if slot is None:
                 slot = yield Step.SLOT, slot_timeout_s
-            pending.append(Chunk.write(pool, slot, batch, start, stop, request_id))
+            slot = pool.take(slot)
+            pending.append(Chunk.write(pool, slot, batch, start, stop, request_id, options))
             yield from _send(pending[-1])
         while pending:
             response = yield from _answer(pending[0])
@@ -396,7 +490,7 @@ def _from_triton(exc: grpc.RpcError) -> bool:
     if code in (grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED):
         return False
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN):
-        return never_reached(exc) or expected_header(exc) is not None
+        return never_reached(exc) or expected_header(exc) is not None or is_queue_refusal(exc)
     return True
 
 

@@ -13,6 +13,10 @@
     ├── SharedMemoryFullError (OSError)        /dev/shm has no room for a pool (errno ENOSPC)
     ├── LocalServerError (RuntimeError)        the embedded Triton could not be set up or started
     └── TritonServerError (RuntimeError)       Triton answered with an error; keeps its status
+        ├── ModelChangedError (ValueError)     the model's config on Triton no longer matches
+        │                                      the specs given by hand; names what changed
+        ├── ModelNotLoadedError (LookupError)  the model is not loaded on Triton (unloaded,
+        │                                      or failed to load)
         ├── SharedMemoryNotAllowedError        the server refuses client shared memory
         ├── AccessDeniedError                  a restricted protocol, and the request lacked
         │   (PermissionError)                  its key; names the header Triton expects
@@ -35,6 +39,8 @@ __all__ = [
     "ClientClosedError",
     "InvalidInputError",
     "LocalServerError",
+    "ModelChangedError",
+    "ModelNotLoadedError",
     "ModelNotRegisteredError",
     "ModelSpecError",
     "OverloadedError",
@@ -208,6 +214,47 @@ class TritonServerError(TritonSHMError, RuntimeError):
         super().__init__(message, model=model)
         self.status = status
         self.server_message = server_message
+
+
+class ModelChangedError(TritonServerError, ValueError):
+    """The model's configuration on Triton no longer matches the pool's specs.
+
+    A pool whose specs came from Triton's configuration follows the model on its own and never
+    raises this; one registered with specs given by hand does, naming what changed. Register
+    it again with the new specs (``register_shm_model(..., replace=True)``, or
+    ``ShmModel.reregister(...)``), or leave the specs to Triton so that the pool follows.
+
+    Attributes:
+        tensor: The first tensor that differs (``None`` for ``max_batch_size``).
+        registered: What the pool was registered with, e.g. ``"FP32 (16,)"``.
+        current: What Triton's configuration says now.
+    """
+
+    #: Whether Triton ran the request (it answered, with outputs that did not fit the specs):
+    #: a sequence step is then not sent again.
+    _executed = False
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        tensor: str | None = None,
+        registered: str = "",
+        current: str = "",
+        status: str | None = None,
+        server_message: str = "",
+        model: str | None = None,
+    ) -> None:
+        super().__init__(message, status=status, server_message=server_message, model=model)
+        self.tensor = tensor
+        self.registered = registered
+        self.current = current
+
+
+class ModelNotLoadedError(TritonServerError, LookupError):
+    """Triton is up, but the model is not loaded (unloaded, not loaded yet, or it failed to
+    load). Raised at once, without waiting ``reconnect_timeout_s``; once the model is loaded
+    again, calls work with no new registration."""
 
 
 class SharedMemoryNotAllowedError(TritonServerError):

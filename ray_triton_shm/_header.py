@@ -4,7 +4,9 @@ A region is shared by its owner and, in the Ray layer, by every process on the n
 its slots (see :mod:`._shared_slots`). The header lets them coordinate and count without a
 single message. Each word has one writer at a time, so no two processes race on a word:
 
-* the owner's setting ``max_waiting`` (seats for waiting callers);
+* the owner's setting ``max_waiting`` (seats for waiting callers), and its ``retired`` flag:
+  set once the model's pool moved to a new region (the model changed on Triton), after which
+  nobody sends a request on this region's slots;
 * one seat per waiting caller: the slot it queues on (written by the seat's holder);
 * per slot, written by the slot's current holder: when it sent a request on it
   (``busy_since``, zero while free), since when the slot waits for Triton to finish a request
@@ -30,7 +32,7 @@ from ._specs import REGION_HEADER_BYTES
 __all__ = ["MAX_SEATS", "MAX_SLOTS", "RegionHeader", "SlotCounters"]
 
 # Settings and node-wide words.
-_MAX_WAITING, _OVERLOADS = 0, 2
+_MAX_WAITING, _RETIRED, _OVERLOADS = 0, 1, 2
 _FIRST_SEAT_WORD = 16
 #: Most callers that can wait for a slot of one region at once.
 MAX_SEATS = 1024
@@ -111,6 +113,16 @@ class RegionHeader:
     def max_waiting(self) -> int:
         """Callers that may wait for a slot at once (the number of seats)."""
         return self._word[_MAX_WAITING]
+
+    def retire(self) -> None:
+        """Marks the region as replaced by a newer layout of its model (by its owner)."""
+        self._word[_RETIRED] = 1
+
+    @property
+    def retired(self) -> bool:
+        """Whether the model's pool moved to another region: a caller that takes a slot here
+        gives it back unused and goes to the model's current region."""
+        return self._word[_RETIRED] != 0
 
     # ---------------------------------------------------------------- seats
 

@@ -29,11 +29,13 @@ class OutputAssembler:
     Args:
         spec: The model.
         total: Samples in the whole call.
+        names: The outputs asked for, in the model's order (``None``: all of them).
     """
 
-    def __init__(self, spec: ModelSpec, total: int) -> None:
+    def __init__(self, spec: ModelSpec, total: int, names: tuple[str, ...] | None = None) -> None:
         self._spec = spec
         self._total = total
+        self._names = names
         self._arrays: dict[str, np.ndarray] = {}
 
     def add(
@@ -117,13 +119,19 @@ class OutputAssembler:
         array[start : start + shape[0]] = values
 
     def result(self) -> dict[str, np.ndarray]:
-        """The outputs, by name, in the model's order."""
+        """The outputs asked for, by name, in the model's order."""
+        if self._names is not None:
+            return {name: self._arrays[name] for name in self._names}
         return {t.name: self._arrays[t.name] for t in self._spec.outputs}
 
 
-def empty_outputs(spec: ModelSpec) -> dict[str, np.ndarray]:
+def empty_outputs(spec: ModelSpec, names: tuple[str, ...] | None = None) -> dict[str, np.ndarray]:
     """Outputs of an empty batch: zero samples, each variable dim 0."""
-    return {t.name: np.empty((0, *(max(d, 0) for d in t.shape)), t.dtype) for t in spec.outputs}
+    return {
+        t.name: np.empty((0, *(max(d, 0) for d in t.shape)), t.dtype)
+        for t in spec.outputs
+        if names is None or t.name in names
+    }
 
 
 def overflow_message(spec: ModelSpec, server_message: str) -> str | None:

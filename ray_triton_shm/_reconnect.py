@@ -29,7 +29,14 @@ import grpc
 from tritonclient.grpc import MAX_GRPC_MESSAGE_SIZE, KeepAliveOptions, service_pb2, service_pb2_grpc
 
 from ._exceptions import ServerUnreachableError
-from ._transport import as_asyncio_future, expected_header, status_and_message, translate_error
+from ._transport import (
+    as_asyncio_future,
+    expected_header,
+    is_queue_refusal,
+    is_unknown_model,
+    status_and_message,
+    translate_error,
+)
 
 __all__ = [
     "Reconnect",
@@ -44,7 +51,11 @@ _MAX_BACKOFF_MS = 1000
 _READY_PAUSE_S = 0.1
 #: Deadline of the readiness question asked when a model has vanished.
 _READY_CHECK_S = 2.0
+#: A server that starts shutting down still says it is live for a moment: a model that has
+#: vanished from a live server is asked about once more after this pause.
+_LIVE_RECHECK_S = 0.2
 _READY_REQUEST = service_pb2.ServerReadyRequest()
+_LIVE_REQUEST = service_pb2.ServerLiveRequest()
 
 T = TypeVar("T")
 
@@ -75,7 +86,11 @@ def is_unreachable(exc: BaseException) -> bool:
     """Whether a gRPC or tritonclient error means Triton could not be reached (and not that
     it refused a restricted protocol, which it also answers ``UNAVAILABLE``)."""
     status, _ = status_and_message(exc)
-    return status == str(grpc.StatusCode.UNAVAILABLE) and expected_header(exc) is None
+    return (
+        status == str(grpc.StatusCode.UNAVAILABLE)
+        and expected_header(exc) is None
+        and not is_queue_refusal(exc)
+    )
 
 
 def is_restart_symptom(exc: BaseException) -> bool:
@@ -175,9 +190,27 @@ class Reconnect:
                 self.wait(exc)
 
     def _check_restarting(self, exc: BaseException) -> None:
-        """Raises ``exc`` as ours unless Triton is unreachable or says it is not ready."""
+        """Raises ``exc`` as ours unless Triton is unreachable or restarting.
+
+        A model with no version loaded on a server that is live and not exiting was unloaded
+        (or never loaded): :class:`ModelNotLoadedError` at once. A server that is shutting
+        down answers its liveness question "Server exiting".
+        """
         if is_unreachable(exc):
             return
+        if is_unknown_model(exc):
+            for pause_s in (0.0, _LIVE_RECHECK_S):
+                time.sleep(pause_s)
+                try:
+                    live = self._stub.ServerLive(
+                        _LIVE_REQUEST, timeout=_READY_CHECK_S, metadata=self._metadata
+                    ).live
+                except grpc.RpcError as error:
+                    self._raise_if_refused(error)
+                    return  # exiting, or gone meanwhile: a restart
+                if not live:
+                    return
+            raise translate_error(exc, model=self._model, action="inference") from exc
         try:
             ready = self._stub.ServerReady(
                 _READY_REQUEST, timeout=_READY_CHECK_S, metadata=self._metadata

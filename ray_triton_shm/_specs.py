@@ -123,6 +123,11 @@ class ModelSpec:
         return any(t.is_bytes for t in (*self.inputs, *self.outputs))
 
     @functools.cached_property
+    def outputs_by_name(self) -> dict[str, TensorSpec]:
+        """The output specs by name."""
+        return {t.name: t for t in self.outputs}
+
+    @functools.cached_property
     def bytes_outputs(self) -> frozenset[str]:
         """The names of the BYTES outputs."""
         return frozenset(t.name for t in self.outputs if t.is_bytes)

@@ -16,7 +16,12 @@ import grpc
 from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
-from ._exceptions import AccessDeniedError, SharedMemoryNotAllowedError, TritonServerError
+from ._exceptions import (
+    AccessDeniedError,
+    ModelNotLoadedError,
+    SharedMemoryNotAllowedError,
+    TritonServerError,
+)
 from ._headers import env_var_for
 from ._specs import ModelSpec, SlotLayout
 
@@ -26,6 +31,8 @@ __all__ = [
     "expected_header",
     "is_in_use",
     "is_missing_region",
+    "is_queue_refusal",
+    "is_unknown_model",
     "never_reached",
     "status_and_message",
     "translate_error",
@@ -37,6 +44,10 @@ _REFUSAL_WORDS = ("not allowed", "disabled", "not enabled", "not permitted", "al
 _RESTRICTED = re.compile(r"is restricted, expecting header '([^']*)'")
 #: What Triton answers when ``shm_open`` of a region fails (for any reason: it does not say).
 _UNOPENABLE = "Unable to open shared memory region"
+#: Triton's own ``UNAVAILABLE`` answers to a request it queued: not a server that is down.
+_QUEUE_REFUSALS = ("Request timeout expired", "Exceeds maximum queue size")
+#: Triton's answer for a model it does not serve now (unloaded, or never loaded).
+_UNKNOWN_MODEL = "Request for unknown model"
 
 
 def status_and_message(exc: BaseException) -> tuple[str | None, str]:
@@ -46,6 +57,19 @@ def status_and_message(exc: BaseException) -> tuple[str | None, str]:
     if isinstance(exc, InferenceServerException):
         return exc.status(), exc.message() or ""
     return None, str(exc)
+
+
+def is_queue_refusal(exc: BaseException) -> bool:
+    """Whether Triton refused a request from its queue (its own timeout expired, or the queue
+    was full): an answer, which Triton sends ``UNAVAILABLE`` like a server that is down."""
+    _, message = status_and_message(exc)
+    return any(words in message for words in _QUEUE_REFUSALS)
+
+
+def is_unknown_model(exc: BaseException) -> bool:
+    """Whether Triton answered that it serves no version of the model now."""
+    status, message = status_and_message(exc)
+    return status == str(grpc.StatusCode.NOT_FOUND) and _UNKNOWN_MODEL in message
 
 
 def never_reached(exc: BaseException) -> bool:
@@ -110,6 +134,15 @@ def translate_error(
             "Run Triton and the client as the same uid, and let them share /dev/shm: `docker "
             "run --ipc=host` (or --ipc=container:<triton>) for both, or in Kubernetes put them "
             "in one pod or set hostIPC: true.",
+            status=status,
+            server_message=message,
+            model=model,
+        )
+    if is_unknown_model(exc) and model:
+        return ModelNotLoadedError(
+            f"model {model!r} is not loaded on Triton ({message}). Load it (in "
+            "--model-control-mode=explicit: load_model), or check Triton's log for why it "
+            "failed to load; calls work again once it is loaded, with no new registration.",
             status=status,
             server_message=message,
             model=model,
