@@ -93,6 +93,10 @@ class NodeActorConfig:
             shown.
         client_options: Keyword arguments of the actor's :class:`TritonSHMClient` (TLS:
             ``ssl=True``, ``root_certificates=``, ``private_key=``, ``certificate_chain=``).
+        config_check_interval_s: How often the actor compares the config of each model whose
+            pool follows it with the pool, to pick up changes no request runs into (a larger
+            ``max_batch_size``, an output added); ``None``: only when a request runs into
+            one.
     """
 
     url: str | None = None
@@ -102,6 +106,7 @@ class NodeActorConfig:
     reconnect_timeout_s: float = DEFAULT_RECONNECT_TIMEOUT_S
     headers: Mapping[str, str] | None = field(default=None, repr=False)
     client_options: Mapping[str, Any] | None = field(default=None, repr=False)
+    config_check_interval_s: float | None = 5.0
 
 
 @dataclass(frozen=True)
@@ -115,6 +120,8 @@ class ModelRegistration:
         node_id: The node the region lives on.
         url: The Triton the region is registered with.
         incarnation: Changes when the actor restarts (and its regions with it).
+        generation: Grows each time the model's pool is laid out anew (the model changed on
+            Triton, or it was registered again with other specs).
     """
 
     spec: ModelSpec
@@ -123,6 +130,7 @@ class ModelRegistration:
     node_id: str
     url: str
     incarnation: str
+    generation: int = 0
 
 
 @dataclass(frozen=True)
@@ -195,8 +203,10 @@ class TritonNodeActor:
             url=self._url,
             reconnect_timeout_s=config.reconnect_timeout_s,
             headers=headers,
+            config_check_interval_s=None,  # the housekeeping thread checks, not requests
             **(config.client_options or {}),
         )
+        self._client._on_new_pool = self._share
         self._lock = threading.Lock()
         self._by_value: dict[str, int] = {}
         self._metrics = _Metrics(self._node_id)
@@ -217,8 +227,12 @@ class TritonNodeActor:
         model_version: str = "",
         max_shapes: Mapping[str, Sequence[int]] | None = None,
         max_element_bytes: Mapping[str, int] | None = None,
+        replace: bool = False,
     ) -> ModelRegistration:
         """Registers a model (a no-op when already registered with the same specs).
+
+        With ``replace``, a model registered with other specs is laid out anew for these:
+        every process on the node moves to the new region at its next call.
 
         Raises:
             ModelSpecError: the model is registered with other specs, or bad specs.
@@ -239,27 +253,53 @@ class TritonNodeActor:
             model_version=model_version,
             max_shapes=max_shapes,
             max_element_bytes=max_element_bytes,
+            replace=replace,
         )
-        pool = self._share(model_name)
-        return ModelRegistration(
-            spec=spec,
-            region_name=pool.region.name,
-            slot_count=pool.slots.size,
-            node_id=self._node_id,
-            url=self._url,
-            incarnation=self._incarnation,
-        )
+        del spec  # the pool's own spec: another caller may have laid it out anew meanwhile
+        return self._registration(self._client._pool(model_name))
 
     @ray.method(concurrency_group="control")
-    def ensure_registered(self, model_name: str, incarnation: str) -> None:
-        """Registers the model's region in Triton again if Triton lost it (it restarted).
+    def follow(self, model_name: str, incarnation: str, generation: int) -> ModelRegistration:
+        """The model's current registration, after a process found its layout of generation
+        ``generation`` refused or answered in a way a change of the model explains.
+
+        Reads Triton's config of the model unless the pool already moved past ``generation``
+        (so a change costs one read per node, however many processes run into it) and lays
+        the pool out anew if the model changed; the registration returned is then of a newer
+        generation.
 
         Raises:
             StaleLeaseError: ``incarnation`` is not this actor's (it restarted).
+            ModelChangedError: the model was registered with specs given by hand that no
+                longer match.
+        """
+        self._check_incarnation(incarnation)
+        pool = self._client._pool(model_name)
+        if pool.generation == generation:
+            # Not "since" the caller's request: its refusal is the proof that counts.
+            pool = self._client._follow(pool, since=time.monotonic()) or pool
+        return self._registration(pool)
+
+    @ray.method(concurrency_group="control")
+    def ensure_registered(
+        self, model_name: str, incarnation: str, generation: int | None = None
+    ) -> None:
+        """Registers the model's region in Triton again if Triton lost it (it restarted).
+
+        Raises:
+            StaleLeaseError: ``incarnation`` is not this actor's (it restarted), or the
+                model's pool was laid out anew since ``generation``: bind again.
             TritonServerError: Triton refused.
         """
         self._check_incarnation(incarnation)
         pool = self._client._pool(model_name)
+        if generation is not None and generation != pool.generation:
+            raise StaleLeaseError(
+                f"model {model_name!r} was laid out anew (generation {pool.generation}, the "
+                f"caller's {generation}); bind again",
+                model=model_name,
+                incarnation=incarnation,
+            )
         reconnect = self._client._reconnect(model_name)
         self._client._register_slots(pool.region, pool.slot_keys, reconnect, model=model_name)
 
@@ -308,6 +348,7 @@ class TritonNodeActor:
         reconnect_timeout_s: float | None = None,
         headers: Mapping[str, str] | None = None,
         client_timeout_s: float | None = None,
+        options: Mapping[str, Any] | None = None,
     ) -> dict[str, np.ndarray]:
         """By-value inference: arrays in, arrays out (through Ray's object store), on the same
         slots as every other caller of the node.
@@ -315,7 +356,8 @@ class TritonNodeActor:
         ``reconnect_timeout_s`` is the caller's: how long to wait for Triton while it is
         unreachable (``None``: the actor's). ``headers`` are the caller's (its inference key),
         sent over the actor's own. ``client_timeout_s`` is the caller's deadline for Triton's
-        answer (see :meth:`TritonSHMClient.infer_shm`).
+        answer (see :meth:`TritonSHMClient.infer_shm`). ``options`` are Triton's request
+        options of the call (``priority``, ``queue_timeout_s``, ``sequence_id``...).
 
         Raises:
             StaleLeaseError: ``incarnation`` is not this actor's (it restarted): bind again.
@@ -330,23 +372,29 @@ class TritonNodeActor:
             reconnect_timeout_s=reconnect_timeout_s,
             headers=headers,
             client_timeout_s=client_timeout_s,
+            **(options or {}),
         )
 
     # ---------------------------------------------------------------- internals
 
-    def _share(self, model_name: str) -> ModelPool:
-        """The model's pool, its slots shared with every process of the node through the
-        region (done once, right after the region is created)."""
-        pool = self._client._pool(model_name)
-        with self._lock:
-            if not isinstance(pool.slots, SharedSlots):
-                pool.header.configure(max_waiting=self._config.max_waiting)
-                pool.slots = SharedSlots(
-                    pool.region.name, pool.header, pool.slots.size, model=model_name
-                )
-                if pool.wake_settler is not None:
-                    pool.wake_settler()  # from now on it sweeps the region for dead holders
-        return pool
+    def _registration(self, pool: ModelPool) -> ModelRegistration:
+        return ModelRegistration(
+            spec=pool.spec,
+            region_name=pool.region.name,
+            slot_count=pool.slots.size,
+            node_id=self._node_id,
+            url=self._url,
+            incarnation=self._incarnation,
+            generation=pool.generation,
+        )
+
+    def _share(self, pool: ModelPool) -> None:
+        """Shares a new pool's slots with every process of the node through its region
+        (before anybody uses it)."""
+        pool.header.configure(max_waiting=self._config.max_waiting)
+        pool.slots = SharedSlots(
+            pool.region.name, pool.header, pool.slots.size, model=pool.spec.name
+        )
 
     def _check_incarnation(self, incarnation: str) -> None:
         if incarnation != self._incarnation:
@@ -357,12 +405,16 @@ class TritonNodeActor:
             )
 
     def _housekeeping(self) -> None:
-        """Sweeps up after callers that died; exports the Ray metrics."""
+        """Sweeps up after callers that died; exports the Ray metrics; compares the configs
+        of the models whose pools follow them with their pools."""
+        interval = self._config.config_check_interval_s
         while not self._stop.wait(self._config.sweep_interval_s):
             for name in self._client.registered_models:
                 try:
                     pool = self._client._pool(name)
                     self._metrics.export(name, pool, _node_slot_stats(pool))
+                    if interval is not None and pool.follows:
+                        self._client._follow(pool, since=time.monotonic() - interval)
                 except TritonSHMError:
                     continue  # unregistered meanwhile
                 except Exception:  # the next round tries again; never end the thread

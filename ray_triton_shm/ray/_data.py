@@ -45,7 +45,9 @@ class ShmPredictor:
         cast: Convert input columns to the model's dtypes (e.g. float64 -> float32) instead of
             rejecting them.
         **model_options: Passed to :class:`ShmModel` (``url``, ``max_shapes``, ``zero_copy``,
-            ``slot_timeout_s``, ``actor_options``, ...).
+            ``slot_timeout_s``, ``actor_options``, and Triton's request options ``priority``,
+            ``queue_timeout_s``, ``parameters``...). Only the outputs ``output_columns``
+            names are asked of Triton.
 
     Raises:
         ModelSpecError: ``input_columns`` or ``output_columns`` do not match the model (a
@@ -78,6 +80,9 @@ class ShmPredictor:
         self._spec: ModelSpec = self._model.spec
         self._columns = _input_columns(self._spec, input_columns)
         self._outputs = _output_columns(self._spec, output_columns)
+        self._requested = (
+            None if len(self._outputs) == len(self._spec.outputs) else list(self._outputs)
+        )
 
     def __repr__(self) -> str:
         return f"ShmPredictor({self._spec.name!r}, inputs={self._columns})"
@@ -139,10 +144,13 @@ class ShmPredictor:
 
     def _infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if self._spec.batched:
-            return self._model.infer(inputs)
+            return self._model.infer(inputs, outputs=self._requested)
         # A model without a batch dimension: one request per row, outputs stacked.
         rows = len(next(iter(inputs.values())))
-        per_row = [self._model.infer({k: v[i] for k, v in inputs.items()}) for i in range(rows)]
+        per_row = [
+            self._model.infer({k: v[i] for k, v in inputs.items()}, outputs=self._requested)
+            for i in range(rows)
+        ]
         return {
             t.name: (
                 np.stack([r[t.name] for r in per_row])
@@ -150,6 +158,7 @@ class ShmPredictor:
                 else np.empty((0, *(max(d, 0) for d in t.shape)), t.dtype)
             )
             for t in self._spec.outputs
+            if t.name in self._outputs
         }
 
     def _column(self, batch: Mapping[str, Any], name: str, column: str) -> np.ndarray:

@@ -26,13 +26,15 @@ from ray.exceptions import RayActorError
 
 from .._client import TritonSHMClient
 from .._defaults import DEFAULT_RECONNECT_TIMEOUT_S
-from .._exceptions import ClientClosedError, StaleLeaseError
+from .._engine import PoolRetired, SuspectedChange
+from .._exceptions import ClientClosedError, InvalidInputError, StaleLeaseError
 from .._header import RegionHeader
 from .._headers import headers_from_env, normalize
 from .._inputs import InputValue
+from .._options import ParameterValue, request_options
 from .._shared_slots import SharedSlots
 from .._shm import SharedMemoryRegion
-from .._specs import ModelSpec
+from .._specs import ModelSpec, SpecLike
 from ._actor import ModelRegistration, get_node_actor
 from ._control import control_call, get
 
@@ -42,6 +44,14 @@ __all__ = ["ShmModel"]
 _REBIND_ON = (StaleLeaseError, RayActorError)
 #: Pause before asking for the node actor again after finding it going away.
 _REBIND_PAUSE_S = 1.0
+#: What sends a call to the model's newer layout: the model changed on Triton (suspected from
+#: a refusal or an answer, or from inputs the old spec refuses), or the layout was replaced.
+_MOVED = (SuspectedChange, PoolRetired, InvalidInputError)
+#: How many times one call may bind again or move to a newer layout.
+_MAX_RETRIES = 2
+#: Inputs the spec refuses make this process ask the node actor to check the model's config at
+#: most this often.
+_INPUT_RECHECK_S = 1.0
 
 
 class _Binding:
@@ -87,7 +97,14 @@ class _Binding:
                     headers=headers,
                     **client_options,
                 )
-                client._attach_pool(self.spec, region, slots, count, self._ensure_registered)
+                client._attach_pool(
+                    self.spec,
+                    region,
+                    slots,
+                    count,
+                    self._ensure_registered,
+                    registration.generation,
+                )
             except BaseException:
                 slots.close(wait_s=0)
                 region.close()
@@ -95,32 +112,43 @@ class _Binding:
             self.client = client
 
     def _ensure_registered(self) -> None:
-        actor, name, incarnation = self.actor, self.spec.name, self.registration.incarnation
-        control_call(lambda: get(actor.ensure_registered.remote(name, incarnation)))
+        actor, name = self.actor, self.spec.name
+        incarnation, generation = self.registration.incarnation, self.registration.generation
+        control_call(lambda: get(actor.ensure_registered.remote(name, incarnation, generation)))
 
-    def infer(self, inputs: Mapping[str, InputValue], slot_timeout_s: float | None) -> Any:
+    def infer(
+        self,
+        inputs: Mapping[str, InputValue],
+        slot_timeout_s: float | None,
+        options: Mapping[str, Any],
+    ) -> Any:
         if self.client is None:
-            return get(self._by_value(inputs))
+            return get(self._by_value(inputs, options))
         return self.client.infer_shm(
             self.spec.name,
             inputs,
             slot_timeout_s=slot_timeout_s,
             client_timeout_s=self.client_timeout_s,
+            **options,
         )
 
     async def infer_async(
-        self, inputs: Mapping[str, InputValue], slot_timeout_s: float | None
+        self,
+        inputs: Mapping[str, InputValue],
+        slot_timeout_s: float | None,
+        options: Mapping[str, Any],
     ) -> Any:
         if self.client is None:
-            return await _awaited(self._by_value(inputs))
+            return await _awaited(self._by_value(inputs, options))
         return await self.client.infer_shm_async(
             self.spec.name,
             inputs,
             slot_timeout_s=slot_timeout_s,
             client_timeout_s=self.client_timeout_s,
+            **options,
         )
 
-    def _by_value(self, inputs: Mapping[str, InputValue]) -> Any:
+    def _by_value(self, inputs: Mapping[str, InputValue], options: Mapping[str, Any]) -> Any:
         incarnation = self.registration.incarnation
         return self.actor.infer.remote(
             self.spec.name,
@@ -129,6 +157,7 @@ class _Binding:
             self.reconnect_timeout_s,
             self.headers or None,
             self.client_timeout_s,
+            dict(options) or None,
         )
 
     def close(self) -> None:
@@ -173,6 +202,20 @@ class ShmModel:
         actor_options: Extra keyword arguments for :func:`get_node_actor` (``slots``,
             ``max_waiting``, ``reconnect_timeout_s``, ``headers`` and
             ``client_options`` of the control plane), used if this call creates the actor.
+        priority: Default Triton priority level of this handle's requests (``0``: the
+            model's default); a call's own ``priority`` wins.
+        queue_timeout_s: Default Triton queue timeout of this handle's requests (see
+            :meth:`TritonSHMClient.infer_shm`).
+        parameters: Default custom parameters of this handle's requests; a call's own are
+            merged over them.
+        requested_outputs: The outputs this handle's requests ask for by default (``None``:
+            all); a call's own ``outputs=`` wins.
+
+    When the model changes on Triton and its specs came from Triton's config (``inputs``,
+    ``outputs`` and ``max_batch_size`` left out), the node actor lays its pool out anew, once
+    per node, and every handle in every process moves to the new layout at its next call.
+    With specs given by hand, calls raise :class:`ModelChangedError`; :meth:`reregister`
+    registers the model again with new specs.
 
     Example:
         >>> model = ShmModel("classifier")
@@ -198,7 +241,25 @@ class ShmModel:
         headers: Mapping[str, str] | None = None,
         client_options: Mapping[str, Any] | None = None,
         actor_options: Mapping[str, Any] | None = None,
+        priority: int = 0,
+        queue_timeout_s: float | None = None,
+        parameters: Mapping[str, ParameterValue] | None = None,
+        requested_outputs: Sequence[str] | None = None,
     ) -> None:
+        # Checked here, where the handle is made, not at its first call in a worker.
+        request_options(
+            model_name,
+            priority=priority,
+            queue_timeout_s=queue_timeout_s,
+            parameters=parameters,
+            outputs=requested_outputs,
+        )
+        self._defaults: dict[str, Any] = {
+            "priority": priority,
+            "queue_timeout_s": queue_timeout_s,
+            "parameters": dict(parameters or {}),
+            "outputs": None if requested_outputs is None else list(requested_outputs),
+        }
         self.model_name = model_name
         self._register_args: dict[str, Any] = {
             "inputs": list(inputs) if inputs is not None else None,
@@ -219,6 +280,7 @@ class ShmModel:
         self._actor_options = dict(actor_options or {})
         self._binding: _Binding | None = None
         self._bind_lock = threading.Lock()
+        self._input_checked_at = float("-inf")
 
     # ---------------------------------------------------------------- pickling: config only
 
@@ -246,22 +308,25 @@ class ShmModel:
                 self._binding = None  # a forked child: the parent's binding is not its own
             if self._binding is None:
                 actor, registration = self._register()
-                same_node = registration.node_id == ray.get_runtime_context().get_node_id()
-                self._binding = _Binding(
-                    actor,
-                    registration,
-                    zero_copy=self._zero_copy and same_node,
-                    reconnect_timeout_s=self._reconnect_timeout_s,
-                    client_timeout_s=self._client_timeout_s,
-                    headers={**headers_from_env(), **self._headers},
-                    client_options=self._client_options,
-                )
+                self._binding = self._new_binding(actor, registration)
             return self._binding
 
-    def _register(self) -> tuple[Any, ModelRegistration]:
+    def _new_binding(self, actor: Any, registration: ModelRegistration) -> _Binding:
+        same_node = registration.node_id == ray.get_runtime_context().get_node_id()
+        return _Binding(
+            actor,
+            registration,
+            zero_copy=self._zero_copy and same_node,
+            reconnect_timeout_s=self._reconnect_timeout_s,
+            client_timeout_s=self._client_timeout_s,
+            headers={**headers_from_env(), **self._headers},
+            client_options=self._client_options,
+        )
+
+    def _register(self, *, replace: bool = False) -> tuple[Any, ModelRegistration]:
         """Registers the model with the node actor; once more with the actor's next
         incarnation if the one found was going away (killed, or its node restarting)."""
-        name, args = self.model_name, self._register_args
+        name, args = self.model_name, {**self._register_args, "replace": replace}
         for attempt in range(2):
             actor = get_node_actor(url=self._url, **self._actor_options)
             try:
@@ -279,14 +344,79 @@ class ShmModel:
         # Binding is rare (once per process) and made of short control calls.
         return await asyncio.to_thread(self._bind)
 
-    def _rebind(self, stale: _Binding) -> None:
-        """Forgets a binding to a node actor that restarted; the next call binds again."""
+    def _rebind(self, stale: _Binding, registration: ModelRegistration | None = None) -> None:
+        """Forgets a binding to a node actor that restarted, or to a layout of the model that
+        was replaced by ``registration``'s; the next call binds again."""
         with self._bind_lock:
             if self._binding is not stale:
-                return  # another call forgot it first, and closes it
+                return  # another call replaced it first, and closes it
             self._binding = None
+            if registration is not None:
+                self._binding = self._new_binding(stale.actor, registration)
         # Other calls may still finish on it: close it without holding anyone up.
         threading.Thread(target=stale.close, daemon=True).start()
+
+    def _move(self, binding: _Binding, exc: BaseException, options: Mapping[str, Any]) -> None:
+        """After ``exc`` stopped a call on ``binding``'s layout, asks the node actor for the
+        model's current one (it reads Triton's config once per node and change), and binds
+        to it; raises what the caller should get if the layout is still current."""
+        if isinstance(exc, InvalidInputError):
+            now = time.monotonic()
+            if (
+                exc.model is None
+                or not self._follows
+                or now - self._input_checked_at < (_INPUT_RECHECK_S)
+            ):
+                raise exc
+            self._input_checked_at = now
+        actor, name = binding.actor, self.model_name
+        incarnation, generation = binding.registration.incarnation, binding.registration.generation
+        registration: ModelRegistration = control_call(
+            lambda: get(actor.follow.remote(name, incarnation, generation))
+        )
+        plain = exc.error if isinstance(exc, SuspectedChange) else exc
+        if registration.generation == generation:
+            raise plain
+        if isinstance(exc, SuspectedChange) and exc.executed and options.get("sequence_id"):
+            self._rebind(binding, registration)
+            raise plain  # Triton ran this step: sending it again would apply it twice
+        self._rebind(binding, registration)
+
+    @property
+    def _follows(self) -> bool:
+        args = self._register_args
+        return args["inputs"] is None and args["outputs"] is None and args["max_batch_size"] is None
+
+    def reregister(
+        self,
+        *,
+        inputs: Sequence[SpecLike] | None = None,
+        outputs: Sequence[SpecLike] | None = None,
+        max_batch_size: int | None = None,
+        max_shapes: Mapping[str, Sequence[int]] | None = None,
+        max_element_bytes: Mapping[str, int] | None = None,
+    ) -> ModelSpec:
+        """Registers the model again with new specs (after :class:`ModelChangedError`), without
+        restarting the node actor: its pool on the node is laid out anew, and every handle on
+        the node moves to it at its next call. Leave the specs out to follow Triton's config
+        from now on.
+
+        Returns:
+            The model's spec now.
+        """
+        self._register_args.update(
+            inputs=None if inputs is None else list(inputs),
+            outputs=None if outputs is None else list(outputs),
+            max_batch_size=max_batch_size,
+            max_shapes=None if max_shapes is None else dict(max_shapes),
+            max_element_bytes=dict(max_element_bytes) if max_element_bytes else None,
+        )
+        actor, registration = self._register(replace=True)
+        with self._bind_lock:
+            stale, self._binding = self._binding, self._new_binding(actor, registration)
+        if stale is not None:
+            threading.Thread(target=stale.close, daemon=True).start()
+        return registration.spec
 
     @property
     def spec(self) -> ModelSpec:
@@ -310,42 +440,126 @@ class ShmModel:
 
     # ---------------------------------------------------------------- inference
 
-    def infer(self, inputs: Mapping[str, InputValue]) -> dict[str, np.ndarray]:
+    def infer(
+        self,
+        inputs: Mapping[str, InputValue],
+        *,
+        priority: int | None = None,
+        queue_timeout_s: float | None = None,
+        sequence_id: int | str = 0,
+        sequence_start: bool = False,
+        sequence_end: bool = False,
+        parameters: Mapping[str, ParameterValue] | None = None,
+        outputs: Sequence[str] | None = None,
+    ) -> dict[str, np.ndarray]:
         """Runs the model on a batch; blocks until the outputs are back.
+
+        The options are Triton's, as in :meth:`TritonSHMClient.infer_shm`; those left out take
+        the handle's defaults.
 
         Raises:
             InvalidInputError: bad inputs (checked here, before any shared memory is touched).
             SlotTimeoutError: no slot came free within ``slot_timeout_s``.
             OverloadedError: too many callers already wait for a slot on this node.
             TritonServerError: Triton answered with an error.
+            ModelChangedError: the model changed on Triton and its specs were given by hand.
+            ModelNotLoadedError: the model is not loaded on Triton.
             ServerUnreachableError: Triton stayed unreachable for ``reconnect_timeout_s``.
         """
+        options = self._options(
+            priority,
+            queue_timeout_s,
+            sequence_id,
+            sequence_start,
+            sequence_end,
+            parameters,
+            outputs,
+        )
         binding = self._bind()
-        try:
-            return binding.infer(inputs, self._slot_timeout_s)  # type: ignore[no-any-return]
-        except _REBIND_ON:
-            self._rebind(binding)  # the node actor restarted: a new region
-        except ClientClosedError:
-            if self._binding is binding:
-                raise
-            # Another call rebound meanwhile and closed the binding this one waited on.
-        return self._bind().infer(inputs, self._slot_timeout_s)  # type: ignore[no-any-return]
+        for retry in range(_MAX_RETRIES + 1):
+            try:
+                return binding.infer(inputs, self._slot_timeout_s, options)  # type: ignore[no-any-return]
+            except _REBIND_ON:
+                if retry == _MAX_RETRIES:
+                    raise
+                self._rebind(binding)  # the node actor restarted: a new region
+            except ClientClosedError:
+                if self._binding is binding or retry == _MAX_RETRIES:
+                    raise
+                # Another call rebound meanwhile and closed the binding this one waited on.
+            except _MOVED as exc:
+                if retry == _MAX_RETRIES:
+                    raise exc.error if isinstance(exc, SuspectedChange) else exc from None
+                self._move(binding, exc, options)
+            binding = self._bind()
+        raise AssertionError("unreachable")
 
-    async def infer_async(self, inputs: Mapping[str, InputValue]) -> dict[str, np.ndarray]:
+    async def infer_async(
+        self,
+        inputs: Mapping[str, InputValue],
+        *,
+        priority: int | None = None,
+        queue_timeout_s: float | None = None,
+        sequence_id: int | str = 0,
+        sequence_start: bool = False,
+        sequence_end: bool = False,
+        parameters: Mapping[str, ParameterValue] | None = None,
+        outputs: Sequence[str] | None = None,
+    ) -> dict[str, np.ndarray]:
         """:meth:`infer` for coroutines (e.g. Ray Serve replicas): blocks no thread.
 
         Cancelling is safe: a slot is reused only once Triton has answered.
         """
+        options = self._options(
+            priority,
+            queue_timeout_s,
+            sequence_id,
+            sequence_start,
+            sequence_end,
+            parameters,
+            outputs,
+        )
         binding = await self._bind_async()
-        try:
-            return await binding.infer_async(inputs, self._slot_timeout_s)  # type: ignore[no-any-return]
-        except _REBIND_ON:
-            self._rebind(binding)
-        except ClientClosedError:
-            if self._binding is binding:
-                raise
-        binding = await self._bind_async()
-        return await binding.infer_async(inputs, self._slot_timeout_s)  # type: ignore[no-any-return]
+        for retry in range(_MAX_RETRIES + 1):
+            try:
+                return await binding.infer_async(inputs, self._slot_timeout_s, options)  # type: ignore[no-any-return]
+            except _REBIND_ON:
+                if retry == _MAX_RETRIES:
+                    raise
+                self._rebind(binding)
+            except ClientClosedError:
+                if self._binding is binding or retry == _MAX_RETRIES:
+                    raise
+            except _MOVED as exc:
+                if retry == _MAX_RETRIES:
+                    raise exc.error if isinstance(exc, SuspectedChange) else exc from None
+                await asyncio.to_thread(self._move, binding, exc, options)
+            binding = await self._bind_async()
+        raise AssertionError("unreachable")
+
+    def _options(
+        self,
+        priority: int | None,
+        queue_timeout_s: float | None,
+        sequence_id: int | str,
+        sequence_start: bool,
+        sequence_end: bool,
+        parameters: Mapping[str, ParameterValue] | None,
+        outputs: Sequence[str] | None,
+    ) -> dict[str, Any]:
+        """A call's options over the handle's defaults, as ``infer_shm`` keywords (only those
+        that are set: a call with none costs nothing)."""
+        defaults = self._defaults
+        chosen = {
+            "priority": defaults["priority"] if priority is None else priority,
+            "queue_timeout_s": queue_timeout_s or defaults["queue_timeout_s"],
+            "sequence_id": sequence_id,
+            "sequence_start": sequence_start,
+            "sequence_end": sequence_end,
+            "parameters": {**defaults["parameters"], **(parameters or {})},
+            "outputs": defaults["outputs"] if outputs is None else list(outputs),
+        }
+        return {k: v for k, v in chosen.items() if v not in (None, 0, "", False, {})}
 
 
 def _register(actor: Any, name: str, args: Mapping[str, Any]) -> ModelRegistration:
