@@ -20,6 +20,8 @@ CORE = [
     "InvalidInputError",
     "LocalServerError",
     "LocalTritonServer",
+    "ModelChangedError",
+    "ModelNotLoadedError",
     "ModelNotRegisteredError",
     "ModelSpec",
     "ModelSpecError",

@@ -29,6 +29,7 @@ from ray_triton_shm import (
 )
 from ray_triton_shm._exceptions import StaleLeaseError
 from ray_triton_shm._transport import translate_error
+from ray_triton_shm._specs import REGION_HEADER_BYTES
 
 GOOD = {
     "INPUT0": np.zeros((2, 3, 224, 224), np.float32),
@@ -44,7 +45,7 @@ def client(grpc_url: str) -> Iterator[TritonSHMClient]:
 
 
 def region_bytes(client: TritonSHMClient) -> bytes:
-    return bytes(client._pools["my_model"].region.buffer)
+    return bytes(client._pools["my_model"].region.buffer[REGION_HEADER_BYTES:])
 
 
 def with_input(name: str, value: Any) -> dict[str, Any]:
@@ -92,7 +93,8 @@ def test_bad_input_is_refused_before_anything_is_written(
 ) -> None:
     client.infer_shm("my_model", GOOD)
     pool = client._pools["my_model"]
-    pool.region.buffer[:] = b"\xab" * pool.region.size  # a sentinel every write would disturb
+    # A sentinel every write into the slots would disturb (the header holds live state).
+    pool.region.buffer[REGION_HEADER_BYTES:] = b"\xab" * (pool.region.size - REGION_HEADER_BYTES)
     before = region_bytes(client)
     with pytest.raises(error, match=pattern) as info:
         client.infer_shm("my_model", make())

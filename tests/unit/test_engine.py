@@ -116,7 +116,7 @@ class ScriptedTriton:
         if arg.call is not None:
             arg.call.finish()
         response = service_pb2.ModelInferResponse()
-        response.outputs.add(name="Y", shape=[arg.rows, 2])
+        response.outputs.add(name="Y", datatype="FP32", shape=[arg.rows, 2])
         return response
 
 
