@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -347,5 +348,93 @@ def test_the_ray_layer_follows_once_per_node(
         assert registration.generation == 1  # one layout per node, however many processes
         wait_for(lambda: not regions_left(server.grpc_url, old))
         ray.get(actor.shutdown.remote())
+    finally:
+        ray.shutdown()
+
+
+def test_a_rolling_update_under_load_through_serve(
+    explicit: tuple[LocalTritonServer, Repository], changing: Callable[[str], None]
+) -> None:
+    """8 callers keep calling a Serve app while the model's config changes: every answer is
+    exact for its own request under the old or the new config, the only errors carry Triton's
+    status, and no region of the old layout is left."""
+    import ray
+    from _helpers import init_ray
+    from ray import serve
+
+    from ray_triton_shm.ray import ShmModel, get_node_actor
+
+    server, _ = explicit
+    url = server.grpc_url
+    grown = CHANGES["output grown past the slot"]
+    if ray.is_initialized():
+        ray.shutdown()
+    init_ray(address="local", num_cpus=4, include_dashboard=False)
+    try:
+
+        @serve.deployment(num_replicas=2, ray_actor_options={"num_cpus": 0.5})
+        class App:
+            def __init__(self) -> None:
+                self.model = ShmModel("changing", url=url, actor_options={"slots": 4})
+
+            async def __call__(self, x: np.ndarray) -> dict[str, np.ndarray]:
+                return await self.model.infer_async({"INPUT0": x})
+
+        handle = serve.run(App.bind(), name="rolling", route_prefix=None)
+        stop = threading.Event()
+        lock = threading.Lock()
+        answers = {"old": 0, "new": 0}
+        wrong: list[str] = []
+        errors: list[str] = []
+        first_new: list[float] = []
+
+        def call(seed: int) -> None:
+            rng = np.random.default_rng(seed)
+            while not stop.is_set():
+                x = rng.integers(0, 1000, (int(rng.integers(1, 9)), 4)).astype(np.float32)
+                try:
+                    out = handle.remote(x).result(timeout_s=60)
+                except Exception as exc:  # counted, and checked to carry Triton's status
+                    with lock:
+                        errors.append(f"{type(exc).__name__}: {exc}")
+                    continue
+                kind = "new" if out["OUTPUT0"].shape[1] == 32 else "old"
+                try:
+                    check(out, x, grown if kind == "new" else BASE)
+                except AssertionError as exc:
+                    with lock:
+                        wrong.append(str(exc)[:200])
+                with lock:
+                    answers[kind] += 1
+                    if kind == "new" and not first_new:
+                        first_new.append(time.monotonic())
+
+        threads = [threading.Thread(target=call, args=(seed,)) for seed in range(8)]
+        for thread in threads:
+            thread.start()
+        wait_for(lambda: answers["old"] >= 40, timeout_s=60)
+        old = {m for m in os.listdir(SHM_DIR) if "changing" in m and "@" not in m}
+        changed_at = time.monotonic()
+        changing(grown)
+        wait_for(lambda: answers["new"] >= 40, timeout_s=60)
+        stop.set()
+        for thread in threads:
+            thread.join(60)
+        print(
+            f"rolling update: {answers['old']} answers from the old config, {answers['new']} "
+            f"from the new, {len(errors)} errors, {len(wrong)} wrong; first answer from the new "
+            f"config {first_new[0] - changed_at:.2f} s after load_model was called"
+        )
+        assert wrong == []
+        assert all("StatusCode." in error for error in errors), errors[:3]
+        assert len(errors) <= 8, errors[:3]  # at most one per caller, during Triton's reload
+        assert (
+            old
+            and not any((SHM_DIR / name).exists() for name in old)
+            or wait_for(lambda: not regions_left(url, old)) is None
+        )
+        wait_for(lambda: not regions_left(url, old))
+        serve.shutdown()
+        ray.get(get_node_actor().shutdown.remote())
     finally:
         ray.shutdown()
