@@ -12,7 +12,7 @@ class TritonPythonModel:
         responses = []
         for request in requests:
 
-            def get(name):
+            def get(name, request=request):
                 return pb_utils.get_input_tensor_by_name(request, name).as_numpy()
 
             value = get("VALUE")
