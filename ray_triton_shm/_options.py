@@ -9,6 +9,7 @@ goes as it is. A call with options sends a copy of it with the options set.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from tritonclient.grpc import service_pb2
 from ._exceptions import InvalidInputError
 from ._specs import ModelSpec
 
-__all__ = ["RESERVED_PARAMETERS", "RequestOptions", "request_options"]
+__all__ = ["RESERVED_PARAMETERS", "RequestOptions", "request_options", "select_outputs"]
 
 #: Parameter names the library or Triton use themselves (a prefix ends with ``_``).
 RESERVED_PARAMETERS = (
@@ -97,23 +98,6 @@ class RequestOptions:
                 parameters[name].string_param = value
         return copy
 
-    def merged_over(self, defaults: RequestOptions | None) -> RequestOptions:
-        """These options, with ``defaults`` (a handle's) where these are left at theirs;
-        parameters are merged, these over the defaults'."""
-        if defaults is None:
-            return self
-        parameters = dict(defaults.parameters)
-        parameters.update(self.parameters)
-        return RequestOptions(
-            priority=self.priority or defaults.priority,
-            queue_timeout_us=self.queue_timeout_us or defaults.queue_timeout_us,
-            sequence_id=self.sequence_id,
-            sequence_start=self.sequence_start,
-            sequence_end=self.sequence_end,
-            parameters=tuple(parameters.items()),
-            outputs=self.outputs if self.outputs is not None else defaults.outputs,
-        )
-
 
 def request_options(
     model: str,
@@ -128,7 +112,7 @@ def request_options(
 ) -> RequestOptions | None:
     """Checks a call's options; ``None`` when every one is left at its default.
 
-    Output names are checked against the model later, by :func:`select_outputs`.
+    Output names are checked against the model's spec by :func:`select_outputs`.
 
     Raises:
         InvalidInputError: an option of the wrong type or range, a reserved parameter name,
@@ -213,17 +197,7 @@ def select_outputs(spec: ModelSpec, options: RequestOptions | None) -> RequestOp
             actual=list(options.outputs),
         )
     ordered = tuple(name for name in known if name in options.outputs)
-    if ordered == options.outputs:
-        return options
-    return RequestOptions(
-        priority=options.priority,
-        queue_timeout_us=options.queue_timeout_us,
-        sequence_id=options.sequence_id,
-        sequence_start=options.sequence_start,
-        sequence_end=options.sequence_end,
-        parameters=options.parameters,
-        outputs=ordered,
-    )
+    return options if ordered == options.outputs else dataclasses.replace(options, outputs=ordered)
 
 
 def _bad(model: str, option: str, expected: str, actual: Any) -> InvalidInputError:
