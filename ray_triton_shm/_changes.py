@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+from tritonclient.grpc import service_pb2
 
 from ._exceptions import ModelChangedError, ModelSpecError
 from ._specs import ModelSpec, SpecLike, TensorSpec, resolve_model_spec
@@ -64,34 +65,31 @@ def is_change_symptom(exc: BaseException) -> bool:
 
 
 def answer_mismatch(
-    spec: ModelSpec, answered: Iterable[tuple[str, str, tuple[int, ...]]]
+    spec: ModelSpec, outputs: Iterable[service_pb2.ModelInferResponse.InferOutputTensor]
 ) -> str | None:
     """What in Triton's answer does not fit the pool's spec, or ``None`` if all of it does.
 
     Args:
         spec: The pool's spec.
-        answered: Name, datatype and shape (batch dim included) of each output answered.
+        outputs: The outputs of Triton's response.
     """
-    outputs = spec.outputs_by_name
-    for name, datatype, shape in answered:
-        tensor = outputs.get(name)
+    known = spec.outputs_by_name
+    for output in outputs:
+        name = output.name
+        tensor = known.get(name)
         if tensor is None:
             return f"Triton answered an output {name!r} the pool does not know"
-        if datatype != tensor.datatype:
-            return f"output {name!r} came back as {datatype}, registered as {tensor.datatype}"
-        sample = shape[1:] if spec.batched else shape
-        if not _fits(sample, tensor):
+        if output.datatype != tensor.datatype:
+            return (
+                f"output {name!r} came back as {output.datatype}, registered as {tensor.datatype}"
+            )
+        sample = output.shape[1:] if spec.batched else output.shape
+        if not tensor.fits(sample):
             return (
                 f"output {name!r} came back with {tuple(sample)} per sample, registered as "
-                f"{_dims(tensor)}"
+                f"{tensor.shape}"
             )
     return None
-
-
-def _fits(sample: Sequence[int], tensor: TensorSpec) -> bool:
-    return len(sample) == len(tensor.shape) and all(
-        s == d if d != -1 else s <= m for s, d, m in zip(sample, tensor.shape, tensor.max_shape)
-    )
 
 
 @dataclass(frozen=True)
@@ -182,18 +180,15 @@ class Difference:
     current: str
 
 
-def differences(registered: ModelSpec, current: ModelSpec, *, exact: bool) -> list[Difference]:
-    """How ``registered`` differs from ``current`` (Triton's config now).
+def differences(registered: ModelSpec, current: ModelSpec) -> list[Difference]:
+    """How hand-given specs ``registered`` are wrong for ``current`` (Triton's config now).
 
-    Args:
-        exact: Every difference counts (a pool that follows). Otherwise only those that make
-            the registered specs wrong for the model: hand-given dims that no longer fit,
-            another dtype, a tensor gone or a new input, a batch above the model's maximum.
+    Only what makes them wrong counts: dims that no longer fit, another dtype, a tensor gone
+    or a new input, a batch above the model's maximum (or batching turned on or off).
     """
     found: list[Difference] = []
     if registered.max_batch_size != current.max_batch_size and (
-        exact
-        or current.max_batch_size < registered.max_batch_size
+        current.max_batch_size < registered.max_batch_size
         or (current.max_batch_size == 0) != (registered.max_batch_size == 0)
     ):
         found.append(
@@ -215,32 +210,26 @@ def differences(registered: ModelSpec, current: ModelSpec, *, exact: bool) -> li
                 found.append(
                     Difference(tensor.name, f"{kind} {_describe(tensor)}", "no such " + kind)
                 )
-            elif tensor.dtype != other.dtype or not _dims_fit(tensor, other, exact=exact):
+            elif tensor.dtype != other.dtype or not _dims_fit(tensor, other):
                 found.append(
                     Difference(tensor.name, f"{kind} {_describe(tensor)}", _describe(other))
                 )
         for tensor in new:
-            if tensor.name not in before and (exact or kind == "input"):
+            if tensor.name not in before and kind == "input":
                 found.append(
                     Difference(tensor.name, "not registered", f"{kind} {_describe(tensor)}")
                 )
     return found
 
 
-def _dims_fit(registered: TensorSpec, current: TensorSpec, *, exact: bool) -> bool:
-    if exact:
-        return registered.shape == current.shape and registered.max_shape == current.max_shape
+def _dims_fit(registered: TensorSpec, current: TensorSpec) -> bool:
     return len(registered.shape) == len(current.shape) and all(
         c == -1 or r == c for r, c in zip(registered.shape, current.shape)
     )
 
 
 def _describe(tensor: TensorSpec) -> str:
-    return f"{tensor.datatype} {_dims(tensor)}"
-
-
-def _dims(tensor: TensorSpec) -> tuple[int, ...]:
-    return tensor.shape
+    return f"{tensor.datatype} {tensor.shape}"
 
 
 def changed_error(

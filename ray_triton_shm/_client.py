@@ -32,7 +32,16 @@ from tritonclient.utils import InferenceServerException
 
 from ._changes import Registration, changed_error, differences
 from ._defaults import DEFAULT_RECONNECT_TIMEOUT_S, DEFAULT_URL
-from ._engine import ModelPool, PoolRetired, Step, SuspectedChange, drive, drive_async, run
+from ._engine import (
+    ModelPool,
+    PoolRetired,
+    Step,
+    Steps,
+    SuspectedChange,
+    drive,
+    drive_async,
+    run,
+)
 from ._exceptions import (
     ClientClosedError,
     InvalidInputError,
@@ -41,9 +50,8 @@ from ._exceptions import (
 )
 from ._header import MAX_SLOTS, RegionHeader
 from ._headers import Metadata, normalize, redact
-from ._inputs import Batch, InputValue, prepare_batch
+from ._inputs import InputValue, prepare_batch
 from ._options import ParameterValue, RequestOptions, request_options, select_outputs
-from ._outputs import empty_outputs
 from ._pool import PoolStats, SlotPool, SlotSource
 from ._reaper import watch
 from ._reclaim import reclaim_dead_registrations
@@ -433,7 +441,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             config = self._load_config(name, registration.model_version)
             if not registration.follows:
                 current = registration.resolve_from_config(name, config)
-                found = [] if current is None else differences(pool.spec, current, exact=False)
+                found = [] if current is None else differences(pool.spec, current)
                 pool.check_error = changed_error(pool.spec, found, cause) if found else None
                 if pool.check_error is not None:
                     raise pool.check_error
@@ -471,6 +479,37 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         if newer is None:
             raise exc.error if isinstance(exc, SuspectedChange) else exc
         return newer
+
+    def _steps(
+        self,
+        pool: ModelPool,
+        inputs: Mapping[str, InputValue],
+        options: RequestOptions | None,
+        slot_timeout_s: float | None,
+        request_id: str,
+    ) -> Steps:
+        """The steps of one call on ``pool``, its inputs and options checked against it.
+
+        Raises:
+            InvalidInputError: naming what does not match (nothing was written).
+        """
+        batch = prepare_batch(pool.spec, inputs)
+        chosen = None if options is None else select_outputs(pool.spec, options)
+        if chosen is not None and chosen.is_sequence and batch.size > pool.spec.batch_capacity:
+            raise InvalidInputError(
+                f"model {pool.spec.name!r}: a step of sequence {chosen.sequence_id!r} holds "
+                f"{batch.size} samples, more than one request takes (max_batch_size "
+                f"{pool.spec.batch_capacity}); the steps of a sequence are never split: send "
+                "at most max_batch_size samples per step",
+                model=pool.spec.name,
+                tensor=None,
+                expected=f"<= {pool.spec.batch_capacity} samples",
+                actual=batch.size,
+            )
+        self._maybe_check(pool)
+        return run(
+            pool, batch, slot_timeout_s=slot_timeout_s, request_id=request_id, options=chosen
+        )
 
     def _maybe_check(self, pool: ModelPool) -> None:
         """Every ``config_check_interval_s``, compares the config of a model whose pool
@@ -694,17 +733,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
 
         for moves in range(_MAX_MOVES + 1):
             try:
-                batch, chosen = _prepare(pool, inputs, options)
-                if batch.size == 0:
-                    return empty_outputs(pool.spec, None if chosen is None else chosen.outputs)
-                self._maybe_check(pool)
-                steps = run(
-                    pool,
-                    batch,
-                    slot_timeout_s=slot_timeout_s,
-                    request_id=request_id,
-                    options=chosen,
-                )
+                steps = self._steps(pool, inputs, options, slot_timeout_s, request_id)
                 return drive(steps, do)
             except _MOVED as exc:
                 if moves == _MAX_MOVES:
@@ -777,17 +806,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
 
         for moves in range(_MAX_MOVES + 1):
             try:
-                batch, chosen = _prepare(pool, inputs, options)
-                if batch.size == 0:
-                    return empty_outputs(pool.spec, None if chosen is None else chosen.outputs)
-                self._maybe_check(pool)
-                steps = run(
-                    pool,
-                    batch,
-                    slot_timeout_s=slot_timeout_s,
-                    request_id=request_id,
-                    options=chosen,
-                )
+                steps = self._steps(pool, inputs, options, slot_timeout_s, request_id)
                 return await drive_async(steps, do)
             except _MOVED as exc:
                 if moves == _MAX_MOVES:
@@ -831,29 +850,3 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         state = "closed" if self._closed else f"models={sorted(self._pools)}"
         headers = f" headers={redact(self._headers)}" if self._headers else ""
         return f"<TritonSHMClient {self._url}{headers} {state}>"
-
-
-def _prepare(
-    pool: ModelPool, inputs: Mapping[str, InputValue], options: RequestOptions | None
-) -> tuple[Batch, RequestOptions | None]:
-    """Checks a call's inputs and options against the pool's spec.
-
-    Raises:
-        InvalidInputError: naming what does not match (nothing was written).
-    """
-    batch = prepare_batch(pool.spec, inputs)
-    if options is None:
-        return batch, None
-    chosen = select_outputs(pool.spec, options)
-    if options.is_sequence and batch.size > pool.spec.batch_capacity:
-        raise InvalidInputError(
-            f"model {pool.spec.name!r}: a step of sequence {options.sequence_id!r} holds "
-            f"{batch.size} samples, more than one request takes (max_batch_size "
-            f"{pool.spec.batch_capacity}); the steps of a sequence are never split: send at "
-            "most max_batch_size samples per step",
-            model=pool.spec.name,
-            tensor=None,
-            expected=f"<= {pool.spec.batch_capacity} samples",
-            actual=batch.size,
-        )
-    return batch, chosen

@@ -43,7 +43,7 @@ from ._exceptions import TritonServerError, TritonSHMError
 from ._header import RegionHeader
 from ._inputs import Batch
 from ._options import RequestOptions
-from ._outputs import OutputAssembler, overflow_message
+from ._outputs import OutputAssembler, empty_outputs, overflow_message
 from ._pool import SlotSource
 from ._reconnect import is_restart_symptom
 from ._shm import SharedMemoryRegion, slot_key
@@ -307,9 +307,7 @@ class Chunk:
         """Copies the outputs out of the slot, counts the request, then frees the slot."""
         pool, slot = self.pool, self.slot
         try:
-            mismatch = answer_mismatch(
-                pool.spec, ((o.name, o.datatype, tuple(o.shape)) for o in response.outputs)
-            )
+            mismatch = answer_mismatch(pool.spec, response.outputs)
             if mismatch is not None:
                 pool.header.count_error(slot)
                 error = TritonServerError(
@@ -364,8 +362,11 @@ def run(
     request_id: str,
     options: RequestOptions | None = None,
 ) -> Steps:
-    """The steps of one inference call of a non-empty ``batch``; returns the outputs."""
-    outputs = OutputAssembler(pool.spec, batch.size, None if options is None else options.outputs)
+    """The steps of one inference call of ``batch``; returns the outputs."""
+    names = None if options is None else options.outputs
+    if batch.size == 0:
+        return empty_outputs(pool.spec, names)
+    outputs = OutputAssembler(pool.spec, batch.size, names)
     if batch.size <= pool.spec.batch_capacity:  # one chunk, the common case
         only = pool.take((yield Step.SLOT, slot_timeout_s))
         chunk = Chunk.write(pool, only, batch, 0, batch.size, request_id, options)

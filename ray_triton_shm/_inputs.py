@@ -186,9 +186,7 @@ def _common_case(spec: ModelSpec, inputs: Any) -> Batch | None:
             return None
         shape = value.shape
         sample_shape = shape[1:]
-        if sample_shape != tensor.shape and not (
-            tensor.is_variable and _fits(sample_shape, tensor)
-        ):
+        if sample_shape != tensor.shape and not (tensor.is_variable and tensor.fits(sample_shape)):
             return None
         if size != shape[0]:
             if size != -1:
@@ -196,13 +194,6 @@ def _common_case(spec: ModelSpec, inputs: Any) -> Batch | None:
             size = shape[0]
         shapes[tensor.name] = sample_shape
     return Batch(spec, size, shapes, inputs)
-
-
-def _fits(sample_shape: tuple[int, ...], tensor: TensorSpec) -> bool:
-    return len(sample_shape) == len(tensor.shape) and all(
-        s == d if d != -1 else s <= m
-        for s, d, m in zip(sample_shape, tensor.shape, tensor.max_shape)
-    )
 
 
 def _batched_input(
@@ -278,7 +269,7 @@ def _check_sample_shape(
     *,
     batched: bool,
 ) -> None:
-    if not _fits(sample_shape, tensor):
+    if not tensor.fits(sample_shape):
         raise _shape_error(model, tensor, full_shape, batched=batched)
 
 

@@ -71,6 +71,14 @@ class TensorSpec:
         """Whether any dim is ``-1`` in the model's declaration."""
         return -1 in self.shape
 
+    def fits(self, sample_shape: Sequence[int]) -> bool:
+        """Whether one sample of ``sample_shape`` fits: same rank, fixed dims equal, each
+        variable dim at most its maximum."""
+        return len(sample_shape) == len(self.shape) and all(
+            s == d if d != -1 else s <= m
+            for s, d, m in zip(sample_shape, self.shape, self.max_shape)
+        )
+
     @property
     def is_bytes(self) -> bool:
         """Whether this is a BYTES (string) tensor."""

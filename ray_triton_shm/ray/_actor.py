@@ -276,7 +276,7 @@ class TritonNodeActor:
         self._check_incarnation(incarnation)
         pool = self._client._pool(model_name)
         if pool.generation == generation:
-            # Not "since" the caller's request: its refusal is the proof that counts.
+            # Read now, whenever the last check was: the caller's refusal may be newer.
             pool = self._client._follow(pool, since=time.monotonic()) or pool
         return self._registration(pool)
 
@@ -422,11 +422,10 @@ class TritonNodeActor:
 
 
 def _node_slot_stats(pool: ModelPool) -> NodeSlotStats:
-    if isinstance(pool.slots, SharedSlots):
-        pool.slots.sweep()  # so that a holder that just died counts as abandoned
-        return pool.slots.node_stats()
-    stats = pool.slots.stats()  # not shared yet: registration is under way
-    return NodeSlotStats(stats.in_use, stats.waiting, stats.abandoned)
+    slots = pool.slots
+    assert isinstance(slots, SharedSlots)  # shared before the pool is published
+    slots.sweep()  # so that a holder that just died counts as abandoned
+    return slots.node_stats()
 
 
 def _counters(pool: ModelPool) -> dict[str, int]:
