@@ -35,6 +35,9 @@ TEST_MODELS = {
     "variable_output",
     "mixed_io",
     "delay_echo",
+    "sequence_sum",
+    "queued",
+    "echo_parameters",
 }
 
 
