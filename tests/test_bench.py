@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -34,6 +35,7 @@ from ray_triton_shm._bench._config import (
 from ray_triton_shm._bench._paths import BenchPath, SkipPath
 from ray_triton_shm._bench._report import num, print_results, write_plot
 from ray_triton_shm._bench._runner import BenchResults, ModelResult, RunResult, run_bench
+from ray_triton_shm._bench._update import run_model_update
 from ray_triton_shm._cli import main
 from ray_triton_shm._specs import TensorSpec
 from ray_triton_shm.local._server import LocalTritonServer
@@ -375,6 +377,7 @@ def test_the_embedded_server_is_restarted_after_it_crashed(
         rounds=1,
         slice_s=0.05,
         warmup_requests=1,
+        model_update_s=0,  # measured on its own below
     )
     results = run_bench(config)
     crashed, after = results.models
@@ -388,6 +391,31 @@ def test_the_embedded_server_is_restarted_after_it_crashed(
     assert "restarted for the next one" in _printed(results)
     # The crashed server's Python-backend regions went with the restart.
     assert set(SHM_DIR.glob("triton_pb*")) - pb_regions_before == set()
+
+
+def test_a_model_updated_under_load() -> None:
+    """The bench's model update: every answer right, answers from both configs, the old
+    region gone, and the figures in the JSON and the printout."""
+    before = set(SHM_DIR.iterdir())
+    update = run_model_update(duration_s=4.0)
+    assert update.error is None, update.error
+    assert update.wrong_answers == 0
+    assert update.old_config_answers > 0 and update.new_config_answers > 0
+    assert update.first_new_answer_s is not None and update.reload_s is not None
+    assert update.failed <= update.callers, update.errors  # at most one each, in the reload
+    assert update.old_regions_left == 0 and update.ok
+    assert set(SHM_DIR.iterdir()) - before == set()
+    results = BenchResults(BenchConfig(models=()), [], "embedded", 1.0, update)
+    assert json.loads(json.dumps(results.to_dict()))["model_update"]["wrong_answers"] == 0
+    printed = _printed(results)
+    assert "A model's config reloaded under load" in printed
+    assert f"{update.new_config_answers} from the new" in printed
+    broken = dataclasses.replace(update, wrong_answers=1)
+    failures = BenchResults(BenchConfig(models=()), [], "embedded", 1.0, broken).failures
+    assert failures == [
+        f"model update: 1 wrong answer(s), {update.new_config_answers} from the new config, "
+        "0 old region(s) left"
+    ]
 
 
 def test_bench_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:

@@ -22,9 +22,10 @@ from ray_triton_shm import (
     ModelNotLoadedError,
     TritonSHMClient,
 )
+from ray_triton_shm._bench._update import MODEL_TEMPLATE
 from ray_triton_shm._shm import SHM_DIR
 
-TEMPLATE = Path(__file__).resolve().parent / "model_templates" / "changing"
+TEMPLATE = MODEL_TEMPLATE
 BASE = (TEMPLATE / "config.pbtxt").read_text()
 DTYPES = {"TYPE_FP32": np.float32, "TYPE_INT32": np.int32, "TYPE_FP64": np.float64}
 

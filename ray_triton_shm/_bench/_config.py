@@ -84,7 +84,13 @@ DEFAULT_PLOT_PATH = "bench-results/bench.png"
 #: Exit status when ``--check-goals`` is given and a goal is missed.
 EXIT_GOALS_MISSED = 3
 
-_QUICK = {"rounds": 2, "slice_s": 0.1, "warmup_requests": 1, "churn_s": 2.5}
+_QUICK = {
+    "rounds": 2,
+    "slice_s": 0.1,
+    "warmup_requests": 1,
+    "churn_s": 2.5,
+    "model_update_s": 3.0,
+}
 _T = TypeVar("_T")
 
 
@@ -99,6 +105,8 @@ class BenchConfig:
         url: gRPC endpoint of a running server; ``None`` starts the embedded one.
         node_load: Also run the node under load (:data:`NODE_LOAD`) when ``shm-model`` runs.
         churn_s: Seconds of each churn run (:data:`CHURN`), over the rounds.
+        model_update_s: Seconds of the model update under load (:mod:`._update`; on the
+            embedded server only, which it starts a Triton of its own beside); ``0`` skips it.
     """
 
     models: tuple[str, ...] = CASE_NAMES
@@ -116,6 +124,7 @@ class BenchConfig:
     ray_callers: int = DEFAULT_RAY_CALLERS
     node_load: bool = True
     churn_s: float = 10.0
+    model_update_s: float = 6.0
 
     def case(self, name: str) -> CaseSpec:
         """The case ``name``: an example case or the model of that name, with this run's
@@ -210,6 +219,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ("--slice-s", "slice_s", float, "seconds per run per round"),
         ("--warmup", "warmup_requests", int, "untimed requests per run"),
         ("--churn-s", "churn_s", float, "seconds of each churn run"),
+        ("--model-update-s", "model_update_s", float, "seconds of the model update, 0: none"),
     ):
         default = f"{text} ({getattr(defaults, key)}; --quick: {_QUICK[key]})"
         what.add_argument(flag, type=kind, dest=key, metavar="N", help=default)
@@ -238,7 +248,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     if unknown:
         raise ValueError(f"unknown path(s) {', '.join(unknown)}; choose from {', '.join(known)}")
     base: dict[str, Any] = dict(_QUICK) if args.quick else {}
-    for key in ("rounds", "slice_s", "warmup_requests", "churn_s"):
+    for key in ("rounds", "slice_s", "warmup_requests", "churn_s", "model_update_s"):
         if getattr(args, key) is not None:
             base[key] = getattr(args, key)
     config = BenchConfig(
@@ -259,6 +269,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         raise ValueError("--http-url needs --url")
     if config.slice_s <= 0 or config.churn_s <= 0:
         raise ValueError("--slice-s and --churn-s must be positive")
+    if config.model_update_s < 0:
+        raise ValueError("--model-update-s must be >= 0")
     counts = {
         "rounds": config.rounds,
         "warmup": config.warmup_requests,

@@ -29,6 +29,7 @@ from ray_triton_shm._bench._runner import (
     mb_ratio,
 )
 from ray_triton_shm._bench._serve_http import REPLICAS
+from ray_triton_shm._bench._update import UpdateResult
 
 __all__ = ["make_console", "make_progress", "num", "print_results", "write_json", "write_plot"]
 
@@ -312,6 +313,9 @@ def _print_results(results: BenchResults, console: Console) -> None:
             f"the batch), top_k and json:\n" + "\n".join(http) + "\n",
             markup=False,
         )
+    update = results.model_update
+    if update is not None:
+        console.print(_update_lines(update) + "\n", markup=False)
     goals = _goals_table(results)
     if goals is not None:
         console.print("Goals:")
@@ -322,6 +326,28 @@ def _print_results(results: BenchResults, console: Console) -> None:
         + "\n".join(_recommendation(model) for model in results.models),
         markup=False,
     )
+
+
+def _update_lines(update: UpdateResult) -> str:
+    head = (
+        f"A model's config reloaded under load ({update.callers} callers of one "
+        f"TritonSHMClient on {update.slots} slots, {num(update.duration_s)} s; the output grown "
+        f"from 16 to 32 values per sample, past the slots, and load_model called halfway; "
+        f"every answer checked against its own input):\n"
+    )
+    if update.error is not None:
+        return head + f"  FAILED: {update.error}"
+    first = update.first_new_answer_s
+    lines = [
+        f"  {update.old_config_answers} answers from the old config, "
+        f"{update.new_config_answers} from the new, {update.failed} failed, "
+        f"{update.wrong_answers} wrong; old regions left: {update.old_regions_left}",
+        f"  Triton's reload {num(update.reload_s)} s; first answer from the new config "
+        f"{'none' if first is None else num(first) + ' s'} after it began; latency p50 "
+        f"{num(update.p50_ms)} ms, p99 {num(update.p99_ms)} ms, max {num(update.max_ms)} ms",
+    ]
+    lines += [f"  error: {error}" for error in update.errors]
+    return head + "\n".join(lines)
 
 
 def write_json(results: BenchResults, path: str | Path) -> Path:

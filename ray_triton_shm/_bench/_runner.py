@@ -35,6 +35,7 @@ from ray_triton_shm._bench._config import (
 )
 from ray_triton_shm._bench._paths import BenchPath, BenchTarget, SkipPath, check_outputs
 from ray_triton_shm._bench._ray_paths import CHURN_CASE, RayBenchSession, RayPath
+from ray_triton_shm._bench._update import UpdateResult, run_model_update
 from ray_triton_shm.local._server import LocalTritonServer, _log_tail
 
 __all__ = ["GOALS", "PATHS", "BenchResults", "Goal", "ModelResult", "Progress", "run_bench"]
@@ -302,6 +303,8 @@ class BenchResults:
     models: list[ModelResult]
     server: str
     duration_s: float = 0.0
+    #: The model update under load (:mod:`._update`), when it ran.
+    model_update: UpdateResult | None = None
 
     def goals(self) -> list[tuple[Goal, float | None]]:
         """Every goal whose model and paths were run, with its measured value."""
@@ -324,6 +327,11 @@ class BenchResults:
                 for r in m.runs
                 if r.error is not None
             ]
+            + (
+                [f"model update: {_update_failure(self.model_update)}"]
+                if self.model_update is not None and not self.model_update.ok
+                else []
+            )
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -354,6 +362,7 @@ class BenchResults:
             "server": self.server,
             "host": {"machine": platform.machine(), "python": platform.python_version()},
             "duration_s": self.duration_s,
+            "model_update": None if self.model_update is None else self.model_update.to_dict(),
         }
 
 
@@ -523,4 +532,19 @@ def run_bench(config: BenchConfig, *, progress: Progress | None = None) -> Bench
                     f"one); its log ends:\n{_log_tail(local.log_path)}"
                 )
         progress.stage("cleaning up")
-    return BenchResults(config, models, server, time.perf_counter() - start)
+    update = None
+    if config.url is None and config.model_update_s > 0:  # alone: Ray and Triton are gone
+        progress.stage("a model's config reloaded under load")
+        update = run_model_update(
+            duration_s=config.model_update_s, startup_timeout_s=config.startup_timeout_s
+        )
+    return BenchResults(config, models, server, time.perf_counter() - start, update)
+
+
+def _update_failure(update: UpdateResult) -> str:
+    if update.error is not None:
+        return update.error
+    return (
+        f"{update.wrong_answers} wrong answer(s), {update.new_config_answers} from the new "
+        f"config, {update.old_regions_left} old region(s) left"
+    )
