@@ -184,6 +184,8 @@ def test_every_option_in_the_ray_layer(ray_local: str) -> None:
     @ray.remote
     def use() -> dict:
         # Only what this function defines or imports reaches the worker (not this module).
+        import asyncio
+
         from ray_triton_shm import TritonServerError
 
         def queued_input(delay_ms: int, value: float) -> dict[str, np.ndarray]:
@@ -195,6 +197,7 @@ def test_every_option_in_the_ray_layer(ray_local: str) -> None:
         x = {"INPUT0": np.ones(2, np.float32)}
         by_default = model.infer(x)
         merged = model.infer(x, parameters={"call": 1}, outputs=["DOUBLE", "PARAMETERS"])
+        awaited = asyncio.run(model.infer_async(x, parameters={"call": 2}, outputs=["DOUBLE"]))
         sums = [
             int(sequence.infer({"VALUE": np.array([[v]], np.int32)}, sequence_id=77,
                                sequence_start=i == 0, sequence_end=i == 2)["SUM"][0, 0])
@@ -212,6 +215,7 @@ def test_every_option_in_the_ray_layer(ray_local: str) -> None:
         return {
             "default": {k: v.tolist() for k, v in by_default.items()},
             "merged": {k: v.tolist() for k, v in merged.items()},
+            "awaited": {k: v.tolist() for k, v in awaited.items()},
             "zero_copy": model.zero_copy,
             "sums": sums,
             "rejected": rejected,
@@ -223,5 +227,6 @@ def test_every_option_in_the_ray_layer(ray_local: str) -> None:
     assert json.loads(result["default"]["PARAMETERS"][0]) == {"who": "handle"}
     assert list(result["merged"]) == ["PARAMETERS", "DOUBLE"]
     assert json.loads(result["merged"]["PARAMETERS"][0]) == {"who": "handle", "call": 1}
+    assert result["awaited"] == {"DOUBLE": [2.0, 2.0]}
     assert result["sums"] == [5, 12, 10]
     assert "Request timeout expired" in result["rejected"]
