@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
-from tritonclient.grpc import service_pb2
 
 from ._exceptions import ModelChangedError, ModelSpecError
 from ._specs import ModelSpec, SpecLike, TensorSpec, resolve_model_spec
@@ -65,29 +64,26 @@ def is_change_symptom(exc: BaseException) -> bool:
 
 
 def answer_mismatch(
-    spec: ModelSpec, outputs: Iterable[service_pb2.ModelInferResponse.InferOutputTensor]
+    spec: ModelSpec, answered: Iterable[tuple[str, str, tuple[int, ...], bytes]]
 ) -> str | None:
     """What in Triton's answer does not fit the pool's spec, or ``None`` if all of it does.
 
     Args:
         spec: The pool's spec.
-        outputs: The outputs of Triton's response.
+        answered: Name, datatype, shape (batch dim included) and inline contents of each
+            output answered.
     """
     known = spec.outputs_by_name
-    for output in outputs:
-        name = output.name
+    for name, datatype, shape, _ in answered:
         tensor = known.get(name)
         if tensor is None:
             return f"Triton answered an output {name!r} the pool does not know"
-        if output.datatype != tensor.datatype:
+        if datatype != tensor.datatype:
+            return f"output {name!r} came back as {datatype}, registered as {tensor.datatype}"
+        sample = shape[1:] if spec.batched else shape
+        if sample != tensor.shape and not tensor.fits(sample):
             return (
-                f"output {name!r} came back as {output.datatype}, registered as {tensor.datatype}"
-            )
-        sample = output.shape[1:] if spec.batched else output.shape
-        if not tensor.fits(sample):
-            return (
-                f"output {name!r} came back with {tuple(sample)} per sample, registered as "
-                f"{tensor.shape}"
+                f"output {name!r} came back with {sample} per sample, registered as {tensor.shape}"
             )
     return None
 

@@ -307,7 +307,8 @@ class Chunk:
         """Copies the outputs out of the slot, counts the request, then frees the slot."""
         pool, slot = self.pool, self.slot
         try:
-            mismatch = answer_mismatch(pool.spec, response.outputs)
+            answered = _answered(response)
+            mismatch = answer_mismatch(pool.spec, answered)
             if mismatch is not None:
                 pool.header.count_error(slot)
                 error = TritonServerError(
@@ -316,7 +317,7 @@ class Chunk:
                     model=pool.spec.name,
                 )
                 raise SuspectedChange(error, executed=True)
-            bytes_out = outputs.add(pool.views[slot], self.start, _answered(response))
+            bytes_out = outputs.add(pool.views[slot], self.start, answered)
             pool.header.count(slot, self.rows, self.bytes_in, bytes_out)
         finally:
             pool.slots.release(slot)
@@ -503,10 +504,13 @@ def _call_answered(call: grpc.Future) -> bool:
     return error is None or (isinstance(error, grpc.RpcError) and _from_triton(error))
 
 
-def _answered(response: service_pb2.ModelInferResponse) -> list[tuple[str, tuple[int, ...], bytes]]:
-    """Name, shape and inline contents (empty for outputs in the slot) of each output."""
+def _answered(
+    response: service_pb2.ModelInferResponse,
+) -> list[tuple[str, str, tuple[int, ...], bytes]]:
+    """Name, datatype, shape and inline contents (empty for outputs in the slot) of each
+    output."""
     raw = response.raw_output_contents
     return [
-        (output.name, tuple(output.shape), raw[index] if index < len(raw) else b"")
+        (output.name, output.datatype, tuple(output.shape), raw[index] if index < len(raw) else b"")
         for index, output in enumerate(response.outputs)
     ]

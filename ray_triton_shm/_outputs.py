@@ -42,14 +42,15 @@ class OutputAssembler:
         self,
         slot: SlotViews,
         start: int,
-        answered: Iterable[tuple[str, tuple[int, ...], bytes]],
+        answered: Iterable[tuple[str, str, tuple[int, ...], bytes]],
     ) -> int:
         """Copies one chunk's outputs out of a slot; returns the bytes copied.
 
         Args:
             slot: The slot the chunk used.
             start: Index of the chunk's first sample in the call.
-            answered: Name, shape and inline contents of each output, as Triton answered
+            answered: Name, datatype, shape and inline contents of each output, as Triton
+                answered
                 (contents only for the model's ``inline_outputs``).
 
         Raises:
@@ -57,7 +58,7 @@ class OutputAssembler:
                 per-sample output shapes differ.
         """
         copied = 0
-        for name, shape, contents in answered:
+        for name, _, shape, contents in answered:
             space = slot.outputs[name]
             strings = name in self._spec.bytes_outputs
             if strings and name in self._spec.inline_outputs:

@@ -61,7 +61,7 @@ class TensorSpec:
         if not self.max_shape:
             object.__setattr__(self, "max_shape", self.shape)
 
-    @property
+    @functools.cached_property
     def datatype(self) -> str:
         """The Triton datatype name (``"FP32"``, ``"INT32"``, ...)."""
         return str(np_to_triton_dtype(self.dtype))
@@ -74,10 +74,12 @@ class TensorSpec:
     def fits(self, sample_shape: Sequence[int]) -> bool:
         """Whether one sample of ``sample_shape`` fits: same rank, fixed dims equal, each
         variable dim at most its maximum."""
-        return len(sample_shape) == len(self.shape) and all(
-            s == d if d != -1 else s <= m
-            for s, d, m in zip(sample_shape, self.shape, self.max_shape)
-        )
+        if len(sample_shape) != len(self.shape):
+            return False
+        for s, d, m in zip(sample_shape, self.shape, self.max_shape):  # no generator: hot path
+            if s != d and (d != -1 or s > m):
+                return False
+        return True
 
     @property
     def is_bytes(self) -> bool:
