@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import threading
 import time
 import weakref
@@ -43,13 +44,14 @@ from ._engine import (
     run,
 )
 from ._exceptions import (
+    AccessDeniedError,
     ClientClosedError,
     InvalidInputError,
     ModelNotRegisteredError,
     ModelSpecError,
 )
 from ._header import MAX_SLOTS, RegionHeader
-from ._headers import Metadata, normalize, redact
+from ._headers import REDACTED, Keys, Metadata, normalize
 from ._inputs import InputValue, prepare_batch
 from ._options import ParameterValue, RequestOptions, request_options, select_outputs
 from ._pool import PoolStats, SlotPool, SlotSource
@@ -88,19 +90,15 @@ _MAX_MOVES = 2
 _INPUT_RECHECK_S = 1.0
 
 
-def _release_pools(
-    stub: Any, pools: dict[str, ModelPool], metadata: Metadata, settler: Settler
-) -> None:
+def _release_pools(stub: Any, pools: dict[str, ModelPool], keys: Keys, settler: Settler) -> None:
     """Unregisters and unlinks every pool; the finalizer of a client, so it never sees it."""
     while pools:
         _, pool = pools.popitem()
-        _release_pool(pool, stub, _CLOSE_WAIT_S, metadata, settler)
+        _release_pool(pool, stub, _CLOSE_WAIT_S, keys, settler)
     settler.stop()
 
 
-def _release_pool(
-    pool: ModelPool, stub: Any, wait_s: float, metadata: Metadata, settler: Settler
-) -> None:
+def _release_pool(pool: ModelPool, stub: Any, wait_s: float, keys: Keys, settler: Settler) -> None:
     """Waits for the pool's callers (up to ``wait_s``), then unregisters and unlinks it, once
     Triton is done with the requests given up on it (within the same wait)."""
     deadline = time.monotonic() + wait_s
@@ -112,7 +110,7 @@ def _release_pool(
         return
     try:
         left_s = max(0.0, deadline - time.monotonic())
-        unregister_slots(stub, pool.slot_keys, metadata, in_use_wait_s=left_s)
+        unregister_slots(stub, pool.slot_keys, keys.metadata(), in_use_wait_s=left_s)
     finally:
         pool.region.unlink()
         if all_free:
@@ -135,7 +133,13 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             restricted protocols (``{"triton-grpc-protocol-admin-key": ...}``): registration
             and unregistration, status, readiness, model configuration and inference, and the
             plain tritonclient methods (a call's own ``headers=`` are merged over these). Their
-            values are never shown: not in the repr, nor in any error.
+            values are never shown: not in the repr, nor in any error. A :class:`Keys` is used
+            as it is.
+        keys_dir: A directory of key files, one per header, as a mounted Kubernetes Secret
+            (see :func:`headers_from_dir`); ``None`` reads ``$RAY_TRITON_SHM_KEYS_DIR`` if
+            set. ``headers`` win over it. The files are read again when they change, and when
+            Triton refuses a key (the call is then sent once more): keys rotate without
+            restarting anyone.
         crash_cleanup: If this process dies without closing (SIGKILL, the OOM killer), a
             watchdog process unregisters and unlinks its regions (one per process, started
             with the first registration; see :mod:`ray_triton_shm._reaper`).
@@ -159,7 +163,8 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         url: str = DEFAULT_URL,
         verbose: bool = False,
         *args: Any,
-        headers: Mapping[str, str] | None = None,
+        headers: Mapping[str, str] | Keys | None = None,
+        keys_dir: str | os.PathLike[str] | None = None,
         crash_cleanup: bool = True,
         reconnect_timeout_s: float = DEFAULT_RECONNECT_TIMEOUT_S,
         config_check_interval_s: float | None = 10.0,
@@ -171,8 +176,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             raise ValueError(
                 f"config_check_interval_s must be > 0 or None, got {config_check_interval_s}"
             )
-        self._headers = normalize(headers)
-        self._metadata = Metadata(self._headers.items())
+        self._keys = headers if isinstance(headers, Keys) else Keys(headers, keys_dir=keys_dir)
         options = dict(zip(_TRITONCLIENT_OPTIONS, args, strict=False)) | kwargs
         options["channel_args"] = channel_options(
             options.get("channel_args"), options.pop("keepalive_options", None)
@@ -188,10 +192,10 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         self._registry_lock = threading.Lock()
         self._closed = False
         self._swept = False
-        self._settler = Settler(self._client_stub, self._metadata)
+        self._settler = Settler(self._client_stub, self._keys)
         # Captures the pools and the stub, never self: the client can still be collected.
         self._finalizer = weakref.finalize(
-            self, _release_pools, self._client_stub, self._pools, self._metadata, self._settler
+            self, _release_pools, self._client_stub, self._pools, self._keys, self._settler
         )
         self._close_lock = threading.Lock()  # last: close() tells a whole client by it
 
@@ -253,6 +257,41 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
                 client's headers lack the key (nothing was left behind).
             ServerUnreachableError: Triton stayed unreachable for ``reconnect_timeout_s``.
         """
+
+        def register() -> ModelSpec:
+            return self._register_shm_model(
+                model_name,
+                inputs,
+                outputs,
+                max_batch_size,
+                pool_size,
+                model_version=model_version,
+                max_shapes=max_shapes,
+                max_element_bytes=max_element_bytes,
+                replace=replace,
+            )
+
+        used = self._keys.metadata()
+        try:
+            return register()
+        except AccessDeniedError:
+            if not self._keys.refused(used):
+                raise
+            return register()
+
+    def _register_shm_model(
+        self,
+        model_name: str,
+        inputs: Sequence[SpecLike] | None,
+        outputs: Sequence[SpecLike] | None,
+        max_batch_size: int | None,
+        pool_size: int,
+        *,
+        model_version: str,
+        max_shapes: Mapping[str, Sequence[int]] | None,
+        max_element_bytes: Mapping[str, int] | None,
+        replace: bool,
+    ) -> ModelSpec:
         self._check_open()
         if not 1 <= pool_size <= MAX_SLOTS:
             raise ModelSpecError(
@@ -314,15 +353,18 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             metadata = self._get_metadata(None)
         return Reconnect(self._channel, self._url, budget, model, metadata=metadata)
 
-    def _get_metadata(self, headers: Mapping[str, str] | None) -> Metadata:
-        """The metadata of one gRPC call: the client's headers with ``headers`` merged over
-        them, after tritonclient's plugin (if any) had its say.
+    def _get_metadata(
+        self, headers: Mapping[str, str] | None, keys: Metadata | None = None
+    ) -> Metadata:
+        """The metadata of one gRPC call: the client's keys (``keys``: those in use now) with
+        ``headers`` merged over them, after tritonclient's plugin (if any) had its say.
 
-        tritonclient's own methods call this too, so they send the client's headers.
+        tritonclient's own methods call this too, so they send the client's keys.
         """
+        metadata = self._keys.metadata() if keys is None else keys
         if not headers and self.plugin() is None:
-            return self._metadata
-        merged = {**self._headers, **normalize(headers)}
+            return metadata
+        merged = {**dict(metadata), **normalize(headers)}
         return Metadata(super()._get_metadata(merged))
 
     def _create_pool(
@@ -373,7 +415,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         except BaseException as exc:
             # Registered, or interrupted (Ctrl-C) while Triton may have been registering it.
             if registered or not isinstance(exc, Exception):
-                unregister_slots(self._client_stub, keys, self._metadata)
+                unregister_slots(self._client_stub, keys, self._keys.metadata())
             region.unlink()
             region.close()
             raise
@@ -405,7 +447,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         )
         threading.Thread(
             target=_release_pool,
-            args=(old, self._client_stub, _CLOSE_WAIT_S, self._metadata, self._settler),
+            args=(old, self._client_stub, _CLOSE_WAIT_S, self._keys, self._settler),
             name="ray-triton-shm-retire",
             daemon=True,
         ).start()
@@ -550,7 +592,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             stale = self._pools.get(spec.name)
             self._pools[spec.name] = pool
         if stale is not None:
-            _release_pool(stale, self._client_stub, _CLOSE_WAIT_S, self._metadata, self._settler)
+            _release_pool(stale, self._client_stub, _CLOSE_WAIT_S, self._keys, self._settler)
 
     def unregister_shm_model(self, model_name: str) -> None:
         """Unregisters a model's pool from Triton and frees its memory; idempotent.
@@ -560,7 +602,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         with self._registry_lock:
             pool = self._pools.pop(model_name, None)
         if pool is not None:
-            _release_pool(pool, self._client_stub, _CLOSE_WAIT_S, self._metadata, self._settler)
+            _release_pool(pool, self._client_stub, _CLOSE_WAIT_S, self._keys, self._settler)
 
     @property
     def registered_models(self) -> dict[str, ModelSpec]:
@@ -700,11 +742,13 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             parameters=parameters,
             outputs=outputs,
         )
-        metadata = self._get_metadata(headers)
+        keys = self._keys.metadata()
+        metadata = self._get_metadata(headers, keys)
         reconnect = self._reconnect(model_name, reconnect_timeout_s, metadata)
         infer = self._client_stub.ModelInfer
         send = infer.future
         started = time.monotonic()
+        rotated = False
 
         def do(step: Step, arg: Any) -> Any:
             match step:
@@ -731,15 +775,22 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
                         with contextlib.suppress(*ended):
                             arg.call.exception(arg.time_left(client_timeout_s))
 
-        for moves in range(_MAX_MOVES + 1):
+        moves = 0
+        while True:
             try:
                 steps = self._steps(pool, inputs, options, slot_timeout_s, request_id)
                 return drive(steps, do)
+            except AccessDeniedError:
+                if rotated or not self._keys.refused(keys):
+                    raise
+                rotated, keys = True, self._keys.metadata()
+                metadata = self._get_metadata(headers, keys)
+                reconnect = self._reconnect(model_name, reconnect_timeout_s, metadata)
             except _MOVED as exc:
                 if moves == _MAX_MOVES:
                     raise exc.error if isinstance(exc, SuspectedChange) else exc from None
+                moves += 1
                 pool = self._next_pool(pool, exc, options, started)
-        raise AssertionError("unreachable")
 
     async def infer_shm_async(
         self,
@@ -776,10 +827,12 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             outputs=outputs,
         )
         loop = asyncio.get_running_loop()
-        metadata = self._get_metadata(headers)
+        keys = self._keys.metadata()
+        metadata = self._get_metadata(headers, keys)
         reconnect = self._reconnect(model_name, reconnect_timeout_s, metadata)
         send = self._client_stub.ModelInfer.future
         started = time.monotonic()
+        rotated = False
 
         async def do(step: Step, arg: Any) -> Any:
             match step:
@@ -804,15 +857,22 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
                         answer = as_asyncio_future(arg.call, loop)
                         await asyncio.wait([answer], timeout=arg.time_left(client_timeout_s))
 
-        for moves in range(_MAX_MOVES + 1):
+        moves = 0
+        while True:
             try:
                 steps = self._steps(pool, inputs, options, slot_timeout_s, request_id)
                 return await drive_async(steps, do)
+            except AccessDeniedError:
+                if rotated or not self._keys.refused(keys):
+                    raise
+                rotated, keys = True, self._keys.metadata()
+                metadata = self._get_metadata(headers, keys)
+                reconnect = self._reconnect(model_name, reconnect_timeout_s, metadata)
             except _MOVED as exc:
                 if moves == _MAX_MOVES:
                     raise exc.error if isinstance(exc, SuspectedChange) else exc from None
+                moves += 1
                 pool = await asyncio.to_thread(self._next_pool, pool, exc, options, started)
-        raise AssertionError("unreachable")
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -848,5 +908,6 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"models={sorted(self._pools)}"
-        headers = f" headers={redact(self._headers)}" if self._headers else ""
+        names = self._keys.names
+        headers = f" headers={dict.fromkeys(names, REDACTED)}" if names else ""
         return f"<TritonSHMClient {self._url}{headers} {state}>"

@@ -35,7 +35,7 @@ import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from ._defaults import DEFAULT_URL, URL_ENV_VAR
-from ._headers import env_var_for, headers_from_env
+from ._headers import KEYS_DIR_ENV_VAR, Keys, env_var_for, headers_from_env
 from ._reclaim import region_status
 from ._shm import DEAD, SHM_DIR, SharedMemoryRegion, mib, new_region_name, shm_space
 from ._specs import SlotLayout, resolve_model_spec
@@ -149,11 +149,16 @@ def check_node(
     """
     started = time.monotonic()
     chosen, source = url_for_node(url)
-    headers = headers_from_env()
+    try:
+        keys = Keys(environ=True)
+        headers, keys_dir, keys_error = keys.headers, keys.keys_dir, None
+    except ValueError as exc:  # names the directory, never a value
+        headers, keys_dir, keys_error = headers_from_env(), None, str(exc)
     store = object_store_bytes
     checks: list[CheckResult] = []
     with _channel(chosen, ssl=ssl or root_certificates is not None, roots=root_certificates) as ch:
         triton = _Triton(chosen, ch, headers, timeout_s)
+        triton.keys_dir, triton.keys_error = keys_dir, keys_error
         for name, run in (
             ("triton", triton.check),
             ("region", lambda: _check_region(triton)),
@@ -202,6 +207,8 @@ class _Triton:
         self.reachable = False
         self.version = ""
         self.refused: dict[str, str] = {}  # protocol -> the header Triton wants
+        self.keys_dir: Path | None = None
+        self.keys_error: str | None = None
 
     def call(self, method: str, request: Any) -> Any:
         rpc: Callable[..., Any] = getattr(self.stub, method)
@@ -221,7 +228,7 @@ class _Triton:
                 FAIL,
                 f"Triton answers at {self.url}, but refused to say whether it is live: its "
                 "health protocol is restricted (see keys)",
-                _key_fix(header, self.headers),
+                _key_fix(header, self.headers, self.keys_dir),
             )
         self.reachable = True
         ready = self.call("ServerReady", service_pb2.ServerReadyRequest()).ready
@@ -285,11 +292,18 @@ class _Triton:
         )
 
 
-def _key_fix(header: str, headers: Mapping[str, str]) -> str:
+def _key_fix(header: str, headers: Mapping[str, str], keys_dir: Path | None) -> str:
     variable = env_var_for(header)
     if header in headers:
-        return f"${variable} is set, but not to the key Triton expects: set it to that key"
-    return f"set ${variable} on this node to Triton's key (the header is {header!r})"
+        return (
+            f"the {header!r} key is set (in ${variable} or a key file), but not to the key "
+            "Triton expects: set it to that key"
+        )
+    where = f"in {keys_dir}" if keys_dir is not None else f"in ${KEYS_DIR_ENV_VAR}"
+    return (
+        f"put Triton's key in a file named {header!r} {where} (a mounted Secret), or set "
+        f"${variable} on this node"
+    )
 
 
 def _skipped(name: str, triton: _Triton, needs: str | None = None) -> CheckResult | None:
@@ -389,7 +403,16 @@ def _check_keys(triton: _Triton) -> CheckResult:
     if skipped:
         return skipped
     names = sorted(triton.headers)
-    keys_set = f"keys set: {', '.join(names)}" if names else "no RAY_TRITON_SHM_HEADER_* set"
+    source = f" (key files: {triton.keys_dir})" if triton.keys_dir is not None else ""
+    keys_set = f"keys set: {', '.join(names)}{source}" if names else "no keys set"
+    if triton.keys_error is not None:
+        return CheckResult(
+            "keys",
+            FAIL,
+            triton.keys_error,
+            f"mount the Secret's files there, or fix ${KEYS_DIR_ENV_VAR}",
+            {"headers": names},
+        )
     refused: dict[str, str] = {}
     for protocol, method, request in _PROTOCOLS:
         try:
@@ -417,7 +440,7 @@ def _check_keys(triton: _Triton) -> CheckResult:
         + (" (set, but not to Triton's key)" if header in triton.headers else "")
         for header, protocols in by_header.items()
     )
-    fix = "; ".join(_key_fix(header, triton.headers) for header in by_header)
+    fix = "; ".join(_key_fix(header, triton.headers, triton.keys_dir) for header in by_header)
     return CheckResult("keys", FAIL, f"{what} ({keys_set})", fix, details)
 
 

@@ -18,7 +18,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from ._defaults import DEFAULT_URL
-from ._headers import headers_from_env, normalize
+from ._headers import Keys
 from ._shm import (
     DEAD,
     Owner,
@@ -105,14 +105,15 @@ def _registrations(
 
 
 def region_status(
-    url: str | None = DEFAULT_URL, *, headers: Mapping[str, str] | None = None
+    url: str | None = DEFAULT_URL, *, headers: Mapping[str, str] | Keys | None = None
 ) -> StatusReport:
     """Lists our regions in ``/dev/shm`` and the system shm registrations of a server.
 
     Args:
         url: Triton's gRPC address; ``None`` to look at this machine only.
-        headers: gRPC headers (Triton's access keys); ``None`` reads them from the
-            environment (``RAY_TRITON_SHM_HEADER_*``, see :func:`headers_from_env`).
+        headers: gRPC headers (Triton's access keys), or :class:`Keys`; ``None`` reads them
+            from the environment (``RAY_TRITON_SHM_HEADER_*``) and the key files of
+            ``$RAY_TRITON_SHM_KEYS_DIR``, now.
     """
     local = {r.name: r for r in list_local_regions()}
     registered: dict[str, int] | None = None
@@ -190,7 +191,7 @@ def reclaim_regions(
     url: str | None = DEFAULT_URL,
     *,
     owner: int | None = None,
-    headers: Mapping[str, str] | None = None,
+    headers: Mapping[str, str] | Keys | None = None,
     in_use_wait_s: float = 0.0,
 ) -> ReclaimReport:
     """Unregisters from Triton and unlinks from ``/dev/shm`` every region of ours whose owner
@@ -201,8 +202,9 @@ def reclaim_regions(
         url: Triton's gRPC address; ``None`` to clean ``/dev/shm`` only.
         owner: Only regions of this (gone) process of our pid namespace; ``None``: of any
             owner proven dead.
-        headers: gRPC headers (Triton's access keys); ``None`` reads them from the
-            environment (``RAY_TRITON_SHM_HEADER_*``, see :func:`headers_from_env`).
+        headers: gRPC headers (Triton's access keys), or :class:`Keys`; ``None`` reads them
+            from the environment (``RAY_TRITON_SHM_HEADER_*``) and the key files of
+            ``$RAY_TRITON_SHM_KEYS_DIR``, now.
         in_use_wait_s: How long to keep trying registrations that requests still use (see
             :func:`reclaim_dead_registrations`).
     """
@@ -224,8 +226,12 @@ def reclaim_regions(
     return ReclaimReport(unregistered=unregistered, unlinked=unlinked, server_error=server_error)
 
 
-def _headers(headers: Mapping[str, str] | None) -> dict[str, str]:
-    return headers_from_env() if headers is None else normalize(headers)
+def _headers(headers: Mapping[str, str] | Keys | None) -> dict[str, str]:
+    """The headers now: given ones (or :class:`Keys`), else the environment's and the key
+    files' (read now, so a tool run after a rotation uses the new keys)."""
+    if isinstance(headers, Keys):
+        return headers.headers
+    return Keys(headers, environ=headers is None).headers
 
 
 def _reclaimable(name: str, only: int | None) -> bool:

@@ -38,7 +38,7 @@ from tritonclient.grpc import service_pb2
 
 from ._engine import ModelPool
 from ._exceptions import ClientClosedError
-from ._headers import Metadata
+from ._headers import Keys, Metadata
 from ._shared_slots import SharedSlots
 from ._transport import expected_header, is_in_use, never_reached
 
@@ -110,12 +110,12 @@ class Settler:
 
     Args:
         stub: The client's gRPC stub.
-        metadata: The client's headers (the key of Triton's shared-memory protocol, if any).
+        keys: The client's keys (the key of Triton's shared-memory protocol, if any).
     """
 
-    def __init__(self, stub: object, metadata: Metadata) -> None:
+    def __init__(self, stub: object, keys: Keys) -> None:
         self._stub = stub
-        self._metadata = metadata
+        self._keys = keys
         self._pools: weakref.WeakSet[ModelPool] = weakref.WeakSet()
         self._wake = threading.Event()
         self._lock = threading.Lock()
@@ -191,11 +191,14 @@ class Settler:
         """Whether Triton is done with every request on ``slot``: it let go of the slot's
         registration (which is then made again for the slot's next request)."""
         key = pool.slot_keys[slot]
+        used = self._keys.metadata()
         try:
-            unregister_slot(self._stub, key, self._metadata)
+            unregister_slot(self._stub, key, used)
         except grpc.RpcError as exc:
             if never_reached(exc):
                 return True  # no Triton runs here any more; the next one registers it anew
+            if expected_header(exc) is not None and self._keys.refused(used):
+                return False  # the keys turned: the next try uses the others
             if expected_header(exc) is not None and not self._denied_logged:
                 self._denied_logged = True
                 logger.warning(
@@ -206,7 +209,7 @@ class Settler:
                 )
             return False  # still in use (or no answer): try again later
         try:
-            register_slot(self._stub, key, pool.region.size, self._metadata)
+            register_slot(self._stub, key, pool.region.size, self._keys.metadata())
         except grpc.RpcError:
             pass  # a request that finds it missing registers it again (see _engine)
         return True

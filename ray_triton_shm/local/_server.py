@@ -855,16 +855,25 @@ class LocalTritonServer:
         _terminate(proc, self._stop_grace_s, self._shm_prefix)
         self._proc_box[0] = None
 
-    def restart(self) -> LocalTritonServer:
+    def restart(
+        self, *, restricted_protocols: Mapping[str, tuple[str, str]] | None = None
+    ) -> LocalTritonServer:
         """Stop and start again on the same ports.
 
         The new process has none of the old one's state (e.g. shared-memory
         registrations).
 
+        Args:
+            restricted_protocols: New keys to start with (a rotation), in the form of the
+                constructor's; ``None`` keeps the current ones.
+
         Returns:
             ``self``.
         """
+        restrictions = None if restricted_protocols is None else _restrictions(restricted_protocols)
         self.stop()
+        if restrictions is not None:
+            self._restrictions = restrictions
         return self.start()
 
     def close(self) -> None:

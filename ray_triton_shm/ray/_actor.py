@@ -43,7 +43,7 @@ from .._client import TritonSHMClient
 from .._defaults import DEFAULT_RECONNECT_TIMEOUT_S, DEFAULT_URL, URL_ENV_VAR
 from .._engine import ModelPool
 from .._exceptions import ModelSpecError, StaleLeaseError, TritonSHMError
-from .._headers import headers_from_env, normalize
+from .._headers import Keys
 from .._reclaim import reclaim_regions
 from .._shared_slots import NodeSlotStats, SharedSlots
 from .._shm import shm_space
@@ -89,8 +89,9 @@ class NodeActorConfig:
             unreachable (restarting); by-value calls wait as long as their caller says.
         headers: gRPC headers of every call the actor makes: Triton's access keys for the
             control plane (shared memory, and model configuration if restricted), over those
-            of the node's environment (``RAY_TRITON_SHM_HEADER_*``, read on the node). Never
-            shown.
+            of the node: its key files (``RAY_TRITON_SHM_KEYS_DIR``, a mounted Secret, read
+            again when they change) and its ``RAY_TRITON_SHM_HEADER_*`` variables. Never
+            shown; but these travel with the config, so prefer the node's key files.
         client_options: Keyword arguments of the actor's :class:`TritonSHMClient` (TLS:
             ``ssl=True``, ``root_certificates=``, ``private_key=``, ``certificate_chain=``).
         config_check_interval_s: How often the actor compares the config of each model whose
@@ -196,13 +197,13 @@ class TritonNodeActor:
         self._url = config.url or os.environ.get(URL_ENV_VAR) or DEFAULT_URL
         self._node_id = _current_node_id()
         self._incarnation = f"{os.getpid()}-{time.time_ns()}"
-        headers = {**headers_from_env(), **normalize(config.headers)}
+        keys = Keys(config.headers, environ=True)
         # A restarted actor first takes back what its previous incarnation left behind.
-        reclaim_regions(self._url, headers=headers)
+        reclaim_regions(self._url, headers=keys)
         self._client = TritonSHMClient(
             url=self._url,
             reconnect_timeout_s=config.reconnect_timeout_s,
-            headers=headers,
+            headers=keys,
             config_check_interval_s=None,  # the housekeeping thread checks, not requests
             **(config.client_options or {}),
         )
@@ -547,8 +548,8 @@ def get_node_actor(
             :class:`OverloadedError`.
         reconnect_timeout_s: How long the actor's registrations wait for an unreachable
             Triton.
-        headers: The control plane's keys (see :class:`NodeActorConfig`); prefer
-            ``RAY_TRITON_SHM_HEADER_*`` variables on the node, which travel in no argument.
+        headers: The control plane's keys (see :class:`NodeActorConfig`); prefer key files
+            on the node (``RAY_TRITON_SHM_KEYS_DIR``), which travel in no argument and rotate.
         client_options: TLS and other options of the actor's client (see
             :class:`NodeActorConfig`).
         node_id: The node; default the caller's.

@@ -29,7 +29,7 @@ from .._defaults import DEFAULT_RECONNECT_TIMEOUT_S
 from .._engine import PoolRetired, SuspectedChange
 from .._exceptions import ClientClosedError, InvalidInputError, StaleLeaseError
 from .._header import RegionHeader
-from .._headers import headers_from_env, normalize
+from .._headers import Keys, normalize
 from .._inputs import InputValue
 from .._options import ParameterValue, request_options
 from .._shared_slots import SharedSlots
@@ -67,6 +67,7 @@ class _Binding:
         reconnect_timeout_s: float,
         client_timeout_s: float | None,
         headers: dict[str, str],
+        keys: Keys,
         client_options: Mapping[str, Any],
     ) -> None:
         self.actor = actor
@@ -94,7 +95,7 @@ class _Binding:
                     url=registration.url,
                     crash_cleanup=False,
                     reconnect_timeout_s=reconnect_timeout_s,
-                    headers=headers,
+                    headers=keys,
                     **client_options,
                 )
                 client._attach_pool(
@@ -194,9 +195,11 @@ class ShmModel:
             unreachable (restarting) before :class:`ServerUnreachableError`; ``0`` fails at
             once.
         headers: gRPC headers of this caller's requests: Triton's inference key, over those
-            of the node's environment (``RAY_TRITON_SHM_HEADER_*``, read where the handle
-            binds, so they travel in no argument). By-value calls send them to the actor.
-            Never shown.
+            of the node, read where the handle binds so that they travel in no argument: its
+            key files (``RAY_TRITON_SHM_KEYS_DIR``, a mounted Secret, read again when they
+            change) and its ``RAY_TRITON_SHM_HEADER_*`` variables. Never shown; but these
+            travel with the handle (and by-value calls send them to the actor), so prefer the
+            node's key files.
         client_options: Keyword arguments of this caller's :class:`TritonSHMClient` (TLS:
             ``ssl=True``, ``root_certificates=``, ...).
         actor_options: Extra keyword arguments for :func:`get_node_actor` (``slots``,
@@ -319,7 +322,8 @@ class ShmModel:
             zero_copy=self._zero_copy and same_node,
             reconnect_timeout_s=self._reconnect_timeout_s,
             client_timeout_s=self._client_timeout_s,
-            headers={**headers_from_env(), **self._headers},
+            headers=self._headers,
+            keys=Keys(self._headers, environ=True),
             client_options=self._client_options,
         )
 
