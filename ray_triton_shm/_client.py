@@ -652,6 +652,22 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             TritonServerError: Triton refused.
             ServerUnreachableError: Triton stayed unreachable.
         """
+        used = self._keys.metadata()
+        try:
+            self._register_each(region, keys, reconnect, model=model)
+        except AccessDeniedError:
+            if not self._keys.refused(used):
+                raise
+            self._register_each(region, keys, self._reconnect(model), model=model)
+
+    def _register_each(
+        self,
+        region: SharedMemoryRegion,
+        keys: Sequence[str],
+        reconnect: Reconnect,
+        *,
+        model: str,
+    ) -> None:
         for key in keys:
             try:
                 reconnect.call(

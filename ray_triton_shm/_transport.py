@@ -22,7 +22,7 @@ from ._exceptions import (
     SharedMemoryNotAllowedError,
     TritonServerError,
 )
-from ._headers import env_var_for
+from ._headers import KEYS_DIR_ENV_VAR, env_var_for
 from ._specs import ModelSpec, SlotLayout
 
 __all__ = [
@@ -118,7 +118,9 @@ def translate_error(
     if header is not None:
         return AccessDeniedError(
             f"{action}{about} was refused: Triton restricts that protocol, and the request did "
-            f"not carry its key. Triton expects the header {header!r}: give it to "
+            f"not carry its key (or not the key Triton has now; the key files were read again). "
+            f"Triton expects the header {header!r}: put its key in a file named {header!r} in "
+            f"${KEYS_DIR_ENV_VAR} (a mounted Secret), give it to "
             f"TritonSHMClient(headers={{{header!r}: ...}}), or set ${env_var_for(header)} where "
             "keys are read from the environment.",
             header=header,

@@ -6,9 +6,11 @@ import contextlib
 import datetime
 import ipaddress
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -180,3 +182,26 @@ def self_signed_certificate(directory: Path) -> tuple[Path, Path]:
         )
     )
     return cert, key
+
+
+def write_secret(directory: Path, files: dict[str, str]) -> None:
+    """Writes ``files`` into ``directory`` as the kubelet updates a mounted Secret: a new
+    timestamped directory, the ``..data`` symlink swapped to it atomically, one symlink per
+    key through ``..data``, and the old version removed."""
+    directory.mkdir(exist_ok=True)
+    version = directory / f"..{time.strftime('%Y_%m_%d_%H_%M_%S')}.{time.monotonic_ns()}"
+    version.mkdir()
+    for name, value in files.items():
+        (version / name).write_text(value + "\n")  # `kubectl create secret --from-file` style
+    data = directory / "..data"
+    old = os.readlink(data) if data.is_symlink() else None
+    os.symlink(version.name, directory / "..data_tmp")
+    os.rename(directory / "..data_tmp", data)
+    for name in files:
+        if not (directory / name).is_symlink():
+            os.symlink(f"..data/{name}", directory / name)
+    for entry in directory.iterdir():
+        if entry.is_symlink() and not entry.name.startswith(".") and entry.name not in files:
+            entry.unlink()  # a key removed from the Secret
+    if old is not None:
+        shutil.rmtree(directory / old)

@@ -2,20 +2,34 @@
 
 from __future__ import annotations
 
+import logging
 import pickle
+import shutil
+import time
+from pathlib import Path
 
 import grpc
 import pytest
+from _helpers import write_secret
 from tritonclient.utils import InferenceServerException
 
 from ray_triton_shm import AccessDeniedError, TritonServerError, headers_from_env
-from ray_triton_shm._headers import Metadata, env_var_for, normalize, redact
+from ray_triton_shm._headers import (
+    KEYS_DIR_ENV_VAR,
+    Keys,
+    Metadata,
+    env_var_for,
+    headers_from_dir,
+    normalize,
+    redact,
+)
 from ray_triton_shm._reconnect import is_restart_symptom, is_unreachable
 from ray_triton_shm._transport import expected_header, translate_error
 from ray_triton_shm.local import LocalTritonServer
 from ray_triton_shm.local._server import _shown
 
 SECRET = "s3cret-value-never-shown"
+ADMIN, INFER, READ = (f"triton-grpc-protocol-{k}-key" for k in ("admin", "infer", "read"))
 REFUSAL = "This protocol is restricted, expecting header 'triton-grpc-protocol-admin-key'"
 
 
@@ -178,3 +192,92 @@ def test_the_logged_command_line_shows_no_value() -> None:
         "tritonserver --grpc-restricted-protocol=shared-memory,model-repository:admin-key=*** "
         "--http-restricted-api=inference:infer-key=*** --grpc-port=8001"
     )
+
+
+def test_keys_come_from_a_mounted_secret_in_either_naming(tmp_path: Path) -> None:
+    write_secret(
+        tmp_path,
+        {
+            "triton-grpc-protocol-admin-key": SECRET,
+            "RAY_TRITON_SHM_HEADER_TRITON_GRPC_PROTOCOL_INFER_KEY": "infer",
+            "X-Team": "vision",
+        },
+    )
+    (tmp_path / ".hidden").write_text("not a key")
+    assert headers_from_dir(tmp_path) == {
+        "triton-grpc-protocol-admin-key": SECRET,  # the trailing newline is not part of it
+        "triton-grpc-protocol-infer-key": "infer",
+        "x-team": "vision",
+    }
+    plain = tmp_path / "plain"  # docker secrets, or files written by hand
+    plain.mkdir()
+    (plain / "triton-grpc-protocol-read-key").write_text("read")
+    assert headers_from_dir(plain) == {"triton-grpc-protocol-read-key": "read"}
+    (plain / "triton-grpc-protocol-read-key").write_bytes(b"\xff" + SECRET.encode())
+    with pytest.raises(ValueError, match="not UTF-8") as info:
+        headers_from_dir(plain)
+    assert SECRET not in str(info.value)
+
+
+def test_keys_merge_sources_and_follow_the_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(env_var_for(ADMIN), "from-env")
+    monkeypatch.setenv(env_var_for(READ), "read-from-env")
+    write_secret(tmp_path, {ADMIN: "admin-1", INFER: "infer-1"})
+    keys = Keys({INFER: "given"}, keys_dir=tmp_path, environ=True, check_interval_s=3600)
+    # Given in code, over key files, over the environment.
+    assert keys.headers == {ADMIN: "admin-1", INFER: "given", READ: "read-from-env"}
+    assert keys.names == [ADMIN, INFER, READ]
+    first = keys.metadata()
+
+    write_secret(tmp_path, {ADMIN: "admin-2"})
+    assert keys.metadata() is first  # not looked at again before check_interval_s
+    assert keys.refresh() and keys.headers[ADMIN] == "admin-2"
+    assert not keys.refresh()  # nothing changed since
+
+    # Triton refuses the new keys (it has not restarted yet): the older ones are used, and
+    # the new ones again when Triton refuses those.
+    new = keys.metadata()
+    assert keys.refused(new) and keys.metadata() == first
+    assert keys.refused(first) and keys.metadata() == new
+    # Another caller already turned: send again with the keys in use, no turn.
+    assert keys.refused(first) and keys.metadata() == new
+    # Keys that never changed are final: nothing to turn to, nothing to send again.
+    fixed = Keys({ADMIN: "given"}, keys_dir=tmp_path)
+    assert not fixed.refused(fixed.metadata()) and not Keys().refused(Keys().metadata())
+
+    # The interval elapsed: the next call reads the files.
+    quick = Keys(keys_dir=tmp_path, check_interval_s=0.01)
+    write_secret(tmp_path, {ADMIN: "admin-3"})
+    time.sleep(0.02)
+    assert dict(quick.metadata()) == {ADMIN: "admin-3"}
+
+    # RAY_TRITON_SHM_KEYS_DIR names the directory; without it, no key files.
+    monkeypatch.setenv(KEYS_DIR_ENV_VAR, str(tmp_path))
+    assert Keys().headers == {ADMIN: "admin-3"} and Keys().keys_dir == tmp_path
+    monkeypatch.delenv(KEYS_DIR_ENV_VAR)
+    assert Keys().headers == {} and Keys().keys_dir is None
+
+
+def test_keys_never_show_a_value(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="ray_triton_shm")
+    write_secret(tmp_path, {ADMIN: SECRET})
+    keys = Keys({INFER: SECRET + "-given"}, keys_dir=tmp_path)
+    write_secret(tmp_path, {ADMIN: SECRET + "-2"})
+    assert keys.refresh()
+    keys.refused(keys.metadata())
+    shown = [repr(keys), str(keys), repr(keys.metadata()), caplog.text]
+    assert all(SECRET not in text for text in shown), shown
+    assert ADMIN in repr(keys) and "changed" in caplog.text
+    with pytest.raises(TypeError, match="never pickled"):
+        pickle.dumps(keys)
+
+    # A key directory that cannot be read: named, and no value shown. At run time the last
+    # keys stay in use (a mount mid-change, or gone).
+    with pytest.raises(ValueError, match="RAY_TRITON_SHM_KEYS_DIR") as info:
+        Keys(keys_dir=tmp_path / "missing")
+    assert str(tmp_path / "missing") in str(info.value)
+    shutil.rmtree(tmp_path)
+    assert not keys.refresh() and dict(keys.metadata())[ADMIN] == SECRET  # the older, in use
+    assert "keeping the last keys" in caplog.text and SECRET not in caplog.text

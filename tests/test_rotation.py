@@ -1,0 +1,209 @@
+"""Keys that rotate without restarting anyone, as production rotates them, under load.
+
+Triton's keys live in a Kubernetes Secret, mounted as files into every pod
+(``RAY_TRITON_SHM_KEYS_DIR``). A rotation changes the Secret: the kubelet swaps the files of
+every mounted copy (``..data``), and Triton takes the new keys when it restarts. The two
+happen at different times; callers must ride both, with no restart of their own.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from _helpers import ADMIN, INFER, READ, write_secret
+from conftest import MODEL_REPOSITORIES
+
+from ray_triton_shm import AccessDeniedError, TritonSHMClient
+from ray_triton_shm._shm import list_local_regions, region_of
+from ray_triton_shm.local import LocalTritonServer
+
+SHAPES = {"INPUT0": (16,), "OUTPUT0": (16,)}
+#: Triton's protocol groups and the key each wants, as in production.
+GROUPS = {
+    "shared-memory,model-repository": ADMIN,
+    "inference": INFER,
+    "health,metadata,model-config,statistics": READ,
+}
+
+
+def new_keys() -> dict[str, str]:
+    """Fresh keys by header, unique enough that finding one anywhere is a leak."""
+    return {header: f"secret-{secrets.token_hex(8)}" for header in GROUPS.values()}
+
+
+def protocols(keys: dict[str, str]) -> dict[str, tuple[str, str]]:
+    """``keys`` as :class:`LocalTritonServer`'s ``restricted_protocols``."""
+    prefix = "triton-grpc-protocol-"
+    return {group: (h.removeprefix(prefix), keys[h]) for group, h in GROUPS.items()}
+
+
+@dataclass
+class Rotation:
+    server: LocalTritonServer
+    secret: Path
+    keys: dict[str, str]
+    seen: list[str] = field(default_factory=list)  # every key value used, to look for leaks
+
+    def rotate_files(self) -> dict[str, str]:
+        self.keys = new_keys()
+        self.seen += self.keys.values()
+        write_secret(self.secret, self.keys)
+        return self.keys
+
+    def restart_triton(self, keys: dict[str, str]) -> tuple[float, float]:
+        """Restarts Triton with ``keys``; returns when it went down and when it was back."""
+        down = time.monotonic()
+        self.server.restart(restricted_protocols=protocols(keys))
+        return down, time.monotonic()
+
+    def registered(self) -> set[str]:
+        import tritonclient.grpc as grpcclient
+
+        with grpcclient.InferenceServerClient(self.server.grpc_url) as plain:
+            status = plain.get_system_shared_memory_status(headers=self.keys, as_json=True)
+        return {region_of(name) for name in status.get("regions", {})}
+
+
+@pytest.fixture(scope="module")
+def rotation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rotation]:
+    """A Triton of the module's own, restricted with three keys that the tests rotate, and
+    the mounted Secret (a directory in the kubelet's layout) holding them."""
+    keys = new_keys()
+    secret = tmp_path_factory.mktemp("secret")
+    write_secret(secret, keys)
+    server = LocalTritonServer(
+        list(MODEL_REPOSITORIES),
+        log_path=tmp_path_factory.mktemp("rotation") / "tritonserver.log",
+        stop_grace_s=5.0,
+        restricted_protocols=protocols(keys),
+    )
+    server.start()
+    rotation = Rotation(server, secret, keys, seen=list(keys.values()))
+    try:
+        yield rotation
+    finally:
+        server.close()
+    log = server.log_path.read_text()
+    assert not [value for value in rotation.seen if value in log]
+
+
+def ours() -> set[str]:
+    """Our regions in /dev/shm."""
+    return {r.name for r in list_local_regions() if r.owner.pid == os.getpid()}
+
+
+@dataclass
+class Outcome:
+    started: float
+    ended: float
+    error: BaseException | None = None
+    wrong: bool = False
+
+
+class Load:
+    """``callers`` threads calling ``call(x)`` in a loop, each answer checked against ``x``."""
+
+    def __init__(self, callers: int, call: Callable[[np.ndarray], np.ndarray]) -> None:
+        self.outcomes: list[Outcome] = []
+        self._stop = threading.Event()
+        self._call = call
+        self._threads = [
+            threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(callers)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def _run(self, caller: int) -> None:
+        rng = np.random.default_rng(caller)
+        while not self._stop.is_set():
+            x = rng.standard_normal((int(rng.integers(1, 12)), 16), dtype=np.float32)
+            outcome = Outcome(time.monotonic(), 0.0)
+            try:
+                outcome.wrong = not np.array_equal(self._call(x), x)
+            except Exception as exc:
+                outcome.error = exc
+            outcome.ended = time.monotonic()
+            self.outcomes.append(outcome)
+
+    def stop(self) -> list[Outcome]:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=120)
+            assert not thread.is_alive()
+        return self.outcomes
+
+
+def figures(outcomes: list[Outcome], down: float, up: float) -> dict[str, Any]:
+    """What a rotation cost: the errors (and whether all fell while Triton was down), and
+    how long after Triton was back the first call answered."""
+    errors = [o for o in outcomes if o.error is not None]
+    back = [o.ended - up for o in outcomes if o.error is None and o.started >= up - 0.05]
+    waited = [o for o in outcomes if o.error is None and o.started < down < o.ended]
+    return {
+        "answers": sum(o.error is None for o in outcomes),
+        "wrong": sum(o.wrong for o in outcomes),
+        "errors": [f"{type(o.error).__name__}: {o.error}" for o in errors],
+        "errors_while_up": [o for o in errors if o.ended < down or o.started > up],
+        "down_s": up - down,
+        "first_answer_after_s": min(back, default=float("inf")),
+        "rode_the_outage": len(waited),
+    }
+
+
+def test_core_callers_ride_a_rotation_under_load(
+    rotation: Rotation, capsys: pytest.CaptureFixture[str]
+) -> None:
+    client = TritonSHMClient(
+        rotation.server.grpc_url, keys_dir=rotation.secret, reconnect_timeout_s=60
+    )
+    with client:
+        client.register_shm_model("identity", pool_size=2, max_shapes=SHAPES)  # 4 callers
+        load = Load(4, lambda x: client.infer_shm("identity", {"INPUT0": x})["OUTPUT0"])
+        time.sleep(1.0)
+        # The kubelet swaps the files first: Triton still wants the old keys, and gets them.
+        keys = rotation.rotate_files()
+        time.sleep(1.5)
+        # Then Triton restarts with the new keys: callers wait for it, then use the new keys.
+        down, up = rotation.restart_triton(keys)
+        time.sleep(2.0)
+        outcomes = load.stop()
+        result = figures(outcomes, down, up)
+        assert result["wrong"] == 0
+        assert not result["errors_while_up"], result["errors"]
+        assert result["first_answer_after_s"] < 5.0, result
+        assert dict(client._keys.metadata()) == keys  # the new keys are the ones in use
+        assert rotation.registered() == ours()
+
+        # Triton restarts with newer keys before the files change: refused, named, at once
+        # (no key in the message); then the files change and calls work, no restart.
+        newer = new_keys()
+        rotation.seen += newer.values()
+        rotation.restart_triton(newer)
+        x = np.ones((3, 16), np.float32)
+        started = time.monotonic()
+        with pytest.raises(AccessDeniedError) as info:
+            client.infer_shm("identity", {"INPUT0": x})
+        assert time.monotonic() - started < 10
+        assert not [v for v in rotation.seen if v in str(info.value) or v in repr(client)]
+        rotation.keys = newer
+        write_secret(rotation.secret, newer)
+        np.testing.assert_array_equal(client.infer_shm("identity", {"INPUT0": x})["OUTPUT0"], x)
+    assert not ours()
+    assert not rotation.registered()
+    with capsys.disabled():
+        print(
+            f"\nrotation (core, 4 callers on 2 slots): {result['answers']} answers, "
+            f"{result['wrong']} wrong, {len(result['errors'])} errors "
+            f"({len(result['errors_while_up'])} while Triton was up); Triton down "
+            f"{result['down_s']:.1f} s, {result['rode_the_outage']} calls waited it out, first "
+            f"answer {result['first_answer_after_s']:.2f} s after it was back"
+        )
