@@ -20,6 +20,8 @@ from __future__ import annotations
 import copy
 import re
 import secrets
+import shlex
+import subprocess
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,12 +29,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _helpers import write_secret
 
 jsonschema = pytest.importorskip("jsonschema")
 yaml = pytest.importorskip("yaml")
 
 from ray_triton_shm import TritonSHMClient, check_node  # noqa: E402
-from ray_triton_shm._headers import ENV_PREFIX, headers_from_env  # noqa: E402
+from ray_triton_shm._headers import ENV_PREFIX  # noqa: E402
 from ray_triton_shm.local import EXAMPLE_MODEL_REPOSITORY, LocalTritonServer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,7 +48,9 @@ TRITON_PORTS = {"grpc": 8001, "http": 8000, "metrics": 8002}
 #: the metrics export and dashboard agent ports KubeRay sets.
 RAY_PORTS = {8000, 8080, 52365}
 _QUANTITY = re.compile(r"^(\d+(?:\.\d+)?)([KMGTPE]i?)?$")
-_KEY_ARG = re.compile(r"^(?P<apis>[a-z,-]+):(?P<key>[A-Za-z0-9-]+)=\$\((?P<var>[A-Z0-9_]+)\)$")
+_KEY_ARG = re.compile(r"^(?P<apis>[a-z,-]+):(?P<key>[A-Za-z0-9-]+)=\$\(cat (?P<file>/\S+)\)$")
+#: Where a key file's header comes from: its name (see ray_triton_shm._headers).
+_HEADER_PREFIX = "triton-grpc-protocol-"
 
 Manifest = dict[str, Any]
 
@@ -124,6 +129,20 @@ def _bytes(quantity: str | int) -> float:
     return number * (1024 if unit.endswith("i") else 1000) ** power
 
 
+def _triton_args(container: dict[str, Any]) -> list[str]:
+    """Triton's command line: ``command`` and ``args``, or, for a shell script
+    (``/bin/sh -c``), the words after its ``exec tritonserver``, with the script's variables
+    put in."""
+    command = [*container.get("command", []), *container.get("args", [])]
+    if len(command) < 3 or Path(command[0]).name not in ("sh", "bash") or command[1] != "-c":
+        return command
+    script = command[2].replace("\\\n", " ")
+    variables = dict(re.findall(r"^(\w+)=(\S+)$", script, re.M))
+    line = next((ln for ln in script.splitlines() if ln.strip().startswith("exec ")), "")
+    words = shlex.split(line.rstrip(" \\"))[1:]
+    return [re.sub(r"\$(\w+)", lambda m: variables.get(m[1], m[0]), w) for w in words]
+
+
 def _flag(args: list[str], name: str) -> list[str]:
     return [a.split("=", 1)[1] for a in args if a.startswith(f"--{name}=")]
 
@@ -186,11 +205,11 @@ def invariant_problems(manifest: Manifest) -> list[str]:
             problems.append(f"{where}: no Triton container beside Ray (it can host replicas)")
             continue
         triton = tritons[0]
-        args = [*triton.get("command", []), *triton.get("args", [])]
+        args = _triton_args(triton)
         problems += _shared_dev_shm(where, pod, ray_c, triton, group)
         problems += _same_uid(where, pod, ray_c, triton)
         problems += _url_and_ports(where, ray_c, triton, args)
-        problems += _keys(where, ray_c, triton, args)
+        problems += _keys(where, pod, ray_c, triton, args)
         repository = _flag(args, "model-repository")
         mounts = {m["mountPath"] for m in triton.get("volumeMounts", [])}
         if not repository or repository[0] not in mounts:
@@ -255,24 +274,56 @@ def _url_and_ports(
     return problems
 
 
-def _keys(where: str, ray_c: dict[str, Any], triton: dict[str, Any], args: list[str]) -> list[str]:
+def _secret_mounts(pod: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
+    """``{mount path: Secret name}`` of the Secret volumes ``container`` mounts."""
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    return {
+        m["mountPath"]: volumes[m["name"]]["secret"]["secretName"]
+        for m in container.get("volumeMounts", [])
+        if "secret" in volumes.get(m["name"], {})
+    }
+
+
+def _keys(
+    where: str, pod: dict[str, Any], ray_c: dict[str, Any], triton: dict[str, Any], args: list[str]
+) -> list[str]:
     problems = []
     grpc, http = _flag(args, "grpc-restricted-protocol"), _flag(args, "http-restricted-api")
     if sorted(grpc) != sorted(http):
         problems.append(f"{where}: Triton's HTTP is not restricted as its gRPC is")
-    ray_env, triton_env = _env(ray_c), _env(triton)
+    for c in (ray_c, triton):
+        if any(_secret_ref(e) for e in c.get("env", [])):
+            problems.append(f"{where}: {c['name']} takes a key from an environment variable")
+    triton_secrets, ray_secrets = _secret_mounts(pod, triton), _secret_mounts(pod, ray_c)
+    keys_dir = _env(ray_c).get("RAY_TRITON_SHM_KEYS_DIR", {}).get("value")
     for restriction in grpc:
         match = _KEY_ARG.match(restriction)
         if match is None:
-            problems.append(f"{where}: a restriction's key is not taken from the environment")
+            problems.append(f"{where}: a restriction's key is not read from a file")
             continue
-        source = _secret_ref(triton_env.get(match["var"]))
-        if source is None:
-            problems.append(f"{where}: Triton's {match['var']} is not from a Secret")
-            continue
-        variable = ENV_PREFIX + f"triton-grpc-protocol-{match['key']}".upper().replace("-", "_")
-        if _secret_ref(ray_env.get(variable)) != source:
-            problems.append(f"{where}: Ray's {variable} is not the Secret's {source[1]}")
+        folder, name = match["file"].rsplit("/", 1)
+        secret = triton_secrets.get(folder)
+        if secret is None:
+            problems.append(f"{where}: Triton's {match['key']} is not read from a mounted Secret")
+        elif name != _HEADER_PREFIX + match["key"]:
+            problems.append(f"{where}: the {match['key']} file is not named as its header")
+        elif ray_secrets.get(keys_dir or "") != secret:
+            problems.append(
+                f"{where}: Ray does not read the keys from the Secret's files "
+                "(RAY_TRITON_SHM_KEYS_DIR at its mount)"
+            )
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    for volume in volumes.values():
+        mode = volume.get("secret", {}).get("defaultMode", 0o644)
+        readable = mode & 0o004 or (mode & 0o040 and "fsGroup" in pod.get("securityContext", {}))
+        if "secret" in volume and not readable:
+            problems.append(f"{where}: the key files are readable by root only (defaultMode)")
+    if grpc:
+        probe = " ".join(triton.get("livenessProbe", {}).get("exec", {}).get("command", []))
+        script = " ".join(triton.get("args", []))
+        digest = re.search(r"sha256sum .*> (\S+)", script)
+        if digest is None or "sha256sum -c" not in probe or digest[1] not in probe:
+            problems.append(f"{where}: Triton does not restart when the key files change")
     return problems
 
 
@@ -313,10 +364,22 @@ def _drop_env(m: Manifest, container: str, name: str) -> None:
 
 
 def _set_arg(m: Manifest, prefix: str, value: str | None) -> None:
+    """Drops Triton's arguments starting with ``prefix`` from its script; adds ``value``."""
     c = _container(m, "triton")
-    c["args"] = [a for a in c["args"] if not a.startswith(prefix)]
+    lines = [ln for ln in c["args"][0].splitlines() if not ln.strip().startswith(prefix)]
     if value is not None:
-        c["args"].append(prefix + value)
+        at = next(i for i, ln in enumerate(lines) if "exec tritonserver" in ln) + 1
+        lines.insert(at, f"  {prefix}{value} \\")
+    c["args"][0] = "\n".join(lines)
+
+
+def _volume(m: Manifest, name: str) -> dict[str, Any]:
+    return next(v for v in _pod(m)["volumes"] if v["name"] == name)
+
+
+def _drop_mount(m: Manifest, container: str, name: str) -> None:
+    c = _container(m, container)
+    c["volumeMounts"] = [v for v in c["volumeMounts"] if v["name"] != name]
 
 
 BROKEN: dict[str, tuple[Callable[[Manifest], Any], str]] = {
@@ -371,20 +434,58 @@ BROKEN: dict[str, tuple[Callable[[Manifest], Any], str]] = {
         ),
         "both listen on port(s) [8000]",
     ),
-    "Ray lacks the inference key": (
-        lambda m: _drop_env(m, "ray-worker", f"{ENV_PREFIX}TRITON_GRPC_PROTOCOL_INFER_KEY"),
-        "TRITON_GRPC_PROTOCOL_INFER_KEY is not the Secret's infer-key",
+    "Ray without the key files": (
+        lambda m: _drop_env(m, "ray-worker", "RAY_TRITON_SHM_KEYS_DIR"),
+        "Ray does not read the keys from the Secret's files",
+    ),
+    "Ray's keys from another Secret": (
+        lambda m: (
+            _pod(m)["volumes"].append({"name": "other", "secret": {"secretName": "other-keys"}})
+            or next(
+                v for v in _container(m, "ray-worker")["volumeMounts"] if v["name"] == "triton-keys"
+            ).update(name="other")
+        ),
+        "Ray does not read the keys from the Secret's files",
     ),
     "a key in the manifest": (
         lambda m: _set_arg(m, "--grpc-restricted-protocol=inference:", "infer-key=hunter2"),
-        "not taken from the environment",
+        "not read from a file",
+    ),
+    "Triton's keys not mounted": (
+        lambda m: _drop_mount(m, "triton", "triton-keys"),
+        "admin-key is not read from a mounted Secret",
+    ),
+    "a key file named otherwise": (
+        lambda m: _set_arg(
+            m,
+            "--grpc-restricted-protocol=inference:",
+            'infer-key="$(cat "$keys"/infer-key)"',
+        ),
+        "the infer-key file is not named as its header",
+    ),
+    "a key in an environment variable": (
+        lambda m: _container(m, "ray-worker")["env"].append(
+            {
+                "name": f"{ENV_PREFIX}TRITON_GRPC_PROTOCOL_INFER_KEY",
+                "valueFrom": {"secretKeyRef": {"name": "triton-keys", "key": "infer-key"}},
+            }
+        ),
+        "ray-worker takes a key from an environment variable",
+    ),
+    "key files for root only": (
+        lambda m: _volume(m, "triton-keys")["secret"].update(defaultMode=0o400),
+        "readable by root only",
+    ),
+    "Triton never takes new keys": (
+        lambda m: _container(m, "triton").pop("livenessProbe"),
+        "does not restart when the key files change",
     ),
     "HTTP left open": (
         lambda m: _set_arg(m, "--http-restricted-api=", None),
         "HTTP is not restricted",
     ),
     "models in the image": (
-        lambda m: _container(m, "triton")["volumeMounts"].pop(),
+        lambda m: _drop_mount(m, "triton", "models"),
         "--model-repository is not a mounted volume",
     ),
     "no limits": (
@@ -441,24 +542,26 @@ def test_the_schema_check_catches_a_broken_copy(
 def test_the_triton_container_args_run_and_the_ray_env_is_enough(
     manifest: Manifest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The worker pod's Triton, as its arguments say (keys from a made-up Secret), and its Ray
-    container's environment: the library infers through shared memory, and the probe's path
-    answers without a key."""
+    """The worker pod's Triton, as its script says (keys from the files of a made-up Secret,
+    laid out as the kubelet mounts it), and its Ray container's environment: the library
+    infers through shared memory, and the probe's path answers without a key."""
     ray_c, triton = _container(manifest, "ray-worker"), _container(manifest, "triton")
-    secret = {"admin-key": secrets.token_hex(16), "infer-key": secrets.token_hex(16)}
-    triton_env = {
-        name: secret[ref[1]] for name, e in _env(triton).items() if (ref := _secret_ref(e))
-    }
+    secret = tmp_path / "secret"
+    keys = {_HEADER_PREFIX + k: secrets.token_hex(16) for k in ("admin-key", "infer-key")}
+    write_secret(secret, keys)
+    (mount,) = _secret_mounts(_pod(manifest), triton)
+    args = _triton_args(triton)
     restricted = {}
-    for restriction in _flag(triton["args"], "grpc-restricted-protocol"):
+    for restriction in _flag(args, "grpc-restricted-protocol"):
         match = _KEY_ARG.match(restriction)
         assert match is not None, restriction
-        restricted[match["apis"]] = (match["key"], triton_env[match["var"]])
+        value = (secret / match["file"].removeprefix(mount + "/")).read_text().strip()
+        restricted[match["apis"]] = (match["key"], value)
     # The embedded server applies each restriction to gRPC and HTTP alike (the invariants check
     # that the manifest does too), and picks its own ports and repository.
     own = ("--grpc-restricted-protocol=", "--http-restricted-api=", "--model-repository=")
     own += tuple(f"--{kind}-{what}=" for kind in TRITON_PORTS for what in ("port", "address"))
-    extra = [a for a in triton["args"] if not a.startswith(own)]
+    extra = [a for a in args[1:] if not a.startswith(own)]  # after the program
     server = LocalTritonServer(
         EXAMPLE_MODEL_REPOSITORY,
         restricted_protocols=restricted,
@@ -467,17 +570,15 @@ def test_the_triton_container_args_run_and_the_ray_env_is_enough(
     )
     server.start()
     try:
-        for name, e in _env(ray_c).items():
-            if name.startswith(ENV_PREFIX):
-                ref = _secret_ref(e)
-                assert ref is not None, name
-                monkeypatch.setenv(name, secret[ref[1]])
+        (ray_mount,) = _secret_mounts(_pod(manifest), ray_c)
+        assert _env(ray_c)["RAY_TRITON_SHM_KEYS_DIR"]["value"] == ray_mount
+        monkeypatch.setenv("RAY_TRITON_SHM_KEYS_DIR", str(secret))
         report = check_node(url=server.grpc_url, models={"classifier": 8})
         assert not report.failed, report
         assert {c.name: c.status for c in report.checks}["keys"] == "ok", report
 
         x = np.random.default_rng(0).random((2, 3, 224, 224), dtype=np.float32)
-        with TritonSHMClient(server.grpc_url, headers=headers_from_env()) as client:
+        with TritonSHMClient(server.grpc_url) as client:  # keys from RAY_TRITON_SHM_KEYS_DIR
             client.register_shm_model("classifier", pool_size=1)
             out = client.infer_shm("classifier", {"INPUT0": x})["OUTPUT0"]
         expected = x.reshape(2, -1)[:, :150000].reshape(2, 1000, 150).mean(axis=2)
@@ -488,3 +589,29 @@ def test_the_triton_container_args_run_and_the_ray_env_is_enough(
             assert answer.status == 200
     finally:
         server.close()
+
+
+def test_the_liveness_probe_restarts_triton_when_the_keys_rotate(
+    manifest: Manifest, tmp_path: Path
+) -> None:
+    """The script's digest line and the probe's command, run for real on a Secret laid out as
+    the kubelet mounts it: the probe passes until the kubelet swaps the files."""
+    triton = _container(manifest, "triton")
+    (mount,) = _secret_mounts(_pod(manifest), triton)
+    secret = tmp_path / "secret"
+    write_secret(secret, {_HEADER_PREFIX + "admin-key": "a", _HEADER_PREFIX + "infer-key": "b"})
+    script = triton["args"][0]
+    digest_line = next(ln for ln in script.splitlines() if ln.startswith("sha256sum"))
+    digest_file = re.search(r"> (\S+)", digest_line)[1]  # type: ignore[index]
+    here = str(tmp_path / "digest")
+
+    def run(line: str) -> int:
+        script = f"keys={secret}\n" + line.replace(digest_file, here)
+        return subprocess.run(["/bin/sh", "-c", script], check=False).returncode
+
+    assert run(digest_line) == 0
+    probe = shlex.join(triton["livenessProbe"]["exec"]["command"])
+    assert run(probe) == 0 and run(probe) == 0
+    write_secret(secret, {_HEADER_PREFIX + "admin-key": "a", _HEADER_PREFIX + "infer-key": "c"})
+    assert run(probe) != 0
+    assert mount in script  # the script reads the keys where the Secret is mounted
