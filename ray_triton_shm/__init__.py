@@ -35,12 +35,16 @@ _EXPORTS = {
     "SharedMemoryFullError": "._exceptions",
     "SharedMemoryNotAllowedError": "._exceptions",
     "SlotTimeoutError": "._exceptions",
+    "TLSHandshakeError": "._exceptions",
     "TritonServerError": "._exceptions",
     "TritonSHMError": "._exceptions",
     "CheckResult": "._doctor",
     "NodeReport": "._doctor",
     "check_node": "._doctor",
+    "Keys": "._headers",
+    "headers_from_dir": "._headers",
     "headers_from_env": "._headers",
+    "TlsFiles": "._tls",
     "PoolStats": "._pool",
     "ReclaimReport": "._reclaim",
     "RegionStatus": "._reclaim",
@@ -57,6 +61,7 @@ __all__ = [
     "CheckResult",
     "ClientClosedError",
     "InvalidInputError",
+    "Keys",
     "LocalServerError",
     "LocalTritonServer",
     "ModelChangedError",
@@ -74,12 +79,15 @@ __all__ = [
     "SharedMemoryNotAllowedError",
     "SlotTimeoutError",
     "StatusReport",
+    "TLSHandshakeError",
     "TensorSpec",
+    "TlsFiles",
     "TritonSHMClient",
     "TritonSHMError",
     "TritonServerError",
     "__version__",
     "check_node",
+    "headers_from_dir",
     "headers_from_env",
     "reclaim_regions",
     "region_status",
@@ -103,13 +111,15 @@ if typing.TYPE_CHECKING:  # what type checkers and IDEs see: the names, typed, a
         SharedMemoryFullError,
         SharedMemoryNotAllowedError,
         SlotTimeoutError,
+        TLSHandshakeError,
         TritonServerError,
         TritonSHMError,
     )
-    from ._headers import headers_from_env
+    from ._headers import Keys, headers_from_dir, headers_from_env
     from ._pool import PoolStats
     from ._reclaim import ReclaimReport, RegionStatus, StatusReport, reclaim_regions, region_status
     from ._specs import ModelSpec, TensorSpec
+    from ._tls import TlsFiles
     from .local import LocalTritonServer
 else:
 

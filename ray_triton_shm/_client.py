@@ -29,6 +29,7 @@ from typing import Any
 import grpc
 import numpy as np
 import tritonclient.grpc as grpcclient
+from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from ._changes import Registration, changed_error, differences
@@ -61,6 +62,7 @@ from ._reconnect import Reconnect, channel_options
 from ._settle import Settler, unregister_slots
 from ._shm import SharedMemoryRegion, ensure_room, mib, new_region_name, slot_key
 from ._specs import ModelSpec, SlotLayout, SpecLike
+from ._tls import ReloadingChannel, TlsFiles, diagnose
 from ._transport import as_asyncio_future, translate_error
 
 __all__ = ["TritonSHMClient"]
@@ -140,6 +142,11 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             set. ``headers`` win over it. The files are read again when they change, and when
             Triton refuses a key (the call is then sent once more): keys rotate without
             restarting anyone.
+        tls_dir: A directory of TLS files as cert-manager writes them (``ca.crt``; ``tls.crt``
+            and ``tls.key`` for mutual TLS), used when ``ssl`` is not given; ``None`` reads
+            ``$RAY_TRITON_SHM_TLS_DIR`` if set. TLS files, these or tritonclient's
+            ``root_certificates``, ``private_key`` and ``certificate_chain``, are read again
+            when they change (a renewed certificate): new connections use them.
         crash_cleanup: If this process dies without closing (SIGKILL, the OOM killer), a
             watchdog process unregisters and unlinks its regions (one per process, started
             with the first registration; see :mod:`ray_triton_shm._reaper`).
@@ -165,6 +172,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         *args: Any,
         headers: Mapping[str, str] | Keys | None = None,
         keys_dir: str | os.PathLike[str] | None = None,
+        tls_dir: str | os.PathLike[str] | None = None,
         crash_cleanup: bool = True,
         reconnect_timeout_s: float = DEFAULT_RECONNECT_TIMEOUT_S,
         config_check_interval_s: float | None = 10.0,
@@ -181,7 +189,16 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         options["channel_args"] = channel_options(
             options.get("channel_args"), options.pop("keepalive_options", None)
         )
+        tls = TlsFiles.from_options(options, tls_dir)
+        if tls is not None:  # tritonclient's plain channel never connects: ours replaces it
+            for name in ("ssl", "root_certificates", "private_key", "certificate_chain"):
+                options.pop(name, None)
         super().__init__(url, verbose, **options)
+        if tls is not None:
+            self._channel.close()  # type: ignore[has-type]
+            self._channel = ReloadingChannel(url, tls, options["channel_args"])
+            self._client_stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
+        self._plain = tls is None and options.get("creds") is None
         self._url = url
         self._crash_cleanup = crash_cleanup
         self._reconnect_timeout_s = reconnect_timeout_s
@@ -351,7 +368,22 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         budget = self._reconnect_timeout_s if timeout_s is None else timeout_s
         if metadata is None:
             metadata = self._get_metadata(None)
-        return Reconnect(self._channel, self._url, budget, model, metadata=metadata)
+        return Reconnect(
+            self._channel,
+            self._url,
+            budget,
+            model,
+            metadata=metadata,
+            tls_problem=self._tls_problem,
+        )
+
+    def _tls_problem(self) -> tuple[str, str] | None:
+        """Whether TLS is why Triton cannot be reached (see :func:`._tls.diagnose`)."""
+        if isinstance(self._channel, ReloadingChannel):
+            if self._channel.reload():
+                return None  # rotated files: the next try uses them
+            return diagnose(self._url, self._channel.files)
+        return diagnose(self._url, None) if self._plain else None
 
     def _get_metadata(
         self, headers: Mapping[str, str] | None, keys: Metadata | None = None

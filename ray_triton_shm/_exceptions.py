@@ -20,8 +20,10 @@
         ├── SharedMemoryNotAllowedError        the server refuses client shared memory
         ├── AccessDeniedError                  a restricted protocol, and the request lacked
         │   (PermissionError)                  its key; names the header Triton expects
-        └── ServerUnreachableError             Triton stayed unreachable for
-            (ConnectionError)                  ``reconnect_timeout_s``
+        ├── ServerUnreachableError             Triton stayed unreachable for
+        │   (ConnectionError)                  ``reconnect_timeout_s``
+        └── TLSHandshakeError                  TLS stands between client and Triton (no
+            (ConnectionError)                  client certificate, an untrusted one...)
 
 Details are typed attributes (``model`` on every error; ``tensor``, ``expected``, ``actual``,
 ``status``... where they apply), so callers can react without parsing the message. Every
@@ -49,6 +51,7 @@ __all__ = [
     "SharedMemoryNotAllowedError",
     "SlotTimeoutError",
     "StaleLeaseError",
+    "TLSHandshakeError",
     "TritonSHMError",
     "TritonServerError",
 ]
@@ -313,3 +316,33 @@ class ServerUnreachableError(TritonServerError, ConnectionError):
         super().__init__(message, status=status, server_message=server_message, model=model)
         self.url = url
         self.waited_s = waited_s
+
+
+class TLSHandshakeError(TritonServerError, ConnectionError):
+    """Triton is there, but the TLS handshake with it fails for a reason waiting does not fix.
+
+    Raised at once instead of waiting ``reconnect_timeout_s``; the message says what is
+    missing or refused, and how to fix it.
+
+    Attributes:
+        url: Triton's address.
+        reason: Which: ``"tls_required"`` (Triton speaks TLS, the client does not),
+            ``"plain_server"`` (the reverse), ``"client_certificate_required"`` (mutual TLS,
+            and the client has no certificate), ``"client_certificate_refused"`` (one Triton's
+            CA did not sign), ``"server_certificate_untrusted"`` (the client's CA did not sign
+            Triton's certificate), or ``"handshake_failed"``.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        url: str = "",
+        reason: str = "handshake_failed",
+        status: str | None = None,
+        server_message: str = "",
+        model: str | None = None,
+    ) -> None:
+        super().__init__(message, status=status, server_message=server_message, model=model)
+        self.url = url
+        self.reason = reason

@@ -28,7 +28,8 @@ from typing import Any, TypeVar
 import grpc
 from tritonclient.grpc import MAX_GRPC_MESSAGE_SIZE, KeepAliveOptions, service_pb2, service_pb2_grpc
 
-from ._exceptions import ServerUnreachableError
+from ._exceptions import ServerUnreachableError, TLSHandshakeError
+from ._tls import may_be_tls
 from ._transport import (
     as_asyncio_future,
     expected_header,
@@ -56,6 +57,8 @@ _READY_CHECK_S = 2.0
 _LIVE_RECHECK_S = 0.2
 _READY_REQUEST = service_pb2.ServerReadyRequest()
 _LIVE_REQUEST = service_pb2.ServerLiveRequest()
+#: How often a waiting request asks whether TLS is why Triton cannot be reached.
+_TLS_CHECK_INTERVAL_S = 1.0
 
 T = TypeVar("T")
 
@@ -112,6 +115,10 @@ class Reconnect:
         timeout_s: The budget; ``0`` raises at the first failure.
         model: The model concerned, for the error.
         metadata: The gRPC metadata (headers) of the readiness questions: the client's.
+        tls_problem: Says whether TLS is why Triton cannot be reached (see
+            :func:`ray_triton_shm._tls.diagnose`): asked, at most once a second, when a
+            failure may come from TLS; a problem is raised at once as
+            :class:`TLSHandshakeError`, since waiting does not fix it.
     """
 
     def __init__(
@@ -122,12 +129,15 @@ class Reconnect:
         model: str | None = None,
         *,
         metadata: Sequence[tuple[str, str]] = (),
+        tls_problem: Callable[[], tuple[str, str] | None] | None = None,
     ) -> None:
         self._channel = channel
         self._url = url
         self._timeout_s = timeout_s
         self._model = model
         self._metadata = metadata
+        self._tls_problem = tls_problem
+        self._tls_next_check = 0.0
         self._first_failure: float | None = None
 
     @functools.cached_property
@@ -144,6 +154,7 @@ class Reconnect:
             TritonServerError: ``exc`` was the answer of a ready Triton, not a restart.
         """
         self._check_restarting(exc)
+        self._check_tls(exc)
         while True:
             ready = self._stub.ServerReady.future(
                 _READY_REQUEST,
@@ -156,12 +167,14 @@ class Reconnect:
                     return
             except grpc.RpcError as error:
                 exc = self._last_cause(exc, error)
+                self._check_tls(error)
             time.sleep(min(_READY_PAUSE_S, self._remaining(exc)))
 
     async def wait_async(self, exc: BaseException, loop: asyncio.AbstractEventLoop) -> None:
         """:meth:`wait` for coroutines."""
         if not is_unreachable(exc):
             await asyncio.to_thread(self._check_restarting, exc)
+        await asyncio.to_thread(self._check_tls, exc)
         while True:
             ready = self._stub.ServerReady.future(
                 _READY_REQUEST,
@@ -174,6 +187,7 @@ class Reconnect:
                     return
             except grpc.RpcError as error:
                 exc = self._last_cause(exc, error)
+                await asyncio.to_thread(self._check_tls, error)
             finally:
                 ready.cancel()  # cancelled while waiting: stop the call too
             await asyncio.sleep(min(_READY_PAUSE_S, self._remaining(exc)))
@@ -220,6 +234,31 @@ class Reconnect:
             return  # gone meanwhile: a restart
         if ready.ready:
             raise translate_error(exc, model=self._model, action="inference") from exc
+
+    def _check_tls(self, exc: BaseException) -> None:
+        """Raises :class:`TLSHandshakeError` if TLS is why ``exc`` happened.
+
+        Raises:
+            TLSHandshakeError: what is missing or refused, and how to fix it.
+        """
+        now = time.monotonic()
+        if self._tls_problem is None or now < self._tls_next_check or not may_be_tls(exc):
+            return
+        self._tls_next_check = now + _TLS_CHECK_INTERVAL_S
+        problem = self._tls_problem()
+        if problem is None:
+            return
+        reason, fix = problem
+        status, message = status_and_message(exc)
+        about = f" for model {self._model!r}" if self._model else ""
+        raise TLSHandshakeError(
+            f"cannot talk to Triton at {self._url}{about}: {fix}",
+            url=self._url,
+            reason=reason,
+            status=status,
+            server_message=message,
+            model=self._model,
+        ) from exc
 
     def _last_cause(self, exc: BaseException, error: grpc.RpcError) -> BaseException:
         """The error worth reporting: a readiness call that ran out of time tells nothing new.

@@ -205,3 +205,45 @@ def write_secret(directory: Path, files: dict[str, str]) -> None:
             entry.unlink()  # a key removed from the Secret
     if old is not None:
         shutil.rmtree(directory / old)
+
+
+class TestCA:
+    """A certificate authority made for a test (openssl), issuing certificates for 127.0.0.1
+    and localhost, for servers and clients alike."""
+
+    def __init__(self, directory: Path, name: str = "test-ca") -> None:
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
+        self.cert, self.key = directory / f"{name}.crt", directory / f"{name}.key"
+        _openssl(
+            "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+            "-days", "1", "-subj", f"/CN={name}", "-keyout", self.key, "-out", self.cert,
+            "-addext", "basicConstraints=critical,CA:TRUE",
+            "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+        )  # fmt: skip
+
+    def issue(self, name: str, into: Path | None = None) -> tuple[Path, Path]:
+        """A certificate and its key, signed by this CA; written as ``<name>.crt`` and
+        ``<name>.key`` in ``into`` (this CA's directory by default)."""
+        into = into or self.directory
+        into.mkdir(parents=True, exist_ok=True)
+        cert, key, request = into / f"{name}.crt", into / f"{name}.key", into / f"{name}.csr"
+        extensions = into / f"{name}.ext"
+        extensions.write_text(
+            "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n"
+        )
+        _openssl(
+            "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+            "-subj", f"/CN={name}", "-keyout", key, "-out", request,
+        )  # fmt: skip
+        _openssl(
+            "x509", "-req", "-in", request, "-CA", self.cert, "-CAkey", self.key,
+            "-CAcreateserial", "-days", "1", "-out", cert, "-extfile", extensions,
+        )  # fmt: skip
+        request.unlink()
+        extensions.unlink()
+        return cert, key
+
+
+def _openssl(*args: str | Path) -> None:
+    subprocess.run(["openssl", *map(str, args)], check=True, capture_output=True)

@@ -613,6 +613,10 @@ class LocalTritonServer:
             (``--grpc-use-ssl``); clients pass ``ssl=True, root_certificates=...``. Needs
             ``tls_key``.
         tls_key: PEM private key of ``tls_cert``.
+        tls_client_ca: PEM CA that client certificates must be signed by: mutual TLS
+            (``--grpc-use-ssl-mutual``); clients also pass ``private_key=`` and
+            ``certificate_chain=``. Needs ``tls_cert``. The TLS files are read at each start:
+            write new ones and :meth:`restart` to rotate them.
         launcher: A command ``tritonserver`` is started under, which must ``exec`` it, e.g.
             ``("taskset", "-c", "1")``, or ``("setpriv", "--reuid=1000", "--regid=1000",
             "--clear-groups")`` to run it as another user (who must be able to read the model
@@ -637,6 +641,7 @@ class LocalTritonServer:
         restricted_protocols: Mapping[str, tuple[str, str]] | None = None,
         tls_cert: str | Path | None = None,
         tls_key: str | Path | None = None,
+        tls_client_ca: str | Path | None = None,
         launcher: Sequence[str] = (),
     ) -> None:
         if model_repository is None:
@@ -665,6 +670,11 @@ class LocalTritonServer:
             raise ValueError("tls_cert and tls_key go together: give both or neither")
         self._tls_cert = None if tls_cert is None else Path(tls_cert).expanduser().absolute()
         self._tls_key = None if tls_key is None else Path(tls_key).expanduser().absolute()
+        if tls_client_ca is not None and tls_cert is None:
+            raise ValueError("tls_client_ca (mutual TLS) needs tls_cert and tls_key")
+        self._tls_client_ca = (
+            None if tls_client_ca is None else Path(tls_client_ca).expanduser().absolute()
+        )
         self._python_shm_default_byte_size = int(python_shm_default_byte_size)
         self._python_shm_growth_byte_size = int(python_shm_growth_byte_size)
         self._may_install = install is True
@@ -782,7 +792,7 @@ class LocalTritonServer:
             f", restricted {','.join(protocols)}: {key}" for protocols, key, _ in self._restrictions
         )
         if self._tls_cert is not None:
-            extras += ", TLS"
+            extras += ", mutual TLS" if self._tls_client_ca is not None else ", TLS"
         return (
             f"LocalTritonServer(grpc={self._host}:{self._grpc_port}, "
             f"http={self._host}:{self._http_port}, {state}{extras})"
@@ -810,7 +820,7 @@ class LocalTritonServer:
         for repo in self._model_repositories:
             if not repo.is_dir():
                 raise LocalServerError(f"model repository {repo} is not a directory")
-        for pem in (self._tls_cert, self._tls_key):
+        for pem in (self._tls_cert, self._tls_key, self._tls_client_ca):
             if pem is not None and not pem.is_file():
                 raise LocalServerError(f"TLS file {pem} does not exist")
         if self._install is None:
@@ -981,6 +991,8 @@ class LocalTritonServer:
                 f"--grpc-server-cert={self._tls_cert}",
                 f"--grpc-server-key={self._tls_key}",
             ]
+        if self._tls_client_ca is not None:
+            args += ["--grpc-use-ssl-mutual=true", f"--grpc-root-cert={self._tls_client_ca}"]
         args += self._extra_args
         return args
 
