@@ -10,10 +10,14 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 #: The headers of the access keys of the ``restricted`` Triton fixture.
 ADMIN = "triton-grpc-protocol-admin-key"
@@ -207,7 +211,7 @@ def write_secret(directory: Path, files: dict[str, str]) -> None:
         shutil.rmtree(directory / old)
 
 
-class TestCA:
+class CertificateAuthority:
     """A certificate authority made for a test (openssl), issuing certificates for 127.0.0.1
     and localhost, for servers and clients alike."""
 
@@ -247,3 +251,61 @@ class TestCA:
 
 def _openssl(*args: str | Path) -> None:
     subprocess.run(["openssl", *map(str, args)], check=True, capture_output=True)
+
+
+@dataclass
+class Outcome:
+    started: float
+    ended: float
+    error: BaseException | None = None
+    wrong: bool = False
+
+
+class Load:
+    """``callers`` threads calling ``call(x)`` in a loop, each answer checked against ``x``."""
+
+    def __init__(self, callers: int, call: Callable[[np.ndarray], np.ndarray]) -> None:
+        self.outcomes: list[Outcome] = []
+        self._stop = threading.Event()
+        self._call = call
+        self._threads = [
+            threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(callers)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def _run(self, caller: int) -> None:
+        rng = np.random.default_rng(caller)
+        while not self._stop.is_set():
+            x = rng.standard_normal((int(rng.integers(1, 12)), 16), dtype=np.float32)
+            outcome = Outcome(time.time(), 0.0)
+            try:
+                outcome.wrong = not np.array_equal(self._call(x), x)
+            except Exception as exc:
+                outcome.error = exc
+            outcome.ended = time.time()
+            self.outcomes.append(outcome)
+
+    def stop(self) -> list[Outcome]:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=120)
+            assert not thread.is_alive()
+        return self.outcomes
+
+
+def figures(outcomes: list[Outcome], down: float, up: float) -> dict[str, Any]:
+    """What a rotation cost: the errors (and whether all fell while Triton was down), and
+    how long after Triton was back the first call answered."""
+    errors = [o for o in outcomes if o.error is not None]
+    back = [o.ended - up for o in outcomes if o.error is None and o.started >= up - 0.05]
+    waited = [o for o in outcomes if o.error is None and o.started < down < o.ended]
+    return {
+        "answers": sum(o.error is None for o in outcomes),
+        "wrong": sum(o.wrong for o in outcomes),
+        "errors": [f"{type(o.error).__name__}: {o.error}" for o in errors],
+        "errors_while_up": [o for o in errors if o.ended < down or o.started > up],
+        "down_s": up - down,
+        "first_answer_after_s": min(back, default=float("inf")),
+        "rode_the_outage": len(waited),
+    }

@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import os
 import secrets
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
-from _helpers import ADMIN, INFER, READ, init_ray, write_secret
+from _helpers import ADMIN, INFER, READ, Load, Outcome, figures, init_ray, write_secret
 from conftest import MODEL_REPOSITORIES
 
 from ray_triton_shm import AccessDeniedError, TritonSHMClient
@@ -99,64 +97,6 @@ def rotation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rotation]:
 def ours() -> set[str]:
     """Our regions in /dev/shm."""
     return {r.name for r in list_local_regions() if r.owner.pid == os.getpid()}
-
-
-@dataclass
-class Outcome:
-    started: float
-    ended: float
-    error: BaseException | None = None
-    wrong: bool = False
-
-
-class Load:
-    """``callers`` threads calling ``call(x)`` in a loop, each answer checked against ``x``."""
-
-    def __init__(self, callers: int, call: Callable[[np.ndarray], np.ndarray]) -> None:
-        self.outcomes: list[Outcome] = []
-        self._stop = threading.Event()
-        self._call = call
-        self._threads = [
-            threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(callers)
-        ]
-        for thread in self._threads:
-            thread.start()
-
-    def _run(self, caller: int) -> None:
-        rng = np.random.default_rng(caller)
-        while not self._stop.is_set():
-            x = rng.standard_normal((int(rng.integers(1, 12)), 16), dtype=np.float32)
-            outcome = Outcome(time.time(), 0.0)
-            try:
-                outcome.wrong = not np.array_equal(self._call(x), x)
-            except Exception as exc:
-                outcome.error = exc
-            outcome.ended = time.time()
-            self.outcomes.append(outcome)
-
-    def stop(self) -> list[Outcome]:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(timeout=120)
-            assert not thread.is_alive()
-        return self.outcomes
-
-
-def figures(outcomes: list[Outcome], down: float, up: float) -> dict[str, Any]:
-    """What a rotation cost: the errors (and whether all fell while Triton was down), and
-    how long after Triton was back the first call answered."""
-    errors = [o for o in outcomes if o.error is not None]
-    back = [o.ended - up for o in outcomes if o.error is None and o.started >= up - 0.05]
-    waited = [o for o in outcomes if o.error is None and o.started < down < o.ended]
-    return {
-        "answers": sum(o.error is None for o in outcomes),
-        "wrong": sum(o.wrong for o in outcomes),
-        "errors": [f"{type(o.error).__name__}: {o.error}" for o in errors],
-        "errors_while_up": [o for o in errors if o.ended < down or o.started > up],
-        "down_s": up - down,
-        "first_answer_after_s": min(back, default=float("inf")),
-        "rode_the_outage": len(waited),
-    }
 
 
 def test_core_callers_ride_a_rotation_under_load(
