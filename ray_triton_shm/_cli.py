@@ -390,7 +390,13 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
     from ray_triton_shm._doctor import check_node, format_reports
 
-    tls = {"ssl": args.ssl, "root_certificates": args.root_certificates}
+    tls = {
+        "ssl": args.ssl,
+        "root_certificates": args.root_certificates,
+        "private_key": args.private_key,
+        "certificate_chain": args.certificate_chain,
+        "tls_dir": args.tls_dir,
+    }
     models = dict(args.model or [])
     if args.ray or args.address:
         try:
@@ -525,6 +531,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ssl", action="store_true", help="talk TLS to Triton")
     p.add_argument(
         "--root-certificates", metavar="PEM", help="CA certificate of Triton's (implies --ssl)"
+    )
+    p.add_argument("--private-key", metavar="PEM", help="the client's key, for mutual TLS")
+    p.add_argument(
+        "--certificate-chain", metavar="PEM", help="the client's certificate, for mutual TLS"
+    )
+    p.add_argument(
+        "--tls-dir",
+        metavar="DIR",
+        help="ca.crt, tls.crt and tls.key as cert-manager writes them (default: "
+        "$RAY_TRITON_SHM_TLS_DIR, as the library's clients)",
     )
     p.set_defaults(func=_cmd_doctor)
 

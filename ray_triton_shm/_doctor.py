@@ -39,6 +39,7 @@ from ._headers import KEYS_DIR_ENV_VAR, Keys, env_var_for, headers_from_env
 from ._reclaim import region_status
 from ._shm import DEAD, SHM_DIR, SharedMemoryRegion, mib, new_region_name, shm_space
 from ._specs import SlotLayout, resolve_model_spec
+from ._tls import TLS_DIR_ENV_VAR, TlsFiles, diagnose
 from ._transport import expected_header, never_reached, status_and_message, translate_error
 
 __all__ = [
@@ -131,6 +132,9 @@ def check_node(
     timeout_s: float = 5.0,
     root_certificates: str | None = None,
     ssl: bool = False,
+    private_key: str | None = None,
+    certificate_chain: str | None = None,
+    tls_dir: str | None = None,
 ) -> NodeReport:
     """Runs every check on this machine.
 
@@ -146,6 +150,11 @@ def check_node(
         timeout_s: The longest wait for one answer from Triton.
         root_certificates: PEM file of the CA that signed Triton's certificate (TLS).
         ssl: Talk TLS to Triton (with the system's CAs unless ``root_certificates``).
+        private_key: PEM file of the client's key (mutual TLS).
+        certificate_chain: PEM file of the client's certificate (mutual TLS).
+        tls_dir: A directory of TLS files as cert-manager writes them, used when ``ssl`` is
+            false and no file is given; ``None``: ``$RAY_TRITON_SHM_TLS_DIR`` if set (as the
+            library's clients on this node).
     """
     started = time.monotonic()
     chosen, source = url_for_node(url)
@@ -156,10 +165,22 @@ def check_node(
         headers, keys_dir, keys_error = headers_from_env(), None, str(exc)
     store = object_store_bytes
     checks: list[CheckResult] = []
-    with _channel(chosen, ssl=ssl or root_certificates is not None, roots=root_certificates) as ch:
+    given = {
+        "ssl": ssl or any(f is not None for f in (root_certificates, private_key)),
+        "root_certificates": root_certificates,
+        "private_key": private_key,
+        "certificate_chain": certificate_chain,
+    }
+    try:
+        tls: TlsFiles | None = TlsFiles.from_options(given, tls_dir)
+        tls_error = None
+    except ValueError as exc:
+        tls, tls_error = None, str(exc)
+    with _channel(chosen, tls) as ch:
         triton = _Triton(chosen, ch, headers, timeout_s)
         triton.keys_dir, triton.keys_error = keys_dir, keys_error
         for name, run in (
+            ("tls", lambda: _check_tls(triton, tls, tls_error)),
             ("triton", triton.check),
             ("region", lambda: _check_region(triton)),
             ("keys", lambda: _check_keys(triton)),
@@ -182,16 +203,45 @@ def check_node(
 
 
 @contextlib.contextmanager
-def _channel(url: str, *, ssl: bool, roots: str | None) -> Iterator[grpc.Channel]:
-    if ssl:
-        pem = Path(roots).read_bytes() if roots else None
-        channel = grpc.secure_channel(url, grpc.ssl_channel_credentials(root_certificates=pem))
+def _channel(url: str, tls: TlsFiles | None) -> Iterator[grpc.Channel]:
+    if tls is not None:
+        pem = tls.read()
+        credentials = grpc.ssl_channel_credentials(pem[0], pem[1], pem[2])
+        channel = grpc.secure_channel(url, credentials)
     else:
         channel = grpc.insecure_channel(url)
     try:
         yield channel
     finally:
         channel.close()
+
+
+def _check_tls(triton: _Triton, tls: TlsFiles | None, error: str | None) -> CheckResult:
+    if error is not None:
+        return CheckResult(
+            "tls", FAIL, error, f"mount the TLS files there, or fix ${TLS_DIR_ENV_VAR}"
+        )
+    details = {"tls": tls is not None, "mutual": tls is not None and tls.mutual}
+    problem = diagnose(triton.url, tls, timeout_s=triton.timeout_s)
+    if problem is not None:
+        reason, fix = problem
+        triton.tls_problem = reason
+        what = {
+            "tls_required": "Triton speaks TLS and this node's clients do not",
+            "plain_server": "this node's clients speak TLS and Triton does not",
+            "client_certificate_required": "Triton wants a client certificate (mutual TLS); "
+            "this node's clients have none",
+            "client_certificate_refused": "Triton refuses this node's client certificate",
+            "server_certificate_untrusted": "this node's clients do not trust Triton's certificate",
+        }.get(reason, "the TLS handshake with Triton fails")
+        return CheckResult("tls", FAIL, what, fix, {**details, "reason": reason})
+    if tls is None:
+        return CheckResult("tls", OK, "plain gRPC (Triton asks for no TLS)", "", details)
+    ca = tls.root_certificates or "the system's CAs"
+    summary = f"TLS, Triton's certificate verified with {ca}"
+    if tls.mutual:
+        summary = f"mutual {summary}; Triton took the client certificate {tls.certificate_chain}"
+    return CheckResult("tls", OK, summary, "", details)
 
 
 class _Triton:
@@ -209,6 +259,7 @@ class _Triton:
         self.refused: dict[str, str] = {}  # protocol -> the header Triton wants
         self.keys_dir: Path | None = None
         self.keys_error: str | None = None
+        self.tls_problem: str | None = None
 
     def call(self, method: str, request: Any) -> Any:
         rpc: Callable[..., Any] = getattr(self.stub, method)
@@ -274,6 +325,14 @@ class _Triton:
     def _unreachable(self, exc: grpc.RpcError) -> CheckResult:
         status, message = status_and_message(exc)
         lower = message.lower()
+        if self.tls_problem is not None:
+            return CheckResult(
+                "triton",
+                FAIL,
+                f"Triton at {self.url} cannot be talked to: TLS stands in between (see tls)",
+                "see tls",
+                {"status": status, "message": message},
+            )
         if any(w in lower for w in ("dns resolution failed", "errors resolving", "not known")):
             what = f"the host of {self.url} does not resolve"
         elif status == str(grpc.StatusCode.DEADLINE_EXCEEDED):

@@ -40,7 +40,7 @@ OTHER_UID = (
     "--inh-caps=+dac_read_search",
     "--ambient-caps=+dac_read_search",
 )
-CHECKS = ["triton", "region", "keys", "dev_shm", "leftovers", "versions"]
+CHECKS = ["tls", "triton", "region", "keys", "dev_shm", "leftovers", "versions"]
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -248,7 +248,7 @@ def test_a_restricted_triton_without_keys_names_each_missing_header_never_a_valu
     checks = _checks(report)
     assert code == 1 and checks["keys"]["details"]["refused"] == {"inference": INFER}
     assert "set, but not to Triton's key" in checks["keys"]["summary"]
-    assert "is set, but not to the key Triton expects" in checks["keys"]["fix"]
+    assert "but not to the key Triton expects" in checks["keys"]["fix"]
     assert checks["region"]["status"] == "ok"
 
     code, report, text = _doctor("--url", restricted.grpc_url, env=_env(**env))

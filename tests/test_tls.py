@@ -18,7 +18,7 @@ from _helpers import CertificateAuthority as CA
 from _helpers import Load, figures, write_secret
 from conftest import MODEL_REPOSITORIES
 
-from ray_triton_shm import TlsFiles, TLSHandshakeError, TritonSHMClient
+from ray_triton_shm import CheckResult, TlsFiles, TLSHandshakeError, TritonSHMClient, check_node
 from ray_triton_shm._shm import list_local_regions
 from ray_triton_shm._tls import TLS_DIR_ENV_VAR
 from ray_triton_shm.local import LocalTritonServer
@@ -188,3 +188,31 @@ def test_certificates_rotated_under_load_keep_calls_working(
             f"{result['down_s']:.1f} s, first answer {result['first_answer_after_s']:.2f} s after "
             "it was back"
         )
+
+
+def test_doctor_checks_tls_and_names_what_is_missing(
+    mtls: MutualTLS, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def checks(**options: object) -> dict[str, CheckResult]:
+        report = check_node(url=mtls.server.grpc_url, models={"identity": 2}, **options)  # type: ignore[arg-type]
+        return {c.name: c for c in report.checks}
+
+    monkeypatch.delenv(TLS_DIR_ENV_VAR, raising=False)
+    plain = checks()
+    assert plain["tls"].status == "fail" and plain["tls"].details["reason"] == "tls_required"
+    assert TLS_DIR_ENV_VAR in plain["tls"].fix
+    assert plain["triton"].status == "fail" and "see tls" in plain["triton"].summary
+
+    no_cert = checks(root_certificates=str(mtls.tls_dir / "ca.crt"))
+    assert no_cert["tls"].status == "fail"
+    assert "client certificate" in no_cert["tls"].summary and "tls.crt" in no_cert["tls"].fix
+
+    monkeypatch.setenv(TLS_DIR_ENV_VAR, str(mtls.tls_dir))  # as the node's clients find it
+    good = checks()
+    assert good["tls"].status == "ok" and "mutual TLS" in good["tls"].summary
+    assert good["tls"].details == {"tls": True, "mutual": True}
+    assert {c.status for c in good.values()} == {"ok"}, good
+
+    monkeypatch.setenv(TLS_DIR_ENV_VAR, str(mtls.work / "nowhere"))
+    missing = checks()
+    assert missing["tls"].status == "fail" and "nowhere" in missing["tls"].summary

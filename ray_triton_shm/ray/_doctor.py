@@ -42,7 +42,8 @@ def check_cluster(
         timeout_s: The longest wait for one answer from Triton.
         wait_s: How long to wait for the nodes' tasks (a node whose task did not run in time
             is reported failed).
-        tls: ``ssl`` and ``root_certificates`` for :func:`check_node`.
+        tls: The TLS options of :func:`check_node` (``ssl``, ``root_certificates``,
+            ``private_key``, ``certificate_chain``, ``tls_dir``): paths on the nodes.
         all_nodes: Check nodes without CPUs or GPUs too. By default they are reported
             skipped: no replica or predictor is placed there (a KubeRay head with
             ``num-cpus: "0"`` is one), so no Triton needs to run beside them.
