@@ -4,6 +4,9 @@ Triton's keys live in a Kubernetes Secret, mounted as files into every pod
 (``RAY_TRITON_SHM_KEYS_DIR``). A rotation changes the Secret: the kubelet swaps the files of
 every mounted copy (``..data``), and Triton takes the new keys when it restarts. The two
 happen at different times; callers must ride both, with no restart of their own.
+
+The module's Triton also wants mutual TLS, with the client's files found as the keys are
+(``RAY_TRITON_SHM_TLS_DIR``): every Ray process of a node takes both from its environment.
 """
 
 from __future__ import annotations
@@ -17,7 +20,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _helpers import ADMIN, INFER, READ, Load, Outcome, figures, init_ray, write_secret
+from _helpers import (
+    ADMIN,
+    INFER,
+    READ,
+    CertificateAuthority,
+    Load,
+    Outcome,
+    figures,
+    init_ray,
+    write_secret,
+)
 from conftest import MODEL_REPOSITORIES
 
 from ray_triton_shm import AccessDeniedError, TritonSHMClient
@@ -49,6 +62,7 @@ class Rotation:
     server: LocalTritonServer
     secret: Path
     keys: dict[str, str]
+    tls_dir: Path
     seen: list[str] = field(default_factory=list)  # every key value used, to look for leaks
 
     def rotate_files(self) -> dict[str, str]:
@@ -66,7 +80,13 @@ class Rotation:
     def registered(self) -> set[str]:
         import tritonclient.grpc as grpcclient
 
-        with grpcclient.InferenceServerClient(self.server.grpc_url) as plain:
+        tls = {
+            "ssl": True,
+            "root_certificates": str(self.tls_dir / "ca.crt"),
+            "private_key": str(self.tls_dir / "tls.key"),
+            "certificate_chain": str(self.tls_dir / "tls.crt"),
+        }
+        with grpcclient.InferenceServerClient(self.server.grpc_url, **tls) as plain:
             status = plain.get_system_shared_memory_status(headers=self.keys, as_json=True)
         return {region_of(name) for name in status.get("regions", {})}
 
@@ -78,14 +98,30 @@ def rotation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rotation]:
     keys = new_keys()
     secret = tmp_path_factory.mktemp("secret")
     write_secret(secret, keys)
+    work = tmp_path_factory.mktemp("rotation")
+    ca = CertificateAuthority(work / "ca")
+    server_cert, server_key = ca.issue("server")
+    client_cert, client_key = ca.issue("client")
+    tls_dir = work / "client-tls"
+    write_secret(
+        tls_dir,
+        {
+            "ca.crt": ca.cert.read_text(),
+            "tls.crt": client_cert.read_text(),
+            "tls.key": client_key.read_text(),
+        },
+    )
     server = LocalTritonServer(
         list(MODEL_REPOSITORIES),
-        log_path=tmp_path_factory.mktemp("rotation") / "tritonserver.log",
+        log_path=work / "tritonserver.log",
         stop_grace_s=5.0,
         restricted_protocols=protocols(keys),
+        tls_cert=server_cert,
+        tls_key=server_key,
+        tls_client_ca=ca.cert,
     )
     server.start()
-    rotation = Rotation(server, secret, keys, seen=list(keys.values()))
+    rotation = Rotation(server, secret, keys, tls_dir, seen=list(keys.values()))
     try:
         yield rotation
     finally:
@@ -103,7 +139,10 @@ def test_core_callers_ride_a_rotation_under_load(
     rotation: Rotation, capsys: pytest.CaptureFixture[str]
 ) -> None:
     client = TritonSHMClient(
-        rotation.server.grpc_url, keys_dir=rotation.secret, reconnect_timeout_s=60
+        rotation.server.grpc_url,
+        keys_dir=rotation.secret,
+        tls_dir=rotation.tls_dir,
+        reconnect_timeout_s=60,
     )
     with client:
         client.register_shm_model("identity", pool_size=2, max_shapes=SHAPES)  # 4 callers
@@ -156,11 +195,16 @@ def ray_keyed(rotation: Rotation, tmp_path: Path) -> Iterator[Path]:
     import ray
 
     from ray_triton_shm._headers import KEYS_DIR_ENV_VAR
+    from ray_triton_shm._tls import TLS_DIR_ENV_VAR
     from ray_triton_shm.ray import URL_ENV_VAR, get_node_actor
 
     if ray.is_initialized():
         ray.shutdown()
-    env = {URL_ENV_VAR: rotation.server.grpc_url, KEYS_DIR_ENV_VAR: str(rotation.secret)}
+    env = {
+        URL_ENV_VAR: rotation.server.grpc_url,
+        KEYS_DIR_ENV_VAR: str(rotation.secret),
+        TLS_DIR_ENV_VAR: str(rotation.tls_dir),
+    }
     saved = {name: os.environ.get(name) for name in env}
     os.environ.update(env)  # before Ray starts: its processes inherit them
     init_ray(address="local", num_cpus=4, include_dashboard=False)
