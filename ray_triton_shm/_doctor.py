@@ -179,6 +179,7 @@ def check_node(
     with _channel(chosen, tls) as ch:
         triton = _Triton(chosen, ch, headers, timeout_s)
         triton.keys_dir, triton.keys_error = keys_dir, keys_error
+        triton.node = node
         for name, run in (
             ("tls", lambda: _check_tls(triton, tls, tls_error)),
             ("triton", triton.check),
@@ -260,6 +261,7 @@ class _Triton:
         self.keys_dir: Path | None = None
         self.keys_error: str | None = None
         self.tls_problem: str | None = None
+        self.node = ""  # the Ray node id, if the check runs for one
 
     def call(self, method: str, request: Any) -> Any:
         rpc: Callable[..., Any] = getattr(self.stub, method)
@@ -517,7 +519,8 @@ def _check_dev_shm(
         return CheckResult("dev_shm", WARN, f"{SHM_DIR} cannot be read: is it mounted?")
     free, total = space
     new, unsized = _pool_sizes(triton, models)
-    store = object_store_bytes if _object_store_in_dev_shm(object_store_bytes, total) else 0
+    in_dev_shm = _object_store_in_dev_shm(object_store_bytes, total, triton.node)
+    store = object_store_bytes if in_dev_shm else 0
     demand = sum(held.values()) + sum(new.values()) + store
     details: dict[str, Any] = {
         "free": free,
@@ -526,6 +529,7 @@ def _check_dev_shm(
         "new": new,
         "unsized": unsized,
         "object_store": store,
+        "raylet": _own_raylet(triton.node) if object_store_bytes else None,
         "demand": demand,
     }
     parts = [f"pools held {mib(sum(held.values()))}"] if held else []
@@ -597,21 +601,51 @@ def _model_config(triton: _Triton, model: str) -> Mapping[str, Any]:
     return MessageToDict(answer.config, preserving_proto_field_name=True)
 
 
-def _object_store_in_dev_shm(object_store_bytes: int, shm_total: int) -> bool:
-    """Whether Ray's object store lives in ``/dev/shm``: a raylet of this machine maps a file
-    there; where no raylet is visible, Ray's own rule (it uses ``/dev/shm`` when it fits)."""
-    if not object_store_bytes:
+def _object_store_in_dev_shm(object_store_bytes: int, shm_total: int, node: str = "") -> bool:
+    """Whether Ray's object store of this node lives in ``/dev/shm``.
+
+    The node's own raylet says (where several raylets share a host, the others say nothing
+    about this node): the ``--plasma_directory`` it was started with, or a file it maps under
+    ``/dev/shm``. Where it cannot be found, Ray's own rule: the store goes to ``/dev/shm`` when
+    it fits there, else to ``/tmp``.
+    """
+    if not object_store_bytes or object_store_bytes > shm_total:
         return False
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
+    pid = _own_raylet(node)
+    if pid is None:
+        return True
+    try:
+        argv = (Path("/proc") / str(pid) / "cmdline").read_bytes().decode(errors="replace")
+        for arg in argv.split("\0"):
+            if arg.startswith("--plasma_directory="):
+                return arg.partition("=")[2].rstrip("/") == str(SHM_DIR)
+        return f" {SHM_DIR}/" in (Path("/proc") / str(pid) / "maps").read_text()
+    except OSError:
+        return True
+
+
+def _own_raylet(node: str) -> int | None:
+    """The pid of this node's raylet: an ancestor of this process (a Ray worker's), else the
+    raylet started for ``node``, else the only raylet of this host; ``None`` if unknown."""
+    proc = Path("/proc")
+    pid = os.getpid()
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        while pid > 1:
+            if (proc / str(pid) / "comm").read_text().strip() == "raylet":
+                return pid
+            pid = int((proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    raylets = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
             continue
-        try:
-            if (proc / "comm").read_text().strip() != "raylet":
+        with contextlib.suppress(OSError):
+            if (entry / "comm").read_text().strip() != "raylet":
                 continue
-            return f" {SHM_DIR}/" in (proc / "maps").read_text()
-        except OSError:
-            continue
-    return object_store_bytes <= shm_total
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            if node and f"--node_id={node}".encode() in argv:
+                return int(entry.name)
+            raylets.append(int(entry.name))
+    return raylets[0] if len(raylets) == 1 else None
 
 
 # ---- leftovers, versions --------------------------------------------------------------

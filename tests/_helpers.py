@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -23,6 +23,8 @@ import numpy as np
 ADMIN = "triton-grpc-protocol-admin-key"
 INFER = "triton-grpc-protocol-infer-key"
 READ = "triton-grpc-protocol-read-key"
+
+T = TypeVar("T")
 
 #: Seconds a new Ray node's raylet may take to register with its GCS (Ray's default: 30).
 RAYLET_START_WAIT_S = 120
@@ -98,6 +100,29 @@ def init_ray(**kwargs: Any) -> Any:
     _kill_ray_children()
     with raylet_start_window():
         return ray.init(**kwargs)
+
+
+def start_cluster(add_nodes: Callable[[Any], T]) -> tuple[Any, T]:
+    """A ``ray.cluster_utils.Cluster`` with the nodes ``add_nodes(cluster)`` adds, in a
+    :func:`raylet_start_window`; started a second time if a node's start-up timed out all the
+    same (a GCS overwhelmed by several raylets on 2 busy cores is Ray's, not what a test
+    tests). Returns the cluster and what ``add_nodes`` returned."""
+    from ray.cluster_utils import Cluster
+
+    for attempt in (1, 2):
+        cluster = None
+        try:
+            with raylet_start_window():
+                cluster = Cluster()
+                added = add_nodes(cluster)
+            return cluster, added
+        except Exception as exc:
+            if cluster is not None:
+                cluster.shutdown()
+            if attempt == 2 or not any(words in str(exc) for words in _START_TIMEOUTS):
+                raise
+            _kill_ray_children()
+    raise AssertionError("unreachable")
 
 
 def _kill_ray_children() -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _helpers import ADMIN, INFER, READ, free_ports, raylet_start_window, registered_on
+from _helpers import ADMIN, INFER, READ, free_ports, registered_on, start_cluster
 from conftest import MODEL_REPOSITORIES
 
 from ray_triton_shm._headers import env_var_for
@@ -296,7 +296,6 @@ def test_doctor_ray_checks_every_node_of_a_cluster(
     triton: LocalTritonServer, leaves_nothing: None
 ) -> None:
     import ray
-    from ray.cluster_utils import Cluster
 
     from ray_triton_shm.ray import URL_ENV_VAR, get_node_actor
 
@@ -307,11 +306,10 @@ def test_doctor_ray_checks_every_node_of_a_cluster(
     try:
         # The nodes read Triton's address from their own environment, as in production.
         os.environ[URL_ENV_VAR] = triton.grpc_url
-        with raylet_start_window():
-            cluster = Cluster()
-            # A head without CPUs, as KubeRay's production heads: no replica runs there.
-            head = cluster.add_node(num_cpus=0, include_dashboard=False)
-            worker = cluster.add_node(num_cpus=1)
+        # A head without CPUs, as KubeRay's production heads: no replica runs there.
+        cluster, (head, worker) = start_cluster(
+            lambda c: (c.add_node(num_cpus=0, include_dashboard=False), c.add_node(num_cpus=1))
+        )
         cluster.wait_for_nodes()
         # A node actor on the worker, holding a pool: the doctor counts it there.
         ray.init(address=cluster.address)
@@ -331,12 +329,15 @@ def test_doctor_ray_checks_every_node_of_a_cluster(
         assert code == 0, report
         nodes = {n["node"]: n for n in report["nodes"]}
         assert set(nodes) == {head.node_id, worker.node_id}
+        raylets = {n.node_id: n.all_processes["raylet"][0].process.pid for n in (head, worker)}
         for node_id, node in nodes.items():
             checks = {c["name"]: c for c in node["checks"]}
             assert {c["status"] for c in checks.values()} == {"ok"}, node
             assert node["url"] == triton.grpc_url
             held = checks["dev_shm"]["details"]["held"]
             assert list(held) == (["classifier"] if node_id == worker.node_id else [])
+            # Two raylets share this host: each node's own raylet was looked at.
+            assert checks["dev_shm"]["details"]["raylet"] == raylets[node_id]
         assert nodes[worker.node_id]["url_source"] == "the node actor"
         assert nodes[head.node_id]["url_source"] == f"${URL_ENV_VAR}"
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import ray
 import tritonclient.grpc as grpcclient
-from _helpers import raylet_start_window
+from _helpers import start_cluster
 from ray import cloudpickle
 from ray.cluster_utils import Cluster
 
@@ -74,25 +74,16 @@ def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, An
             servers[label] = server
         if ray.is_initialized():
             ray.shutdown()
-        # Three raylets on 2 busy cores: a GCS overwhelmed at start-up ("timed out during
-        # startup") is Ray's, not what this module tests, so the cluster gets a second try.
-        for attempt in (1, 2):
-            try:
-                with raylet_start_window():
-                    cluster = Cluster()
-                    # The head node gets no URL: a node actor there would use localhost:8001.
-                    cluster.add_node(num_cpus=1, include_dashboard=False)
-                    for label, server in servers.items():
-                        os.environ[URL_ENV_VAR] = server.grpc_url
-                        cluster.add_node(num_cpus=1, resources={label: 1})
-                    os.environ.pop(URL_ENV_VAR, None)
-                break
-            except Exception as exc:
-                if attempt == 2 or "timed out during startup" not in str(exc):
-                    raise
-                if cluster is not None:
-                    cluster.shutdown()
-                cluster = None
+
+        def add_nodes(cluster: Cluster) -> None:
+            # The head node gets no URL: a node actor there would use localhost:8001.
+            cluster.add_node(num_cpus=1, include_dashboard=False)
+            for label, server in servers.items():
+                os.environ[URL_ENV_VAR] = server.grpc_url
+                cluster.add_node(num_cpus=1, resources={label: 1})
+            os.environ.pop(URL_ENV_VAR, None)
+
+        cluster, _ = start_cluster(add_nodes)
         assert cluster is not None
         cluster.wait_for_nodes()
         ray.init(address=cluster.address)
