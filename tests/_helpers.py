@@ -334,3 +334,14 @@ def figures(outcomes: list[Outcome], down: float, up: float) -> dict[str, Any]:
         "first_answer_after_s": min(back, default=float("inf")),
         "rode_the_outage": len(waited),
     }
+
+
+def model_repository(directory: Path, *models: str) -> Path:
+    """A model repository holding only ``models`` (links into the example repository): a
+    Triton serving it starts and restarts in a few seconds, not one per model."""
+    from ray_triton_shm.local import EXAMPLE_MODEL_REPOSITORY
+
+    directory.mkdir(parents=True, exist_ok=True)
+    for model in models:
+        (directory / model).symlink_to(EXAMPLE_MODEL_REPOSITORY / model, target_is_directory=True)
+    return directory

@@ -29,9 +29,9 @@ from _helpers import (
     Outcome,
     figures,
     init_ray,
+    model_repository,
     write_secret,
 )
-from conftest import MODEL_REPOSITORIES
 
 from ray_triton_shm import AccessDeniedError, TritonSHMClient
 from ray_triton_shm._shm import list_local_regions, region_of
@@ -112,7 +112,7 @@ def rotation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rotation]:
         },
     )
     server = LocalTritonServer(
-        list(MODEL_REPOSITORIES),
+        model_repository(work / "models", "identity"),
         log_path=work / "tritonserver.log",
         stop_grace_s=5.0,
         restricted_protocols=protocols(keys),

@@ -15,8 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from _helpers import CertificateAuthority as CA
-from _helpers import Load, figures, write_secret
-from conftest import MODEL_REPOSITORIES
+from _helpers import Load, figures, model_repository, write_secret
 
 from ray_triton_shm import CheckResult, TlsFiles, TLSHandshakeError, TritonSHMClient, check_node
 from ray_triton_shm._shm import list_local_regions
@@ -64,7 +63,7 @@ def mtls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MutualTLS]:
     setup.server_trusts(ca, [ca])
     write_secret(setup.tls_dir, setup.client_files(ca, "client", [ca]))
     setup.server = LocalTritonServer(
-        list(MODEL_REPOSITORIES),
+        model_repository(work / "models", "identity"),
         log_path=work / "tritonserver.log",
         stop_grace_s=5.0,
         tls_cert=server_files / "server.crt",
