@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _helpers import write_secret
+from _helpers import CertificateAuthority, write_secret
 
 jsonschema = pytest.importorskip("jsonschema")
 yaml = pytest.importorskip("yaml")
@@ -40,7 +40,14 @@ from ray_triton_shm.local import EXAMPLE_MODEL_REPOSITORY, LocalTritonServer  # 
 
 ROOT = Path(__file__).resolve().parents[1]
 MANIFEST = ROOT / "deployments" / "kuberay" / "rayservice.yaml"
-CRD = Path(__file__).parent / "schemas" / "kuberay-v1.7.0" / "ray.io_rayservices.yaml"
+#: The same RayService with mutual TLS, and cert-manager's resources for it.
+MTLS_MANIFEST = ROOT / "deployments" / "kuberay" / "rayservice-mtls.yaml"
+SCHEMAS = Path(__file__).parent / "schemas"
+CRD = SCHEMAS / "kuberay-v1.7.0" / "ray.io_rayservices.yaml"
+CERT_MANAGER_CRDS = {
+    "Certificate": SCHEMAS / "cert-manager-v1.21.1" / "cert-manager.io_certificates.yaml",
+    "Issuer": SCHEMAS / "cert-manager-v1.21.1" / "cert-manager.io_issuers.yaml",
+}
 
 #: Triton's defaults, where its arguments do not say.
 TRITON_PORTS = {"grpc": 8001, "http": 8000, "metrics": 8002}
@@ -75,12 +82,16 @@ def _closed(schema: Any) -> Any:
     return closed
 
 
-@pytest.fixture(scope="module")
-def rayservice_schema() -> dict[str, Any]:
-    crd = yaml.safe_load(CRD.read_text())
-    assert crd["spec"]["names"]["kind"] == "RayService"
+def _crd_schema(path: Path, kind: str) -> dict[str, Any]:
+    crd = yaml.safe_load(path.read_text())
+    assert crd["spec"]["names"]["kind"] == kind
     (v1,) = (v for v in crd["spec"]["versions"] if v["name"] == "v1")
     return _closed(v1["schema"]["openAPIV3Schema"])
+
+
+@pytest.fixture(scope="module")
+def rayservice_schema() -> dict[str, Any]:
+    return _crd_schema(CRD, "RayService")
 
 
 def schema_problems(manifest: Manifest, schema: dict[str, Any]) -> list[str]:
@@ -615,3 +626,192 @@ def test_the_liveness_probe_restarts_triton_when_the_keys_rotate(
     write_secret(secret, {_HEADER_PREFIX + "admin-key": "a", _HEADER_PREFIX + "infer-key": "c"})
     assert run(probe) != 0
     assert mount in script  # the script reads the keys where the Secret is mounted
+
+
+# ---- mutual TLS with cert-manager ---------------------------------------------------------
+
+
+def _mtls_documents() -> list[Manifest]:
+    return [d for d in yaml.safe_load_all(MTLS_MANIFEST.read_text()) if d]
+
+
+def _of_kind(documents: list[Manifest], kind: str) -> list[Manifest]:
+    return [d for d in documents if d["kind"] == kind]
+
+
+def tls_problems(documents: list[Manifest]) -> list[str]:
+    """What keeps mutual TLS between Ray and Triton from working in the mTLS manifest."""
+    problems = []
+    (service,) = _of_kind(documents, "RayService")
+    certificates = {c["spec"]["secretName"]: c for c in _of_kind(documents, "Certificate")}
+    issuers = {i["metadata"]["name"]: i for i in _of_kind(documents, "Issuer")}
+    for where, group in _groups(service):
+        if not _hosts_replicas(group):
+            continue
+        pod = group["template"]["spec"]
+        ray_c = pod["containers"][0]
+        triton = next(c for c in pod["containers"] if _is_triton(c))
+        args = _triton_args(triton)
+        flags = {name: _flag(args, name) for name in ("grpc-use-ssl", "grpc-use-ssl-mutual")}
+        if flags != {"grpc-use-ssl": ["true"], "grpc-use-ssl-mutual": ["true"]}:
+            problems.append(f"{where}: Triton does not want mutual TLS on gRPC")
+        files = {n: _flag(args, f"grpc-{n}") for n in ("server-cert", "server-key", "root-cert")}
+        mounts = _secret_mounts(pod, triton)
+        folders = {f[0].rsplit("/", 1)[0] for f in files.values() if f}
+        server_secret = mounts.get(folders.pop()) if len(folders) == 1 else None
+        server = certificates.get(server_secret or "")
+        if server is None or any(not f for f in files.values()):
+            problems.append(f"{where}: Triton's certificate is not a cert-manager Secret's files")
+            continue
+        spec = server["spec"]
+        if "127.0.0.1" not in spec.get("ipAddresses", []) or "server auth" not in spec["usages"]:
+            problems.append(f"{where}: Triton's certificate is not for 127.0.0.1 (server auth)")
+        tls_dir = _env(ray_c).get("RAY_TRITON_SHM_TLS_DIR", {}).get("value")
+        client = certificates.get(_secret_mounts(pod, ray_c).get(tls_dir or "", ""))
+        if client is None:
+            problems.append(f"{where}: Ray has no client certificate at RAY_TRITON_SHM_TLS_DIR")
+            continue
+        if "client auth" not in client["spec"]["usages"]:
+            problems.append(f"{where}: Ray's certificate is not for client auth")
+        if client["spec"]["issuerRef"] != spec["issuerRef"]:
+            problems.append(f"{where}: Ray's and Triton's certificates come from two issuers")
+        issuer = issuers.get(spec["issuerRef"]["name"], {}).get("spec", {})
+        if "ca" not in issuer:
+            problems.append(f"{where}: the issuer is not a CA of the cluster's own")
+        digest = re.search(r"sha256sum (.*) >", " ".join(triton.get("args", [])))
+        if digest is None or "$tls" not in digest[1]:
+            problems.append(f"{where}: Triton does not restart when its certificate is renewed")
+    return problems
+
+
+def test_the_mtls_manifest_is_valid_for_kuberay_and_cert_manager(
+    rayservice_schema: dict[str, Any],
+) -> None:
+    documents = _mtls_documents()
+    (service,) = _of_kind(documents, "RayService")
+    assert schema_problems(service, rayservice_schema) == []
+    assert invariant_problems(service) == []
+    for kind, crd in CERT_MANAGER_CRDS.items():
+        schema = _crd_schema(crd, kind)
+        found = _of_kind(documents, kind)
+        assert found, kind
+        for resource in found:
+            assert resource["apiVersion"] == "cert-manager.io/v1"
+            assert schema_problems(resource, schema) == [], resource["metadata"]["name"]
+    assert {d["kind"] for d in documents} == {"RayService", *CERT_MANAGER_CRDS}
+    assert tls_problems(documents) == []
+
+
+def _mtls_triton(documents: list[Manifest]) -> dict[str, Any]:
+    (service,) = _of_kind(documents, "RayService")
+    pod = service["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["template"]["spec"]
+    return next(c for c in pod["containers"] if _is_triton(c))
+
+
+MTLS_BROKEN: dict[str, tuple[Callable[[list[Manifest]], Any], str]] = {
+    "TLS without mutual": (
+        lambda d: _mtls_triton(d).update(
+            args=[_mtls_triton(d)["args"][0].replace("--grpc-use-ssl-mutual=true", "")]
+        ),
+        "does not want mutual TLS",
+    ),
+    "no client certificate": (
+        lambda d: _container({"spec": _of_kind(d, "RayService")[0]["spec"]}, "ray-worker")[
+            "env"
+        ].pop(),
+        "no client certificate",
+    ),
+    "a server certificate for another name": (
+        lambda d: _of_kind(d, "Certificate")[1]["spec"].update(ipAddresses=["10.0.0.1"]),
+        "not for 127.0.0.1",
+    ),
+    "two issuers": (
+        lambda d: _of_kind(d, "Certificate")[2]["spec"].update(
+            issuerRef={"name": "triton-selfsigned", "kind": "Issuer"}
+        ),
+        "two issuers",
+    ),
+    "no restart on renewal": (
+        lambda d: _mtls_triton(d).update(
+            args=[_mtls_triton(d)["args"][0].replace(' "$tls"/*', "")]
+        ),
+        "restart when its certificate is renewed",
+    ),
+}
+
+
+@pytest.mark.parametrize("broken", list(MTLS_BROKEN))
+def test_a_broken_mtls_copy_is_caught(broken: str) -> None:
+    change, expected = MTLS_BROKEN[broken]
+    documents = _mtls_documents()
+    change(documents)
+    problems = tls_problems(documents)
+    assert any(expected in p for p in problems), problems
+
+
+def test_the_mtls_triton_args_run_and_the_ray_env_is_enough(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker pod's Triton as its script says, with certificates of a test CA laid out as
+    cert-manager's Secrets: the node's clients, with the Ray container's environment, pass
+    the doctor (mutual TLS) and infer through shared memory."""
+    documents = _mtls_documents()
+    (service,) = _of_kind(documents, "RayService")
+    pod = service["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["template"]["spec"]
+    ray_c, triton = pod["containers"][0], _mtls_triton(documents)
+    ca = CertificateAuthority(tmp_path / "ca")
+    secrets_dir = {}
+    for name in ("server", "client"):
+        cert, key = ca.issue(name)
+        files = {"ca.crt": ca.cert.read_text(), "tls.crt": cert.read_text()}
+        files["tls.key"] = key.read_text()
+        secrets_dir[name] = tmp_path / f"{name}-tls"
+        write_secret(secrets_dir[name], files)
+    keys_dir = tmp_path / "keys"
+    keys = {_HEADER_PREFIX + k: secrets.token_hex(16) for k in ("admin-key", "infer-key")}
+    write_secret(keys_dir, keys)
+    args = _triton_args(triton)
+    mounts = _secret_mounts(pod, triton)
+    local = {"triton-keys": keys_dir, "triton-server-tls": secrets_dir["server"]}
+
+    def here(path: str) -> Path:
+        folder, name = path.rsplit("/", 1)
+        return local[mounts[folder]] / name
+
+    restricted = {}
+    for restriction in _flag(args, "grpc-restricted-protocol"):
+        match = _KEY_ARG.match(restriction)
+        assert match is not None, restriction
+        restricted[match["apis"]] = (match["key"], here(match["file"]).read_text().strip())
+    own = ("--grpc-restricted-protocol=", "--http-restricted-api=", "--model-repository=")
+    own += tuple(f"--{kind}-{what}=" for kind in TRITON_PORTS for what in ("port", "address"))
+    own += ("--grpc-use-ssl", "--grpc-server-", "--grpc-root-cert=")
+    extra = [a for a in args[1:] if not a.startswith(own)]
+    server = LocalTritonServer(
+        EXAMPLE_MODEL_REPOSITORY,
+        restricted_protocols=restricted,
+        extra_args=extra,
+        tls_cert=here(_flag(args, "grpc-server-cert")[0]),
+        tls_key=here(_flag(args, "grpc-server-key")[0]),
+        tls_client_ca=here(_flag(args, "grpc-root-cert")[0]),
+        log_path=tmp_path / "tritonserver.log",
+    )
+    server.start()
+    try:
+        env = _env(ray_c)
+        assert set(_secret_mounts(pod, ray_c).values()) == {"triton-keys", "triton-client-tls"}
+        monkeypatch.setenv("RAY_TRITON_SHM_KEYS_DIR", str(keys_dir))
+        monkeypatch.setenv("RAY_TRITON_SHM_TLS_DIR", str(secrets_dir["client"]))
+        assert {"RAY_TRITON_SHM_KEYS_DIR", "RAY_TRITON_SHM_TLS_DIR"} <= set(env)
+        report = check_node(url=server.grpc_url, models={"classifier": 8})
+        assert not report.failed, report
+        checks = {c.name: c for c in report.checks}
+        assert checks["tls"].status == "ok" and "mutual" in checks["tls"].summary
+        x = np.random.default_rng(0).random((2, 3, 224, 224), dtype=np.float32)
+        with TritonSHMClient(server.grpc_url) as client:  # keys and TLS from the environment
+            client.register_shm_model("classifier", pool_size=1)
+            out = client.infer_shm("classifier", {"INPUT0": x})["OUTPUT0"]
+        expected = x.reshape(2, -1)[:, :150000].reshape(2, 1000, 150).mean(axis=2)
+        np.testing.assert_allclose(out, expected, rtol=1e-5)
+    finally:
+        server.close()
