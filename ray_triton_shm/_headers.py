@@ -24,13 +24,14 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 __all__ = [
     "ENV_PREFIX",
     "KEYS_DIR_ENV_VAR",
     "REDACTED",
     "Keys",
+    "KeysPlugin",
     "Metadata",
     "env_var_for",
     "headers_from_dir",
@@ -313,3 +314,17 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, OSError):
         return f"{exc.strerror or type(exc).__name__}: {exc.filename}"
     return str(exc)
+
+
+class KeysPlugin:
+    """A tritonclient plugin putting :class:`Keys` on every call of a plain tritonclient
+    client (``client.register_plugin(KeysPlugin(keys))``); a call's own headers win."""
+
+    def __init__(self, keys: Keys) -> None:
+        self._keys = keys
+
+    def __call__(self, request: Any) -> None:
+        request.headers = {**dict(self._keys.metadata()), **(request.headers or {})}
+
+    def __repr__(self) -> str:
+        return f"KeysPlugin({self._keys!r})"

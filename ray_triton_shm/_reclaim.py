@@ -29,6 +29,7 @@ from ._shm import (
     region_owner,
     unlink_region,
 )
+from ._tls import tritonclient_for
 from ._transport import is_in_use, translate_error
 
 __all__ = [
@@ -120,7 +121,7 @@ def region_status(
     server_error = None
     if url is not None:
         try:
-            with grpcclient.InferenceServerClient(url) as client:
+            with tritonclient_for(url) as client:
                 registered = {
                     region_of(name): size
                     for name, size in _registrations(client, _headers(headers)).items()
@@ -212,7 +213,7 @@ def reclaim_regions(
     server_error = None
     if url is not None:
         try:
-            with grpcclient.InferenceServerClient(url) as client:
+            with tritonclient_for(url) as client:
                 unregistered = reclaim_dead_registrations(
                     client, owner=owner, headers=_headers(headers), in_use_wait_s=in_use_wait_s
                 )

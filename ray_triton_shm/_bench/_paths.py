@@ -20,7 +20,9 @@ from tritonclient.utils import np_to_triton_dtype, serialize_byte_tensor, triton
 
 from ray_triton_shm._bench._cases import ModelCase
 from ray_triton_shm._client import TritonSHMClient
+from ray_triton_shm._headers import Keys
 from ray_triton_shm._specs import SlotLayout
+from ray_triton_shm._tls import tritonclient_for
 
 __all__ = ["PATHS", "SHM_KEY_PREFIX", "BenchPath", "BenchTarget", "SkipPath", "infer", "run_until"]
 
@@ -177,7 +179,7 @@ class GrpcPath(BenchPath):
     name, label = "grpc", "gRPC"
 
     def setup(self) -> None:
-        self._client = grpcclient.InferenceServerClient(self.target.grpc_url)
+        self._client = tritonclient_for(self.target.grpc_url)
 
     def run_once(self) -> Mapping[str, np.ndarray]:
         return infer(self._client, self.case, self.inputs)
@@ -212,7 +214,7 @@ class ShmManualPath(BenchPath):
     def setup(self) -> None:
         #: "in:NAME" / "out:NAME" -> (handle, region name, bytes), registered in this order.
         self._regions: dict[str, tuple[Any, str, int]] = {}
-        self._client = grpcclient.InferenceServerClient(self.target.grpc_url)
+        self._client = tritonclient_for(self.target.grpc_url)
         tag = f"{SHM_KEY_PREFIX}{os.getpid()}_{uuid.uuid4().hex[:8]}"
         for kind, tensors in (("in", self.case.inputs), ("out", self.case.outputs)):
             for t in tensors:
@@ -270,7 +272,7 @@ class ShmClientPath(BenchPath):
     name, label = "shm-client", "TritonSHMClient.infer_shm"
 
     def setup(self) -> None:
-        self._client = TritonSHMClient(self.target.grpc_url)
+        self._client = TritonSHMClient(self.target.grpc_url, headers=Keys(environ=True))
         self._spec = self._client.register_shm_model(
             self.case.model, **self.case.registration(self.slots)
         )

@@ -24,7 +24,6 @@ from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import numpy as np
-import tritonclient.grpc as grpcclient
 
 from ray_triton_shm import TritonSHMClient
 from ray_triton_shm._bench._cases import ModelCase
@@ -37,6 +36,8 @@ from ray_triton_shm._bench._paths import (
     infer,
     run_until,
 )
+from ray_triton_shm._headers import Keys
+from ray_triton_shm._tls import tritonclient_for
 
 try:
     import ray
@@ -100,7 +101,7 @@ def _client(kind: str, arg: Any, case: ModelCase) -> tuple[_Call, Callable[[], N
     if kind == "shm-model":
         model = ShmModel(case.model, actor_options={"slots": arg}, **case.registration(arg))
         return model.infer, model.close
-    client = grpcclient.InferenceServerClient(arg)
+    client = tritonclient_for(arg)
     return (lambda inputs: infer(client, case, inputs)), client.close
 
 
@@ -234,10 +235,10 @@ class _BenchReplica:
             slots = {"slots": self._slots}
             self._client = ShmModel(case.model, actor_options=slots, **options)
         elif self._client is None and self._backend == "inproc":
-            self._client = TritonSHMClient(self._url)
+            self._client = TritonSHMClient(self._url, headers=Keys(environ=True))
             self._client.register_shm_model(case.model, **options)
         elif self._client is None:
-            self._client = grpcclient.InferenceServerClient(self._url)
+            self._client = tritonclient_for(self._url, aio=True)
         if self._backend == "shm":
             return await self._client.infer_async(inputs)  # type: ignore[no-any-return]
         if self._backend == "inproc":

@@ -18,7 +18,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-import tritonclient.grpc as grpcclient
 
 from ray_triton_shm._bench import _paths, _ray_paths, _serve_http
 from ray_triton_shm._bench._cases import ModelCase
@@ -36,6 +35,7 @@ from ray_triton_shm._bench._config import (
 from ray_triton_shm._bench._paths import BenchPath, BenchTarget, SkipPath, check_outputs
 from ray_triton_shm._bench._ray_paths import CHURN_CASE, RayBenchSession, RayPath
 from ray_triton_shm._bench._update import UpdateResult, run_model_update
+from ray_triton_shm._tls import tritonclient_for
 from ray_triton_shm.local._server import LocalTritonServer, _log_tail
 
 __all__ = ["GOALS", "PATHS", "BenchResults", "Goal", "ModelResult", "Progress", "run_bench"]
@@ -399,7 +399,7 @@ def _prepare(
 ) -> tuple[ModelCase, dict[str, np.ndarray], dict[str, np.ndarray]]:
     """The case made from the model's configuration, one request's inputs, and the plain gRPC
     answer every path must reproduce."""
-    client = grpcclient.InferenceServerClient(target.grpc_url)
+    client = tritonclient_for(target.grpc_url)
     try:
         config = client.get_model_config(spec.model, as_json=True)
         case = ModelCase.from_config(spec, config.get("config", config))

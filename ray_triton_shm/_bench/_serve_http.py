@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
-import tritonclient.grpc as grpcclient
 
 from ray_triton_shm._bench._paths import SkipPath, infer
 from ray_triton_shm._bench._ray_paths import RayPath, _process_cpu_s
+from ray_triton_shm._tls import tritonclient_for
 from ray_triton_shm.local._server import _proc_stats
 
 __all__ = ["APP_CASES", "BODIES", "PATHS", "REPLICAS", "example_app_root"]
@@ -111,7 +111,7 @@ class _ServeHttpPath(RayPath):
         host, port = "127.0.0.1", self.session.http_port
         self._address = host, port
         self._requests, self._expected = [], []
-        client = grpcclient.InferenceServerClient(self.target.grpc_url)
+        client = tritonclient_for(self.target.grpc_url)
         try:
             for index in range(BODIES):
                 images = self.case.make_inputs(seed=zlib.crc32(f"http-{index}".encode()))
