@@ -231,7 +231,7 @@ def test_ray_tasks_and_a_serve_app_ride_a_rotation_under_load(
     rotation: Rotation, ray_keyed: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     import ray
-    from ray import serve
+    from ray import cloudpickle, serve
 
     from ray_triton_shm.ray import ShmModel, get_node_actor
 
@@ -291,5 +291,60 @@ def test_ray_tasks_and_a_serve_app_ride_a_rotation_under_load(
     # No restart of the node actor: the same incarnation, with the new keys.
     stats = ray.get(get_node_actor().stats.remote())
     assert stats.incarnation == incarnation and stats.models["identity"]["shm_bytes"] > 0
+    # No key in what Ray keeps or shows: handles' pickles, stats, every log of the session.
+    shown = [repr(stats), str(cloudpickle.dumps(ShmModel("identity", max_shapes=SHAPES)))]
+    logs = Path(ray._private.worker.global_worker.node.get_session_dir_path()) / "logs"
+    shown += [f.read_text(errors="replace") for f in logs.rglob("*") if f.is_file()]
+    assert not [v for v in rotation.seen if any(v in text for text in shown)]
     with capsys.disabled():
         print(f"\nrotation (Ray, Triton down {up - down:.1f} s): " + "; ".join(report))
+
+
+def test_the_tools_talk_to_triton_as_the_nodes_callers_do(
+    rotation: Rotation, tmp_path: Path
+) -> None:
+    """``bench``, ``status``, ``reclaim`` and ``doctor`` against a Triton that wants keys and
+    mutual TLS, with only the node's environment: the key files and the TLS files."""
+    import json
+    import subprocess
+    import sys
+
+    from ray_triton_shm._headers import KEYS_DIR_ENV_VAR
+    from ray_triton_shm._tls import TLS_DIR_ENV_VAR
+
+    env = {
+        **os.environ,
+        KEYS_DIR_ENV_VAR: str(rotation.secret),
+        TLS_DIR_ENV_VAR: str(rotation.tls_dir),
+    }
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "ray_triton_shm", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+        )
+
+    url = rotation.server.grpc_url
+    bench = cli(
+        *("bench", "--quick", "--url", url, "--models", "identity", "--no-plot"),
+        *("--paths", "grpc", "shm-manual", "shm-client", "--concurrency", "2"),
+        *("--json", str(tmp_path / "bench.json")),
+    )
+    assert bench.returncode == 0, bench.stdout + bench.stderr
+    result = json.loads((tmp_path / "bench.json").read_text())
+    assert result["failures"] == [] and {r["path"] for r in result["runs"]} == {
+        "grpc",
+        "shm-manual",
+        "shm-client",
+    }
+    doctor = cli("doctor", "--url", url, "--json")
+    checks = {c["name"]: c for c in json.loads(doctor.stdout)["nodes"][0]["checks"]}
+    assert checks["tls"]["status"] == "ok" and checks["keys"]["status"] == "ok", checks
+    for command in ("status", "reclaim"):
+        done = cli(command, "--url", url)
+        assert done.returncode == 0 and "refused" not in done.stdout.lower(), done.stdout
+    shown = bench.stdout + bench.stderr + doctor.stdout + (tmp_path / "bench.json").read_text()
+    assert not [value for value in rotation.seen if value in shown]
