@@ -337,11 +337,15 @@ def figures(outcomes: list[Outcome], down: float, up: float) -> dict[str, Any]:
 
 
 def model_repository(directory: Path, *models: str) -> Path:
-    """A model repository holding only ``models`` (links into the example repository): a
-    Triton serving it starts and restarts in a few seconds, not one per model."""
+    """A model repository holding only ``models`` (links into the example repository or the
+    tests' own): a Triton serving it starts and restarts in a few seconds, not one per
+    model."""
     from ray_triton_shm.local import EXAMPLE_MODEL_REPOSITORY
 
     directory.mkdir(parents=True, exist_ok=True)
     for model in models:
-        (directory / model).symlink_to(EXAMPLE_MODEL_REPOSITORY / model, target_is_directory=True)
+        source = EXAMPLE_MODEL_REPOSITORY / model
+        if not source.is_dir():
+            source = Path(__file__).parent / "models" / model  # the tests' own models
+        (directory / model).symlink_to(source, target_is_directory=True)
     return directory
