@@ -19,7 +19,7 @@ from _helpers import ADMIN, INFER, READ, init_ray
 from ray_triton_shm.local._server import EXAMPLE_MODEL_REPOSITORY, LocalTritonServer
 
 #: Test-only Python-backend models (slow_identity, fail_on_negative, strings,
-#: variable_output, mixed_io, delay_echo, sequence_sum, queued, echo_parameters).
+#: variable_output, mixed_io, delay_echo, sequence_sum, queued, echo_parameters, whoami).
 TEST_MODEL_REPOSITORY: Path = Path(__file__).resolve().parent / "models"
 
 #: Both repositories, as served by the ``triton`` and ``fresh_triton`` fixtures.
