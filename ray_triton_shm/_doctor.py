@@ -223,6 +223,8 @@ def _check_tls(triton: _Triton, tls: TlsFiles | None, error: str | None) -> Chec
             "tls", FAIL, error, f"mount the TLS files there, or fix ${TLS_DIR_ENV_VAR}"
         )
     details = {"tls": tls is not None, "mutual": tls is not None and tls.mutual}
+    if not _listens(triton.url, triton.timeout_s):
+        return CheckResult("tls", SKIP, "not tried: nothing listens there (see triton)")
     problem = diagnose(triton.url, tls, timeout_s=triton.timeout_s)
     if problem is not None:
         reason, fix = problem
@@ -243,6 +245,15 @@ def _check_tls(triton: _Triton, tls: TlsFiles | None, error: str | None) -> Chec
     if tls.mutual:
         summary = f"mutual {summary}; Triton took the client certificate {tls.certificate_chain}"
     return CheckResult("tls", OK, summary, "", details)
+
+
+def _listens(url: str, timeout_s: float) -> bool:
+    host, _, port = url.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]") or "localhost", int(port)), timeout_s):
+            return True
+    except (OSError, ValueError):
+        return False
 
 
 class _Triton:

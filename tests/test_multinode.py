@@ -84,6 +84,15 @@ class Host:
         return pids
 
 
+def _reread_ray_config() -> None:
+    """RayConfig, and the auth token Ray cached, read again from the environment (a driver
+    that ran a local Ray before has token auth on; these nodes have it off)."""
+    ray._raylet.Config.initialize("")
+    loader = getattr(ray._raylet, "AuthenticationTokenLoader", None)
+    if loader is not None:
+        loader.instance().reset_cache()
+
+
 def _here_regions() -> set[str]:
     return {p.name for p in Path("/dev/shm").iterdir() if p.name.startswith("rtshm_")}
 
@@ -113,7 +122,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
     saved = {name: os.environ.get(name) for name in RAY_ENV}
     try:
         os.environ.update(RAY_ENV)
-        ray._raylet.Config.initialize("")  # this driver reads RAY_AUTH_MODE again
+        _reread_ray_config()  # this driver reads RAY_AUTH_MODE again
         deadline = time.monotonic() + RAYLET_START_WAIT_S
         while True:
             try:
@@ -176,12 +185,17 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(head.pid, signal.SIGKILL)
+        # `ray start --head` left its address for `ray.init()` to find: a later local
+        # ray.init() of another module would try to join this gone cluster.
+        current = Path("/tmp/ray/ray_current_cluster")
+        if current.is_file() and current.read_text().strip().endswith(f":{head_port}"):
+            current.unlink()
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-        ray._raylet.Config.initialize("")
+        _reread_ray_config()
     # Nothing of the nodes ever reached this machine's /dev/shm.
     assert _here_regions() <= here_before
 

@@ -38,6 +38,7 @@ TEST_MODELS = {
     "sequence_sum",
     "queued",
     "echo_parameters",
+    "whoami",
 }
 
 
