@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from _helpers import ADMIN, INFER, READ, init_ray
+from _helpers import ADMIN, INFER, READ, init_ray, model_repository
 
 from ray_triton_shm.local._server import EXAMPLE_MODEL_REPOSITORY, LocalTritonServer
 
@@ -22,11 +22,13 @@ from ray_triton_shm.local._server import EXAMPLE_MODEL_REPOSITORY, LocalTritonSe
 #: variable_output, mixed_io, delay_echo, sequence_sum, queued, echo_parameters, whoami).
 TEST_MODEL_REPOSITORY: Path = Path(__file__).resolve().parent / "models"
 
-#: Both repositories, as served by the ``triton`` and ``fresh_triton`` fixtures.
+#: Both repositories, as served by the ``triton`` fixture.
 MODEL_REPOSITORIES: tuple[Path, ...] = (EXAMPLE_MODEL_REPOSITORY, TEST_MODEL_REPOSITORY)
+#: The models of the ``fresh_triton`` fixture (the tests that restart or kill Triton).
+FRESH_MODELS = ("classifier", "identity", "large_image", "delay_echo")
 
 #: How long the chaos soak (tests/test_soak.py) runs unless ``--soak-s`` says otherwise.
-DEFAULT_SOAK_S = 60.0
+DEFAULT_SOAK_S = 45.0
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -63,9 +65,12 @@ def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalTritonServ
 
 @pytest.fixture
 def fresh_triton(tmp_path: Path) -> Iterator[LocalTritonServer]:
-    """A Triton server of the test's own, free to be stopped, restarted or killed."""
+    """A Triton server of the test's own, free to be stopped, restarted or killed. It serves
+    the models such tests use only: it (re)starts in seconds, not one per model."""
     server = LocalTritonServer(
-        list(MODEL_REPOSITORIES), log_path=tmp_path / "tritonserver.log", stop_grace_s=5.0
+        model_repository(tmp_path / "models", *FRESH_MODELS),
+        log_path=tmp_path / "tritonserver.log",
+        stop_grace_s=5.0,
     )
     server.start()
     try:
@@ -153,9 +158,10 @@ def restricted(
     """A Triton of the module's own, locked down with three keys: the admin key
     (shared-memory, model-repository), the inference key, and a read key (health, metadata,
     model-config, statistics)."""
+    work = tmp_path_factory.mktemp("restricted")
     server = LocalTritonServer(
-        list(MODEL_REPOSITORIES),
-        log_path=tmp_path_factory.mktemp("restricted") / "tritonserver.log",
+        model_repository(work / "models", "classifier", "identity", "my_model"),
+        log_path=work / "tritonserver.log",
         restricted_protocols={
             "shared-memory,model-repository": ("admin-key", keys[ADMIN]),
             "inference": ("infer-key", keys[INFER]),

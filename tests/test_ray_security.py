@@ -12,8 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 import ray
-from _helpers import ADMIN, INFER, READ, self_signed_certificate
-from conftest import MODEL_REPOSITORIES
+from _helpers import ADMIN, INFER, READ, model_repository, self_signed_certificate
 
 from ray_triton_shm import AccessDeniedError
 from ray_triton_shm._shm import list_local_regions
@@ -66,7 +65,10 @@ def test_a_node_actor_without_the_shared_memory_key_is_refused_at_once(
 def test_tls_through_the_node_actor_and_shm_model(ray_local: str, tmp_path: Path) -> None:
     cert, key = self_signed_certificate(tmp_path)
     server = LocalTritonServer(
-        list(MODEL_REPOSITORIES), log_path=tmp_path / "tritonserver.log", tls_cert=cert, tls_key=key
+        model_repository(tmp_path / "models", "identity"),
+        log_path=tmp_path / "tritonserver.log",
+        tls_cert=cert,
+        tls_key=key,
     )
     server.start()
     tls = {"ssl": True, "root_certificates": str(cert)}

@@ -26,8 +26,7 @@ import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from _helpers import ADMIN, INFER, READ, self_signed_certificate
-from conftest import MODEL_REPOSITORIES
+from _helpers import ADMIN, INFER, READ, model_repository, self_signed_certificate
 from tritonclient.utils import InferenceServerException
 
 from ray_triton_shm import (
@@ -336,7 +335,7 @@ def test_tls_round_trip_with_every_call_keyed_across_a_restart(tmp_path: Path) -
         ("health", "metadata", "inference", "shared-memory", "model-config", "model-repository")
     )
     server = LocalTritonServer(
-        list(MODEL_REPOSITORIES),
+        model_repository(tmp_path / "models", "classifier"),
         log_path=tmp_path / "tritonserver.log",
         stop_grace_s=5.0,
         restricted_protocols={everything: ("key", secret)},
