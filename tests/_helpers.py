@@ -323,7 +323,8 @@ def figures(outcomes: list[Outcome], down: float, up: float) -> dict[str, Any]:
     """What a rotation cost: the errors (and whether all fell while Triton was down), and
     how long after Triton was back the first call answered."""
     errors = [o for o in outcomes if o.error is not None]
-    back = [o.ended - up for o in outcomes if o.error is None and o.started >= up - 0.05]
+    # Triton may answer a moment before its restart() returns: 0 then.
+    back = [max(0.0, o.ended - up) for o in outcomes if o.error is None and o.started >= up - 0.05]
     waited = [o for o in outcomes if o.error is None and o.started < down < o.ended]
     return {
         "answers": sum(o.error is None for o in outcomes),

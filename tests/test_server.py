@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.utils.shared_memory as sysshm
+from conftest import FRESH_MODELS
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from ray_triton_shm.local import _server
@@ -212,7 +213,7 @@ def test_stop_is_idempotent_and_frees_the_process_group(fresh_triton: LocalTrito
     assert pid is not None
     members = _group_members(pid)
     # tritonserver plus one Python-backend stub per model instance.
-    assert len(members) >= 1 + len(EXAMPLE_MODELS | TEST_MODELS)
+    assert len(members) >= 1 + len(FRESH_MODELS)
     fresh_triton.stop()
     assert not fresh_triton.is_running
     assert fresh_triton.pid is None
