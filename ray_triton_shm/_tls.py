@@ -32,8 +32,8 @@ __all__ = [
     "ReloadingChannel",
     "TlsFiles",
     "diagnose",
-    "tritonclient_for",
     "may_be_tls",
+    "tritonclient_for",
 ]
 
 logger = logging.getLogger(__name__)
