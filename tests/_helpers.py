@@ -26,8 +26,10 @@ READ = "triton-grpc-protocol-read-key"
 
 T = TypeVar("T")
 
-#: Seconds a new Ray node's raylet may take to register with its GCS (Ray's default: 30).
-RAYLET_START_WAIT_S = 120
+#: Seconds a new Ray node's raylet may take to register with its GCS (Ray's default: 30). A
+#: start that has not registered by then is started again (init_ray, start_cluster): on 2
+#: busy cores a raylet registers within seconds, or sits out any window.
+RAYLET_START_WAIT_S = 60
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:

@@ -307,9 +307,16 @@ def test_doctor_ray_checks_every_node_of_a_cluster(
     try:
         # The nodes read Triton's address from their own environment, as in production.
         os.environ[URL_ENV_VAR] = triton.grpc_url
-        # A head without CPUs, as KubeRay's production heads: no replica runs there.
+        # A head without CPUs, as KubeRay's production heads: no replica runs there. Two
+        # raylets on one host: each dashboard agent on a port of its own.
+        ports = free_ports(2)
         cluster, (head, worker) = start_cluster(
-            lambda c: (c.add_node(num_cpus=0, include_dashboard=False), c.add_node(num_cpus=1))
+            lambda c: (
+                c.add_node(
+                    num_cpus=0, include_dashboard=False, dashboard_agent_listen_port=ports[0]
+                ),
+                c.add_node(num_cpus=1, dashboard_agent_listen_port=ports[1]),
+            )
         )
         cluster.wait_for_nodes()
         # A node actor on the worker, holding a pool: the doctor counts it there.

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import pytest
 import requests
-from _helpers import RAYLET_START_WAIT_S, free_ports, registered_on
+from _helpers import free_ports, registered_on
 
 ray = pytest.importorskip("ray")
 
@@ -39,7 +39,9 @@ HOST_SCRIPT = Path(__file__).with_name("_host.py")
 SHAPES = {"DATA": (16,), "ECHO": (16,)}
 #: The Ray processes of this module: tokens off (a local ray.init() elsewhere turned them on
 #: for `ray start`), and Ray's fixed 30 s for a raylet to register widened.
-RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_raylet_start_wait_time_s": str(RAYLET_START_WAIT_S)}
+#: How long a node's raylet may take to register (these nodes are started once, no retry).
+NODE_START_WAIT_S = 120
+RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_raylet_start_wait_time_s": str(NODE_START_WAIT_S)}
 
 
 def _unshare_reason() -> str | None:
@@ -123,7 +125,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
     try:
         os.environ.update(RAY_ENV)
         _reread_ray_config()  # this driver reads RAY_AUTH_MODE again
-        deadline = time.monotonic() + RAYLET_START_WAIT_S
+        deadline = time.monotonic() + NODE_START_WAIT_S
         while True:
             try:
                 ray.init(address=address, log_to_driver=False)
