@@ -14,10 +14,8 @@
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import signal
-import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -27,28 +25,15 @@ import numpy as np
 
 from ray_triton_shm import TritonSHMClient
 from ray_triton_shm._bench._cases import ModelCase
-from ray_triton_shm._bench._paths import (
-    BenchPath,
-    BenchTarget,
-    SkipPath,
-    by_value,
-    check_outputs,
-    infer,
-    run_until,
-)
+from ray_triton_shm._bench._paths import SkipPath, by_value, check_outputs, infer, run_until
+from ray_triton_shm._bench._ray_session import SERVE_APP, RayBenchSession, RayPath, process_cpu_s
 from ray_triton_shm._headers import Keys
 from ray_triton_shm._tls import tritonclient_for
 
-try:
+with contextlib.suppress(ImportError):  # without the ray extra: the session says so
     import ray
-    from ray._private import worker
 
-    from ray_triton_shm.ray import URL_ENV_VAR, ShmModel, ShmPredictor
-    from ray_triton_shm.ray._actor import NAMESPACE, actor_name
-except ImportError as exc:  # without the ray extra: the session says so, and the paths skip
-    _NO_RAY: ImportError | None = exc
-else:
-    _NO_RAY = None
+    from ray_triton_shm.ray import ShmModel, ShmPredictor
 
 __all__ = [
     "CHURN_CASE",
@@ -57,11 +42,8 @@ __all__ = [
     "DATA_JOB_BATCHES",
     "DATA_JOB_ROUNDS",
     "PATHS",
-    "RayBenchSession",
-    "RayPath",
 ]
 
-_SERVE_APP = "ray-triton-shm-bench"
 #: The case the Ray Data job runs on, and its size in batches.
 DATA_CASE = "classifier"
 DATA_JOB_BATCHES = 64
@@ -74,22 +56,6 @@ CHURN_KILL_EVERY_S = 2.0
 _LATENCY = "__bench_latency_s"
 
 _Call = Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]]
-
-
-def _process_cpu_s(pid: int) -> float:
-    """CPU seconds ``pid`` ran so far, over all its threads, to the nanosecond (from
-    ``/proc/<pid>/task/*/schedstat``; clock-tick counts are too coarse for short slices)."""
-    if pid == os.getpid():
-        return time.process_time()
-    total_ns = 0
-    with contextlib.suppress(OSError):
-        for task in os.listdir(f"/proc/{pid}/task"):
-            try:
-                with open(f"/proc/{pid}/task/{task}/schedstat", encoding="ascii") as stat:
-                    total_ns += int(stat.read().split()[0])
-            except (OSError, ValueError, IndexError):
-                continue  # the thread ended meanwhile
-    return total_ns / 1e9
 
 
 def _client(kind: str, arg: Any, case: ModelCase) -> tuple[_Call, Callable[[], None]]:
@@ -272,222 +238,6 @@ class _Predictor:
         return {**out, _LATENCY: latency}
 
 
-class RayBenchSession:
-    """A private local Ray for the benchmark, quiet: started on entry, everything it made
-    removed on exit (:attr:`error`: why it could not start). ``$RAY_TRITON_SHM_URL`` is the
-    ``target``'s gRPC URL meanwhile, set before ``ray.init`` for Ray's processes to inherit."""
-
-    def __init__(self, target: BenchTarget) -> None:
-        self.target = target
-        self.error: BaseException | None = None
-        self._callers: list[Any] = []
-        self._apps: dict[str, Any] = {}  # Serve apps by backend
-        self._http_apps: dict[str, tuple[str, Any]] = {}  # the example app's, by backend
-        self._undo: list[Callable[[], Any]] = []
-        #: The port of Serve's HTTP proxy (once Serve runs).
-        self.http_port = 0
-
-    def __enter__(self) -> RayBenchSession:
-        try:
-            if _NO_RAY is not None:
-                raise SkipPath(
-                    f"Ray is not installed ({_NO_RAY}); pip install 'ray-triton-shm[ray]'"
-                )
-            import ray.data
-
-            before = os.environ.get(URL_ENV_VAR)
-            # Undone in reverse: the URL set here goes, then the one before comes back.
-            self._undo.append(lambda: os.environ.update({URL_ENV_VAR: before} if before else {}))
-            self._undo.append(lambda: os.environ.pop(URL_ENV_VAR, None))
-            os.environ[URL_ENV_VAR] = self.target.grpc_url
-            self._example_app_on_path()
-            if not ray.is_initialized():
-                # The callers, replica and node actor ask for no CPU.
-                ray.init(
-                    address="local",
-                    num_cpus=os.cpu_count() or 2,
-                    include_dashboard=False,
-                    logging_level=logging.ERROR,
-                    log_to_driver=False,
-                )
-                self._undo.append(ray.shutdown)
-            context = ray.data.DataContext.get_current()
-            context.enable_progress_bars = context.print_on_execution_start = False
-            logging.getLogger("ray.data").setLevel(logging.CRITICAL)  # its errors: the bench's
-            # The driver prints the raylet's warnings ("N worker processes have been
-            # started") whatever log_to_driver says: they stay out of the bench's output.
-            printer = worker.print_to_stdstream
-            self._undo.append(lambda: setattr(worker, "print_to_stdstream", printer))
-            worker.print_to_stdstream = lambda data, ignore_prefix: None
-        except Exception as exc:
-            self.error = exc
-        return self
-
-    def check(self) -> None:
-        """Raises why the session is unusable, if it is."""
-        if isinstance(self.error, SkipPath):
-            raise self.error
-        if self.error is not None:
-            raise RuntimeError(f"Ray could not be started: {self.error}") from self.error
-
-    def callers(self, count: int) -> list[Any]:
-        """``count`` caller actors: the same ones for every path, more started when needed."""
-        caller_class = ray.remote(num_cpus=0, max_concurrency=2)(_Caller)  # type: ignore[call-overload]
-        self._callers += [caller_class.remote() for _ in range(count - len(self._callers))]
-        return self._callers[:count]
-
-    def _example_app_on_path(self) -> None:
-        """``deployments`` importable here and in Ray's workers (they inherit the variable)."""
-        import sys
-
-        from ray_triton_shm._bench._serve_http import example_app_root
-
-        root = example_app_root()
-        if root is None:
-            return
-        before = os.environ.get("PYTHONPATH")
-        self._undo.append(
-            lambda: (
-                os.environ.update({"PYTHONPATH": before})
-                if before is not None
-                else os.environ.pop("PYTHONPATH", None)
-            )
-        )
-        os.environ["PYTHONPATH"] = os.pathsep.join([str(root), *filter(None, [before])])
-        if str(root) not in sys.path:
-            sys.path.insert(0, str(root))
-            self._undo.append(lambda: sys.path.remove(str(root)))
-
-    def _serve(self) -> None:
-        """Starts Serve once, with its HTTP proxy on a free local port."""
-        from ray import serve
-
-        if self.http_port:
-            return
-        logging.getLogger("ray.serve").setLevel(logging.WARNING)
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        serve.start(
-            proxy_location="HeadOnly",
-            http_options={"host": "127.0.0.1", "port": port},
-            logging_config={"log_level": "WARNING"},
-        )
-        self._undo.append(serve.shutdown)
-        self.http_port = port
-
-    def deploy(self, backend: str, callers: int) -> Any:
-        """The ``DeploymentHandle`` of the bench deployment with ``backend`` (an app of its
-        own, one replica), run on first use."""
-        from ray import serve
-
-        self._serve()
-        if backend not in self._apps:
-            deployment = serve.deployment(
-                _BenchReplica,
-                name=f"triton-{backend}",
-                max_ongoing_requests=max(8, 2 * callers),
-                ray_actor_options={"num_cpus": 0},
-            )
-            app = deployment.bind(backend, self.target.grpc_url, max(8, callers))  # type: ignore[attr-defined]
-            self._apps[backend] = serve.run(app, name=f"{_SERVE_APP}-{backend}", route_prefix=None)
-        return self._apps[backend]
-
-    def deploy_app(self, backend: str) -> tuple[str, Any]:
-        """The route and handle of the example app (``deployments/classifier.py``) with its
-        model ``backend``, as it ships but for its replicas (``REPLICAS``, asking for no CPU
-        so that the three fit beside each other), run on first use."""
-        import importlib
-
-        from ray import serve
-
-        from ray_triton_shm._bench._serve_http import REPLICAS
-
-        self._serve()
-        if backend not in self._http_apps:
-            example = importlib.import_module("deployments.classifier")
-            app = example.ClassifierDeployment.options(
-                name=f"classifier-{backend}",
-                num_replicas=REPLICAS,
-                ray_actor_options={"num_cpus": 0},
-            ).bind(backend=backend, url=self.target.grpc_url)
-            route = f"/classify-{backend}"
-            handle = serve.run(app, name=f"{_SERVE_APP}-app-{backend}", route_prefix=route)
-            self._http_apps[backend] = route, handle
-        return self._http_apps[backend]
-
-    def drop_app(self, backend: str) -> None:
-        """Deletes the example app with ``backend``, if it runs."""
-        from ray import serve
-
-        if self._http_apps.pop(backend, None) is not None:
-            with contextlib.suppress(Exception):
-                serve.delete(f"{_SERVE_APP}-app-{backend}")
-
-    def app_stage_times(self, handle: Any) -> dict[str, Any]:
-        """Every replica's :meth:`stage_times` since the last call, summed (and reset)."""
-        from ray_triton_shm._bench._serve_http import REPLICAS, merge_stage_times
-
-        answers, replicas = [], set()
-        for _ in range(100):  # the handle picks a replica: ask until each has answered
-            answers.append(handle.stage_times.remote(reset=True).result())
-            replicas.add(answers[-1]["replica"])
-            if len(replicas) >= REPLICAS:
-                break
-        return merge_stage_times(answers)
-
-    def node_actor(self) -> Any:
-        """This node's actor (``ValueError`` if there is none)."""
-        node = ray.get_runtime_context().get_node_id()
-        return ray.get_actor(actor_name(node), namespace=NAMESPACE)
-
-    def end_node_actor(self) -> None:
-        """Shuts the node actor down and kills it, so that the next run starts a fresh one."""
-        with contextlib.suppress(ValueError):  # there is none (any more)
-            actor = self.node_actor()
-            with contextlib.suppress(Exception):
-                ray.get(actor.shutdown.remote(), timeout=60)
-            ray.kill(actor)
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:  # its name is free once it is gone
-                self.node_actor()
-                time.sleep(0.1)
-
-    def __exit__(self, *exc: object) -> None:
-        for actor in self._callers:
-            with contextlib.suppress(Exception):
-                ray.kill(actor)
-        if self._undo:
-            with contextlib.suppress(Exception):
-                self.end_node_actor()
-        for undo in reversed(self._undo):
-            with contextlib.suppress(Exception):
-                undo()
-
-
-class RayPath(BenchPath):
-    """Shared by the Ray paths: ``kind`` and its argument (:meth:`_arg`), the session, and the
-    node actor's CPU when the path uses it."""
-
-    kind: ClassVar[str]
-    _actor_pid: int | None = None
-
-    def _arg(self) -> Any:
-        return self.target.grpc_url
-
-    def setup(self) -> None:
-        self.session.check()
-
-    def _node_stats(self) -> Any:
-        return ray.get(self.session.node_actor().stats.remote(), timeout=60)
-
-    def side_cpu_time(self) -> float | None:
-        if not self.uses_node_actor:
-            return None
-        self._actor_pid = self._actor_pid or self._node_stats().pid
-        return _process_cpu_s(self._actor_pid)
-
-
 class _CallerPath(RayPath):
     """``concurrency`` caller processes, each sending one request at a time through ``kind``
     (see :func:`_client`)."""
@@ -498,7 +248,7 @@ class _CallerPath(RayPath):
     def setup(self) -> None:
         super().setup()
         self._key = f"{self.name}:{self.concurrency}:{self.slots}"
-        self._callers = self.session.callers(self.concurrency)
+        self._callers = self.session.actors(_Caller, self.concurrency)
         arg, inputs = self._arg(), ray.put(self.inputs)
         added = [c.add.remote(self._key, self.kind, arg, self.case, inputs) for c in self._callers]
         self._pids = [os.getpid(), *ray.get(added)]
@@ -516,7 +266,7 @@ class _CallerPath(RayPath):
         return [latencies for latencies, _ in runs], max(wall for _, wall in runs)
 
     def cpu_time(self) -> float:
-        return sum(map(_process_cpu_s, self._pids + ([self._replica] if self._replica else [])))
+        return sum(map(process_cpu_s, self._pids + ([self._replica] if self._replica else [])))
 
     def teardown(self) -> None:
         with contextlib.suppress(Exception):
@@ -588,7 +338,7 @@ class _ChurnPath(ShmModelPath):
             actor, pid = self._callers[seat]
             done, wrong = ray.get(actor.take.remote(), timeout=60)
             pid = ray.get(pid, timeout=60)
-            self._cpu[pid] = _process_cpu_s(pid)
+            self._cpu[pid] = process_cpu_s(pid)
             os.kill(pid, signal.SIGKILL)
             latencies[seat] += done
             self._wrong += wrong
@@ -611,7 +361,7 @@ class _ChurnPath(ShmModelPath):
 
     def cpu_time(self) -> float:
         for pid in self._pids:
-            self._cpu[pid] = max(self._cpu.get(pid, 0.0), _process_cpu_s(pid))
+            self._cpu[pid] = max(self._cpu.get(pid, 0.0), process_cpu_s(pid))
         return sum(self._cpu.values())
 
     def stats(self) -> dict[str, Any]:
@@ -646,6 +396,25 @@ class ShmModelChurnPath(_ChurnPath):
     name, label, kills = "shm-model-churn", "ShmModel, a caller killed every 2 s", True
 
 
+def _deploy(session: RayBenchSession, backend: str, callers: int) -> Any:
+    """The ``DeploymentHandle`` of the bench deployment with ``backend`` (an app of its
+    own, one replica), run on first use."""
+    from ray import serve
+
+    session.serve()
+    key = f"bench-{backend}"
+    if key not in session.apps:
+        deployment = serve.deployment(
+            _BenchReplica,
+            name=f"triton-{backend}",
+            max_ongoing_requests=max(8, 2 * callers),
+            ray_actor_options={"num_cpus": 0},
+        )
+        app = deployment.bind(backend, session.target.grpc_url, max(8, callers))  # type: ignore[attr-defined]
+        session.apps[key] = serve.run(app, name=f"{SERVE_APP}-{backend}", route_prefix=None)
+    return session.apps[key]
+
+
 class _ServePath(_CallerPath):
     """The same Serve deployment, fed by the callers; only its ``backend`` differs."""
 
@@ -654,7 +423,7 @@ class _ServePath(_CallerPath):
     _handle: Any = None
 
     def _arg(self) -> Any:
-        self._handle = self.session.deploy(self.backend, self.concurrency)
+        self._handle = _deploy(self.session, self.backend, self.concurrency)
         self._replica = self._handle.prepare.remote(self.case).result()
         return self._handle
 

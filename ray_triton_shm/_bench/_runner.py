@@ -33,7 +33,8 @@ from ray_triton_shm._bench._config import (
     CaseSpec,
 )
 from ray_triton_shm._bench._paths import BenchPath, BenchTarget, SkipPath, check_outputs
-from ray_triton_shm._bench._ray_paths import CHURN_CASE, RayBenchSession, RayPath
+from ray_triton_shm._bench._ray_paths import CHURN_CASE
+from ray_triton_shm._bench._ray_session import RayBenchSession, RayPath
 from ray_triton_shm._bench._update import UpdateResult, run_model_update
 from ray_triton_shm._tls import tritonclient_for
 from ray_triton_shm.local._server import LocalTritonServer, _log_tail

@@ -26,11 +26,17 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ray_triton_shm._bench._paths import SkipPath, infer
-from ray_triton_shm._bench._ray_paths import RayPath, _process_cpu_s
+from ray_triton_shm._bench._ray_session import (
+    SERVE_APP,
+    RayBenchSession,
+    RayPath,
+    example_app_root,
+    process_cpu_s,
+)
 from ray_triton_shm._tls import tritonclient_for
 from ray_triton_shm.local._server import _proc_stats
 
-__all__ = ["APP_CASES", "BODIES", "PATHS", "REPLICAS", "example_app_root"]
+__all__ = ["APP_CASES", "BODIES", "PATHS", "REPLICAS", "app_stage_times", "deploy_app", "drop_app"]
 
 #: The cases the example app runs on (1 and 8 images per request).
 APP_CASES = ("classifier-1", "classifier")
@@ -40,16 +46,6 @@ REPLICAS = 2
 BODIES = 4
 #: The top-k the app answers (its default).
 TOP_K = 5
-
-
-def example_app_root() -> Path | None:
-    """The directory holding ``deployments/classifier.py`` (a checkout of this repository),
-    or ``None``: an installed package comes without the example app."""
-    here = Path(__file__).resolve().parents[2]
-    for root in (here, Path.cwd()):
-        if (root / "deployments" / "classifier.py").is_file():
-            return root
-    return None
 
 
 def _proxy_pids() -> list[int]:
@@ -107,7 +103,7 @@ class _ServeHttpPath(RayPath):
         if example_app_root() is None:
             raise SkipPath("the example app (deployments/) is in the repository, not the package")
         super().setup()
-        self._route, self._handle = self.session.deploy_app(self.backend)
+        self._route, self._handle = deploy_app(self.session, self.backend)
         host, port = "127.0.0.1", self.session.http_port
         self._address = host, port
         self._requests, self._expected = [], []
@@ -181,7 +177,7 @@ class _ServeHttpPath(RayPath):
         asyncio.run(self._clients(self.concurrency, None))
         if self._wrong != wrong:
             raise AssertionError("the app answered other classes than Triton's for the images")
-        self._times = self.session.app_stage_times(self._handle)  # for the replicas' pids
+        self._times = app_stage_times(self._handle)  # for the replicas' pids
         return self.reference
 
     def _cpu_now(self) -> dict[str, float]:
@@ -191,19 +187,19 @@ class _ServeHttpPath(RayPath):
         group = [pid for pid, f in _proc_stats() if int(f[2]) == triton] if triton else []
         return {
             "clients": time.process_time(),
-            "proxy": sum(map(_process_cpu_s, self._proxies)),
-            "replicas": sum(map(_process_cpu_s, self._times.get("pids", []))),
-            **({"triton": sum(map(_process_cpu_s, group))} if group else {}),
+            "proxy": sum(map(process_cpu_s, self._proxies)),
+            "replicas": sum(map(process_cpu_s, self._times.get("pids", []))),
+            **({"triton": sum(map(process_cpu_s, group))} if group else {}),
         }
 
     def run_slice(self, slice_s: float) -> tuple[list[np.ndarray], float]:
         # The app also serves this backend's run at the other load: only this slice counts.
-        self.session.app_stage_times(self._handle)
+        app_stage_times(self._handle)
         before, start = self._cpu_now(), time.perf_counter()
         latencies = asyncio.run(self._clients(self.concurrency, slice_s))
         wall_s = time.perf_counter() - start
-        spent = self.session.app_stage_times(self._handle)
-        self._stages = merge_stage_times([self._stages, spent]) if self._stages else spent
+        stages = app_stage_times(self._handle)
+        self._stages = merge_stage_times([self._stages, stages]) if self._stages else stages
         for name, spent in self._cpu_now().items():
             self._cpu[name] = self._cpu.get(name, 0.0) + spent - before.get(name, spent)
         self._sent += sum(map(len, latencies))
@@ -212,7 +208,7 @@ class _ServeHttpPath(RayPath):
 
     def cpu_time(self) -> float:
         pids = self._times.get("pids", [])
-        return time.process_time() + sum(map(_process_cpu_s, pids))
+        return time.process_time() + sum(map(process_cpu_s, pids))
 
     def stats(self) -> dict[str, Any]:
         times = self._stages
@@ -230,7 +226,7 @@ class _ServeHttpPath(RayPath):
 
     def teardown(self) -> None:
         # Idle replicas would weigh on the runs after these, on a small machine.
-        self.session.drop_app(self.backend)
+        drop_app(self.session, self.backend)
 
 
 class ServeHttpGrpcPath(_ServeHttpPath):
@@ -264,6 +260,49 @@ def merge_stage_times(answers: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             mine["seconds"] += t["seconds"]
             mine["calls"] += t["calls"]
     return merged
+
+
+def deploy_app(session: RayBenchSession, backend: str) -> tuple[str, Any]:
+    """The route and handle of the example app (``deployments/classifier.py``) with its
+    model ``backend``, as it ships but for its replicas (``REPLICAS``, asking for no CPU
+    so that the three fit beside each other), run on first use."""
+    import importlib
+
+    from ray import serve
+
+    session.serve()
+    key = f"http-{backend}"
+    if key not in session.apps:
+        example = importlib.import_module("deployments.classifier")
+        app = example.ClassifierDeployment.options(
+            name=f"classifier-{backend}",
+            num_replicas=REPLICAS,
+            ray_actor_options={"num_cpus": 0},
+        ).bind(backend=backend, url=session.target.grpc_url)
+        route = f"/classify-{backend}"
+        handle = serve.run(app, name=f"{SERVE_APP}-app-{backend}", route_prefix=route)
+        session.apps[key] = route, handle
+    return session.apps[key]
+
+
+def drop_app(session: RayBenchSession, backend: str) -> None:
+    """Deletes the example app with ``backend``, if it runs."""
+    from ray import serve
+
+    if session.apps.pop(f"http-{backend}", None) is not None:
+        with contextlib.suppress(Exception):
+            serve.delete(f"{SERVE_APP}-app-{backend}")
+
+
+def app_stage_times(handle: Any) -> dict[str, Any]:
+    """Every replica's :meth:`stage_times` since the last call, summed (and reset)."""
+    answers, replicas = [], set()
+    for _ in range(100):  # the handle picks a replica: ask until each has answered
+        answers.append(handle.stage_times.remote(reset=True).result())
+        replicas.add(answers[-1]["replica"])
+        if len(replicas) >= REPLICAS:
+            break
+    return merge_stage_times(answers)
 
 
 PATHS: tuple[type[RayPath], ...] = (ServeHttpGrpcPath, ServeHttpShmPath, ServeHttpNoopPath)

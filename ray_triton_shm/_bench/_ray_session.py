@@ -1,0 +1,214 @@
+"""The bench's private local Ray (:class:`RayBenchSession`), and what every Ray path shares
+(:class:`RayPath`): the Ray paths themselves are in :mod:`._ray_paths` and :mod:`._serve_http`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ClassVar
+
+from ray_triton_shm._bench._paths import BenchPath, BenchTarget, SkipPath
+
+try:
+    import ray
+    from ray._private import worker
+
+    from ray_triton_shm.ray import URL_ENV_VAR
+    from ray_triton_shm.ray._actor import NAMESPACE, actor_name
+except ImportError as exc:  # without the ray extra: the session says so, and the paths skip
+    _NO_RAY: ImportError | None = exc
+else:
+    _NO_RAY = None
+
+__all__ = ["SERVE_APP", "RayBenchSession", "RayPath", "example_app_root", "process_cpu_s"]
+
+#: The prefix of the names of the Serve apps the bench runs.
+SERVE_APP = "ray-triton-shm-bench"
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds ``pid`` ran so far, over all its threads, to the nanosecond (from
+    ``/proc/<pid>/task/*/schedstat``; clock-tick counts are too coarse for short slices)."""
+    if pid == os.getpid():
+        return time.process_time()
+    total_ns = 0
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{task}/schedstat", encoding="ascii") as stat:
+                    total_ns += int(stat.read().split()[0])
+            except (OSError, ValueError, IndexError):
+                continue  # the thread ended meanwhile
+    return total_ns / 1e9
+
+
+def example_app_root() -> Path | None:
+    """The directory holding ``deployments/classifier.py`` (a checkout of this repository),
+    or ``None``: an installed package comes without the example app."""
+    here = Path(__file__).resolve().parents[2]
+    for root in (here, Path.cwd()):
+        if (root / "deployments" / "classifier.py").is_file():
+            return root
+    return None
+
+
+class RayBenchSession:
+    """A private local Ray for the benchmark, quiet: started on entry, everything it made
+    removed on exit (:attr:`error`: why it could not start). ``$RAY_TRITON_SHM_URL`` is the
+    ``target``'s gRPC URL meanwhile, set before ``ray.init`` for Ray's processes to inherit."""
+
+    def __init__(self, target: BenchTarget) -> None:
+        self.target = target
+        self.error: BaseException | None = None
+        self._actors: dict[type, list[Any]] = {}
+        #: What the paths keep for the session's life (Serve apps they ran, by a key of theirs).
+        self.apps: dict[str, Any] = {}
+        self._undo: list[Callable[[], Any]] = []
+        #: The port of Serve's HTTP proxy (once Serve runs).
+        self.http_port = 0
+
+    def __enter__(self) -> RayBenchSession:
+        try:
+            if _NO_RAY is not None:
+                raise SkipPath(
+                    f"Ray is not installed ({_NO_RAY}); pip install 'ray-triton-shm[ray]'"
+                )
+            import ray.data
+
+            before = os.environ.get(URL_ENV_VAR)
+            # Undone in reverse: the URL set here goes, then the one before comes back.
+            self._undo.append(lambda: os.environ.update({URL_ENV_VAR: before} if before else {}))
+            self._undo.append(lambda: os.environ.pop(URL_ENV_VAR, None))
+            os.environ[URL_ENV_VAR] = self.target.grpc_url
+            self._example_app_on_path()
+            if not ray.is_initialized():
+                # The callers, replica and node actor ask for no CPU.
+                ray.init(
+                    address="local",
+                    num_cpus=os.cpu_count() or 2,
+                    include_dashboard=False,
+                    logging_level=logging.ERROR,
+                    log_to_driver=False,
+                )
+                self._undo.append(ray.shutdown)
+            context = ray.data.DataContext.get_current()
+            context.enable_progress_bars = context.print_on_execution_start = False
+            logging.getLogger("ray.data").setLevel(logging.CRITICAL)  # its errors: the bench's
+            # The driver prints the raylet's warnings ("N worker processes have been
+            # started") whatever log_to_driver says: they stay out of the bench's output.
+            printer = worker.print_to_stdstream
+            self._undo.append(lambda: setattr(worker, "print_to_stdstream", printer))
+            worker.print_to_stdstream = lambda data, ignore_prefix: None
+        except Exception as exc:
+            self.error = exc
+        return self
+
+    def check(self) -> None:
+        """Raises why the session is unusable, if it is."""
+        if isinstance(self.error, SkipPath):
+            raise self.error
+        if self.error is not None:
+            raise RuntimeError(f"Ray could not be started: {self.error}") from self.error
+
+    def actors(self, cls: type, count: int) -> list[Any]:
+        """``count`` actors of ``cls`` (no CPU, two calls at once): the same ones for every
+        path, more started when needed, killed when the session ends."""
+        mine = self._actors.setdefault(cls, [])
+        remote = ray.remote(num_cpus=0, max_concurrency=2)(cls)  # type: ignore[call-overload]
+        mine += [remote.remote() for _ in range(count - len(mine))]
+        return mine[:count]
+
+    def _example_app_on_path(self) -> None:
+        """``deployments`` importable here and in Ray's workers (they inherit the variable)."""
+        import sys
+
+        root = example_app_root()
+        if root is None:
+            return
+        before = os.environ.get("PYTHONPATH")
+        self._undo.append(
+            lambda: (
+                os.environ.update({"PYTHONPATH": before})
+                if before is not None
+                else os.environ.pop("PYTHONPATH", None)
+            )
+        )
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(root), *filter(None, [before])])
+        if str(root) not in sys.path:
+            sys.path.insert(0, str(root))
+            self._undo.append(lambda: sys.path.remove(str(root)))
+
+    def serve(self) -> None:
+        """Starts Serve once, with its HTTP proxy on a free local port."""
+        from ray import serve
+
+        if self.http_port:
+            return
+        logging.getLogger("ray.serve").setLevel(logging.WARNING)
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        serve.start(
+            proxy_location="HeadOnly",
+            http_options={"host": "127.0.0.1", "port": port},
+            logging_config={"log_level": "WARNING"},
+        )
+        self._undo.append(serve.shutdown)
+        self.http_port = port
+
+    def node_actor(self) -> Any:
+        """This node's actor (``ValueError`` if there is none)."""
+        node = ray.get_runtime_context().get_node_id()
+        return ray.get_actor(actor_name(node), namespace=NAMESPACE)
+
+    def end_node_actor(self) -> None:
+        """Shuts the node actor down and kills it, so that the next run starts a fresh one."""
+        with contextlib.suppress(ValueError):  # there is none (any more)
+            actor = self.node_actor()
+            with contextlib.suppress(Exception):
+                ray.get(actor.shutdown.remote(), timeout=60)
+            ray.kill(actor)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:  # its name is free once it is gone
+                self.node_actor()
+                time.sleep(0.1)
+
+    def __exit__(self, *exc: object) -> None:
+        for actor in (actor for actors in self._actors.values() for actor in actors):
+            with contextlib.suppress(Exception):
+                ray.kill(actor)
+        if self._undo:
+            with contextlib.suppress(Exception):
+                self.end_node_actor()
+        for undo in reversed(self._undo):
+            with contextlib.suppress(Exception):
+                undo()
+
+
+class RayPath(BenchPath):
+    """Shared by the Ray paths: ``kind`` and its argument (:meth:`_arg`), the session, and the
+    node actor's CPU when the path uses it."""
+
+    kind: ClassVar[str]
+    _actor_pid: int | None = None
+
+    def _arg(self) -> Any:
+        return self.target.grpc_url
+
+    def setup(self) -> None:
+        self.session.check()
+
+    def _node_stats(self) -> Any:
+        return ray.get(self.session.node_actor().stats.remote(), timeout=60)
+
+    def side_cpu_time(self) -> float | None:
+        if not self.uses_node_actor:
+            return None
+        self._actor_pid = self._actor_pid or self._node_stats().pid
+        return process_cpu_s(self._actor_pid)
