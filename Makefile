@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV := .venv
 export RAY_TRITON_SHM_SERVER_ENV ?= $(CURDIR)/.triton-env
 
-.PHONY: bench test serve lint clean
+.PHONY: bench test serve lint docs clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,5 +31,14 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff format --check ray_triton_shm tests deployments
 	$(VENV)/bin/mypy ray_triton_shm
 
+# The documentation site (mkdocs-material, the API reference from the docstrings), built
+# strictly: a broken link, reference or docstring fails the build.
+$(VENV)/.docs-installed: $(VENV)/.installed pyproject.toml
+	$(VENV)/bin/python -m pip install --quiet -e ".[docs]"
+	touch $@
+
+docs: $(VENV)/.docs-installed
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf $(VENV) .triton-env
+	rm -rf $(VENV) .triton-env site

@@ -1,0 +1,232 @@
+"""The README and the documentation as checked code.
+
+Every fenced code block of ``README.md`` and ``docs/**/*.md`` runs, against the session's real
+Triton (and, where a page uses Ray, a real local Ray started once for this module), unless an
+HTML comment right above it says ``<!-- not-run: <reason> -->``. Blocks without a language, or
+of ``text`` or ``mermaid``, are trees, diagrams and output samples: not code, no marker needed.
+
+The runnable Python blocks of a page run in order, as one script in one process (a page reads
+as one session: a later block may use what an earlier one made); ``"localhost:8001"`` becomes
+the session server's address. Runnable ``bash`` blocks run with ``.venv/bin`` first on the PATH.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+PAGES = [README, *sorted((ROOT / "docs").rglob("*.md"))]
+
+#: Languages that are not code: trees, diagrams, output samples.
+NOT_CODE = {"", "text", "mermaid"}
+#: Languages a block may run in.
+RUNNABLE = {"python", "bash"}
+#: The address examples are written for, and what the tests put in its place.
+EXAMPLE_URL = "localhost:8001"
+
+_FENCE = re.compile(r"^(?P<indent>[ ]*)(?P<fence>`{3,}|~{3,})(?P<lang>[\w+-]*)[^\n]*$")
+_NOT_RUN = re.compile(r"^\s*<!--\s*not-run:\s*(?P<reason>\S[^>]*?)\s*-->\s*$")
+
+
+@dataclass(frozen=True)
+class Block:
+    """A fenced code block of a page."""
+
+    page: Path
+    line: int  #: 1-based line of the opening fence
+    lang: str
+    code: str
+    not_run: str | None  #: the reason given by a ``not-run`` marker, if any
+
+    @property
+    def where(self) -> str:
+        return f"{self.page.relative_to(ROOT)}:{self.line}"
+
+    @property
+    def runs(self) -> bool:
+        return self.lang in RUNNABLE and self.not_run is None
+
+
+def blocks_of(page: Path) -> list[Block]:
+    """Every fenced block of a Markdown page, in order (indented ones in lists included)."""
+    lines = page.read_text().splitlines()
+    blocks: list[Block] = []
+    i = 0
+    while i < len(lines):
+        opening = _FENCE.match(lines[i])
+        if not opening:
+            i += 1
+            continue
+        indent, fence = opening["indent"], opening["fence"]
+        end = i + 1
+        while end < len(lines) and lines[end].strip() != fence:
+            end += 1
+        code = "\n".join(line[len(indent) :] for line in lines[i + 1 : end]) + "\n"
+        above = next((lines[j] for j in range(i - 1, -1, -1) if lines[j].strip()), "")
+        marker = _NOT_RUN.match(above)
+        blocks.append(
+            Block(page, i + 1, opening["lang"].lower(), code, marker["reason"] if marker else None)
+        )
+        i = end + 1
+    return blocks
+
+
+ALL_BLOCKS = [block for page in PAGES for block in blocks_of(page)]
+
+
+def _page_id(page: Path) -> str:
+    return str(page.relative_to(ROOT))
+
+
+def _uses_ray(code: str) -> bool:
+    return (
+        re.search(r"^\s*(import ray\b|from ray\b|from ray_triton_shm\.ray\b)", code, re.M)
+        is not None
+    )
+
+
+# --- what the README promises ---------------------------------------------------------------
+
+
+def test_readme_opens_with_the_two_commands_and_ci_runs_the_test_one() -> None:
+    first_block = re.search(r"```bash\n(.*?)```", README.read_text(), re.S)
+    assert first_block is not None
+    commands = [line.split("#")[0].strip() for line in first_block.group(1).splitlines()]
+    assert commands == ["make bench", "make test"]
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "make test" in ci
+    assert "make docs" in ci
+
+
+def test_readme_is_a_front_door() -> None:
+    lines = README.read_text().splitlines()
+    assert len(lines) <= 200, f"README.md has {len(lines)} lines: move detail into docs/"
+
+
+# --- the policy -----------------------------------------------------------------------------
+
+
+def test_every_block_runs_or_says_why_not() -> None:
+    unmarked = [
+        f"{b.where} ({b.lang})"
+        for b in ALL_BLOCKS
+        if b.lang not in NOT_CODE and b.lang not in RUNNABLE and b.not_run is None
+    ]
+    assert not unmarked, (
+        "blocks in a language that cannot run need <!-- not-run: <reason> --> right above "
+        f"them: {unmarked}"
+    )
+    stray = [b.where for b in ALL_BLOCKS if b.lang in NOT_CODE and b.not_run is not None]
+    assert not stray, f"not-run markers on blocks that are not code: {stray}"
+    assert sum(b.runs for b in ALL_BLOCKS) >= 10
+
+
+def test_the_seed_example_is_the_original_with_its_markers() -> None:
+    page = (ROOT / "docs" / "guide" / "client.md").read_text()
+    seed = re.search(
+        r"<!-- example:seed -->\n```python\n(.*?)```\n<!-- /example:seed -->", page, re.S
+    )
+    assert seed is not None
+    assert "from ray_triton_shm import TritonSHMClient" in seed.group(1)
+    assert 'print("Output shape:", results["OUTPUT0"].shape)' in seed.group(1)
+
+
+# --- running them ---------------------------------------------------------------------------
+
+_RUNNER = r"""
+import json, sys, traceback
+page, blocks = sys.argv[1], json.loads(sys.stdin.read())
+namespace = {"__name__": "__main__"}
+for line, code in blocks:
+    print(f"--- block {page}:{line}", flush=True)
+    try:
+        exec(compile(code, f"{page}:{line}", "exec"), namespace)
+    except BaseException:
+        traceback.print_exc()
+        sys.exit(f"the block at {page}:{line} failed")
+"""
+
+
+def _env(url: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env["RAY_TRITON_SHM_URL"] = url
+    env.update(extra or {})
+    return env
+
+
+def _run_python(page: Path, blocks: list[Block], url: str, env: dict[str, str]) -> str:
+    payload = json.dumps([[b.line, b.code.replace(f'"{EXAMPLE_URL}"', repr(url))] for b in blocks])
+    done = subprocess.run(
+        [sys.executable, "-c", _RUNNER, _page_id(page)],
+        input=payload,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 0, f"{done.stdout[-4000:]}\n{done.stderr[-8000:]}"
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def ray_address(ray_local: str) -> Iterator[str]:
+    """The module's local Ray (its processes see the session's Triton), with Serve on a free
+    port, for the pages' Ray examples to join as drivers of their own."""
+    import ray
+    from _helpers import free_ports
+
+    with warnings.catch_warnings():  # Serve's own pydantic deprecations, not ours
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from ray import serve
+
+    (port,) = free_ports(1)
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    try:
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        serve.shutdown()
+
+
+PYTHON_PAGES = [p for p in PAGES if any(b.runs and b.lang == "python" for b in blocks_of(p))]
+
+
+@pytest.mark.parametrize("page", PYTHON_PAGES, ids=_page_id)
+def test_python_examples_run(page: Path, grpc_url: str, request: pytest.FixtureRequest) -> None:
+    blocks = [b for b in blocks_of(page) if b.runs and b.lang == "python"]
+    extra = {}
+    if any(_uses_ray(b.code) for b in blocks):
+        extra["RAY_ADDRESS"] = request.getfixturevalue("ray_address")
+    out = _run_python(page, blocks, grpc_url, _env(grpc_url, extra))
+    if page == ROOT / "docs" / "guide" / "client.md":
+        assert "Output shape: (100, 512)" in out  # the seed, unchanged but for the address
+
+
+BASH_BLOCKS = [b for b in ALL_BLOCKS if b.runs and b.lang == "bash"]
+
+
+@pytest.mark.parametrize("block", BASH_BLOCKS, ids=lambda b: b.where)
+def test_bash_examples_run(block: Block, grpc_url: str) -> None:
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", block.code.replace(EXAMPLE_URL, grpc_url)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env=_env(grpc_url),
+        check=False,
+    )
+    assert done.returncode == 0, f"{block.where}\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
