@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV := .venv
 export RAY_TRITON_SHM_SERVER_ENV ?= $(CURDIR)/.triton-env
 
-.PHONY: bench test serve lint docs clean
+.PHONY: bench test serve lint docs browser clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,12 +16,24 @@ $(VENV)/.installed: pyproject.toml
 	$(VENV)/bin/ray-triton-shm setup-server
 	touch $@
 
+# Every example model on every path, then the open loop on the online-serving cases; writes
+# bench-results/report.html (open it), bench.json, and the figures.
 bench: $(VENV)/.installed
 	$(VENV)/bin/ray-triton-shm bench --ray --json bench-results/bench.json \
-		--plot bench-results/bench.png $(BENCH_ARGS)
+		--plot bench-results/bench.png --report bench-results/report.html \
+		--request-rate 50% 100% 150% --latency-bound-ms 50 \
+		--rate-models classifier-1 classifier $(BENCH_ARGS)
 
-test: $(VENV)/.installed
+test: $(VENV)/.installed browser
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+# Headless Chromium (Debian's package) for the tests that look at the bench's report.
+browser:
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || \
+		{ [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		  { apt-get install -y -qq chromium >/dev/null 2>&1 || \
+		    { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }; }; } || \
+		echo "headless Chromium is missing: install Debian's chromium for the browser tests"
 
 serve: $(VENV)/.installed
 	$(VENV)/bin/ray-triton-shm serve-local --grpc-port 8001 --http-port 8000

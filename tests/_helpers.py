@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import html
 import ipaddress
+import json
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -18,6 +22,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
+import pytest
 
 #: The headers of the access keys of the ``restricted`` Triton fixture.
 ADMIN = "triton-grpc-protocol-admin-key"
@@ -352,3 +357,54 @@ def model_repository(directory: Path, *models: str) -> Path:
             source = Path(__file__).parent / "models" / model  # the tests' own models
         (directory / model).symlink_to(source, target_is_directory=True)
     return directory
+
+
+#: The probe the browser tests add to a page: what the reader would see, as JSON in a <pre>.
+_PROBE = """<script>
+window.addEventListener("load", () => {
+  const root = document.documentElement;
+  const images = [...document.images].map((img) => ({
+    alt: img.alt, loaded: img.complete && img.naturalWidth > 0,
+    width: img.getBoundingClientRect().width,
+  }));
+  const sections = [...document.querySelectorAll("section")].map((s) => ({
+    id: s.id, heading: s.querySelector("h2")?.textContent, height: s.offsetHeight,
+  }));
+  const probe = document.createElement("pre");
+  probe.id = "probe";
+  probe.textContent = JSON.stringify({
+    viewport: window.innerWidth, page_width: root.scrollWidth, images, sections,
+  });
+  document.body.appendChild(probe);
+});
+</script>"""
+
+
+def browse(page: Path, width: int, height: int = 900) -> dict[str, Any]:
+    """Opens ``page`` in headless Chromium in a ``width`` x ``height`` window; returns what
+    the page's reader gets (:data:`_PROBE`): the viewport and the page's width, each image
+    (loaded or not, its width on screen), each section (id, heading, height)."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.fail("headless Chromium is missing: apt-get install chromium (.ci/run does)")
+    probed = page.with_name(f"probed-{width}-{page.name}")
+    probed.write_text(page.read_text().replace("</body>", _PROBE + "</body>"))
+    with tempfile.TemporaryDirectory() as profile:
+        done = subprocess.run(
+            [
+                chromium,
+                *("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"),
+                *("--disable-background-networking", "--disable-component-update"),
+                *("--disable-sync", f"--user-data-dir={profile}"),
+                f"--window-size={width},{height}",
+                "--dump-dom",
+                probed.as_uri(),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    found = re.search(r'<pre id="probe">(.*?)</pre>', done.stdout, re.S)
+    assert found is not None, f"no probe in Chromium's page (rc {done.returncode}): {done.stderr}"
+    return json.loads(html.unescape(found.group(1)))  # type: ignore[no-any-return]

@@ -32,8 +32,11 @@ from ray_triton_shm._bench._config import (
     BenchConfig,
     CaseSpec,
 )
+from ray_triton_shm._bench._figures import curves_path, write_figures
+from ray_triton_shm._bench._format import num
+from ray_triton_shm._bench._html import SECTIONS
 from ray_triton_shm._bench._paths import BenchPath, SkipPath
-from ray_triton_shm._bench._report import num, print_results, write_plot
+from ray_triton_shm._bench._report import print_results
 from ray_triton_shm._bench._runner import BenchResults, ModelResult, RunResult, run_bench
 from ray_triton_shm._bench._update import run_model_update
 from ray_triton_shm._cli import main
@@ -61,6 +64,8 @@ def _regions_of(pid: int) -> list[str]:
 def _bench(triton: LocalTritonServer, *extra: str) -> subprocess.Popen[str]:
     command = [sys.executable, "-m", "ray_triton_shm", "bench", "--url", triton.grpc_url]
     command += ["--http-url", triton.http_url, *extra]
+    if "--report" not in extra:
+        command.append("--no-report")  # not into the checkout's bench-results/
     return subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env()
     )
@@ -69,7 +74,7 @@ def _bench(triton: LocalTritonServer, *extra: str) -> subprocess.Popen[str]:
 def _printed(results: BenchResults) -> str:
     """What ``bench`` prints for ``results`` when stdout is not a terminal."""
     out = io.StringIO()
-    print_results(results, Console(file=out, width=1000))
+    print_results(results, Console(file=out, width=1000), full=True)
     return out.getvalue()
 
 
@@ -97,8 +102,15 @@ def test_bench_quick_json_has_every_model_and_path(
 ) -> None:
     json_path = tmp_path / "out" / "bench.json"
     plot_path = tmp_path / "out" / "bench.png"
+    report_path = tmp_path / "out" / "report.html"
     registered_before = registered_on(triton.grpc_url)
-    proc = _bench(triton, "--quick", "--json", str(json_path), "--plot", str(plot_path))
+    proc = _bench(
+        triton,
+        *("--quick", "--full", "--json", str(json_path), "--plot", str(plot_path)),
+        *("--report", str(report_path)),
+        *("--request-rate", "50%", "150%", "--rate-models", "identity", "classifier"),
+        *("--latency-bound-ms", "100", "--arrivals", "poisson"),
+    )
     stdout, stderr = proc.communicate(timeout=600)
     assert proc.returncode == 0, f"stdout:\n{stdout}\nstderr:\n{stderr}"
 
@@ -121,12 +133,47 @@ def test_bench_quick_json_has_every_model_and_path(
     assert all(g["value"] is not None and isinstance(g["met"], bool) for g in data["goals"])
     assert data["failures"] == []
 
+    # The open loop: at each rate, gRPC with 16 threads and a pool of 1 and of 4 slots.
+    rate_runs = {(r["model"], r["path"], r["slots"], r["rate_spec"]): r for r in data["rate_runs"]}
+    for model in ("identity", "classifier"):
+        grpc_best = max(
+            r["requests_per_s"] for r in data["runs"] if r["model"] == model and r["path"] == "grpc"
+        )
+        for spec, share in (("50%", 0.5), ("150%", 1.5)):
+            for path, slots in (("grpc", None), ("shm-client", 1), ("shm-client", 4)):
+                run = rate_runs[(model, path, slots, spec)]
+                assert run["request_rate"] == pytest.approx(share * grpc_best), run
+                assert run["arrivals"] == "poisson" and run["max_threads"] == 16
+                assert run["requests"] > 0 and run["dropped"] >= 0
+                assert isinstance(run["sustained"], bool)
+                assert run["latency_ms"]["p50"] <= run["latency_ms"]["p99"]
+        assert set(data["rate_limits"][model]) == {
+            "grpc", "shm-client (pool 1)", "shm-client (pool 4)"
+        }  # fmt: skip
+        advice = data["recommendations"][model]["for_rates"]
+        assert [a["request_rate"] for a in advice] == sorted(a["request_rate"] for a in advice)
+        assert all(a["pool_size"] in (None, 1, 4) for a in advice) and len(advice) == 2
+    assert {r["model"] for r in data["rate_runs"]} == {"identity", "classifier"}
+    assert data["config"]["latency_bound_ms"] == 100
+
+    # --full: every table, then the summary; the summary alone is a few lines.
     assert "shm-client (4 callers)" in stdout and "Goals" in stdout
     assert "Recommendation" in stdout and "identity: pool_size" in stdout
+    assert "identity: open loop" in stdout and "shm-client (pool 4)" in stdout
+    summary = stdout[stdout.index("speed-up = MB/s over plain gRPC") :]
+    assert len(summary.splitlines()) < 25, summary
+    assert "classifier  core client (TritonSHMClient)" in summary
+    assert "classifier, open loop (p99 under 100 ms): " in summary
+    assert "Goals: " in summary
+    page = report_path.read_text()
+    assert page.count("data:image/png;base64,") == 1 + len(CASE_NAMES)  # summary and curves
+    assert all(f'id="{section}"' in page for section in SECTIONS)
+    assert f"report: {report_path}" in stderr
     # Not a terminal: plain text, the progress as a line per stage, no bar.
     assert "\x1b" not in stdout + stderr and "\r" not in stdout + stderr
     assert "bench 00:" in stderr and "identity: grpc (1 caller)" in stderr and "%" not in stderr
-    assert plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for png in (plot_path, *(curves_path(plot_path, model) for model in CASE_NAMES)):
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
 
     assert _regions_of(proc.pid) == []
     assert registered_on(triton.grpc_url) - registered_before == set()
@@ -140,7 +187,8 @@ def test_bench_runs_models_it_has_never_seen(triton: LocalTritonServer, tmp_path
         triton,
         *("--models", "mixed_io", "add_nobatch", "--shape", "mixed_io:PIXELS=3,8"),
         *("--max-element-bytes", "NAME=32", "--concurrency", "1", "4", "--quick"),
-        *("--json", str(json_path), "--plot", str(plot_path)),
+        *("--json", str(json_path), "--plot", str(plot_path), "--full"),
+        *("--request-rate", "20", "--rate-models", "mixed_io"),
     )
     stdout, stderr = proc.communicate(timeout=600)
     assert proc.returncode == 0, f"stdout:\n{stdout}\nstderr:\n{stderr}"
@@ -156,6 +204,11 @@ def test_bench_runs_models_it_has_never_seen(triton: LocalTritonServer, tmp_path
     assert data["models"]["mixed_io"]["skipped"]["memcpy@1"].startswith("BYTES")
     assert plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "mixed_io: model mixed_io, 4 samples per request" in stdout
+    # The open loop on a model the bench has never seen, at 20 requests/s.
+    rates = {(r["path"], r["slots"]): r for r in data["rate_runs"]}
+    assert set(rates) == {("grpc", None), ("shm-client", 1), ("shm-client", 4)}
+    assert all(r["model"] == "mixed_io" and r["request_rate"] == 20 for r in rates.values())
+    assert all(r["sustained"] and r["dropped"] == 0 for r in rates.values()), rates
 
 
 def test_a_model_config_drives_the_case(triton: LocalTritonServer) -> None:
@@ -438,7 +491,7 @@ def test_bench_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
 def test_bench_unreachable_server_or_model_fails_cleanly(
     triton: LocalTritonServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    options = ["--quick", "--paths", "grpc", "--no-plot", "--no-progress"]
+    options = ["--quick", "--paths", "grpc", "--no-plot", "--no-report", "--no-progress"]
     assert main(["bench", "--models", "identity", "--url", "127.0.0.1:1", *options]) == 1
     assert "identity: InferenceServerException" in capsys.readouterr().err
     assert main(["bench", "--models", "no_such_model", "--url", triton.grpc_url, *options]) == 1
@@ -482,4 +535,4 @@ def test_plot_without_matplotlib_says_how_to_install(
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     results = BenchResults(config=BenchConfig(), models=[], server="test")
     with pytest.raises(ModuleNotFoundError, match="pip install"):
-        write_plot(results, tmp_path / "x.png")
+        write_figures(results, tmp_path / "x.png")

@@ -46,7 +46,8 @@ def _bench_json(
     proc = subprocess.run(
         [
             *(sys.executable, "-m", "ray_triton_shm", "bench", "--quick", *args),
-            *("--url", triton.grpc_url, "--no-plot", "--json", str(json_path)),
+            *("--url", triton.grpc_url, "--no-plot", "--no-report", "--json", str(json_path)),
+            "--full",
         ],
         capture_output=True,
         text=True,
@@ -68,6 +69,7 @@ def test_bench_ray_quick_json_has_every_ray_path_verified(
         json_path,
         *("--ray", "--models", "identity", DATA_CASE, "--concurrency", "1", "4"),
         *("--rounds", "1"),  # every path once: what is checked here is that each runs right
+        *("--request-rate", "100", "--rate-models", "identity"),
     )
     assert data["config"]["ray_callers"] == 4
     assert data["failures"] == []
@@ -152,6 +154,13 @@ def test_bench_ray_quick_json_has_every_ray_path_verified(
         ),
     }
     assert all(isinstance(g["met"], bool) for g in ray_goals)
+    # The open loop at 100 requests/s: ShmModel in 4 caller processes on 1 and on 4 slots too.
+    rates = {(r["path"], r["slots"]): r for r in data["rate_runs"]}
+    assert set(rates) == {
+        ("grpc", None), ("shm-client", 1), ("shm-client", 4), ("shm-model", 1), ("shm-model", 4)
+    }  # fmt: skip
+    assert all(r["model"] == "identity" and r["requests"] > 0 for r in rates.values())
+    assert data["rate_limits"]["identity"]["shm-model (4 slots)"] in (None, 100)
 
     assert "serve-shm (4 callers)" in proc.stdout and "Recommendation" in proc.stdout
     assert f"{DATA_CASE}, 16 clients: shm " in proc.stdout and "Serve over HTTP" in proc.stdout

@@ -329,7 +329,7 @@ def test_the_tools_talk_to_triton_as_the_nodes_callers_do(
 
     url = rotation.server.grpc_url
     bench = cli(
-        *("bench", "--quick", "--url", url, "--models", "identity", "--no-plot"),
+        *("bench", "--quick", "--url", url, "--models", "identity", "--no-plot", "--no-report"),
         *("--paths", "grpc", "shm-manual", "shm-client", "--concurrency", "2"),
         *("--json", str(tmp_path / "bench.json")),
     )

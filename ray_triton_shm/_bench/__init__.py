@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from ray_triton_shm._bench._config import EXIT_GOALS_MISSED, add_arguments, config_from_args
 
@@ -38,14 +39,31 @@ def main(args: argparse.Namespace) -> int:
         return 1
     finally:
         progress.stop()
-    _report.print_results(results, _report.make_console())
+    _report.print_results(results, _report.make_console(), full=args.full)
     if args.json:
         print(f"\nJSON results: {_report.write_json(results, args.json)}", file=sys.stderr)
+    summary_png, curves = None, {}
     if not args.no_plot and args.plot:
         try:
-            print(f"plot: {_report.write_plot(results, args.plot)}", file=sys.stderr)
+            from ray_triton_shm._bench import _figures
+
+            written = _figures.write_figures(results, args.plot)
         except ModuleNotFoundError as exc:
-            print(f"plot skipped: {exc}", file=sys.stderr)
+            print(f"figures skipped: {exc}", file=sys.stderr)
+        else:
+            summary_png = Path(args.plot) if Path(args.plot) in written else None
+            curves = {
+                m.name: _figures.curves_path(args.plot, m.name)
+                for m in results.models
+                if _figures.curves_path(args.plot, m.name) in written
+            }
+            print(f"figures: {', '.join(map(str, written))}", file=sys.stderr)
+    if not args.no_report and args.report:
+        from ray_triton_shm._bench import _html
+
+        report = _html.write_report(results, args.report, summary_figure=summary_png, curves=curves)
+        full = "" if args.full else " (every run's numbers; or --full here)"
+        print(f"report: {report}{full}", file=sys.stderr)
     if results.failures:
         print("\nfailed:\n  " + "\n  ".join(results.failures), file=sys.stderr)
         return 1

@@ -13,6 +13,7 @@ __all__ = ["CASE_NAMES", "CHURN", "DEFAULT_PATHS", "EXAMPLE_CASES", "NODE_LOAD",
 __all__ += [
     "SERVE_HTTP_CLIENTS",
     "SERVE_HTTP_PATHS",
+    "RATE_PATHS",
     "SWEEP_PATHS",
     "BenchConfig",
     "CaseSpec",
@@ -69,6 +70,11 @@ RAY_PATHS: tuple[str, ...] = (
 #: Paths run at every ``--concurrency`` level. The Serve and Ray Data paths run with
 #: ``--ray-callers`` callers, every other path with one.
 SWEEP_PATHS: tuple[str, ...] = ("grpc", "shm-client", "shm-model", "grpc-procs")
+#: The paths of ``--request-rate`` (open-loop arrivals), in table order: gRPC, the core client
+#: at each ``--concurrency`` level as its pool size, and ``ShmModel`` with as many node slots.
+RATE_PATHS: tuple[str, ...] = ("grpc", "shm-client", "shm-model")
+#: How ``--request-rate`` arrivals are spaced.
+ARRIVALS: tuple[str, ...] = ("constant", "poisson")
 #: The example app behind Serve's HTTP proxy (``--ray``): its paths, and the HTTP clients at
 #: once of their runs (one, and more than the node's slots).
 SERVE_HTTP_PATHS: tuple[str, ...] = ("serve-http-grpc", "serve-http-shm", "serve-http-noop")
@@ -81,6 +87,7 @@ NODE_LOAD: tuple[tuple[str, int, int | None], ...] = (
 CHURN: tuple[tuple[str, int, int], ...] = (("shm-model-nokill", 8, 4), ("shm-model-churn", 8, 4))
 DEFAULT_RAY_CALLERS = 4
 DEFAULT_PLOT_PATH = "bench-results/bench.png"
+DEFAULT_REPORT_PATH = "bench-results/report.html"
 #: Exit status when ``--check-goals`` is given and a goal is missed.
 EXIT_GOALS_MISSED = 3
 
@@ -107,6 +114,13 @@ class BenchConfig:
         churn_s: Seconds of each churn run (:data:`CHURN`), over the rounds.
         model_update_s: Seconds of the model update under load (:mod:`._update`; on the
             embedded server only, which it starts a Triton of its own beside); ``0`` skips it.
+        request_rates: ``--request-rate``: requests per second (``"200"``), or shares of
+            the most plain gRPC did in the concurrency sweep (``"50%"``); empty: no open loop.
+        arrivals: How open-loop arrivals are spaced: ``"constant"`` or ``"poisson"``.
+        latency_bound_ms: The p99 latency a rate must stay under to count as sustained.
+        max_threads: Requests in flight at most per open-loop path (perf_analyzer's
+            ``--max-threads``): later arrivals wait for one, and their wait counts.
+        rate_models: The cases the open loop runs on (empty: every one).
     """
 
     models: tuple[str, ...] = CASE_NAMES
@@ -125,6 +139,28 @@ class BenchConfig:
     node_load: bool = True
     churn_s: float = 10.0
     model_update_s: float = 6.0
+    request_rates: tuple[str, ...] = ()
+    arrivals: str = "constant"
+    latency_bound_ms: float | None = None
+    max_threads: int = 16
+    rate_models: tuple[str, ...] = ()
+
+    def rate(self, spec: str, grpc_best: float | None) -> float:
+        """The requests per second of a ``--request-rate`` value: ``spec`` itself, or its
+        share of ``grpc_best`` (plain gRPC's most requests per second in the sweep).
+
+        Raises:
+            ValueError: For a share without a gRPC figure to take it of.
+        """
+        if not spec.endswith("%"):
+            return float(spec)
+        if not grpc_best:
+            raise ValueError(f"--request-rate {spec} is a share of plain gRPC's, not measured")
+        return float(spec[:-1]) / 100 * grpc_best
+
+    def rates_on(self, name: str) -> tuple[str, ...]:
+        """The ``--request-rate`` values the case ``name`` runs at."""
+        return self.request_rates if not self.rate_models or name in self.rate_models else ()
 
     def case(self, name: str) -> CaseSpec:
         """The case ``name``: an example case or the model of that name, with this run's
@@ -168,6 +204,20 @@ def _assignments(values: Sequence[str] | None, flag: str, *, dims: bool) -> dict
             raise ValueError(f"{flag} takes [MODEL:]TENSOR={form}, positive, got {value!r}")
         out[key] = numbers if dims else numbers[0]
     return out
+
+
+def _rates(values: Sequence[str] | None) -> list[str]:
+    """``--request-rate`` values, checked: positive numbers, each maybe followed by ``%``."""
+    rates = []
+    for value in _names(values):
+        try:
+            number = float(value.removesuffix("%"))
+        except ValueError:
+            number = 0.0
+        if not number > 0 or number == float("inf"):
+            raise ValueError(f"--request-rate takes R or N% (R, N > 0), got {value!r}")
+        rates.append(f"{number:g}" + ("%" if value.endswith("%") else ""))
+    return rates
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -224,12 +274,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default = f"{text} ({getattr(defaults, key)}; --quick: {_QUICK[key]})"
         what.add_argument(flag, type=kind, dest=key, metavar="N", help=default)
     what.add_argument("--quick", action="store_true", help="a short run (tests, CI): noisy")
+    rate = parser.add_argument_group(
+        "open loop (perf_analyzer's request-rate mode): arrivals at a rate, for "
+        + ", ".join(RATE_PATHS)
+        + "; latency from each request's intended send time"
+    )
+    rate.add_argument(
+        "--request-rate",
+        nargs="+",
+        metavar="R",
+        help="requests/s, or N%% of the most plain gRPC did in the concurrency sweep",
+    )
+    rate.add_argument(
+        "--arrivals", choices=ARRIVALS, default="constant", help="spacing (%(default)s)"
+    )
+    rate.add_argument(
+        "--latency-bound-ms",
+        type=float,
+        metavar="MS",
+        help="a rate is sustained if its p99 stays under this (and nothing queues up)",
+    )
+    rate.add_argument(
+        "--max-threads", type=int, default=16, metavar="N", help="in flight at most (%(default)s)"
+    )
+    rate.add_argument("--rate-models", nargs="+", metavar="MODEL", help="default: every model")
     out = parser.add_argument_group("output")
     out.add_argument("--json", metavar="PATH", help="write machine-readable results here")
     out.add_argument(
         "--plot", metavar="PATH", default=DEFAULT_PLOT_PATH, help="PNG plot (%(default)s)"
     )
     out.add_argument("--no-plot", action="store_true")
+    out.add_argument(
+        "--report",
+        metavar="PATH",
+        default=DEFAULT_REPORT_PATH,
+        help="self-contained HTML report (%(default)s)",
+    )
+    out.add_argument("--no-report", action="store_true")
+    out.add_argument(
+        "--full", action="store_true", help="print every run's numbers, not just the summary"
+    )
     out.add_argument("--no-progress", action="store_true")
     out.add_argument(
         "--check-goals", action="store_true", help=f"exit {EXIT_GOALS_MISSED} if a goal is missed"
@@ -263,6 +347,11 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         startup_timeout_s=args.startup_timeout_s,
         ray_callers=args.ray_callers,
         node_load=not args.no_node_load,
+        request_rates=tuple(dict.fromkeys(_rates(args.request_rate))),
+        arrivals=args.arrivals,
+        latency_bound_ms=args.latency_bound_ms,
+        max_threads=args.max_threads,
+        rate_models=tuple(_names(args.rate_models)),
         **base,
     )
     if args.http_url and not args.url:
@@ -271,12 +360,22 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         raise ValueError("--slice-s and --churn-s must be positive")
     if config.model_update_s < 0:
         raise ValueError("--model-update-s must be >= 0")
+    if config.latency_bound_ms is not None and config.latency_bound_ms <= 0:
+        raise ValueError("--latency-bound-ms must be positive")
+    unknown_models = [m for m in config.rate_models if m not in config.models]
+    if unknown_models:
+        raise ValueError(f"--rate-models {', '.join(unknown_models)}: not in --models")
+    if config.request_rates and "grpc" not in config.paths:
+        shares = [r for r in config.request_rates if r.endswith("%")]
+        if shares:
+            raise ValueError(f"--request-rate {shares[0]} is a share of gRPC's: run the grpc path")
     counts = {
         "rounds": config.rounds,
         "warmup": config.warmup_requests,
         "ray-callers": config.ray_callers,
         "concurrency": min(config.concurrency),
         "batch": config.batch or 1,
+        "max-threads": config.max_threads,
     }
     for flag, value in counts.items():
         if value < 1:

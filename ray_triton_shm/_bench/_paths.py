@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import math
 import os
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
@@ -24,7 +25,8 @@ from ray_triton_shm._headers import Keys
 from ray_triton_shm._specs import SlotLayout
 from ray_triton_shm._tls import tritonclient_for
 
-__all__ = ["PATHS", "SHM_KEY_PREFIX", "BenchPath", "BenchTarget", "SkipPath", "infer", "run_until"]
+__all__ = ["PATHS", "SHM_KEY_PREFIX", "BenchPath", "BenchTarget", "OpenLoop", "SkipPath", "infer"]
+__all__ += ["arrival_times", "run_open_loop", "run_until"]
 
 #: Prefix of the shared-memory keys and region names the hand-written shm path creates
 #: (followed by the process id).
@@ -88,6 +90,72 @@ def run_until(call: Callable[[], Any], deadline: float) -> np.ndarray:
         latencies.append(done - sent)
         if done >= deadline:
             return np.array(latencies)
+
+
+def arrival_times(rate: float, duration_s: float, arrivals: str, seed: int) -> np.ndarray:
+    """When each request of an open loop at ``rate`` requests per second is due, in seconds
+    from its start, over ``duration_s``: evenly spaced (``"constant"``) or with exponential
+    gaps (``"poisson"``, from ``seed``); at least one."""
+    count = max(1, round(rate * duration_s))
+    if arrivals == "constant":
+        return np.arange(count) / rate
+    gaps = np.random.default_rng(seed).exponential(1 / rate, size=2 * count + 16)
+    times = np.concatenate([[0.0], np.cumsum(gaps)])
+    return times[times < duration_s] if count > 1 else times[:1]
+
+
+@dataclasses.dataclass
+class OpenLoop:
+    """One slice of an open loop: each request's latency in seconds, from when it was due
+    (not when it went out: a request waiting for a free thread counts its wait, so a server
+    that falls behind cannot hide its queue), in the order they were due; the requests
+    ``dropped`` (still unsent when the slice gave up on them); the seconds from the start to
+    the last answer; and the median latency of the first quarter of the requests, before any
+    queue could build up (``first_s``)."""
+
+    latencies: np.ndarray
+    dropped: int
+    wall_s: float
+    first_s: float
+
+
+def run_open_loop(
+    call: Callable[[], Any], due: np.ndarray, start: float, threads: int, give_up_s: float
+) -> OpenLoop:
+    """Sends ``call`` at ``start + due[i]`` (``time.perf_counter()``) each, up to ``threads``
+    at once; a request still unsent ``give_up_s`` after the last is due is dropped."""
+    clock, order, lock = time.perf_counter, iter(range(len(due))), threading.Lock()
+    give_up_at = start + float(due[-1]) + give_up_s
+    latencies = np.full(len(due), np.nan)
+
+    def worker() -> float:
+        last = start
+        while True:
+            with lock:
+                index = next(order, None)
+            if index is None:
+                return last
+            when = start + float(due[index])
+            now = clock()
+            if now < when:
+                time.sleep(when - now)
+            elif now > give_up_at:
+                continue  # dropped: its latency stays NaN
+            call()
+            last = clock()
+            latencies[index] = last - when
+
+    count = min(threads, len(due))
+    with ThreadPoolExecutor(count) as pool:
+        lasts = [future.result() for future in [pool.submit(worker) for _ in range(count)]]
+    answered = latencies[~np.isnan(latencies)]
+    first = answered[: max(1, len(answered) // 4)]
+    return OpenLoop(
+        answered,
+        len(due) - len(answered),
+        max(lasts) - start,
+        float(np.median(first)) if len(first) else 0.0,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,6 +226,10 @@ class BenchPath:
             deadlines = [time.perf_counter() + slice_s] * self.concurrency
             latencies = list(threads.map(run_until, [self.run_once] * self.concurrency, deadlines))
         return latencies, time.perf_counter() - start
+
+    def run_rate(self, due: np.ndarray, threads: int, give_up_s: float) -> OpenLoop:
+        """An open loop (:func:`run_open_loop`) of :meth:`run_once`, from now on."""
+        return run_open_loop(self.run_once, due, time.perf_counter(), threads, give_up_s)
 
     def cpu_time(self) -> float:
         """CPU seconds used so far by the processes doing this path's client work."""

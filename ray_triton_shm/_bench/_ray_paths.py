@@ -25,7 +25,15 @@ import numpy as np
 
 from ray_triton_shm import TritonSHMClient
 from ray_triton_shm._bench._cases import ModelCase
-from ray_triton_shm._bench._paths import SkipPath, by_value, check_outputs, infer, run_until
+from ray_triton_shm._bench._paths import (
+    OpenLoop,
+    SkipPath,
+    by_value,
+    check_outputs,
+    infer,
+    run_open_loop,
+    run_until,
+)
 from ray_triton_shm._bench._ray_session import SERVE_APP, RayBenchSession, RayPath, process_cpu_s
 from ray_triton_shm._headers import Keys
 from ray_triton_shm._tls import tritonclient_for
@@ -97,6 +105,14 @@ class _Caller:
         start = time.perf_counter()
         latencies = run_until(self._targets[key][0], start + duration_s)
         return latencies, time.perf_counter() - start
+
+    def open_loop(
+        self, key: str, start_at: float, due: np.ndarray, threads: int, give_up_s: float
+    ) -> OpenLoop:
+        """Requests at ``start_at`` (``time.time()``) plus each of ``due``: see
+        :func:`run_open_loop`."""
+        time.sleep(max(0.0, start_at - time.time()))
+        return run_open_loop(self._targets[key][0], due, time.perf_counter(), threads, give_up_s)
 
     def remove(self, key: str) -> None:
         """Forgets ``key``, closing what it held."""
@@ -264,6 +280,25 @@ class _CallerPath(RayPath):
         start_at = time.time() + 0.05 + 0.005 * len(self._callers)  # every caller at once
         runs = ray.get([c.loop.remote(self._key, start_at, slice_s) for c in self._callers])
         return [latencies for latencies, _ in runs], max(wall for _, wall in runs)
+
+    def run_rate(self, due: np.ndarray, threads: int, give_up_s: float) -> OpenLoop:
+        """The arrivals dealt out to the callers in turn, each with its share of ``threads``."""
+        start_at = time.time() + 0.05 + 0.005 * len(self._callers)
+        count = len(self._callers)
+        each = max(1, threads // count)
+        loops = ray.get(
+            [
+                caller.open_loop.remote(self._key, start_at, due[seat::count], each, give_up_s)
+                for seat, caller in enumerate(self._callers)
+                if len(due[seat::count])
+            ]
+        )
+        return OpenLoop(
+            np.concatenate([loop.latencies for loop in loops]),
+            sum(loop.dropped for loop in loops),
+            max(loop.wall_s for loop in loops),
+            float(np.median([loop.first_s for loop in loops])),
+        )
 
     def cpu_time(self) -> float:
         return sum(map(process_cpu_s, self._pids + ([self._replica] if self._replica else [])))

@@ -16,50 +16,31 @@ from rich.table import Table
 from rich.text import Text
 
 from ray_triton_shm._bench._config import CHURN, SERVE_HTTP_CLIENTS, SERVE_HTTP_PATHS
+from ray_triton_shm._bench._format import num
 from ray_triton_shm._bench._ray_paths import CHURN_KILL_EVERY_S, DATA_JOB_BATCHES, DATA_JOB_ROUNDS
 from ray_triton_shm._bench._runner import (
-    PATHS,
     RECOMMEND_SHARE,
     BenchResults,
     ModelResult,
     Progress,
     RunResult,
     _ratio,
+    describe_rate_path,
     describe_run,
     mb_ratio,
 )
 from ray_triton_shm._bench._serve_http import REPLICAS
 from ray_triton_shm._bench._update import UpdateResult
 
-__all__ = ["make_console", "make_progress", "num", "print_results", "write_json", "write_plot"]
+__all__ = ["extra_lines", "make_console", "make_progress", "model_rows", "print_results"]
+__all__ += ["write_json"]
 
 #: The line width when the output is not a terminal (a log keeps long notes on one line).
 _PLAIN_WIDTH = 1000
 _GOAL_STATUS = {True: ("MET", "green"), False: ("MISS", "bold red"), None: ("n/a", "dim")}
-_TEXT_COLUMNS = ("", "model", "path", "run", "goal", "measured", "check")
+_TEXT_COLUMNS: tuple[str, ...] = ("", "model", "path", "run", "goal", "measured", "check")
+_TEXT_COLUMNS += ("rate", "sustained", "fastest choice")
 _STAGES = ("request", "body", "parse", "batched", "model", "top_k", "json")
-
-
-def num(value: float | None, suffix: str = "") -> str:
-    """``value`` with about three significant digits, then ``suffix``; ``"-"`` for ``None``:
-    from 100 on, whole numbers grouped by thousands (``"1,758"``), from 1e5 on, ``"1.23e+05"``."""
-    if value is None:
-        return "-"
-    # The bounds are where rounding moves a value up a band (9.996 is "10.0", not "10.00").
-    magnitude = abs(value)
-    if value == 0:
-        text = "0"
-    elif magnitude >= 99_999.5:
-        text = f"{value:.3g}"
-    elif magnitude >= 99.95:
-        text = f"{value:,.0f}"
-    elif magnitude >= 9.995:
-        text = f"{value:.1f}"
-    elif magnitude >= 0.9995:
-        text = f"{value:.2f}"
-    else:
-        text = f"{value:.3g}"
-    return text + suffix
 
 
 def make_console(*, stderr: bool = False) -> Console:
@@ -135,33 +116,71 @@ def _baseline(model: ModelResult, r: RunResult) -> RunResult | None:
     return processes or model.run("grpc", r.concurrency)
 
 
-def _model_table(model: ModelResult) -> Table:
-    """One row per run of ``model``."""
+def model_rows(model: ModelResult) -> tuple[str, tuple[str, ...], list[list[str]]]:
+    """The title, headers and a row per run of ``model``'s table (the check last)."""
     case = model.case
     title = model.name
     if case is not None:
         title += f": model {case.model}, {case.batch_size} samples per request, "
         title += f"{num(case.input_nbytes / 1e6)} MB in"
-    headers = ("run", "req/s", "samples/s", "MB/s", "p50 ms", "p90 ms", "p99 ms", "CPU s/GB")
-    table = _table(*headers, "vs gRPC", "fairness", "wait p99 ms", "check", title=title)
+    headers: tuple[str, ...] = ("run", "req/s", "samples/s", "MB/s", "p50 ms", "p90 ms")
+    headers += ("p99 ms", "CPU s/GB", "vs gRPC", "fairness", "wait p99 ms", "check")
+    rows = []
     for r in model.runs:
         numbers = r.numbers()
         latency = numbers.get("latency_ms", {})
         base = _baseline(model, r)
         vs_grpc = mb_ratio(r, base) if base is not None and base is not r else None
         if r.skipped is not None:
-            check = Text(f"skipped: {r.skipped}", style="dim")
+            check = f"skipped: {r.skipped}"
         else:
-            check = Text(f"FAILED: {r.error}", style="bold red") if r.error else Text("ok")
+            check = f"FAILED: {r.error}" if r.error else "ok"
+        rows.append(
+            [
+                describe_run(r.path, r.concurrency, r.slots),
+                *(num(numbers.get(key)) for key in ("requests_per_s", "samples_per_s", "mb_per_s")),
+                *(num(latency.get(p)) for p in ("p50", "p90", "p99")),
+                num(numbers.get("cpu_s_per_gb")),
+                num(vs_grpc, "x"),
+                num(numbers.get("fairness")),
+                num(numbers.get("wait_p99_ms")),
+                check,
+            ]
+        )
+    return title, headers, rows
+
+
+def _model_table(model: ModelResult) -> Table:
+    """One row per run of ``model``."""
+    title, headers, rows = model_rows(model)
+    table = _table(*headers, title=title)
+    for row in rows:
+        check = row[-1]
+        style = "dim" if check.startswith("skipped") else "bold red" if check != "ok" else ""
+        table.add_row(*row[:-1], Text(check, style=style))
+    return table
+
+
+def _rate_table(model: ModelResult, bound_ms: float | None) -> Table:
+    """One row per open-loop run of ``model``."""
+    headers = ("run", "rate", "offered/s", "answered/s", "p50 ms", "p90 ms", "p99 ms")
+    table = _table(*headers, "dropped", "sustained", title=f"{model.name}: open loop")
+    for r in model.rate_runs:
+        numbers = r.numbers()
+        latency = numbers.get("latency_ms", {})
+        if r.ok:
+            status, style = _GOAL_STATUS[r.sustained(bound_ms)]
+            verdict = Text({"MET": "yes", "MISS": "no"}.get(status, status), style=style)
+        else:
+            verdict = Text(r.error or r.skipped or "-", style="bold red" if r.error else "dim")
         table.add_row(
-            describe_run(r.path, r.concurrency, r.slots),
-            *(num(numbers.get(key)) for key in ("requests_per_s", "samples_per_s", "mb_per_s")),
+            describe_rate_path(r),
+            r.rate_spec or "",
+            num(numbers.get("offered_per_s")),
+            num(numbers.get("answered_per_s")),
             *(num(latency.get(p)) for p in ("p50", "p90", "p99")),
-            num(numbers.get("cpu_s_per_gb")),
-            num(vs_grpc, "x"),
-            num(numbers.get("fairness")),
-            num(numbers.get("wait_p99_ms")),
-            check,
+            num(numbers.get("dropped")),
+            verdict,
         )
     return table
 
@@ -262,20 +281,100 @@ def _show(console: Console, table: Table) -> None:
     console.width = width
 
 
-def print_results(results: BenchResults, console: Console) -> None:
-    """Print a table per model, the goals, and a recommendation per model."""
+def print_results(results: BenchResults, console: Console, *, full: bool = False) -> None:
+    """Print the summary: per model, the fastest choice, its speed-up over plain gRPC and
+    the pool_size, and the goals missed. ``full``: first a table per model, the open loop,
+    the churn, Serve over HTTP and the model update, the goals, and the recommendations."""
     with console.capture() as captured:  # a log gets no padding at the ends of its lines
-        _print_results(results, console)
+        if full:
+            _print_full(results, console)
+        _print_summary(results, console)
     console.file.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
 
 
-def _print_results(results: BenchResults, console: Console) -> None:
+def _print_summary(results: BenchResults, console: Console) -> None:
+    from ray_triton_shm._bench._summary import best_cell, summary
+
+    table = summary(results)
+    bound = results.config.latency_bound_ms
+    rows = _table("model", "fastest choice", "speed-up", "run", "pool_size", title="Summary")
+    for model in results.models:
+        best = best_cell(table.get(model.name, []))
+        rec = model.recommendation()
+        rows.add_row(
+            model.name,
+            f"{best.choice.name} ({best.choice.api})" if best else "-",
+            num(best.speedup if best else None, "x"),
+            best.where if best else (f"FAILED: {model.error}" if model.error else "-"),
+            str(rec["pool_size"]) if rec else "-",
+        )
+    console.print(
+        "speed-up = MB/s over plain gRPC's in the same set-up, with the most callers each choice "
+        "ran with; pool_size = the fewest slots within "
+        f"{RECOMMEND_SHARE:.0%} of the best shm throughput.",
+        markup=False,
+    )
+    _show(console, rows)
+    for model in results.models:
+        advice = [
+            f"{num(a['request_rate'])}/s: "
+            + (f"pool_size {a['pool_size']}" if a["pool_size"] else "no pool tried")
+            for a in model.pools_for_rates(bound)
+        ]
+        if advice:
+            console.print(
+                f"{model.name}, open loop{_bound(bound)}: " + "; ".join(advice), markup=False
+            )
+    goals = results.goals()
+    missed = [(goal, value) for goal, value in goals if goal.met(value) is False]
+    if goals:
+        console.print(f"Goals: {len(goals) - len(missed)} met, {len(missed)} missed.", markup=False)
+    for goal, value in missed:
+        unit = "x" if goal.baseline else ""
+        console.print(
+            f"  MISS {goal.model}: {goal.description}, got {num(value, unit)}", markup=False
+        )
+
+
+def _bound(bound: float | None) -> str:
+    return f" (p99 under {bound:g} ms)" if bound is not None else ""
+
+
+def extra_lines(results: BenchResults) -> str:
+    """The churn, Serve over HTTP and the model update, in lines (``""``: none ran)."""
+    cfg, parts = results.config, []
+    churn = [line for line in map(_churn, results.models) if line]
+    if churn:
+        _, callers, slots = CHURN[0]
+        parts.append(
+            f"Churn ({callers} caller processes on {slots} node slots, {num(cfg.churn_s)} s "
+            f"each; one SIGKILLed every {CHURN_KILL_EVERY_S:g} s, mid-request, and replaced at "
+            f"once; every answer checked against plain gRPC's for its inputs):\n" + "\n".join(churn)
+        )
+    http = [line for model in results.models for line in _serve_http_lines(model)]
+    if http:
+        parts.append(
+            f"Serve over HTTP (the example app, {REPLICAS} replicas each, as it ships but for "
+            f"its model: ShmModel, plain gRPC, or none; .npy bodies from clients in this "
+            f"process; every answer's classes checked). In the replica, per request: request = "
+            f"the whole handler, body = reading it, parse = to float32 images, batched = "
+            f"@serve.batch's wait, split, model and join, model = the model's call (shared by "
+            f"the batch), top_k and json:\n" + "\n".join(http)
+        )
+    if results.model_update is not None:
+        parts.append(_update_lines(results.model_update))
+    return "\n\n".join(parts)
+
+
+def _print_full(results: BenchResults, console: Console) -> None:
     cfg = results.config
     for model in results.models:
         if model.error:
             console.print(Text(f"{model.name}: FAILED: {model.error}\n", style="bold red"))
         else:
             _show(console, _model_table(model))
+        if model.rate_runs:
+            _show(console, _rate_table(model, cfg.latency_bound_ms))
         if model.server_exited:
             console.print(Text(f"{model.name}: {model.server_exited}\n", style="bold red"))
     console.print(
@@ -291,31 +390,16 @@ def _print_results(results: BenchResults, console: Console) -> None:
         f"server: {results.server}; total {num(results.duration_s)} s.\n",
         markup=False,
     )
-    churn = [line for line in map(_churn, results.models) if line]
-    if churn:
-        _, callers, slots = CHURN[0]
+    if any(model.rate_runs for model in results.models):
         console.print(
-            f"Churn ({callers} caller processes on {slots} node slots, {num(cfg.churn_s)} s "
-            f"each; one SIGKILLed every {CHURN_KILL_EVERY_S:g} s, mid-request, and replaced at "
-            f"once; every answer checked against plain gRPC's for its inputs):\n"
-            + "\n".join(churn)
-            + "\n",
+            f"Open loop: arrivals {cfg.arrivals}, at most {cfg.max_threads} in flight per path; "
+            f"latency from each request's intended send time; sustained = nothing dropped and "
+            f"answers at 90% of the offered rate or more{_bound(cfg.latency_bound_ms)}.\n",
             markup=False,
         )
-    http = [line for model in results.models for line in _serve_http_lines(model)]
-    if http:
-        console.print(
-            f"Serve over HTTP (the example app, {REPLICAS} replicas each, as it ships but for "
-            f"its model: ShmModel, plain gRPC, or none; .npy bodies from clients in this "
-            f"process; every answer's classes checked). In the replica, per request: request = "
-            f"the whole handler, body = reading it, parse = to float32 images, batched = "
-            f"@serve.batch's wait, split, model and join, model = the model's call (shared by "
-            f"the batch), top_k and json:\n" + "\n".join(http) + "\n",
-            markup=False,
-        )
-    update = results.model_update
-    if update is not None:
-        console.print(_update_lines(update) + "\n", markup=False)
+    extra = extra_lines(results)
+    if extra:
+        console.print(extra + "\n", markup=False)
     goals = _goals_table(results)
     if goals is not None:
         console.print("Goals:")
@@ -323,7 +407,8 @@ def _print_results(results: BenchResults, console: Console) -> None:
     console.print(
         f"Recommendation (the smallest pool_size, i.e. slots, whose shm throughput reaches "
         f"{RECOMMEND_SHARE:.0%} of the best measured):\n"
-        + "\n".join(_recommendation(model) for model in results.models),
+        + "\n".join(_recommendation(model) for model in results.models)
+        + "\n",
         markup=False,
     )
 
@@ -355,54 +440,4 @@ def write_json(results: BenchResults, path: str | Path) -> Path:
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps(results.to_dict(), indent=2) + "\n")
-    return target
-
-
-def write_plot(results: BenchResults, path: str | Path) -> Path:
-    """Write a PNG: per model, throughput and p99 latency against concurrency, a line per
-    path (and slots, where they differ from the callers). Raises ``ModuleNotFoundError``,
-    saying how to install it, without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ModuleNotFoundError as exc:
-        message = "matplotlib is missing: pip install 'ray-triton-shm[bench]', or pass --no-plot"
-        raise ModuleNotFoundError(message, name="matplotlib") from exc
-
-    models = [m for m in results.models if any(r.ok for r in m.runs)]
-    rows = max(1, len(models))
-    fig, axes = plt.subplots(rows, 2, figsize=(12, 3.6 * rows), squeeze=False)
-    colours = plt.get_cmap("tab20")
-    for (left, right), model in zip(axes, models):
-        lines: dict[str, list[dict[str, Any]]] = {}
-        # The memcpy floor is a CPU floor: its rate would squash every other line.
-        runs = [r for r in model.runs if r.ok and r.path != "memcpy"]
-        for r in sorted(runs, key=lambda r: r.concurrency):
-            slots = f" ({r.slots} slots)" if r.slots and r.slots != r.concurrency else ""
-            lines.setdefault(r.path + slots, []).append({"x": r.concurrency, **r.numbers()})
-        for label, points in lines.items():
-            # A path has one colour in every row; its runs on fewer slots than callers, another.
-            index = list(PATHS).index(label.split()[0]) + (len(PATHS) if " " in label else 0)
-            style = {"marker": "o", "label": label, "color": colours(index % 20)}
-            xs = [p["x"] for p in points]
-            left.plot(xs, [p["requests_per_s"] for p in points], **style)
-            right.plot(xs, [p["latency_ms"]["p99"] for p in points], **style)
-        levels = sorted({r.concurrency for r in model.runs})
-        for ax, what in ((left, "throughput (requests/s)"), (right, "p99 latency (ms)")):
-            ax.set(xscale="log", yscale="log", xlabel="concurrency (callers at once)", ylabel=what)
-            ax.set_xticks(levels, [str(level) for level in levels])
-            ax.set_xticks([], minor=True)
-            ax.yaxis.set_major_formatter(lambda value, _: num(value))
-            ax.yaxis.set_minor_formatter(lambda v, _: num(v) if f"{v:.0e}"[0] in "25" else "")
-            ax.grid(alpha=0.3)
-            ax.set_title(f"{model.name}: {what}", fontsize=10)
-        left.legend(fontsize=7, framealpha=0.8)
-    fig.suptitle("ray-triton-shm bench: throughput and p99 latency against concurrency")
-    fig.tight_layout()
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(target, dpi=100)
-    plt.close(fig)
     return target

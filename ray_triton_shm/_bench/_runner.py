@@ -32,14 +32,22 @@ from ray_triton_shm._bench._config import (
     BenchConfig,
     CaseSpec,
 )
-from ray_triton_shm._bench._paths import BenchPath, BenchTarget, SkipPath, check_outputs
+from ray_triton_shm._bench._paths import (
+    BenchPath,
+    BenchTarget,
+    OpenLoop,
+    SkipPath,
+    arrival_times,
+    check_outputs,
+)
 from ray_triton_shm._bench._ray_paths import CHURN_CASE
 from ray_triton_shm._bench._ray_session import RayBenchSession, RayPath
 from ray_triton_shm._bench._update import UpdateResult, run_model_update
 from ray_triton_shm._tls import tritonclient_for
 from ray_triton_shm.local._server import LocalTritonServer, _log_tail
 
-__all__ = ["GOALS", "PATHS", "BenchResults", "Goal", "ModelResult", "Progress", "run_bench"]
+__all__ = ["GOALS", "PATHS", "BenchResults", "Goal", "ModelResult", "Progress", "RunResult"]
+__all__ += ["describe_rate_path", "describe_run", "rate_groups", "run_bench", "run_groups"]
 
 #: Every path, by name: those without Ray, then the Ray paths.
 _CLASSES = {cls.name: cls for cls in (*_paths.PATHS, *_ray_paths.PATHS, *_serve_http.PATHS)}
@@ -71,6 +79,16 @@ def describe_run(path: str, concurrency: int | None = None, slots: int | None = 
     return f"{path} ({callers}{f', {slots} slots' if slots and slots != concurrency else ''})"
 
 
+def describe_rate_path(run: RunResult) -> str:
+    """An open-loop run's path and slots: ``"grpc"``, ``"shm-client (pool 4)"``,
+    ``"shm-model (4 slots)"``."""
+    if run.path == "shm-client":
+        return f"shm-client (pool {run.slots})"
+    if run.path == "shm-model":
+        return f"shm-model ({run.slots} slot{'s' * (run.slots != 1)})"
+    return run.path
+
+
 def _ratio(numerator: float | None, denominator: float | None) -> float | None:
     return numerator / denominator if numerator is not None and denominator else None
 
@@ -95,6 +113,37 @@ class RunResult:
     skipped: str | None = None
     error: str | None = None
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: An open-loop run's: its ``--request-rate`` value and requests per second.
+    rate_spec: str | None = None
+    rate: float | None = None
+    #: An open-loop run's: requests due, dropped, and the seconds it was meant to last and
+    #: took until its last request was sent (:meth:`add_open_loop`).
+    due: int = 0
+    dropped: int = 0
+    planned_s: float = 0.0
+    paced_s: float = 0.0
+
+    def add_open_loop(self, loop: OpenLoop, planned_s: float, cpu_s: float) -> None:
+        """Adds one open-loop slice of ``planned_s`` seconds of arrivals."""
+        latencies = loop.latencies
+        self.add(max(loop.wall_s, planned_s), cpu_s, None, [list(latencies)])
+        self.due += len(latencies) + loop.dropped
+        self.dropped += loop.dropped
+        self.planned_s += planned_s
+        # Until the last request went out, about, had no queue built up: the last answer,
+        # less the latency of the first requests (a queue that grew shows as time past it).
+        self.paced_s += max(loop.wall_s - loop.first_s, 1e-9)
+
+    def sustained(self, bound_ms: float | None) -> bool | None:
+        """Whether an open-loop run kept up with its arrivals: none dropped, answers at 90%
+        of the rate they came at or more, and the p99 latency under ``bound_ms`` if given
+        (``None``: no numbers)."""
+        numbers = self.numbers()
+        if not numbers or self.rate is None:
+            return None
+        kept_up = numbers["answered_per_s"] >= 0.9 * numbers["offered_per_s"]
+        under = bound_ms is None or numbers["latency_ms"]["p99"] <= bound_ms
+        return self.dropped == 0 and kept_up and under
 
     def add(self, wall_s: float, cpu_s: float, side_cpu_s: float | None, latencies: list) -> None:
         """Adds one slice: its times, and each caller's latencies."""
@@ -108,7 +157,8 @@ class RunResult:
 
     @property
     def ok(self) -> bool:
-        """Whether the run produced valid numbers."""
+        """Whether the run produced valid numbers (an open-loop run that dropped every
+        request did not)."""
         done = self.verified and not self.error and not self.skipped
         return done and self.wall_s > 0 and any(self.latencies_s)
 
@@ -134,6 +184,16 @@ class RunResult:
             "fairness": min(done) / (requests / len(done)) if len(done) > 1 else None,
             "node_actor_cpu_us": _ratio(self.side_cpu_s, requests / 1e6),
             **self.extra,
+            **(
+                {
+                    "request_rate": self.rate,
+                    "offered_per_s": self.due / self.planned_s,
+                    "answered_per_s": requests / self.paced_s,
+                    "dropped": self.dropped,
+                }
+                if self.rate is not None
+                else {}
+            ),
             "requests": requests,
             "wall_s": self.wall_s,
             "cpu_s": self.cpu_s,
@@ -157,6 +217,41 @@ class ModelResult:
     error: str | None = None
     #: Set when the embedded server exited while the model ran: what its log ended with.
     server_exited: str | None = None
+    #: The open-loop runs (``--request-rate``), by rate then path.
+    rate_runs: list[RunResult] = dataclasses.field(default_factory=list)
+
+    def rate_limits(self, bound_ms: float | None) -> dict[str, float | None]:
+        """The highest rate each open-loop path sustained (:meth:`RunResult.sustained`),
+        by :func:`describe_rate_path` (``None``: not even the lowest tried)."""
+        limits: dict[str, float | None] = {}
+        for r in self.rate_runs:
+            if r.rate is None or not r.ok:
+                continue
+            label = describe_rate_path(r)
+            best = limits.setdefault(label, None)
+            if r.sustained(bound_ms) and (best is None or r.rate > best):
+                limits[label] = r.rate
+        return limits
+
+    def pools_for_rates(self, bound_ms: float | None) -> list[dict[str, Any]]:
+        """Per rate tried, the smallest pool (``shm-client``'s slots) that sustained it, or
+        ``None``; gRPC's verdict at that rate beside it."""
+        rates = sorted({r.rate for r in self.rate_runs if r.rate is not None})
+        advice = []
+        for rate in rates:
+            at = [r for r in self.rate_runs if r.rate == rate]
+            pools = sorted(
+                r.slots for r in at if r.path == "shm-client" and r.slots and r.sustained(bound_ms)
+            )
+            grpc = next((r for r in at if r.path == "grpc"), None)
+            advice.append(
+                {
+                    "request_rate": rate,
+                    "pool_size": pools[0] if pools else None,
+                    "grpc_sustained": grpc.sustained(bound_ms) if grpc else None,
+                }
+            )
+        return advice
 
     def run(
         self, path: str, concurrency: int | None = None, slots: int | None = None
@@ -328,6 +423,12 @@ class BenchResults:
                 for r in m.runs
                 if r.error is not None
             ]
+            + [
+                f"{m.name}/{describe_rate_path(r)} at {r.rate_spec} requests/s: {r.error}"
+                for m in self.models
+                for r in m.rate_runs
+                if r.error is not None
+            ]
             + (
                 [f"model update: {_update_failure(self.model_update)}"]
                 if self.model_update is not None and not self.model_update.ok
@@ -340,7 +441,14 @@ class BenchResults:
         first."""
         import platform
 
+        bound = self.config.latency_bound_ms
         recommendations = {m.name: m.recommendation() for m in self.models}
+        for m in self.models:
+            if m.rate_runs and recommendations[m.name] is not None:
+                recommendations[m.name] = {  # type: ignore[index]
+                    **recommendations[m.name],  # type: ignore[dict-item]
+                    "for_rates": m.pools_for_rates(bound),
+                }
         return {
             "schema": "ray-triton-shm-bench/2",
             "runs": [
@@ -351,6 +459,16 @@ class BenchResults:
                 if r.ok
             ],
             "recommendations": {name: r for name, r in recommendations.items() if r},
+            "rate_runs": [
+                {"model": m.name, "path": r.path, "slots": r.slots, "rate_spec": r.rate_spec}
+                | {"arrivals": self.config.arrivals, "max_threads": self.config.max_threads}
+                | r.numbers()
+                | {"sustained": r.sustained(bound)}
+                for m in self.models
+                for r in m.rate_runs
+                if r.ok
+            ],
+            "rate_limits": {m.name: m.rate_limits(bound) for m in self.models if m.rate_runs},
             "models": {m.name: {"error": m.error, "skipped": m.skipped()} for m in self.models},
             "goals": [
                 {"model": g.model, "description": g.description, "target": g.target}
@@ -470,6 +588,99 @@ def _run_group(
                 r.extra.update(path.stats())
 
 
+def rate_groups(config: BenchConfig) -> list[list[RunKey]]:
+    """The open-loop runs' paths (without their rates), a group per ``--concurrency`` level:
+    the core client and ``ShmModel`` (in ``--ray-callers`` processes) on that many slots,
+    and plain gRPC with ``--max-threads`` threads in the first. (A node actor has one slot
+    count: the groups each start a fresh one.)"""
+    groups: list[list[RunKey]] = []
+    for level in config.concurrency:
+        group: list[RunKey] = (
+            [] if groups or "grpc" not in config.paths else [("grpc", config.max_threads, None)]
+        )
+        for path, callers in (("shm-client", level), ("shm-model", config.ray_callers)):
+            if path in config.paths:
+                group.append((path, callers, level))
+        if group:
+            groups.append(group)
+    return groups
+
+
+def rate_slice_s(config: BenchConfig, rate: float) -> float:
+    """Seconds of arrivals per slice at ``rate``: ``--slice-s``, longer at low rates so that
+    a slice has a few dozen requests (two seconds at most)."""
+    return max(config.slice_s, min(25 / rate, 2.0))
+
+
+def _run_rates(
+    keys: list[RunKey],
+    model: ModelResult,
+    paths: Mapping[str, Any],
+    config: BenchConfig,
+    session: RayBenchSession | None,
+    progress: Progress,
+) -> None:
+    """The open loop at every ``--request-rate`` on ``model``: each path set up once, then
+    every (path, rate) run measured in interleaved rounds, as :func:`_run_group` does."""
+    assert model.case is not None
+    specs = config.rates_on(model.name)
+    grpc = [r.numbers()["requests_per_s"] for r in model.runs if r.path == "grpc" and r.ok]
+    with contextlib.ExitStack() as stack:
+        if session is not None and any(PATHS[key[0]].uses_node_actor for key in keys):
+            session.end_node_actor()
+            stack.callback(session.end_node_actor)
+        active: list[tuple[BenchPath, RunResult]] = []
+        for name, concurrency, slots in keys:
+            runs = [RunResult(name, concurrency, slots, model.case, rate_spec=s) for s in specs]
+            model.rate_runs += runs
+            path = PATHS[name](concurrency=concurrency, slots=slots, session=session, **paths)
+            stack.callback(path.teardown)
+            try:
+                rates = [config.rate(spec, max(grpc, default=None)) for spec in specs]
+                path.setup()
+                check_outputs(path.run_once(), paths["reference"])
+                for _ in range(config.warmup_requests - 1):
+                    path.run_once()
+                for r, rate in zip(runs, rates):
+                    r.rate, r.verified = rate, True
+                    active.append((path, r))
+            except SkipPath as exc:
+                for r in runs:
+                    r.skipped = str(exc)
+            except Exception as exc:
+                for r in runs:
+                    r.error = _describe(exc)
+            progress.advance(len(runs) * (1 if runs[0].verified else 1 + config.rounds))
+        for index in range(config.rounds):
+            shift = index % len(active) if active else 0
+            for path, r in active[shift:] + active[:shift]:
+                assert r.rate is not None
+                try:
+                    if r.error is None:
+                        planned_s = rate_slice_s(config, r.rate)
+                        due = arrival_times(r.rate, planned_s, config.arrivals, seed=index)
+                        cpu = path.cpu_time()
+                        loop = path.run_rate(due, config.max_threads, give_up_s=planned_s)
+                        r.add_open_loop(loop, planned_s, path.cpu_time() - cpu)
+                except Exception as exc:
+                    r.error = _describe(exc)
+                progress.advance()
+
+
+def _sort_rate_runs(model: ModelResult, config: BenchConfig) -> None:
+    """By rate, then in :func:`rate_groups` order."""
+    keys = [key for group in rate_groups(config) for key in group]
+    order = {key: index for index, key in enumerate(keys)}
+    model.rate_runs.sort(key=lambda r: (r.rate or 0.0, order[r.path, r.concurrency, r.slots]))
+
+
+def _units(config: BenchConfig, name: str) -> int:
+    """The progress units of the case ``name``: a set-up and a slice per round, per run."""
+    rates = sum(map(len, rate_groups(config))) * len(config.rates_on(name))
+    runs = sum(map(len, run_groups(config))) + rates
+    return runs * (1 + config.rounds)
+
+
 def _run_model(
     spec: CaseSpec,
     target: BenchTarget,
@@ -484,12 +695,19 @@ def _run_model(
         model.case, inputs, reference = _prepare(spec, target)
     except Exception as exc:
         model.error = _describe(exc)
-        progress.advance(sum(map(len, groups)) * (1 + config.rounds))
+        progress.advance(_units(config, spec.name))
         return model
     paths = {"target": target, "case": model.case, "inputs": inputs, "reference": reference}
     for group in groups:
         progress.stage(f"{spec.name}: {', '.join(describe_run(*key) for key in group)}")
         _run_group(group, model, paths, config, session, progress)
+    if config.rates_on(spec.name):
+        rates = " ".join(config.rates_on(spec.name))
+        for keys in rate_groups(config):
+            runs = ", ".join(describe_run(*key) for key in keys)
+            progress.stage(f"{spec.name}: open loop at {rates} requests/s: {runs}")
+            _run_rates(keys, model, paths, config, session, progress)
+        _sort_rate_runs(model, config)
     return model
 
 
@@ -502,7 +720,7 @@ def run_bench(config: BenchConfig, *, progress: Progress | None = None) -> Bench
     if unknown:
         raise KeyError(f"unknown path(s): {', '.join(unknown)}")
     progress = progress or Progress()
-    progress.start(len(config.models) * sum(map(len, run_groups(config))) * (1 + config.rounds))
+    progress.start(sum(_units(config, name) for name in config.models))
     start = time.perf_counter()
     progress.stage("starting the Triton server" if config.url is None else "connecting")
     local: LocalTritonServer | None = None

@@ -1,0 +1,262 @@
+"""The bench's pictures (matplotlib): the summary, and per model throughput against p99
+latency, one point per concurrency level, as Triton's Model Analyzer draws it, with the
+open-loop runs' p99 against their rate beside it.
+
+Every text sits in its own space: legends go below their panel, titles above, and the
+layout engine (``constrained``) keeps them apart.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ray_triton_shm._bench._format import num
+from ray_triton_shm._bench._runner import BenchResults, ModelResult, RunResult, describe_rate_path
+from ray_triton_shm._bench._summary import CHOICES, LOADS, summary
+
+__all__ = ["CURVE_GROUPS", "curves_path", "write_curves", "write_figures", "write_summary"]
+
+#: The curves' panels: the paths of each choice, at most six to a panel.
+CURVE_GROUPS: dict[str, tuple[str, ...]] = {
+    "core (no Ray)": ("grpc", "http", "shm-manual", "shm-client"),
+    "Ray tasks": ("grpc-procs", "shm-model", "shm-model-nokill", "shm-model-churn"),
+    "Serve": (
+        "serve-grpc",
+        "serve-shm",
+        "serve-inproc",
+        "serve-http-grpc",
+        "serve-http-shm",
+        "serve-http-noop",
+    ),
+    "Ray Data": ("data-grpc", "data-shm", "data-noop"),
+}
+#: The colours of the paths: plain gRPC in grey, the library's in blue, the rest in orange.
+_COLOURS = {"grpc": "#7f7f7f", "shm": "#1f77b4", "other": "#ff7f0e", "noop": "#2ca02c"}
+
+
+def _pyplot() -> Any:
+    """matplotlib's pyplot on the Agg backend; ``ModuleNotFoundError`` saying how to install."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ModuleNotFoundError as exc:
+        message = "matplotlib is missing: pip install 'ray-triton-shm[bench]', or pass --no-plot"
+        raise ModuleNotFoundError(message, name="matplotlib") from exc
+    return plt
+
+
+def _colour(path: str) -> str:
+    if path.endswith("noop"):
+        return _COLOURS["noop"]
+    if "grpc" in path:
+        return _COLOURS["grpc"]
+    if "shm" in path or path.endswith("inproc"):
+        return _COLOURS["shm"]
+    return _COLOURS["other"]
+
+
+def _markers() -> Iterator[str]:
+    while True:
+        yield from "osD^vP"
+
+
+def write_summary(results: BenchResults, path: str | Path) -> Path | None:
+    """The summary figure: per model (rows) and choice (columns), the speed-up over plain
+    gRPC in the same set-up, at low load and under load, each cell with its goal; ``None``
+    when no model has numbers."""
+    table = summary(results)
+    if not table:
+        return None
+    plt = _pyplot()
+    from matplotlib.colors import TwoSlopeNorm
+
+    models = list(table)
+    top = max([c.speedup or 1.0 for cells in table.values() for c in cells] + [4.0])
+    norm = TwoSlopeNorm(vmin=math.log10(0.5), vcenter=0.0, vmax=math.log10(top))
+    cmap = plt.get_cmap("RdYlGn")
+    height = 2.4 + 0.5 * len(models)
+    fig, axes = plt.subplots(2, 1, figsize=(10, 2 * height), layout="constrained")
+    for ax, load in zip(axes, LOADS):
+        values = np.full((len(models), len(CHOICES)), np.nan)
+        for row, model in enumerate(models):
+            for cell in table[model]:
+                if cell.load != load:
+                    continue
+                col = CHOICES.index(cell.choice)
+                if cell.speedup is not None:
+                    values[row, col] = math.log10(max(cell.speedup, 1e-3))
+                ax.text(col, row, _cell_text(cell), ha="center", va="center", fontsize=8.5)
+        ax.imshow(np.ma.masked_invalid(values), cmap=cmap, norm=norm, aspect="auto")
+        ax.set_facecolor("#eeeeee")
+        ax.set_xticks(range(len(CHOICES)), [f"{c.name}\n{c.api}" for c in CHOICES], fontsize=8)
+        ax.xaxis.tick_top()
+        ax.set_yticks(range(len(models)), models, fontsize=9)
+        ax.set_xticks(np.arange(len(CHOICES) + 1) - 0.5, minor=True)
+        ax.set_yticks(np.arange(len(models) + 1) - 0.5, minor=True)
+        ax.grid(which="minor", color="white", linewidth=2)
+        ax.tick_params(which="both", length=0)
+        ax.set_title(
+            "one caller" if load == LOADS[0] else "under load (the most callers run)",
+            fontsize=11,
+            loc="left",
+        )
+    fig.suptitle(
+        "How much faster than plain gRPC, in the same set-up (MB/s ratio; "
+        "green: faster, red: slower; goal in brackets)",
+        fontsize=11,
+    )
+    return _save(fig, plt, path)
+
+
+def _cell_text(cell: Any) -> str:
+    if cell.speedup is None:
+        return "-"
+    text = f"{cell.speedup:.2f}x" if cell.speedup < 10 else f"{cell.speedup:.1f}x"
+    if cell.goal is not None:
+        mark = "met" if cell.met else "MISSED"
+        text += f"\n(>= {cell.goal.target:g}x {mark})"
+    return text
+
+
+def curves_path(path: str | Path, model: str) -> Path:
+    """Where the curves of ``model`` go, beside the summary at ``path``."""
+    target = Path(path)
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", model)
+    return target.with_name(f"{target.stem}-{safe}{target.suffix or '.png'}")
+
+
+def _latency_ms(run: RunResult) -> float:
+    return float(run.numbers()["latency_ms"]["p99"])
+
+
+def write_curves(results: BenchResults, model: ModelResult, path: str | Path) -> Path | None:
+    """``model``'s throughput against p99 latency, a panel per group of paths
+    (:data:`CURVE_GROUPS`), a line per path through its concurrency levels; and with
+    ``--request-rate``, the open loop's p99 against the rate offered, a line per path.
+    ``None`` when the model has no numbers."""
+    groups = {
+        title: [p for p in paths if any(r.ok and r.path == p for r in model.runs)]
+        for title, paths in CURVE_GROUPS.items()
+    }
+    groups = {title: paths for title, paths in groups.items() if paths}
+    rates = [r for r in model.rate_runs if r.ok]
+    panels = len(groups) + bool(rates)
+    if not panels:
+        return None
+    plt = _pyplot()
+    columns = min(3, panels)
+    rows = math.ceil(panels / columns)
+    fig, axes = plt.subplots(
+        rows, columns, figsize=(5.2 * columns, 4.6 * rows), squeeze=False, layout="constrained"
+    )
+    flat = list(axes.flat)
+    for ax, (title, paths) in zip(flat, groups.items()):
+        for name, marker in zip(paths, _markers()):
+            runs = sorted(
+                (r for r in model.runs if r.ok and r.path == name),
+                key=lambda r: (r.slots != r.concurrency and r.slots is not None, r.concurrency),
+            )
+            # Fewer slots than callers (the node under load) is a point of its own.
+            for crowded in (False, True):
+                mine = [r for r in runs if (r.slots not in (None, r.concurrency)) == crowded]
+                if not mine:
+                    continue
+                label = name
+                if crowded:
+                    label += f" ({mine[0].concurrency} callers, {mine[0].slots} slots)"
+                elif len(mine) > 1:
+                    label += f" ({', '.join(str(r.concurrency) for r in mine)} callers)"
+                else:
+                    label += f" ({mine[0].concurrency} caller{'s' * (mine[0].concurrency > 1)})"
+                ax.plot(
+                    [_latency_ms(r) for r in mine],
+                    [r.numbers()["requests_per_s"] for r in mine],
+                    marker=marker,
+                    linestyle=":" if crowded else "-",
+                    color=_colour(name),
+                    fillstyle="none" if crowded else "full",
+                    label=label,
+                )
+        ax.set(xlabel="p99 latency (ms)", ylabel="throughput (requests/s)")
+        _finish(ax, f"{title}: throughput against p99")
+    if rates:
+        ax = flat[len(groups)]
+        labels = list(dict.fromkeys(describe_rate_path(r) for r in rates))
+        for label, marker in zip(labels, _markers()):
+            mine = sorted((r for r in rates if describe_rate_path(r) == label), key=_rate)
+            bound = results.config.latency_bound_ms
+            ax.plot(
+                [_rate(r) for r in mine],
+                [_latency_ms(r) for r in mine],
+                marker=marker,
+                color=_colour(mine[0].path),
+                linestyle="-" if mine[0].path != "shm-model" else "--",
+                label=label,
+            )
+            held = [r for r in mine if not r.sustained(bound)]
+            ax.plot(
+                [_rate(r) for r in held],
+                [_latency_ms(r) for r in held],
+                linestyle="none",
+                marker="x",
+                markersize=11,
+                color="#d62728",
+            )
+        if results.config.latency_bound_ms is not None:
+            ax.axhline(
+                results.config.latency_bound_ms,
+                color="#d62728",
+                linewidth=1,
+                linestyle="--",
+                label=f"bound {results.config.latency_bound_ms:g} ms (x: not sustained)",
+            )
+        ax.set(xlabel=f"requests/s offered ({results.config.arrivals})", ylabel="p99 latency (ms)")
+        _finish(ax, "open loop: p99 against the rate")
+    for ax in flat[panels:]:
+        ax.set_visible(False)
+    case = model.case
+    detail = f" (model {case.model}, {case.batch_size} per request)" if case else ""
+    fig.suptitle(f"{model.name}{detail}", fontsize=12)
+    return _save(fig, plt, curves_path(path, model.name))
+
+
+def _rate(run: RunResult) -> float:
+    return float(run.numbers()["offered_per_s"])
+
+
+def _finish(ax: Any, title: str) -> None:
+    """Log axes with plain numbers, a grid, the title, and the legend below the panel."""
+    ax.set(xscale="log", yscale="log")
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_formatter(lambda value, _: num(value))
+        axis.set_minor_formatter(lambda v, _: num(v) if f"{v:.0e}"[0] in "25" else "")
+    ax.tick_params(axis="both", which="both", labelsize=7)
+    ax.grid(alpha=0.3, which="both")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=1, frameon=False)
+
+
+def _save(fig: Any, plt: Any, path: str | Path) -> Path:
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(target, dpi=100)
+    plt.close(fig)
+    return target
+
+
+def write_figures(results: BenchResults, path: str | Path) -> list[Path]:
+    """The summary at ``path``, and each model's curves beside it (:func:`curves_path`);
+    returns the files written. Raises ``ModuleNotFoundError``, saying how to install it,
+    without matplotlib."""
+    _pyplot()
+    written = [write_summary(results, path)]
+    written += [write_curves(results, model, path) for model in results.models]
+    return [p for p in written if p is not None]

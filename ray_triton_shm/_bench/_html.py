@@ -1,0 +1,325 @@
+"""The bench's report: one self-contained HTML file, its figures embedded, readable on a wide
+screen and on a phone. Its sections: the summary, the recommendations, the open loop, the
+goals, every run's numbers, and the configuration and machine."""
+
+from __future__ import annotations
+
+import base64
+import html
+import platform
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from ray_triton_shm._bench._format import num
+from ray_triton_shm._bench._runner import BenchResults, describe_rate_path
+from ray_triton_shm._bench._summary import LOADS, best_cell, summary
+
+__all__ = ["SECTIONS", "write_report"]
+
+#: The report's sections: ``id`` -> heading, in order.
+SECTIONS = {
+    "summary": "Summary",
+    "recommendations": "Recommendations",
+    "request-rate": "Open loop: request rates",
+    "goals": "Goals",
+    "runs": "Every run",
+    "configuration": "Configuration and machine",
+}
+
+_STYLE = """
+:root { color-scheme: light dark; --line: #8884; --muted: #888; }
+body { font: 15px/1.5 system-ui, sans-serif; margin: 0; overflow-wrap: anywhere; }
+main { max-width: 1200px; margin: 0 auto; padding: 1rem; }
+h1 { font-size: 1.6rem; margin: 0.2rem 0; }
+h2 { border-bottom: 1px solid var(--line); margin-top: 2.2rem; }
+nav { display: flex; flex-wrap: wrap; gap: 0.2rem 1rem; }
+nav a { white-space: nowrap; }
+figure { margin: 1rem 0; }
+img { max-width: 100%; height: auto; display: block; }
+figcaption, .muted { color: var(--muted); font-size: 0.9rem; }
+.scroll { overflow-x: auto; }
+table { border-collapse: collapse; font-size: 0.85rem; margin: 0.5rem 0 1rem; }
+th, td { padding: 0.2rem 0.6rem; border-bottom: 1px solid var(--line); text-align: right; }
+th { position: sticky; top: 0; background: Canvas; }
+td.text, th.text { text-align: left; }
+.met { color: #1a7f37; font-weight: 600; }
+.missed { color: #cf222e; font-weight: 600; }
+pre { white-space: pre-wrap; font-size: 0.8rem; }
+"""
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value))
+
+
+def _table(
+    headers: Sequence[str], rows: Iterable[Sequence[Any]], text: Sequence[int] = (0,)
+) -> str:
+    """A table in a horizontally scrolling box; the columns ``text`` to the left."""
+
+    def cell(tag: str, index: int, value: Any) -> str:
+        left = ' class="text"' if index in text else ""
+        return f"<{tag}{left}>{value}</{tag}>"
+
+    head = "".join(cell("th", i, _e(h)) for i, h in enumerate(headers))
+    body = "".join(
+        "<tr>" + "".join(cell("td", i, v) for i, v in enumerate(row)) + "</tr>" for row in rows
+    )
+    table = f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    return f'<div class="scroll">{table}</div>'
+
+
+def _figure(path: Path | None, alt: str, caption: str = "") -> str:
+    if path is None or not path.is_file():
+        return ""
+    data = base64.b64encode(path.read_bytes()).decode("ascii")
+    caption = f"<figcaption>{caption}</figcaption>" if caption else ""
+    return f'<figure><img src="data:image/png;base64,{data}" alt="{_e(alt)}">{caption}</figure>'
+
+
+def _status(met: bool | None) -> str:
+    if met is None:
+        return '<span class="muted">n/a</span>'
+    return '<span class="met">met</span>' if met else '<span class="missed">MISSED</span>'
+
+
+def _sustained(held: bool | None) -> str:
+    if held is None:
+        return "-"
+    return '<span class="met">yes</span>' if held else '<span class="missed">no</span>'
+
+
+def _summary(results: BenchResults, figure: Path | None) -> str:
+    table = summary(results)
+    rows = []
+    for model in results.models:
+        cells = table.get(model.name, [])
+        best = best_cell(cells)
+        rec = model.recommendation()
+        rows.append(
+            (
+                _e(model.name),
+                _e(f"{best.choice.name} ({best.choice.api})") if best else "-",
+                num(best.speedup, "x") if best else "-",
+                _e(best.where) if best else "-",
+                _e(rec["pool_size"]) if rec else "-",
+            )
+        )
+    text = (
+        "Each cell: the MB/s of the choice over plain gRPC's, in the same set-up (the same "
+        "callers, the same Serve app or Ray Data job, only the client differing). "
+        f"{LOADS[0].capitalize()}: one caller at a time; {LOADS[1]}: the most callers each "
+        "choice ran with (for Ray tasks, more callers than slots)."
+    )
+    return _figure(figure, "speed-up over plain gRPC per model and choice", text) + _table(
+        ("model", "fastest choice", "speed-up", "run", "pool_size"), rows, (0, 1, 3)
+    )
+
+
+def _recommendations(results: BenchResults) -> str:
+    items = []
+    bound = results.config.latency_bound_ms
+    for model in results.models:
+        rec = model.recommendation()
+        if rec is None:
+            items.append(f"<li><b>{_e(model.name)}</b>: no shared-memory run posted numbers</li>")
+            continue
+        shm_mb = num(rec["shm_bytes"] / 1e6, " MB") if rec["shm_bytes"] else "-"
+        text = (
+            f"<b>{_e(model.name)}</b>: <code>pool_size={rec['pool_size']}</code>: "
+            f"{num(rec['requests_per_s'])} requests/s with {_e(rec['path'])}, "
+            f"{rec['requests_per_s'] / rec['best_requests_per_s']:.0%} of the best measured; "
+            f"the core client at {num(rec['shm_vs_grpc'], 'x')} gRPC's MB/s there; "
+            f"{shm_mb} of /dev/shm."
+        )
+        best = best_cell(summary(results).get(model.name, []))
+        if best is not None:
+            text += (
+                f" Fastest against its gRPC twin: {_e(best.choice.name)} "
+                f"({_e(best.choice.api)}), {num(best.speedup, 'x')}."
+            )
+        for advice in model.pools_for_rates(bound):
+            pool = advice["pool_size"]
+            grpc = {True: "sustained", False: "not sustained", None: "not run"}
+            text += (
+                f"<br>At {num(advice['request_rate'])} requests/s: "
+                + (f"<code>pool_size={pool}</code>" if pool else "no pool tried sustained it")
+                + f"; plain gRPC {grpc[advice['grpc_sustained']]}."
+            )
+        items.append(f"<li>{text}</li>")
+    return (
+        f"<p>pool_size: the fewest slots whose shared-memory throughput reaches 95% of the best "
+        f"measured. With <code>--request-rate</code>: per rate, the smallest pool that "
+        f"sustained it{_bound_text(bound)}.</p><ul>{''.join(items)}</ul>"
+    )
+
+
+def _bound_text(bound: float | None) -> str:
+    return f" with p99 under {bound:g} ms" if bound is not None else ""
+
+
+def _rates(results: BenchResults) -> str:
+    cfg, bound = results.config, results.config.latency_bound_ms
+    models = [m for m in results.models if m.rate_runs]
+    if not models:
+        return (
+            "<p class=muted>Not run: <code>--request-rate R [R ...]</code> sends open-loop "
+            "arrivals at each rate, to gRPC, the core client and ShmModel.</p>"
+        )
+    parts = [
+        f"<p>Arrivals {_e(cfg.arrivals)}, at most {cfg.max_threads} requests in flight per "
+        f"path; latency from each request's intended send time. Sustained: nothing dropped, "
+        f"answers at 90% of the offered rate or more{_bound_text(bound)}.</p>"
+    ]
+    for model in models:
+        limits = model.rate_limits(bound)
+        best = ", ".join(
+            f"{_e(label)} {num(rate) if rate else 'none of the rates'}"
+            for label, rate in limits.items()
+        )
+        rows = []
+        for r in model.rate_runs:
+            numbers = r.numbers()
+            latency = numbers.get("latency_ms", {})
+            rows.append(
+                (
+                    _e(describe_rate_path(r)),
+                    _e(r.rate_spec),
+                    num(numbers.get("offered_per_s")),
+                    num(numbers.get("answered_per_s")),
+                    *(num(latency.get(p)) for p in ("p50", "p90", "p99")),
+                    num(numbers.get("dropped")),
+                    _sustained(r.sustained(bound)) if r.ok else _e(r.error or r.skipped or "-"),
+                )
+            )
+        headers = ("path", "rate", "offered/s", "answered/s", "p50 ms", "p90 ms", "p99 ms")
+        parts.append(
+            f"<h3>{_e(model.name)}</h3><p>Highest rate sustained: {best}.</p>"
+            + _table((*headers, "dropped", "sustained"), rows, (0, 1))
+        )
+    return "".join(parts)
+
+
+def _goals(results: BenchResults) -> str:
+    goals = results.goals()
+    if not goals:
+        return "<p class=muted>No goal applies to the models and paths run.</p>"
+    missed = sum(goal.met(value) is False for goal, value in goals)
+    rows = [
+        (
+            _status(goal.met(value)),
+            _e(goal.model),
+            _e(goal.description),
+            num(value, "x" if goal.baseline else ""),
+        )
+        for goal, value in goals
+    ]
+    head = f"<p>{len(goals) - missed} met, {missed} missed.</p>"
+    return head + _table(("", "model", "goal", "measured"), rows, (0, 1, 2))
+
+
+def _runs(results: BenchResults, figures: dict[str, Path]) -> str:
+    from ray_triton_shm._bench._report import extra_lines, model_rows
+
+    parts = []
+    for model in results.models:
+        parts.append(f"<h3 id='model-{_e(model.name)}'>{_e(model.name)}</h3>")
+        if model.error:
+            parts.append(f"<p class=missed>FAILED: {_e(model.error)}</p>")
+            continue
+        parts.append(
+            _figure(
+                figures.get(model.name),
+                f"{model.name}: throughput against p99 latency",
+                "Throughput against p99 latency, a point per concurrency level (up and to the "
+                "left is better); hollow points: more callers than slots.",
+            )
+        )
+        title, headers, rows = model_rows(model)
+        parts.append(f"<p>{_e(title)}</p>" + _table(headers, _escaped(rows), (0, len(headers) - 1)))
+    lines = extra_lines(results)
+    if lines:
+        parts.append(f"<h3>Churn, Serve over HTTP, a model updated</h3><pre>{_e(lines)}</pre>")
+    return "".join(parts)
+
+
+def _escaped(rows: Iterable[Sequence[Any]]) -> list[list[str]]:
+    return [[_e(value) for value in row] for row in rows]
+
+
+def _configuration(results: BenchResults) -> str:
+    import dataclasses
+    import os
+
+    config = dataclasses.asdict(results.config)
+    rows = [(_e(key), _e(value)) for key, value in config.items()]
+    host = host_info()
+    rows += [(_e(key), _e(value)) for key, value in host.items()]
+    rows += [("server", _e(results.server)), ("duration", num(results.duration_s, " s"))]
+    rows += [("written", _e(time.strftime("%Y-%m-%d %H:%M:%S %Z")))]
+    rows += [("cwd", _e(os.getcwd()))]
+    return _table(("setting", "value"), rows, (0, 1))
+
+
+def host_info() -> dict[str, Any]:
+    """The machine and the versions that matter to the numbers."""
+    import os
+    from importlib import metadata
+
+    versions = {}
+    for package in ("ray-triton-shm", "tritonclient", "numpy", "ray", "grpcio"):
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            continue
+    return {
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "versions": versions,
+    }
+
+
+def write_report(
+    results: BenchResults,
+    path: str | Path,
+    *,
+    summary_figure: Path | None = None,
+    curves: dict[str, Path] | None = None,
+) -> Path:
+    """Writes the report to ``path``, embedding the PNGs given (the summary figure, and
+    each model's curves by model name); returns the path written."""
+    goals = results.goals()
+    missed = sum(goal.met(value) is False for goal, value in goals)
+    failures = "".join(f"<li>{_e(f)}</li>" for f in results.failures)
+    bodies = {
+        "summary": _summary(results, summary_figure),
+        "recommendations": _recommendations(results),
+        "request-rate": _rates(results),
+        "goals": _goals(results),
+        "runs": _runs(results, curves or {}),
+        "configuration": _configuration(results),
+    }
+    nav = "".join(f'<a href="#{key}">{_e(title)}</a>' for key, title in SECTIONS.items())
+    sections = "".join(
+        f'<section id="{key}"><h2>{_e(SECTIONS[key])}</h2>{body}</section>'
+        for key, body in bodies.items()
+    )
+    models = ", ".join(m.name for m in results.models)
+    page = (
+        '<!doctype html><html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>ray-triton-shm bench: {_e(models)}</title><style>{_STYLE}</style></head>"
+        f"<body><main><header><h1>ray-triton-shm bench</h1>"
+        f'<p class="muted">{_e(models)} on {_e(results.server)} Triton; '
+        f"{num(results.duration_s)} s; goals: {len(goals) - missed} met, {missed} missed.</p>"
+        + (f'<ul class="missed">{failures}</ul>' if failures else "")
+        + f"<nav>{nav}</nav></header>{sections}</main></body></html>\n"
+    )
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(page, encoding="utf-8")
+    return target

@@ -1,0 +1,190 @@
+"""The bench's answer as users read it: the open loop's timing, the summary, the figures and
+the HTML report (in headless Chromium, on a wide and a narrow window)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from _helpers import browse
+
+from ray_triton_shm._bench._cases import ModelCase
+from ray_triton_shm._bench._config import BenchConfig
+from ray_triton_shm._bench._figures import curves_path, write_figures
+from ray_triton_shm._bench._html import SECTIONS, write_report
+from ray_triton_shm._bench._paths import OpenLoop, arrival_times, run_open_loop
+from ray_triton_shm._bench._runner import BenchResults, ModelResult, RunResult, rate_groups
+from ray_triton_shm._bench._summary import best_cell, summary
+from ray_triton_shm._cli import main
+from ray_triton_shm._specs import TensorSpec
+
+_CASE = ModelCase("m", "m", 1, True, (TensorSpec("x", (1,), np.dtype(np.float32)),), ())
+
+
+def test_arrivals_are_evenly_spaced_or_poisson() -> None:
+    assert np.allclose(arrival_times(100, 0.1, "constant", seed=0), np.arange(10) / 100)
+    poisson = arrival_times(1000, 5.0, "poisson", seed=1)
+    assert 4500 < len(poisson) < 5500 and poisson[0] == 0 and np.all(np.diff(poisson) > 0)
+    assert np.diff(poisson).std() == pytest.approx(1e-3, rel=0.1)  # exponential: sd = mean
+    assert len(arrival_times(1, 0.1, "poisson", seed=2)) == 1  # at least one
+
+
+def test_open_loop_latency_counts_from_when_a_request_was_due() -> None:
+    """A server that takes 20 ms per request, asked for one every 10 ms by one thread: a
+    closed loop would report 20 ms for each; the open loop shows the queue growing."""
+    calls = []
+
+    def slow() -> None:
+        calls.append(time.perf_counter())
+        time.sleep(0.02)
+
+    loop = run_open_loop(slow, np.arange(20) / 100, time.perf_counter(), 1, give_up_s=10)
+    assert loop.dropped == 0 and len(loop.latencies) == 20
+    assert loop.latencies[0] < 0.03 and loop.latencies[-1] > 0.15  # 19 x 10 ms behind
+    assert loop.first_s < 0.05 and loop.wall_s > 0.38
+    # With enough threads, each goes out on time and none waits.
+    loop = run_open_loop(slow, np.arange(20) / 100, time.perf_counter(), 4, give_up_s=10)
+    assert loop.latencies.max() < 0.04
+
+
+def test_open_loop_drops_what_it_could_not_send_in_time() -> None:
+    release = threading.Event()
+    loop = run_open_loop(
+        lambda: release.wait(0.3), np.arange(50) / 1000, time.perf_counter(), 2, give_up_s=0.05
+    )
+    assert len(loop.latencies) == 2 and loop.dropped == 48
+
+
+def _closed(path: str, level: int, slots: int | None, rate: float, **extra: object) -> RunResult:
+    """A run of ``rate`` requests per second, latency 1 ms per caller's request."""
+    run = RunResult(path, level, slots, _CASE, verified=True, extra=dict(extra))
+    run.add(1.0, 0.1, None, [[0.001] * int(rate / level)] * level)
+    return run
+
+
+def _open(path: str, slots: int | None, rate: float, p99_s: float, dropped: int = 0) -> RunResult:
+    run = RunResult(path, 16, slots, _CASE, verified=True, rate_spec=f"{rate:g}", rate=rate)
+    latencies = np.full(int(rate), p99_s / 2)
+    latencies[-max(2, len(latencies) // 20) :] = p99_s
+    run.add_open_loop(OpenLoop(latencies, dropped, 1.0 + p99_s / 2, p99_s / 2), 1.0, 0.1)
+    return run
+
+
+def _results(tmp_path: Path) -> BenchResults:
+    """Two models as a --ray run with --request-rate would leave them."""
+    runs = [
+        _closed("grpc", 1, None, 100),
+        _closed("shm-client", 1, 1, 300, shm_bytes=10),
+        _closed("grpc", 4, None, 200),
+        _closed("shm-client", 4, 4, 800, shm_bytes=40),
+        _closed("shm-model", 1, 1, 250),
+        _closed("grpc-procs", 1, None, 90),
+        _closed("shm-model", 16, 4, 960),
+        _closed("grpc-procs", 16, None, 160),
+        _closed("serve-grpc", 4, None, 64),
+        _closed("serve-shm", 4, None, 160),
+        _closed("data-grpc", 4, None, 40),
+        _closed("data-shm", 4, None, 100),
+        _closed("data-noop", 4, None, 110),
+    ]
+    rates = [
+        _open("grpc", None, 100, 0.004),
+        _open("shm-client", 1, 100, 0.002),
+        _open("shm-client", 4, 100, 0.002),
+        _open("grpc", None, 300, 0.2, dropped=3),
+        _open("shm-client", 1, 300, 0.09),
+        _open("shm-client", 4, 300, 0.003),
+    ]
+    classifier = ModelResult("classifier", _CASE, runs, rate_runs=rates)
+    small = ModelResult("identity", _CASE, runs[:4])
+    failed = ModelResult("broken", error="InferenceServerException: no such model")
+    config = BenchConfig(
+        models=("classifier", "identity", "broken"),
+        request_rates=("100", "300"),
+        latency_bound_ms=50.0,
+    )
+    return BenchResults(config, [classifier, small, failed], "embedded", 12.0)
+
+
+def test_the_summary_compares_each_choice_with_its_grpc_twin(tmp_path: Path) -> None:
+    table = summary(_results(tmp_path))
+    assert set(table) == {"classifier", "identity"}  # the failed model has no numbers
+    cells = {(c.choice.name, c.load): c for c in table["classifier"]}
+    assert cells["core client", "low load"].speedup == pytest.approx(3.0)
+    assert cells["core client", "under load"].speedup == pytest.approx(4.0)
+    node = cells["Ray tasks", "under load"]  # 16 callers on 4 slots, against 16 gRPC callers
+    assert node.where == "shm-model (16 callers, 4 slots)" and node.speedup == pytest.approx(6)
+    assert cells["Serve (handles)", "under load"].speedup == pytest.approx(2.5)
+    assert cells["Serve (handles)", "low load"].speedup is None
+    assert cells["Serve over HTTP", "under load"].run is None
+    best = best_cell(table["classifier"])
+    assert best is not None and best.choice.name == "Ray tasks"
+    # The goals on a cell: classifier's core client at one caller, 3x gRPC's.
+    goal = cells["core client", "low load"]
+    assert goal.goal is not None and goal.goal.target == 3.0 and goal.met is True
+
+
+def test_the_open_loop_says_what_each_path_sustained(tmp_path: Path) -> None:
+    model = _results(tmp_path).models[0]
+    assert model.rate_limits(50.0) == {
+        "grpc": 100,
+        "shm-client (pool 1)": 100,
+        "shm-client (pool 4)": 300,
+    }
+    assert model.rate_limits(None)["shm-client (pool 1)"] == 300  # no bound: pace alone
+    assert model.pools_for_rates(50.0) == [
+        {"request_rate": 100, "pool_size": 1, "grpc_sustained": True},
+        {"request_rate": 300, "pool_size": 4, "grpc_sustained": False},
+    ]
+
+
+def test_the_open_loop_runs_a_group_per_pool_size() -> None:
+    config = BenchConfig(
+        paths=("grpc", "shm-client", "shm-model"), concurrency=(1, 4), max_threads=8
+    )
+    assert rate_groups(config) == [
+        [("grpc", 8, None), ("shm-client", 1, 1), ("shm-model", 4, 1)],
+        [("shm-client", 4, 4), ("shm-model", 4, 4)],
+    ]
+    assert config.rate("50%", 300.0) == 150.0 and config.rate("20", None) == 20.0
+    with pytest.raises(ValueError, match="share of plain gRPC"):
+        config.rate("50%", None)
+
+
+def test_request_rate_arguments(capsys: pytest.CaptureFixture[str]) -> None:
+    for bad in ("0", "-5", "fast", "inf%"):
+        assert main(["bench", "--request-rate", bad, "--url", "x:1"]) == 2
+        assert "--request-rate takes R or N%" in capsys.readouterr().err
+    assert main(["bench", "--request-rate", "50%", "--paths", "shm-client", "--url", "x:1"]) == 2
+    assert "run the grpc path" in capsys.readouterr().err
+    assert main(["bench", "--rate-models", "other", "--models", "m", "--url", "x:1"]) == 2
+    assert "not in --models" in capsys.readouterr().err
+    assert main(["bench", "--latency-bound-ms", "0", "--url", "x:1"]) == 2
+    assert main(["bench", "--arrivals", "bursty", "--url", "x:1"]) == 2
+
+
+def test_the_figures_and_the_report_read_well_wide_and_narrow(tmp_path: Path) -> None:
+    results = _results(tmp_path)
+    written = write_figures(results, tmp_path / "bench.png")
+    curves = {m: curves_path(tmp_path / "bench.png", m) for m in ("classifier", "identity")}
+    assert written == [tmp_path / "bench.png", *curves.values()]
+    for png in written:
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    report = write_report(
+        results, tmp_path / "report.html", summary_figure=written[0], curves=curves
+    )
+    page = report.read_text()
+    assert "<script" not in page and "http://" not in page and "https://" not in page
+    for width in (1400, 390):
+        seen = browse(report, width)
+        assert [s["id"] for s in seen["sections"]] == list(SECTIONS)
+        assert all(s["height"] > 30 for s in seen["sections"]), seen["sections"]
+        assert len(seen["images"]) == 3 and all(i["loaded"] for i in seen["images"])
+        # Nothing wider than the window: the figures shrink, wide tables scroll in their box.
+        assert all(i["width"] <= seen["viewport"] for i in seen["images"]), seen
+        assert seen["page_width"] <= seen["viewport"], seen
+    assert "pool_size=4" in page and "no such model" in page
+    assert "shm-client (pool 4)" in page and "MISSED" not in page.split('id="goals"')[0]
