@@ -7,7 +7,8 @@ of ``text`` or ``mermaid``, are trees, diagrams and output samples: not code, no
 
 The runnable Python blocks of a page run in order, as one script in one process (a page reads
 as one session: a later block may use what an earlier one made); ``"localhost:8001"`` becomes
-the session server's address. Runnable ``bash`` blocks run with ``.venv/bin`` first on the PATH.
+the session server's address; a page whose Python is the same as an earlier page's runs once.
+Runnable ``bash`` blocks run with ``.venv/bin`` first on the PATH.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import os
 import re
 import subprocess
 import sys
+import unicodedata
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -114,6 +116,30 @@ def test_readme_is_a_front_door() -> None:
     assert len(lines) <= 200, f"README.md has {len(lines)} lines: move detail into docs/"
 
 
+def _slug(heading: str) -> str:
+    """The anchor mkdocs (Python-Markdown's toc) gives a heading."""
+    text = unicodedata.normalize("NFKD", heading.replace("`", "")).encode("ascii", "ignore")
+    text = re.sub(r"[^\w\s-]", "", text.decode()).strip().lower()
+    return re.sub(r"[-\s]+", "-", text)
+
+
+def test_readme_links_lead_somewhere() -> None:
+    """mkdocs checks the links of docs/ (make docs); the README's are checked here."""
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", README.read_text()):
+        if re.match(r"[a-z]+:", target):
+            continue
+        path, _, anchor = target.partition("#")
+        page = ROOT / path
+        if not page.exists():
+            broken.append(target)
+        elif anchor:
+            headings = re.findall(r"^#+ (.+)$", page.read_text(), re.M)
+            if anchor not in {_slug(h) for h in headings}:
+                broken.append(target)
+    assert not broken, f"README.md links to nothing: {broken}"
+
+
 # --- the policy -----------------------------------------------------------------------------
 
 
@@ -201,7 +227,20 @@ def ray_address(ray_local: str) -> Iterator[str]:
         serve.shutdown()
 
 
-PYTHON_PAGES = [p for p in PAGES if any(b.runs and b.lang == "python" for b in blocks_of(p))]
+def _python_pages() -> list[Path]:
+    """The pages with Python to run; a page whose runnable Python is the very same as an
+    earlier page's (getting started repeats the README's quick start) runs once, there."""
+    pages: list[Path] = []
+    seen: set[tuple[str, ...]] = set()
+    for page in PAGES:
+        script = tuple(b.code for b in blocks_of(page) if b.runs and b.lang == "python")
+        if script and script not in seen:
+            seen.add(script)
+            pages.append(page)
+    return pages
+
+
+PYTHON_PAGES = _python_pages()
 
 
 @pytest.mark.parametrize("page", PYTHON_PAGES, ids=_page_id)
@@ -210,9 +249,21 @@ def test_python_examples_run(page: Path, grpc_url: str, request: pytest.FixtureR
     extra = {}
     if any(_uses_ray(b.code) for b in blocks):
         extra["RAY_ADDRESS"] = request.getfixturevalue("ray_address")
-    out = _run_python(page, blocks, grpc_url, _env(grpc_url, extra))
+    try:
+        out = _run_python(page, blocks, grpc_url, _env(grpc_url, extra))
+    finally:
+        if extra:
+            _delete_serve_apps()
     if page == ROOT / "docs" / "guide" / "client.md":
         assert "Output shape: (100, 512)" in out  # the seed, unchanged but for the address
+
+
+def _delete_serve_apps() -> None:
+    """Deletes the Serve apps a page made: the next page's replicas get the CPUs."""
+    from ray import serve
+
+    for name in serve.status().applications:
+        serve.delete(name)
 
 
 BASH_BLOCKS = [b for b in ALL_BLOCKS if b.runs and b.lang == "bash"]
