@@ -36,8 +36,9 @@ CURVE_GROUPS: dict[str, tuple[str, ...]] = {
     ),
     "Ray Data": ("data-grpc", "data-shm", "data-noop"),
 }
-#: The colours of the paths: plain gRPC in grey, the library's in blue, the rest in orange.
-_COLOURS = {"grpc": "#7f7f7f", "shm": "#1f77b4", "other": "#ff7f0e", "noop": "#2ca02c"}
+#: Plain gRPC in grey and no-op ceilings in green, in every panel; the others in turn.
+_GREY, _GREEN = "#7f7f7f", "#2ca02c"
+_PALETTE = ("#1f77b4", "#ff7f0e", "#9467bd", "#d62728", "#8c564b", "#17becf")
 
 
 def _pyplot() -> Any:
@@ -53,14 +54,13 @@ def _pyplot() -> Any:
     return plt
 
 
-def _colour(path: str) -> str:
-    if path.endswith("noop"):
-        return _COLOURS["noop"]
-    if "grpc" in path:
-        return _COLOURS["grpc"]
-    if "shm" in path or path.endswith("inproc"):
-        return _COLOURS["shm"]
-    return _COLOURS["other"]
+def _colours(names: list[str]) -> dict[str, str]:
+    """A colour per series of a panel: gRPC grey, no-op green, the rest each its own."""
+    others = iter(_PALETTE * 2)
+    return {
+        name: _GREEN if "noop" in name else _GREY if "grpc" in name else next(others)
+        for name in names
+    }
 
 
 def _markers() -> Iterator[str]:
@@ -91,9 +91,15 @@ def write_summary(results: BenchResults, path: str | Path) -> Path | None:
                 if cell.load != load:
                     continue
                 col = CHOICES.index(cell.choice)
+                colour = "black"
                 if cell.speedup is not None:
                     values[row, col] = math.log10(max(cell.speedup, 1e-3))
-                ax.text(col, row, _cell_text(cell), ha="center", va="center", fontsize=8.5)
+                    red, green, blue, _ = cmap(norm(values[row, col]))
+                    dark = 0.299 * red + 0.587 * green + 0.114 * blue < 0.5
+                    colour = "white" if dark else "black"
+                ax.text(
+                    col, row, _cell_text(cell), ha="center", va="center", fontsize=8.5, color=colour
+                )
         ax.imshow(np.ma.masked_invalid(values), cmap=cmap, norm=norm, aspect="auto")
         ax.set_facecolor("#eeeeee")
         ax.set_xticks(range(len(CHOICES)), [f"{c.name}\n{c.api}" for c in CHOICES], fontsize=8)
@@ -159,6 +165,7 @@ def write_curves(results: BenchResults, model: ModelResult, path: str | Path) ->
     )
     flat = list(axes.flat)
     for ax, (title, paths) in zip(flat, groups.items()):
+        colours = _colours(paths)
         for name, marker in zip(paths, _markers()):
             runs = sorted(
                 (r for r in model.runs if r.ok and r.path == name),
@@ -181,7 +188,7 @@ def write_curves(results: BenchResults, model: ModelResult, path: str | Path) ->
                     [r.numbers()["requests_per_s"] for r in mine],
                     marker=marker,
                     linestyle=":" if crowded else "-",
-                    color=_colour(name),
+                    color=colours[name],
                     fillstyle="none" if crowded else "full",
                     label=label,
                 )
@@ -190,6 +197,7 @@ def write_curves(results: BenchResults, model: ModelResult, path: str | Path) ->
     if rates:
         ax = flat[len(groups)]
         labels = list(dict.fromkeys(describe_rate_path(r) for r in rates))
+        colours = _colours(labels)
         for label, marker in zip(labels, _markers()):
             mine = sorted((r for r in rates if describe_rate_path(r) == label), key=_rate)
             bound = results.config.latency_bound_ms
@@ -197,7 +205,7 @@ def write_curves(results: BenchResults, model: ModelResult, path: str | Path) ->
                 [_rate(r) for r in mine],
                 [_latency_ms(r) for r in mine],
                 marker=marker,
-                color=_colour(mine[0].path),
+                color=colours[label],
                 linestyle="-" if mine[0].path != "shm-model" else "--",
                 label=label,
             )

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import html
-import platform
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -30,7 +29,8 @@ SECTIONS = {
 
 _STYLE = """
 :root { color-scheme: light dark; --line: #8884; --muted: #888; }
-body { font: 15px/1.5 system-ui, sans-serif; margin: 0; overflow-wrap: anywhere; }
+body { font: 15px/1.5 system-ui, sans-serif; margin: 0; }
+p, li, pre, figcaption { overflow-wrap: anywhere; }
 main { max-width: 1200px; margin: 0 auto; padding: 1rem; }
 h1 { font-size: 1.6rem; margin: 0.2rem 0; }
 h2 { border-bottom: 1px solid var(--line); margin-top: 2.2rem; }
@@ -42,6 +42,7 @@ figcaption, .muted { color: var(--muted); font-size: 0.9rem; }
 .scroll { overflow-x: auto; }
 table { border-collapse: collapse; font-size: 0.85rem; margin: 0.5rem 0 1rem; }
 th, td { padding: 0.2rem 0.6rem; border-bottom: 1px solid var(--line); text-align: right; }
+td:not(.text) { white-space: nowrap; }
 th { position: sticky; top: 0; background: Canvas; }
 td.text, th.text { text-align: left; }
 .met { color: #1a7f37; font-weight: 600; }
@@ -190,7 +191,7 @@ def _rates(results: BenchResults) -> str:
                     num(numbers.get("offered_per_s")),
                     num(numbers.get("answered_per_s")),
                     *(num(latency.get(p)) for p in ("p50", "p90", "p99")),
-                    num(numbers.get("dropped")),
+                    str(numbers.get("dropped", "-")),
                     _sustained(r.sustained(bound)) if r.ok else _e(r.error or r.skipped or "-"),
                 )
             )
@@ -255,32 +256,12 @@ def _configuration(results: BenchResults) -> str:
 
     config = dataclasses.asdict(results.config)
     rows = [(_e(key), _e(value)) for key, value in config.items()]
-    host = host_info()
+    host = results.to_dict()["host"]
     rows += [(_e(key), _e(value)) for key, value in host.items()]
     rows += [("server", _e(results.server)), ("duration", num(results.duration_s, " s"))]
     rows += [("written", _e(time.strftime("%Y-%m-%d %H:%M:%S %Z")))]
     rows += [("cwd", _e(os.getcwd()))]
     return _table(("setting", "value"), rows, (0, 1))
-
-
-def host_info() -> dict[str, Any]:
-    """The machine and the versions that matter to the numbers."""
-    import os
-    from importlib import metadata
-
-    versions = {}
-    for package in ("ray-triton-shm", "tritonclient", "numpy", "ray", "grpcio"):
-        try:
-            versions[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            continue
-    return {
-        "machine": platform.machine(),
-        "python": platform.python_version(),
-        "cpus": os.cpu_count(),
-        "platform": platform.platform(),
-        "versions": versions,
-    }
 
 
 def write_report(

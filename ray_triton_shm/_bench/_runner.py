@@ -439,8 +439,6 @@ class BenchResults:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready view: ``runs`` (those that posted numbers) and ``recommendations``
         first."""
-        import platform
-
         bound = self.config.latency_bound_ms
         recommendations = {m.name: m.recommendation() for m in self.models}
         for m in self.models:
@@ -479,10 +477,31 @@ class BenchResults:
             "units": {"mb": "1e6 bytes of input", "gb": "1e9 bytes of input"},
             "config": dataclasses.asdict(self.config),
             "server": self.server,
-            "host": {"machine": platform.machine(), "python": platform.python_version()},
+            "host": host_info(),
             "duration_s": self.duration_s,
             "model_update": None if self.model_update is None else self.model_update.to_dict(),
         }
+
+
+def host_info() -> dict[str, Any]:
+    """The machine and the versions that matter to the numbers."""
+    import os
+    import platform
+    from importlib import metadata
+
+    versions = {}
+    for package in ("ray-triton-shm", "tritonclient", "numpy", "ray", "grpcio"):
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            continue
+    return {
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "versions": versions,
+    }
 
 
 def run_groups(config: BenchConfig) -> list[list[RunKey]]:
