@@ -136,7 +136,12 @@ def _recommendations(results: BenchResults) -> str:
             f"{shm_mb} of /dev/shm."
         )
         best = best_cell(summary(results).get(model.name, []))
-        if best is not None:
+        if best is not None and (best.speedup or 0.0) < 1:
+            text += (
+                f" No choice beat plain gRPC ({num(best.speedup, 'x')} at best): requests "
+                "this small gain nothing from shared memory here."
+            )
+        elif best is not None:
             text += (
                 f" Fastest against its gRPC twin: {_e(best.choice.name)} "
                 f"({_e(best.choice.api)}), {num(best.speedup, 'x')}."

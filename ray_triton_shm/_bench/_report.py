@@ -316,6 +316,14 @@ def _print_summary(results: BenchResults, console: Console) -> None:
     )
     _show(console, rows)
     for model in results.models:
+        best = best_cell(table.get(model.name, []))
+        if best is not None and best.speedup is not None and best.speedup < 1:
+            console.print(
+                f"{model.name}: no choice beat plain gRPC ({num(best.speedup, 'x')} at best): "
+                "requests this small gain nothing from shared memory here",
+                markup=False,
+            )
+    for model in results.models:
         advice = [
             f"{num(a['request_rate'])}/s: "
             + (f"pool_size {a['pool_size']}" if a["pool_size"] else "no pool tried")

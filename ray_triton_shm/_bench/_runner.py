@@ -79,14 +79,14 @@ def describe_run(path: str, concurrency: int | None = None, slots: int | None = 
     return f"{path} ({callers}{f', {slots} slots' if slots and slots != concurrency else ''})"
 
 
-def describe_rate_path(run: RunResult) -> str:
-    """An open-loop run's path and slots: ``"grpc"``, ``"shm-client (pool 4)"``,
-    ``"shm-model (4 slots)"``."""
+def describe_rate_path(run: RunResult, *, detailed: bool = False) -> str:
+    """An open-loop run's path and slots: ``"grpc"`` (``detailed``: ``"grpc (16 threads)"``),
+    ``"shm-client (pool 4)"``, ``"shm-model (4 slots)"``."""
     if run.path == "shm-client":
         return f"shm-client (pool {run.slots})"
     if run.path == "shm-model":
         return f"shm-model ({run.slots} slot{'s' * (run.slots != 1)})"
-    return run.path
+    return f"{run.path} ({run.concurrency} threads)" if detailed else run.path
 
 
 def _ratio(numerator: float | None, denominator: float | None) -> float | None:
@@ -549,6 +549,23 @@ def _prepare(
     return case.with_reference(reference), inputs, reference
 
 
+def _fresh_node_actor(
+    stack: contextlib.ExitStack, session: RayBenchSession | None, keys: list[RunKey]
+) -> None:
+    """A fresh node actor for runs ``keys`` if any uses one, ended with ``stack``."""
+    if session is not None and any(PATHS[key[0]].uses_node_actor for key in keys):
+        session.end_node_actor()
+        stack.callback(session.end_node_actor)
+
+
+def _set_up(path: BenchPath, reference: Mapping[str, np.ndarray], config: BenchConfig) -> None:
+    """Sets ``path`` up, checks its first answer against ``reference``, and warms it up."""
+    path.setup()
+    check_outputs(path.run_once(), reference)
+    for _ in range(config.warmup_requests - 1):
+        path.run_once()
+
+
 def _run_group(
     group: list[RunKey],
     model: ModelResult,
@@ -560,9 +577,7 @@ def _run_group(
     """Sets up the runs of ``group``, then measures them in interleaved rounds."""
     assert model.case is not None
     with contextlib.ExitStack() as stack:
-        if session is not None and any(PATHS[key[0]].uses_node_actor for key in group):
-            session.end_node_actor()  # a fresh one for these runs
-            stack.callback(session.end_node_actor)
+        _fresh_node_actor(stack, session, group)
         active: list[tuple[RunResult, BenchPath]] = []
         for name, concurrency, slots in group:
             cls, case = PATHS[name], model.case
@@ -571,10 +586,7 @@ def _run_group(
             path = cls(concurrency=concurrency, slots=slots, session=session, **paths)
             stack.callback(path.teardown)
             try:
-                path.setup()
-                check_outputs(path.run_once(), paths["reference"])
-                for _ in range(config.warmup_requests - 1):
-                    path.run_once()
+                _set_up(path, paths["reference"], config)
                 r.verified = True
                 active.append((r, path))
             except SkipPath as exc:
@@ -645,9 +657,7 @@ def _run_rates(
     specs = config.rates_on(model.name)
     grpc = [r.numbers()["requests_per_s"] for r in model.runs if r.path == "grpc" and r.ok]
     with contextlib.ExitStack() as stack:
-        if session is not None and any(PATHS[key[0]].uses_node_actor for key in keys):
-            session.end_node_actor()
-            stack.callback(session.end_node_actor)
+        _fresh_node_actor(stack, session, keys)
         active: list[tuple[BenchPath, RunResult]] = []
         for name, concurrency, slots in keys:
             runs = [RunResult(name, concurrency, slots, model.case, rate_spec=s) for s in specs]
@@ -656,10 +666,7 @@ def _run_rates(
             stack.callback(path.teardown)
             try:
                 rates = [config.rate(spec, max(grpc, default=None)) for spec in specs]
-                path.setup()
-                check_outputs(path.run_once(), paths["reference"])
-                for _ in range(config.warmup_requests - 1):
-                    path.run_once()
+                _set_up(path, paths["reference"], config)
                 for r, rate in zip(runs, rates):
                     r.rate, r.verified = rate, True
                     active.append((path, r))
@@ -723,7 +730,9 @@ def _run_model(
     if config.rates_on(spec.name):
         rates = " ".join(config.rates_on(spec.name))
         for keys in rate_groups(config):
-            runs = ", ".join(describe_run(*key) for key in keys)
+            runs = ", ".join(
+                describe_rate_path(RunResult(*key, model.case), detailed=True) for key in keys
+            )
             progress.stage(f"{spec.name}: open loop at {rates} requests/s: {runs}")
             _run_rates(keys, model, paths, config, session, progress)
         _sort_rate_runs(model, config)
