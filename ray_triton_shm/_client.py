@@ -50,6 +50,7 @@ from ._exceptions import (
     InvalidInputError,
     ModelNotRegisteredError,
     ModelSpecError,
+    TritonServerError,
 )
 from ._header import MAX_SLOTS, RegionHeader
 from ._headers import REDACTED, Keys, Metadata, normalize
@@ -90,6 +91,10 @@ _MOVED = (SuspectedChange, PoolRetired, ClientClosedError, InvalidInputError)
 _MAX_MOVES = 2
 #: Inputs the spec refuses make Triton's config be read again at most this often (per pool).
 _INPUT_RECHECK_S = 1.0
+#: An answer that does not fit its pool proves the model changed, yet while Triton reloads
+#: it its config may still read as before: it is read again this often, for this long.
+_CONFIG_POLL_S = 0.1
+_CONFIG_CATCH_UP_S = 5.0
 
 
 def _release_pools(stub: Any, pools: dict[str, ModelPool], keys: Keys, settler: Settler) -> None:
@@ -525,6 +530,17 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
                 return None
         return self._replace(pool, spec, pool.slots.size, registration)
 
+    def _catch_up(self, pool: ModelPool, cause: TritonServerError) -> ModelPool | None:
+        """The pool of the model's new config, read again until it differs from ``pool``'s
+        (``None``: it did not within :data:`_CONFIG_CATCH_UP_S`)."""
+        deadline = time.monotonic() + _CONFIG_CATCH_UP_S
+        while time.monotonic() < deadline and not self._closed:
+            time.sleep(_CONFIG_POLL_S)
+            newer = self._follow(pool, since=time.monotonic(), cause=cause)
+            if newer is not None:
+                return newer
+        return None
+
     def _next_pool(
         self,
         pool: ModelPool,
@@ -548,6 +564,8 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         else:
             assert isinstance(exc, SuspectedChange)
             newer = self._follow(pool, since=started, cause=exc.error)
+            if newer is None and exc.executed:
+                newer = self._catch_up(pool, exc.error)
             if newer is not None and exc.executed and options is not None and options.is_sequence:
                 raise exc.error  # Triton ran this step: sending it again would apply it twice
         if newer is None:
