@@ -38,7 +38,7 @@ CURVE_GROUPS: dict[str, tuple[str, ...]] = {
 }
 #: Plain gRPC in grey and no-op ceilings in green, in every panel; the others in turn.
 _GREY, _GREEN = "#7f7f7f", "#2ca02c"
-_PALETTE = ("#1f77b4", "#ff7f0e", "#9467bd", "#d62728", "#8c564b", "#17becf")
+_PALETTE = ("#1f77b4", "#ff7f0e", "#9467bd", "#e377c2", "#8c564b", "#17becf")
 
 
 def _pyplot() -> Any:
@@ -245,7 +245,7 @@ def _finish(ax: Any, title: str) -> None:
     ax.set(xscale="log", yscale="log")
     for axis in (ax.xaxis, ax.yaxis):
         axis.set_major_formatter(lambda value, _: num(value))
-        axis.set_minor_formatter(lambda v, _: num(v) if f"{v:.0e}"[0] in "25" else "")
+        axis.set_minor_formatter(lambda v, _: num(v) if f"{v:.0e}"[0] in "235" else "")
     ax.tick_params(axis="both", which="both", labelsize=7)
     ax.grid(alpha=0.3, which="both")
     ax.set_title(title, fontsize=10)
