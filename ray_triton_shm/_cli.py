@@ -74,7 +74,8 @@ def _interrupts_as_keyboard_interrupt() -> Iterator[None]:
 
 
 def _cmd_setup_server(args: argparse.Namespace) -> int:
-    from ray_triton_shm.local._server import LocalServerError, ensure_server_env, find_tritonserver
+    from ray_triton_shm._exceptions import LocalServerError
+    from ray_triton_shm.local._install import ensure_server_env, find_tritonserver
 
     try:
         env_dir = ensure_server_env(quiet=False)

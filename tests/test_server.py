@@ -17,14 +17,12 @@ import tritonclient.utils.shared_memory as sysshm
 from conftest import FRESH_MODELS
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from ray_triton_shm.local import _server
+from ray_triton_shm.local import _install
+from ray_triton_shm.local._install import ensure_server_env, find_tritonserver, server_env_dir
 from ray_triton_shm.local._server import (
     EXAMPLE_MODEL_REPOSITORY,
     LocalServerError,
     LocalTritonServer,
-    ensure_server_env,
-    find_tritonserver,
-    server_env_dir,
 )
 
 TEST_MODEL_REPOSITORY = Path(__file__).resolve().parent / "models"
@@ -381,15 +379,15 @@ def test_ensure_server_env_is_a_no_op_when_ready(
     (binary / "bin" / "tritonserver").write_text("#!/bin/sh\n")
     import json
 
-    (env_dir / _server._MARKER_NAME).write_text(
-        json.dumps({"requirements": list(_server.SERVER_ENV_REQUIREMENTS)})
+    (env_dir / _install._MARKER_NAME).write_text(
+        json.dumps({"requirements": list(_install.SERVER_ENV_REQUIREMENTS)})
     )
     monkeypatch.setenv("RAY_TRITON_SHM_SERVER_ENV", str(env_dir))
 
     def no_subprocess(*args: object, **kwargs: object) -> None:
         raise AssertionError("ensure_server_env ran a command on a ready environment")
 
-    monkeypatch.setattr(_server.subprocess, "run", no_subprocess)
+    monkeypatch.setattr(_install.subprocess, "run", no_subprocess)
     assert ensure_server_env(quiet=True) == env_dir
 
 
@@ -418,7 +416,7 @@ def test_a_library_call_never_installs_the_server(
     def no_subprocess(*args: object, **kwargs: object) -> None:
         raise AssertionError("a library call ran a command (pip) without install=True")
 
-    monkeypatch.setattr(_server.subprocess, "run", no_subprocess)
+    monkeypatch.setattr(_install.subprocess, "run", no_subprocess)
     with pytest.raises(LocalServerError, match=r"ray-triton-shm setup-server.*install=True"):
         find_tritonserver()
     server = LocalTritonServer()
