@@ -19,6 +19,7 @@ from tritonclient.utils import InferenceServerException
 
 from ._defaults import DEFAULT_URL
 from ._headers import Keys
+from ._plain_client import tritonclient_for
 from ._shm import (
     DEAD,
     Owner,
@@ -29,7 +30,6 @@ from ._shm import (
     region_owner,
     unlink_region,
 )
-from ._tls import tritonclient_for
 from ._transport import is_in_use, translate_error
 
 __all__ = [
@@ -228,11 +228,11 @@ def reclaim_regions(
 
 
 def _headers(headers: Mapping[str, str] | Keys | None) -> dict[str, str]:
-    """The headers now: given ones (or :class:`Keys`), else the environment's and the key
-    files' (read now, so a tool run after a rotation uses the new keys)."""
-    if isinstance(headers, Keys):
-        return headers.headers
-    return Keys(headers, environ=headers is None).headers
+    """The headers given for a tool's calls (``None``: none, and the client's plugin puts the
+    key files' and the environment's on each call: see :func:`tritonclient_for`)."""
+    if headers is None:
+        return {}
+    return headers.headers if isinstance(headers, Keys) else Keys(headers).headers
 
 
 def _reclaimable(name: str, only: int | None) -> bool:

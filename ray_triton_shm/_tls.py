@@ -33,7 +33,6 @@ __all__ = [
     "TlsFiles",
     "diagnose",
     "may_be_tls",
-    "tritonclient_for",
 ]
 
 logger = logging.getLogger(__name__)
@@ -423,30 +422,3 @@ def _plain_server(address: tuple[str, int], timeout_s: float) -> tuple[str, str]
             "does: drop ssl=True and $RAY_TRITON_SHM_TLS_DIR, or start Triton with TLS",
         )
     return None
-
-
-def tritonclient_for(url: str, *, aio: bool = False) -> Any:
-    """A plain tritonclient gRPC client set up as this node's callers are: the TLS files of
-    ``$RAY_TRITON_SHM_TLS_DIR`` and the keys of the key files and the environment on every
-    call (for the tools: reclaim, status, bench's baselines).
-
-    Args:
-        url: Triton's gRPC address.
-        aio: The asyncio client (``tritonclient.grpc.aio``).
-    """
-    from ._headers import Keys, KeysPlugin
-
-    if aio:
-        import tritonclient.grpc.aio as module
-    else:
-        import tritonclient.grpc as module  # type: ignore[no-redef]
-    files = TlsFiles.from_options({}, None)
-    options: dict[str, Any] = {}
-    if files is not None:
-        options["ssl"] = True
-        for name in ("root_certificates", "private_key", "certificate_chain"):
-            path = getattr(files, name)
-            options[name] = None if path is None else str(path)
-    client = module.InferenceServerClient(url, **options)
-    client.register_plugin(KeysPlugin(Keys(environ=True)))
-    return client

@@ -22,8 +22,8 @@ from tritonclient.utils import np_to_triton_dtype, serialize_byte_tensor, triton
 from ray_triton_shm._bench._cases import ModelCase
 from ray_triton_shm._client import TritonSHMClient
 from ray_triton_shm._headers import Keys
+from ray_triton_shm._plain_client import tritonclient_for
 from ray_triton_shm._specs import SlotLayout
-from ray_triton_shm._tls import tritonclient_for
 
 __all__ = ["PATHS", "SHM_KEY_PREFIX", "BenchPath", "BenchTarget", "OpenLoop", "SkipPath", "infer"]
 __all__ += ["arrival_times", "run_open_loop", "run_until"]

@@ -36,7 +36,7 @@ from ray_triton_shm._bench._paths import (
 )
 from ray_triton_shm._bench._ray_session import SERVE_APP, RayBenchSession, RayPath, process_cpu_s
 from ray_triton_shm._headers import Keys
-from ray_triton_shm._tls import tritonclient_for
+from ray_triton_shm._plain_client import tritonclient_for
 
 with contextlib.suppress(ImportError):  # without the ray extra: the session says so
     import ray

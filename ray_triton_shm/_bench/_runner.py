@@ -43,7 +43,7 @@ from ray_triton_shm._bench._paths import (
 from ray_triton_shm._bench._ray_paths import CHURN_CASE
 from ray_triton_shm._bench._ray_session import RayBenchSession, RayPath
 from ray_triton_shm._bench._update import UpdateResult, run_model_update
-from ray_triton_shm._tls import tritonclient_for
+from ray_triton_shm._plain_client import tritonclient_for
 from ray_triton_shm.local._server import LocalTritonServer, _log_tail
 
 __all__ = ["GOALS", "PATHS", "BenchResults", "Goal", "ModelResult", "Progress", "RunResult"]

@@ -33,7 +33,7 @@ from ray_triton_shm._bench._ray_session import (
     example_app_root,
     process_cpu_s,
 )
-from ray_triton_shm._tls import tritonclient_for
+from ray_triton_shm._plain_client import tritonclient_for
 from ray_triton_shm.local._server import _proc_stats
 
 __all__ = ["APP_CASES", "BODIES", "PATHS", "REPLICAS", "app_stage_times", "deploy_app", "drop_app"]
