@@ -242,10 +242,16 @@ def _rate(run: RunResult) -> float:
 
 def _finish(ax: Any, title: str) -> None:
     """Log axes with plain numbers, a grid, the title, and the legend below the panel."""
-    ax.set(xscale="log", yscale="log")
-    for axis in (ax.xaxis, ax.yaxis):
+    (x0, y0), (x1, y1) = ax.dataLim.get_points()
+    axes = ((ax.xaxis, ax.set_xscale, x0, x1), (ax.yaxis, ax.set_yscale, y0, y1))
+    for axis, set_scale, low, high in axes:
+        # Log scales for ranges of a factor of 4 or more; within less, a log axis has no tick.
+        if low > 0 and high / low >= 4:
+            set_scale("log")
+            # Over two decades or more, the decades alone: more labels would run together.
+            digits = "235" if high / low < 30 else "" if high / low >= 100 else "5"
+            axis.set_minor_formatter(lambda v, _, d=digits: num(v) if f"{v:.0e}"[0] in d else "")
         axis.set_major_formatter(lambda value, _: num(value))
-        axis.set_minor_formatter(lambda v, _: num(v) if f"{v:.0e}"[0] in "235" else "")
     ax.tick_params(axis="both", which="both", labelsize=7)
     ax.grid(alpha=0.3, which="both")
     ax.set_title(title, fontsize=10)
