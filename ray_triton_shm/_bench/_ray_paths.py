@@ -514,9 +514,6 @@ class _DataPath(RayPath):
                 batch_format="numpy",
                 compute=ray.data.ActorPoolStrategy(size=self.concurrency),
                 num_cpus=0,
-                # A predictor that died fails the job: a restart could not rebuild it from its
-                # arguments anyway once they left the object store (Ray warns of that).
-                max_restarts=0,
             )
         )
         return list(dataset.iter_batches(batch_size=size, batch_format="numpy"))
