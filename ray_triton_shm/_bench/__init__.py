@@ -53,9 +53,9 @@ def main(args: argparse.Namespace) -> int:
         else:
             summary_png = Path(args.plot) if Path(args.plot) in written else None
             curves = {
-                m.name: _figures.curves_path(args.plot, m.name)
+                m.name: path
                 for m in results.models
-                if _figures.curves_path(args.plot, m.name) in written
+                if (path := _figures.curves_path(args.plot, m.name)) in written
             }
             print(f"figures: {', '.join(map(str, written))}", file=sys.stderr)
     if not args.no_report and args.report:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ray_triton_shm._bench._format import num
-from ray_triton_shm._bench._runner import BenchResults, ModelResult, RunResult, describe_rate_path
+from ray_triton_shm._bench._runner import BenchResults, ModelResult, RunResult
 from ray_triton_shm._bench._summary import CHOICES, LOADS, summary
 
 __all__ = ["CURVE_GROUPS", "curves_path", "write_curves", "write_figures", "write_summary"]
@@ -196,10 +196,13 @@ def write_curves(results: BenchResults, model: ModelResult, path: str | Path) ->
         _finish(ax, f"{title}: throughput against p99")
     if rates:
         ax = flat[len(groups)]
-        labels = list(dict.fromkeys(describe_rate_path(r) for r in rates))
+        labels = list(dict.fromkeys(r.rate_label for r in rates))
         colours = _colours(labels)
         for label, marker in zip(labels, _markers()):
-            mine = sorted((r for r in rates if describe_rate_path(r) == label), key=_rate)
+            mine = sorted(
+                (r for r in rates if r.rate_label == label),
+                key=_rate,
+            )
             bound = results.config.latency_bound_ms
             ax.plot(
                 [_rate(r) for r in mine],

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ray_triton_shm._bench._format import num
-from ray_triton_shm._bench._runner import BenchResults, describe_rate_path
+from ray_triton_shm._bench._runner import BenchResults, host_info
 from ray_triton_shm._bench._summary import LOADS, best_cell, summary
 
 __all__ = ["SECTIONS", "write_report"]
@@ -122,6 +122,7 @@ def _summary(results: BenchResults, figure: Path | None) -> str:
 def _recommendations(results: BenchResults) -> str:
     items = []
     bound = results.config.latency_bound_ms
+    table = summary(results)
     for model in results.models:
         rec = model.recommendation()
         if rec is None:
@@ -135,7 +136,7 @@ def _recommendations(results: BenchResults) -> str:
             f"the core client at {num(rec['shm_vs_grpc'], 'x')} gRPC's MB/s there; "
             f"{shm_mb} of /dev/shm."
         )
-        best = best_cell(summary(results).get(model.name, []))
+        best = best_cell(table.get(model.name, []))
         if best is not None and (best.speedup or 0.0) < 1:
             text += (
                 f" No choice beat plain gRPC ({num(best.speedup, 'x')} at best): requests "
@@ -191,7 +192,7 @@ def _rates(results: BenchResults) -> str:
             latency = numbers.get("latency_ms", {})
             rows.append(
                 (
-                    _e(describe_rate_path(r)),
+                    _e(r.rate_label),
                     _e(r.rate_spec),
                     num(numbers.get("offered_per_s")),
                     num(numbers.get("answered_per_s")),
@@ -261,7 +262,7 @@ def _configuration(results: BenchResults) -> str:
 
     config = dataclasses.asdict(results.config)
     rows = [(_e(key), _e(value)) for key, value in config.items()]
-    host = results.to_dict()["host"]
+    host = host_info()
     rows += [(_e(key), _e(value)) for key, value in host.items()]
     rows += [("server", _e(results.server)), ("duration", num(results.duration_s, " s"))]
     rows += [("written", _e(time.strftime("%Y-%m-%d %H:%M:%S %Z")))]

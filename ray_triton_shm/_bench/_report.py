@@ -25,7 +25,6 @@ from ray_triton_shm._bench._runner import (
     Progress,
     RunResult,
     _ratio,
-    describe_rate_path,
     describe_run,
     mb_ratio,
 )
@@ -174,7 +173,7 @@ def _rate_table(model: ModelResult, bound_ms: float | None) -> Table:
         else:
             verdict = Text(r.error or r.skipped or "-", style="bold red" if r.error else "dim")
         table.add_row(
-            describe_rate_path(r),
+            r.rate_label,
             r.rate_spec or "",
             num(numbers.get("offered_per_s")),
             num(numbers.get("answered_per_s")),

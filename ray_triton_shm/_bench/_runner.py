@@ -79,14 +79,16 @@ def describe_run(path: str, concurrency: int | None = None, slots: int | None = 
     return f"{path} ({callers}{f', {slots} slots' if slots and slots != concurrency else ''})"
 
 
-def describe_rate_path(run: RunResult, *, detailed: bool = False) -> str:
+def describe_rate_path(
+    path: str, concurrency: int, slots: int | None, *, detailed: bool = False
+) -> str:
     """An open-loop run's path and slots: ``"grpc"`` (``detailed``: ``"grpc (16 threads)"``),
     ``"shm-client (pool 4)"``, ``"shm-model (4 slots)"``."""
-    if run.path == "shm-client":
-        return f"shm-client (pool {run.slots})"
-    if run.path == "shm-model":
-        return f"shm-model ({run.slots} slot{'s' * (run.slots != 1)})"
-    return f"{run.path} ({run.concurrency} threads)" if detailed else run.path
+    if path == "shm-client":
+        return f"shm-client (pool {slots})"
+    if path == "shm-model":
+        return f"shm-model ({slots} slot{'s' * (slots != 1)})"
+    return f"{path} ({concurrency} threads)" if detailed else path
 
 
 def _ratio(numerator: float | None, denominator: float | None) -> float | None:
@@ -133,6 +135,11 @@ class RunResult:
         # Until the last request went out, about, had no queue built up: the last answer,
         # less the latency of the first requests (a queue that grew shows as time past it).
         self.paced_s += max(loop.wall_s - loop.first_s, 1e-9)
+
+    @property
+    def rate_label(self) -> str:
+        """An open-loop run's path and slots (:func:`describe_rate_path`)."""
+        return describe_rate_path(self.path, self.concurrency, self.slots)
 
     def sustained(self, bound_ms: float | None) -> bool | None:
         """Whether an open-loop run kept up with its arrivals: none dropped, answers at 90%
@@ -222,12 +229,12 @@ class ModelResult:
 
     def rate_limits(self, bound_ms: float | None) -> dict[str, float | None]:
         """The highest rate each open-loop path sustained (:meth:`RunResult.sustained`),
-        by :func:`describe_rate_path` (``None``: not even the lowest tried)."""
+        by :attr:`RunResult.rate_label` (``None``: not even the lowest tried)."""
         limits: dict[str, float | None] = {}
         for r in self.rate_runs:
             if r.rate is None or not r.ok:
                 continue
-            label = describe_rate_path(r)
+            label = r.rate_label
             best = limits.setdefault(label, None)
             if r.sustained(bound_ms) and (best is None or r.rate > best):
                 limits[label] = r.rate
@@ -424,7 +431,7 @@ class BenchResults:
                 if r.error is not None
             ]
             + [
-                f"{m.name}/{describe_rate_path(r)} at {r.rate_spec} requests/s: {r.error}"
+                f"{m.name}/{r.rate_label} at {r.rate_spec} requests/s: {r.error}"
                 for m in self.models
                 for r in m.rate_runs
                 if r.error is not None
@@ -440,13 +447,12 @@ class BenchResults:
         """A JSON-ready view: ``runs`` (those that posted numbers) and ``recommendations``
         first."""
         bound = self.config.latency_bound_ms
-        recommendations = {m.name: m.recommendation() for m in self.models}
+        recommendations = {}
         for m in self.models:
-            if m.rate_runs and recommendations[m.name] is not None:
-                recommendations[m.name] = {  # type: ignore[index]
-                    **recommendations[m.name],  # type: ignore[dict-item]
-                    "for_rates": m.pools_for_rates(bound),
-                }
+            rec = m.recommendation()
+            if rec is not None and m.rate_runs:
+                rec["for_rates"] = m.pools_for_rates(bound)
+            recommendations[m.name] = rec
         return {
             "schema": "ray-triton-shm-bench/2",
             "runs": [
@@ -730,9 +736,7 @@ def _run_model(
     if config.rates_on(spec.name):
         rates = " ".join(config.rates_on(spec.name))
         for keys in rate_groups(config):
-            runs = ", ".join(
-                describe_rate_path(RunResult(*key, model.case), detailed=True) for key in keys
-            )
+            runs = ", ".join(describe_rate_path(*key, detailed=True) for key in keys)
             progress.stage(f"{spec.name}: open loop at {rates} requests/s: {runs}")
             _run_rates(keys, model, paths, config, session, progress)
         _sort_rate_runs(model, config)
