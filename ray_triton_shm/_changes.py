@@ -96,6 +96,9 @@ class Registration:
         inputs, outputs, max_batch_size: The specs given by hand (``None``: from Triton).
         model_version: The version asked for.
         max_shapes, max_element_bytes: Sizing hints, kept for every later layout.
+        memory: Where the slots live: ``"system"`` or ``"cuda"`` (see :mod:`._memory`).
+        device: For ``"cuda"``, the GPU's UUID.
+        triton_device_id: For ``"cuda"``, the index Triton knows that GPU by.
     """
 
     inputs: tuple[SpecLike, ...] | None = None
@@ -104,6 +107,9 @@ class Registration:
     model_version: str = ""
     max_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
     max_element_bytes: tuple[tuple[str, int], ...] = ()
+    memory: str = "system"
+    device: str | None = None
+    triton_device_id: int | None = None
 
     @classmethod
     def of(
@@ -115,6 +121,9 @@ class Registration:
         model_version: str,
         max_shapes: Mapping[str, Sequence[int]] | None,
         max_element_bytes: Mapping[str, int] | None,
+        memory: str = "system",
+        device: str | None = None,
+        triton_device_id: int | None = None,
     ) -> Registration:
         """The registration of these arguments (hashable, comparable)."""
         return cls(
@@ -124,6 +133,9 @@ class Registration:
             model_version=model_version,
             max_shapes=tuple(sorted((k, tuple(v)) for k, v in (max_shapes or {}).items())),
             max_element_bytes=tuple(sorted((max_element_bytes or {}).items())),
+            memory=memory,
+            device=device,
+            triton_device_id=triton_device_id,
         )
 
     @property

@@ -27,11 +27,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import grpc
-import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
+from . import _cuda
 from ._changes import Registration, changed_error, differences
 from ._defaults import DEFAULT_RECONNECT_TIMEOUT_S, DEFAULT_URL
 from ._engine import (
@@ -52,9 +52,19 @@ from ._exceptions import (
     ModelSpecError,
     TritonServerError,
 )
+from ._gpu_tensors import OUTPUT_KINDS
 from ._header import MAX_SLOTS, RegionHeader
 from ._headers import REDACTED, Keys, Metadata, normalize
 from ._inputs import InputValue, prepare_batch
+from ._memory import (
+    CUDA,
+    SYSTEM,
+    CudaMemory,
+    SlotMemory,
+    check_memory_options,
+    check_numeric,
+    region_bytes,
+)
 from ._options import ParameterValue, RequestOptions, request_options, select_outputs
 from ._pool import PoolStats, SlotPool, SlotSource
 from ._reaper import watch
@@ -64,7 +74,7 @@ from ._settle import Settler, unregister_slots
 from ._shm import SharedMemoryRegion, ensure_room, mib, new_region_name, slot_key
 from ._specs import ModelSpec, SlotLayout, SpecLike
 from ._tls import ReloadingChannel, TlsFiles, diagnose
-from ._transport import as_asyncio_future, translate_error
+from ._transport import as_asyncio_future, status_and_message, translate_error
 
 __all__ = ["TritonSHMClient"]
 
@@ -113,12 +123,18 @@ def _release_pool(pool: ModelPool, stub: Any, wait_s: float, keys: Keys, settler
     settler.forget(pool)
     if not pool.region.owner:  # attached: the owner unregisters and unlinks it
         if all_free:
+            pool.memory.release()
             pool.region.close()
         return
+    held: list[int] = list(range(pool.memory.slot_count))
     try:
         left_s = max(0.0, deadline - time.monotonic())
-        unregister_slots(stub, pool.slot_keys, keys.metadata(), in_use_wait_s=left_s)
+        held = unregister_slots(
+            stub, pool.memory, pool.slot_keys, keys.metadata(), in_use_wait_s=left_s
+        )
     finally:
+        if all_free:
+            pool.memory.release(held)
         pool.region.unlink()
         if all_free:
             pool.region.close()
@@ -235,6 +251,9 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         max_shapes: Mapping[str, Sequence[int]] | None = None,
         max_element_bytes: Mapping[str, int] | None = None,
         replace: bool = False,
+        memory: str = SYSTEM,
+        device: int | str | None = None,
+        triton_device_id: int | None = None,
     ) -> ModelSpec:
         """Allocates a slot pool for a model and registers it with Triton.
 
@@ -266,6 +285,17 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
                 ``{"TEXT": 256, "UPPER": 256}``: slots are sized for it.
             replace: If the model is registered with other specs, lay its pool out anew for
                 these (calls in flight finish on the old pool) instead of raising.
+            memory: Where the slots live: ``"system"`` (POSIX shared memory) or ``"cuda"``
+                (GPU memory, through Triton's CUDA shared memory: inputs may then also be GPU
+                tensors, and outputs come back as GPU tensors on request, see
+                :meth:`infer_shm`). GPU memory needs an NVIDIA GPU and driver here and in
+                Triton's reach, and the ``[cuda]`` extra; models with BYTES tensors stay in
+                system memory.
+            device: For ``memory="cuda"``, the GPU: an index in this process (``0``,
+                ``"cuda:1"``), a UUID (``"GPU-..."``), or ``None`` for the current CUDA device.
+            triton_device_id: For ``memory="cuda"``, the index Triton knows that GPU by;
+                ``None`` guesses it from ``CUDA_VISIBLE_DEVICES`` (right where Triton sees every
+                GPU of the machine, as in its container by default).
 
         Returns:
             The resolved :class:`ModelSpec`.
@@ -278,6 +308,10 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             AccessDeniedError: Triton restricts shared memory or model configuration, and the
                 client's headers lack the key (nothing was left behind).
             ServerUnreachableError: Triton stayed unreachable for ``reconnect_timeout_s``.
+            CudaError: ``memory="cuda"`` cannot be used here (no GPU or driver, the bindings
+                missing, a GPU not visible, Triton cannot open the GPU memory); nothing was
+                left behind.
+            GPUMemoryFullError: the GPU has no room for the pool (nothing was left behind).
         """
 
         def register() -> ModelSpec:
@@ -291,6 +325,9 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
                 max_shapes=max_shapes,
                 max_element_bytes=max_element_bytes,
                 replace=replace,
+                memory=memory,
+                device=device,
+                triton_device_id=triton_device_id,
             )
 
         used = self._keys.metadata()
@@ -313,6 +350,9 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         max_shapes: Mapping[str, Sequence[int]] | None,
         max_element_bytes: Mapping[str, int] | None,
         replace: bool,
+        memory: str,
+        device: int | str | None,
+        triton_device_id: int | None,
     ) -> ModelSpec:
         self._check_open()
         if not 1 <= pool_size <= MAX_SLOTS:
@@ -320,6 +360,12 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
                 f"model {model_name!r}: pool_size must be >= 1 and <= {MAX_SLOTS}, got {pool_size}",
                 model=model_name,
             )
+        check_memory_options(model_name, memory, device, triton_device_id)
+        gpu = None
+        if memory == CUDA:  # the GPU by its UUID: the same in every process, every layout
+            gpu = _cuda.find_device(device)
+            if triton_device_id is None:
+                triton_device_id = _cuda.triton_device_id(gpu)
         registration = Registration.of(
             inputs=inputs,
             outputs=outputs,
@@ -327,6 +373,9 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             model_version=model_version,
             max_shapes=max_shapes,
             max_element_bytes=max_element_bytes,
+            memory=memory,
+            device=None if gpu is None else gpu.uuid,
+            triton_device_id=triton_device_id,
         )
         spec = registration.resolve(
             model_name, lambda: self._load_config(model_name, model_version)
@@ -336,14 +385,19 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             if existing is None:
                 self._pools[model_name] = self._create_pool(spec, pool_size, registration)
                 return spec
-            if existing.spec == spec and existing.slots.size == pool_size:
+            same_memory = existing.registration is None or (
+                existing.registration.memory,
+                existing.registration.device,
+            ) == (memory, registration.device)
+            if existing.spec == spec and existing.slots.size == pool_size and same_memory:
                 return spec
             # The same request of a pool that follows the model: the model changed meanwhile.
             follows = existing.registration == registration and registration.follows
             if not (replace or (follows and existing.slots.size == pool_size)):
                 raise ModelSpecError(
                     f"model {model_name!r} is already registered with other specs "
-                    f"(pool_size {existing.slots.size}, {existing.spec}); pass replace=True, "
+                    f"(pool_size {existing.slots.size}, memory {existing.memory.kind!r}, "
+                    f"{existing.spec}); pass replace=True, "
                     "or call unregister_shm_model first",
                     model=model_name,
                 )
@@ -420,28 +474,40 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             except InferenceServerException:
                 pass  # best effort; the registration below reports what is wrong
         layout = SlotLayout.for_model(spec)
-        size = layout.region_bytes(pool_size)
+        kind = registration.memory
+        if kind == CUDA:
+            check_numeric(spec)
+        size = region_bytes(kind, layout, pool_size)
+        where = "" if kind == SYSTEM else " (their table; the slots are on the GPU)"
         ensure_room(
             size,
-            what=f"model {spec.name!r}: a pool of {pool_size} slot(s) of {mib(layout.slot_bytes)}",
+            what=f"model {spec.name!r}: a pool of {pool_size} slot(s) of {mib(layout.slot_bytes)}"
+            + where,
             model=spec.name,
             fix="register the model with a smaller pool_size or max_batch_size",
         )
         if self._crash_cleanup:
             watch(self._url)
-        region = SharedMemoryRegion.create(new_region_name(spec.name), size, slots=pool_size)
+        region = SharedMemoryRegion.create(
+            new_region_name(spec.name), size, slots=pool_size if kind == SYSTEM else 0
+        )
+        try:
+            memory = self._slot_memory(region, layout, pool_size, registration, spec.name)
+        except BaseException:
+            region.unlink()
+            region.close()
+            raise
         keys = [slot_key(region.name, slot) for slot in range(pool_size)]
         registered = False
         try:
-            self._register_slots(region, keys, reconnect, model=spec.name)
+            self._register_slots(memory, keys, reconnect, model=spec.name)
             registered = True
             header = RegionHeader(region.buffer, pool_size)
             slots = SlotPool(pool_size, name=spec.name)
             pool = ModelPool.over(
                 spec,
-                region,
+                memory,
                 slots,
-                pool_size,
                 header,
                 registration=registration,
                 generation=generation,
@@ -451,14 +517,34 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
                 self._on_new_pool(pool)
         except BaseException as exc:
             # Registered, or interrupted (Ctrl-C) while Triton may have been registering it.
+            held: list[int] = []
             if registered or not isinstance(exc, Exception):
-                unregister_slots(self._client_stub, keys, self._keys.metadata())
+                held = unregister_slots(self._client_stub, memory, keys, self._keys.metadata())
+            memory.release(held)
             region.unlink()
             region.close()
             raise
         pool.wake_settler = self._settler.notify
         self._settler.watch(pool)
         return pool
+
+    @staticmethod
+    def _slot_memory(
+        region: SharedMemoryRegion,
+        layout: SlotLayout,
+        pool_size: int,
+        registration: Registration,
+        model: str,
+    ) -> SlotMemory:
+        """The memory of a new region's slots, as ``registration`` asks (GPU memory is
+        allocated here)."""
+        if registration.memory == SYSTEM:
+            return SlotMemory(region, layout, pool_size)
+        assert registration.triton_device_id is not None
+        device = _cuda.find_device(registration.device)
+        return CudaMemory.create(
+            region, layout, pool_size, device, registration.triton_device_id, model=model
+        )
 
     # ------------------------------------------------------------------ model changes
 
@@ -579,13 +665,24 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         options: RequestOptions | None,
         slot_timeout_s: float | None,
         request_id: str,
+        outputs_as: str = "numpy",
     ) -> Steps:
         """The steps of one call on ``pool``, its inputs and options checked against it.
 
         Raises:
             InvalidInputError: naming what does not match (nothing was written).
         """
-        batch = prepare_batch(pool.spec, inputs)
+        device = pool.memory.device
+        if outputs_as not in OUTPUT_KINDS or (outputs_as != "numpy" and device is None):
+            raise InvalidInputError(
+                f"model {pool.spec.name!r}: outputs_as must be one of {OUTPUT_KINDS} ('torch' "
+                f"and 'cupy' for a pool in GPU memory, memory='cuda'), got {outputs_as!r} for "
+                f"a pool in {pool.memory.kind} memory",
+                model=pool.spec.name,
+                expected=OUTPUT_KINDS if device is not None else ("numpy",),
+                actual=outputs_as,
+            )
+        batch = prepare_batch(pool.spec, inputs, device)
         chosen = None if options is None else select_outputs(pool.spec, options)
         if chosen is not None and chosen.is_sequence and batch.size > pool.spec.batch_capacity:
             raise InvalidInputError(
@@ -600,7 +697,12 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             )
         self._maybe_check(pool)
         return run(
-            pool, batch, slot_timeout_s=slot_timeout_s, request_id=request_id, options=chosen
+            pool,
+            batch,
+            slot_timeout_s=slot_timeout_s,
+            request_id=request_id,
+            options=chosen,
+            outputs_as=outputs_as,
         )
 
     def _maybe_check(self, pool: ModelPool) -> None:
@@ -625,19 +727,16 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
     def _attach_pool(
         self,
         spec: ModelSpec,
-        region: SharedMemoryRegion,
+        memory: SlotMemory,
         slots: SlotSource,
-        slot_count: int,
         reregister: Callable[[], None],
         generation: int = 0,
     ) -> None:
         """Uses an attached region somebody else owns and registered (the Ray node actor), on
         the slots ``slots`` hands out; replaces an earlier attachment of the model."""
         self._check_open()
-        header = RegionHeader(region.buffer, slot_count)
-        pool = ModelPool.over(
-            spec, region, slots, slot_count, header, reregister, generation=generation
-        )
+        header = RegionHeader(memory.region.buffer, memory.slot_count)
+        pool = ModelPool.over(spec, memory, slots, header, reregister, generation=generation)
         with self._registry_lock:
             stale = self._pools.get(spec.name)
             self._pools[spec.name] = pool
@@ -684,12 +783,12 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
                 pool.reregister()
                 pool.epoch += 1
                 return
-            self._register_slots(pool.region, pool.slot_keys, reconnect, model=pool.spec.name)
+            self._register_slots(pool.memory, pool.slot_keys, reconnect, model=pool.spec.name)
             pool.epoch += 1
 
     def _register_slots(
         self,
-        region: SharedMemoryRegion,
+        memory: SlotMemory,
         keys: Sequence[str],
         reconnect: Reconnect,
         *,
@@ -704,30 +803,32 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         """
         used = self._keys.metadata()
         try:
-            self._register_each(region, keys, reconnect, model=model)
+            self._register_each(memory, keys, reconnect, model=model)
         except AccessDeniedError:
             if not self._keys.refused(used):
                 raise
-            self._register_each(region, keys, self._reconnect(model), model=model)
+            self._register_each(memory, keys, self._reconnect(model), model=model)
 
     def _register_each(
         self,
-        region: SharedMemoryRegion,
+        memory: SlotMemory,
         keys: Sequence[str],
         reconnect: Reconnect,
         *,
         model: str,
     ) -> None:
-        for key in keys:
+        stub = self._client_stub
+        for slot, key in enumerate(keys):
             try:
                 reconnect.call(
-                    lambda key=key: self.register_system_shared_memory(key, "/" + key, region.size)  # type: ignore[misc]
+                    lambda key=key, slot=slot: memory.register(  # type: ignore[misc]
+                        stub, key, slot, self._get_metadata(None)
+                    )
                 )
-            except InferenceServerException as exc:
-                if exc.status() != str(grpc.StatusCode.ALREADY_EXISTS):
-                    raise translate_error(
-                        exc, model=model, action="registering shared memory"
-                    ) from exc
+            except grpc.RpcError as exc:
+                if status_and_message(exc)[0] != str(grpc.StatusCode.ALREADY_EXISTS):
+                    error = translate_error(exc, model=model, action="registering shared memory")
+                    raise memory.explain(error) from exc
 
     # ------------------------------------------------------------------ inference
 
@@ -748,7 +849,8 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         sequence_end: bool = False,
         parameters: Mapping[str, ParameterValue] | None = None,
         outputs: Sequence[str] | None = None,
-    ) -> dict[str, np.ndarray]:
+        outputs_as: str = "numpy",
+    ) -> dict[str, Any]:
         """Runs inference through the model's shared-memory slots.
 
         Inputs larger than ``max_batch_size`` are split into chunks, up to ``pool_size`` of
@@ -757,7 +859,10 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         Args:
             model_name: A model registered with :meth:`register_shm_model`.
             inputs: ``{name: array}``; an array holds the whole batch, or is a list of
-                per-sample arrays.
+                per-sample arrays. A pool in GPU memory also takes GPU tensors on its GPU
+                (torch, cupy, JAX: anything with ``__cuda_array_interface__`` or
+                ``__dlpack__``), copied device to device after the work queued on their
+                stream.
             slot_timeout_s: How long to wait for a free slot (``None``: as long as it takes).
             client_timeout_s: How long to wait for Triton's answer to each request (each
                 chunk), from when it is sent; past it the call raises
@@ -782,6 +887,8 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             parameters: Custom parameters for the model (str, int, float or bool values); names
                 the library or Triton use themselves are refused.
             outputs: Ask for these outputs only (``None``: all); only they are returned.
+            outputs_as: ``"numpy"`` (the default), or for a pool in GPU memory ``"torch"`` or
+                ``"cupy"``: tensors on the pool's GPU, never through the host.
 
         Returns:
             ``{output name: array}``; the arrays belong to the caller.
@@ -844,7 +951,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         moves = 0
         while True:
             try:
-                steps = self._steps(pool, inputs, options, slot_timeout_s, request_id)
+                steps = self._steps(pool, inputs, options, slot_timeout_s, request_id, outputs_as)
                 return drive(steps, do)
             except AccessDeniedError:
                 if rotated or not self._keys.refused(keys):
@@ -875,7 +982,8 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         sequence_end: bool = False,
         parameters: Mapping[str, ParameterValue] | None = None,
         outputs: Sequence[str] | None = None,
-    ) -> dict[str, np.ndarray]:
+        outputs_as: str = "numpy",
+    ) -> dict[str, Any]:
         """:meth:`infer_shm` for coroutines: same semantics, no thread blocked while waiting.
 
         Waiting for a slot and for Triton's answer both happen on the event loop. Cancelling
@@ -926,7 +1034,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         moves = 0
         while True:
             try:
-                steps = self._steps(pool, inputs, options, slot_timeout_s, request_id)
+                steps = self._steps(pool, inputs, options, slot_timeout_s, request_id, outputs_as)
                 return await drive_async(steps, do)
             except AccessDeniedError:
                 if rotated or not self._keys.refused(keys):

@@ -35,19 +35,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
-import numpy as np
 from tritonclient.grpc import service_pb2
 
 from ._changes import Registration, answer_mismatch, is_change_symptom
 from ._exceptions import TritonServerError, TritonSHMError
+from ._gpu_tensors import DeviceOutputs
 from ._header import RegionHeader
 from ._inputs import Batch
+from ._memory import SlotIO, SlotMemory
 from ._options import RequestOptions
 from ._outputs import OutputAssembler, empty_outputs, overflow_message
 from ._pool import SlotSource
 from ._reconnect import is_restart_symptom
 from ._shm import SharedMemoryRegion, slot_key
-from ._specs import ModelSpec, SlotLayout, SlotViews
+from ._specs import ModelSpec, SlotLayout
 from ._transport import (
     SlotRequests,
     expected_header,
@@ -78,7 +79,7 @@ class Step(enum.Enum):
     SETTLE = enum.auto()
 
 
-Steps = Generator[tuple[Step, Any], Any, dict[str, np.ndarray]]
+Steps = Generator[tuple[Step, Any], Any, dict[str, Any]]
 
 
 class SuspectedChange(Exception):
@@ -112,6 +113,9 @@ class PoolRetired(Exception):
 class ModelPool:
     """A registered model: its spec, its region cut into slots, and a request per slot.
 
+    Where the slots' bytes live (the region's pages, or a GPU) is its ``memory``'s concern
+    alone (see :mod:`._memory`).
+
     The client either owns the region (it created and registered it, and unregisters and
     unlinks it) or attached a region somebody else owns (the Ray node actor), in which case
     ``reregister`` asks the owner to register it again after Triton forgot it.
@@ -120,10 +124,11 @@ class ModelPool:
     spec: ModelSpec
     layout: SlotLayout
     region: SharedMemoryRegion
+    memory: SlotMemory
     slots: SlotSource
     requests: SlotRequests
-    #: Typed views of every slot's tensors (they keep the mapping alive until collected).
-    views: list[SlotViews]
+    #: Every slot's tensors, as the engine writes and reads them.
+    views: list[SlotIO]
     header: RegionHeader
     #: Each slot's name in Triton (see :func:`._shm.slot_key`).
     slot_keys: list[str]
@@ -158,27 +163,25 @@ class ModelPool:
     def over(
         cls,
         spec: ModelSpec,
-        region: SharedMemoryRegion,
+        memory: SlotMemory,
         slots: SlotSource,
-        slot_count: int,
         header: RegionHeader,
         reregister: Callable[[], None] | None = None,
         registration: Registration | None = None,
         generation: int = 0,
     ) -> ModelPool:
-        """A pool over ``slot_count`` slots of ``region``, laid out for ``spec``."""
-        layout = SlotLayout.for_model(spec)
-        keys = [slot_key(region.name, slot) for slot in range(slot_count)]
+        """A pool over the slots of ``memory``, laid out for ``spec``."""
+        region, count = memory.region, memory.slot_count
+        keys = [slot_key(region.name, slot) for slot in range(count)]
+        bases = [memory.offset(slot) for slot in range(count)]
         return cls(
             spec=spec,
-            layout=layout,
+            layout=memory.layout,
             region=region,
+            memory=memory,
             slots=slots,
-            requests=SlotRequests(spec, layout, keys),
-            views=[
-                SlotViews(spec, layout, region.buffer, layout.slot_offset(slot))
-                for slot in range(slot_count)
-            ],
+            requests=SlotRequests(spec, memory.layout, keys, bases),
+            views=memory.views(spec),
             header=header,
             slot_keys=keys,
             reregister=reregister,
@@ -303,7 +306,9 @@ class Chunk:
             return None
         return max(0.0, timeout_s - (time.monotonic_ns() - self.sent_ns) / 1e9)
 
-    def collect(self, outputs: OutputAssembler, response: service_pb2.ModelInferResponse) -> None:
+    def collect(
+        self, outputs: OutputAssembler | DeviceOutputs, response: service_pb2.ModelInferResponse
+    ) -> None:
         """Copies the outputs out of the slot, counts the request, then frees the slot."""
         pool, slot = self.pool, self.slot
         try:
@@ -362,12 +367,18 @@ def run(
     slot_timeout_s: float | None,
     request_id: str,
     options: RequestOptions | None = None,
+    outputs_as: str = "numpy",
 ) -> Steps:
-    """The steps of one inference call of ``batch``; returns the outputs."""
+    """The steps of one inference call of ``batch``; returns the outputs (NumPy arrays, or
+    GPU tensors of ``outputs_as`` for a pool in GPU memory)."""
     names = None if options is None else options.outputs
     if batch.size == 0:
         return empty_outputs(pool.spec, names)
-    outputs = OutputAssembler(pool.spec, batch.size, names)
+    outputs: OutputAssembler | DeviceOutputs
+    if outputs_as == "numpy" or pool.memory.device is None:
+        outputs = OutputAssembler(pool.spec, batch.size, names)
+    else:
+        outputs = DeviceOutputs(pool.spec, batch.size, names, outputs_as, pool.memory.device)
     if batch.size <= pool.spec.batch_capacity:  # one chunk, the common case
         only = pool.take((yield Step.SLOT, slot_timeout_s))
         chunk = Chunk.write(pool, only, batch, 0, batch.size, request_id, options)
@@ -444,7 +455,7 @@ def _send(chunk: Chunk) -> Generator[tuple[Step, Any], Any, None]:
         raise
 
 
-def drive(steps: Steps, do: Callable[[Step, Any], Any]) -> dict[str, np.ndarray]:
+def drive(steps: Steps, do: Callable[[Step, Any], Any]) -> dict[str, Any]:
     """Runs ``steps`` to the end, doing each step with ``do`` (which blocks)."""
     result: Any = None
     error: BaseException | None = None
@@ -462,9 +473,7 @@ def drive(steps: Steps, do: Callable[[Step, Any], Any]) -> dict[str, np.ndarray]
         steps.close()  # an interrupt between two steps: the generator gives its slots back
 
 
-async def drive_async(
-    steps: Steps, do: Callable[[Step, Any], Awaitable[Any]]
-) -> dict[str, np.ndarray]:
+async def drive_async(steps: Steps, do: Callable[[Step, Any], Awaitable[Any]]) -> dict[str, Any]:
     """:func:`drive` for coroutines: ``do`` returns an awaitable."""
     result: Any = None
     error: BaseException | None = None

@@ -11,6 +11,9 @@
     ├── OverloadedError (RuntimeError)         too many callers already waiting
     ├── ClientClosedError (RuntimeError)       the client or pool was closed
     ├── SharedMemoryFullError (OSError)        /dev/shm has no room for a pool (errno ENOSPC)
+    ├── CudaError (RuntimeError)               GPU memory cannot be used here: no GPU or
+    │   │                                      driver, no CUDA bindings, a GPU not visible
+    │   └── GPUMemoryFullError (MemoryError)   the GPU has no room for a pool
     ├── LocalServerError (RuntimeError)        the embedded Triton could not be set up or started
     └── TritonServerError (RuntimeError)       Triton answered with an error; keeps its status
         ├── ModelChangedError (ValueError)     the model's config on Triton no longer matches
@@ -39,6 +42,8 @@ from typing import Any
 __all__ = [
     "AccessDeniedError",
     "ClientClosedError",
+    "CudaError",
+    "GPUMemoryFullError",
     "InvalidInputError",
     "LocalServerError",
     "ModelChangedError",
@@ -188,6 +193,55 @@ class SharedMemoryFullError(TritonSHMError, OSError):
         self, message: str, *, model: str | None = None, needed: int = 0, free: int = 0
     ) -> None:
         super().__init__(message, model=model)
+        self.needed = needed
+        self.free = free
+
+
+class CudaError(TritonSHMError, RuntimeError):
+    """A pool in GPU memory (``memory="cuda"``) cannot be made or used here: no NVIDIA driver
+    or GPU, the CUDA bindings missing (``pip install "ray-triton-shm[cuda]"``), a driver older
+    than they need, a GPU this process does not see, or a CUDA call that failed.
+
+    Raised before anything is left behind: no GPU memory, registration or slot.
+
+    Attributes:
+        cuda_error: The CUDA error's name (``"cudaErrorInsufficientDriver"``...), if one.
+        device: The GPU concerned (its UUID), if one.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        model: str | None = None,
+        cuda_error: str | None = None,
+        device: str | None = None,
+    ) -> None:
+        super().__init__(message, model=model)
+        self.cuda_error = cuda_error
+        self.device = device
+
+
+class GPUMemoryFullError(CudaError, MemoryError):
+    """The GPU has no room for a pool's slots; raised before anything is left behind.
+
+    Attributes:
+        needed: Bytes the pool needs on the GPU.
+        free: Bytes free on the GPU when it was tried.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        model: str | None = None,
+        device: str | None = None,
+        needed: int = 0,
+        free: int = 0,
+    ) -> None:
+        super().__init__(
+            message, model=model, cuda_error="cudaErrorMemoryAllocation", device=device
+        )
         self.needed = needed
         self.free = free
 

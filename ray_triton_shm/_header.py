@@ -4,7 +4,8 @@ A region is shared by its owner and, in the Ray layer, by every process on the n
 its slots (see :mod:`._shared_slots`). The header lets them coordinate and count without a
 single message. Each word has one writer at a time, so no two processes race on a word:
 
-* the owner's setting ``max_waiting`` (seats for waiting callers), and its ``retired`` flag:
+* the owner's settings: ``max_waiting`` (seats for waiting callers), where the slots' bytes
+  live (system or GPU memory, see :mod:`._memory`), and the ``retired`` flag:
   set once the model's pool moved to a new region (the model changed on Triton), after which
   nobody sends a request on this region's slots;
 * one seat per waiting caller: the slot it queues on (written by the seat's holder);
@@ -32,7 +33,9 @@ from ._specs import REGION_HEADER_BYTES
 __all__ = ["MAX_SEATS", "MAX_SLOTS", "RegionHeader", "SlotCounters"]
 
 # Settings and node-wide words.
-_MAX_WAITING, _RETIRED, _OVERLOADS = 0, 1, 2
+_MAX_WAITING, _RETIRED, _OVERLOADS, _MEMORY = 0, 1, 2, 3
+#: The kinds of memory a region's slots live in, as the header word ``_MEMORY`` stores them.
+_MEMORY_KINDS = ("system", "cuda")
 _FIRST_SEAT_WORD = 16
 #: Most callers that can wait for a slot of one region at once.
 MAX_SEATS = 1024
@@ -108,6 +111,15 @@ class RegionHeader:
     def configure(self, *, max_waiting: int) -> None:
         """Sets the region's limits (its owner calls this before anyone else maps it)."""
         self._word[_MAX_WAITING] = min(max_waiting, MAX_SEATS)
+
+    def set_memory(self, kind: str) -> None:
+        """Records where the slots' bytes live (``"system"`` or ``"cuda"``; by the owner)."""
+        self._word[_MEMORY] = _MEMORY_KINDS.index(kind)
+
+    @property
+    def memory(self) -> str:
+        """Where the slots' bytes live: ``"system"`` (after the header) or ``"cuda"``."""
+        return _MEMORY_KINDS[self._word[_MEMORY]]
 
     @property
     def max_waiting(self) -> int:

@@ -15,13 +15,17 @@ from typing import Any
 import numpy as np
 
 from ._bytes import EncodedBytes, encode
+from ._cuda import Device
 from ._exceptions import InvalidInputError
-from ._specs import ModelSpec, SlotViews, TensorSpec
+from ._gpu_tensors import DeviceInput, as_device_input, is_device_tensor
+from ._memory import SlotIO
+from ._specs import ModelSpec, TensorSpec
 
 __all__ = ["Batch", "prepare_batch"]
 
-#: One input as given by the caller: a batched array, or one array per sample.
-InputValue = np.ndarray | Sequence[np.ndarray]
+#: One input as given by the caller: a batched array, or one array per sample; for a pool in
+#: GPU memory, also a GPU tensor (torch, cupy, JAX... see :mod:`._gpu_tensors`).
+InputValue = np.ndarray | Sequence[np.ndarray] | Any
 
 
 class Batch:
@@ -32,7 +36,8 @@ class Batch:
         size: Number of samples (``1`` for a model that does not batch).
         batched: Whether the model batches (arrays carry a leading batch dim).
         sample_shapes: Actual per-sample shape of each input (the whole shape when unbatched).
-        values: Each input as given: an array, or a tuple of per-sample arrays.
+        values: Each input as given: an array, a tuple of per-sample arrays, or a GPU
+            tensor described as a :class:`DeviceInput`.
         encoded: Each BYTES input, serialized.
     """
 
@@ -43,7 +48,7 @@ class Batch:
         spec: ModelSpec,
         size: int,
         sample_shapes: Mapping[str, tuple[int, ...]],
-        values: Mapping[str, np.ndarray | tuple[np.ndarray, ...]],
+        values: Mapping[str, np.ndarray | tuple[np.ndarray, ...] | DeviceInput],
         encoded: Mapping[str, EncodedBytes] | None = None,
     ) -> None:
         self.spec = spec
@@ -58,8 +63,9 @@ class Batch:
         size = self.spec.batch_capacity
         return [(start, min(start + size, self.size)) for start in range(0, self.size, size)]
 
-    def write_chunk(self, slot: SlotViews, start: int, stop: int) -> list[int]:
-        """Copies samples ``start:stop`` of every input into a slot.
+    def write_chunk(self, slot: SlotIO, start: int, stop: int) -> list[int]:
+        """Copies samples ``start:stop`` of every input into a slot, which holds them once
+        this returns.
 
         Returns:
             The bytes written for each input, in the model's order.
@@ -73,6 +79,12 @@ class Batch:
                 written.append(len(data))
                 continue
             value = self.values[tensor.name]
+            if isinstance(value, DeviceInput):
+                row = value.row_bytes() if self.batched else 0
+                nbytes = (stop - start) * row if self.batched else value.nbytes
+                slot.write_device(tensor.name, value, start * row, nbytes)
+                written.append(nbytes)
+                continue
             sample_shape = self.sample_shapes[tensor.name]
             shape = (stop - start, *sample_shape) if self.batched else sample_shape
             destination = slot.inputs[tensor.name][: math.prod(shape)].reshape(shape)
@@ -81,14 +93,23 @@ class Batch:
             elif isinstance(value, np.ndarray):
                 np.copyto(destination, value[start:stop])
             else:
-                for row, sample in zip(destination, value[start:stop]):
-                    np.copyto(row, sample)
+                for row_view, sample in zip(destination, value[start:stop]):
+                    np.copyto(row_view, sample)
             written.append(destination.nbytes)
+        slot.commit(written)
         return written
 
 
-def prepare_batch(spec: ModelSpec, inputs: Mapping[str, InputValue]) -> Batch:
+def prepare_batch(
+    spec: ModelSpec, inputs: Mapping[str, InputValue], device: Device | None = None
+) -> Batch:
     """Validates ``inputs`` for ``spec`` and returns them as a :class:`Batch`.
+
+    Args:
+        spec: The model.
+        inputs: The caller's inputs.
+        device: The GPU of the pool's slots, which then also takes GPU tensors on it
+            (``None``: a pool in system memory, NumPy arrays only).
 
     Raises:
         InvalidInputError: naming the model, the tensor, what was expected and what came.
@@ -129,10 +150,15 @@ def prepare_batch(spec: ModelSpec, inputs: Mapping[str, InputValue]) -> Batch:
 
     sizes: dict[str, int] = {}
     shapes: dict[str, tuple[int, ...]] = {}
-    values: dict[str, np.ndarray | tuple[np.ndarray, ...]] = {}
+    values: dict[str, np.ndarray | tuple[np.ndarray, ...] | DeviceInput] = {}
     for tensor in spec.inputs:
         value = inputs[tensor.name]
-        if spec.batched:
+        if is_device_tensor(value):
+            described = _device_input(model, tensor, value, device, batched=spec.batched)
+            shape = described.shape[1:] if spec.batched else described.shape
+            size = described.shape[0] if spec.batched else 1
+            sizes[tensor.name], shapes[tensor.name], values[tensor.name] = size, shape, described
+        elif spec.batched:
             size, shape, normalized = _batched_input(model, tensor, value)
         else:
             shape, normalized = _unbatched_input(model, tensor, value)
@@ -152,11 +178,53 @@ def prepare_batch(spec: ModelSpec, inputs: Mapping[str, InputValue]) -> Batch:
         )
     size = next(iter(sizes.values()))
     encoded = {
-        t.name: _encode(model, t, values[t.name], size if spec.batched else 1)
+        t.name: _encode(model, t, values[t.name], size if spec.batched else 1)  # type: ignore[arg-type]
         for t in spec.inputs
         if t.is_bytes
     }
     return Batch(spec, size, shapes, values, encoded)
+
+
+def _device_input(
+    model: str, tensor: TensorSpec, value: Any, device: Device | None, *, batched: bool
+) -> DeviceInput:
+    """Checks a GPU tensor given as input ``tensor`` (dtype, shape, GPU) and describes it."""
+    if device is None:
+        raise InvalidInputError(
+            f"model {model!r}: input {tensor.name!r} is a GPU tensor "
+            f"({type(value).__module__.split('.')[0]}.{type(value).__name__}), but this model's "
+            "pool is in system memory: register the model with memory='cuda', or pass a NumPy "
+            "array",
+            model=model,
+            tensor=tensor.name,
+            expected="np.ndarray",
+            actual=type(value).__name__,
+        )
+    described = as_device_input(value, model=model, tensor=tensor.name)
+    if described.dtype != tensor.dtype:
+        raise InvalidInputError(
+            f"model {model!r}: input {tensor.name!r} must have dtype {tensor.dtype} "
+            f"({tensor.datatype}), got {described.dtype} ({described.kind})",
+            model=model,
+            tensor=tensor.name,
+            expected=str(tensor.dtype),
+            actual=str(described.dtype),
+        )
+    if batched and len(described.shape) != len(tensor.shape) + 1:
+        raise _shape_error(model, tensor, described.shape, batched=True)
+    sample_shape = described.shape[1:] if batched else described.shape
+    _check_sample_shape(model, tensor, sample_shape, described.shape, batched=batched)
+    if described.nbytes and described.device != device.index:
+        raise InvalidInputError(
+            f"model {model!r}: input {tensor.name!r} is on cuda:{described.device}, but the "
+            f"model's slots are on cuda:{device.index} ({device.uuid}); move it there first "
+            f"(.to('cuda:{device.index}'))",
+            model=model,
+            tensor=tensor.name,
+            expected=f"cuda:{device.index}",
+            actual=f"cuda:{described.device}",
+        )
+    return described
 
 
 def _encode(

@@ -15,7 +15,8 @@ import numpy as np
 
 from ._bytes import decode
 from ._exceptions import TritonServerError
-from ._specs import ModelSpec, SlotViews
+from ._memory import SlotIO
+from ._specs import ModelSpec
 
 __all__ = ["OutputAssembler", "empty_outputs", "overflow_message"]
 
@@ -40,7 +41,7 @@ class OutputAssembler:
 
     def add(
         self,
-        slot: SlotViews,
+        slot: SlotIO,
         start: int,
         answered: Iterable[tuple[str, str, tuple[int, ...], bytes]],
     ) -> int:
@@ -59,20 +60,22 @@ class OutputAssembler:
         """
         copied = 0
         for name, _, shape, contents in answered:
-            space = slot.outputs[name]
             strings = name in self._spec.bytes_outputs
-            if strings and name in self._spec.inline_outputs:
-                space = np.frombuffer(contents, np.uint8)
-            read = self._read_bytes if strings else self._read_numbers
-            values, used = read(name, space, shape)
+            if strings:
+                inline = name in self._spec.inline_outputs
+                space = np.frombuffer(contents, np.uint8) if inline else slot.outputs[name]
+                values, used = self._read_bytes(name, space, shape)
+            else:
+                values, used = self._read_numbers(name, slot, shape)
             copied += used
             self._place(name, values, start, fresh=strings)
         return copied
 
     def _read_numbers(
-        self, name: str, space: np.ndarray, shape: tuple[int, ...]
+        self, name: str, slot: SlotIO, shape: tuple[int, ...]
     ) -> tuple[np.ndarray, int]:
         """A view of an output in its slot, and its size in bytes."""
+        space = slot.outputs[name]
         count = math.prod(shape)
         if count > space.size:
             raise TritonServerError(
@@ -81,7 +84,7 @@ class OutputAssembler:
                 "max_shapes entry",
                 model=self._spec.name,
             )
-        view = space[:count].reshape(shape)
+        view = slot.output(name, count * space.itemsize)[:count].reshape(shape)
         return view, view.nbytes
 
     def _read_bytes(

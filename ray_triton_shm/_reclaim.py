@@ -97,18 +97,29 @@ class ReclaimReport:
 
 def _registrations(
     client: grpcclient.InferenceServerClient, headers: Mapping[str, str] | None = None
-) -> dict[str, int]:
+) -> dict[str, tuple[int, bool]]:
     """Triton's registrations by name (a region's slots are registered one by one, see
-    :func:`._shm.slot_key`), with their sizes."""
+    :func:`._shm.slot_key`), with their sizes and whether each is CUDA shared memory (a GPU
+    pool's slot: its owner's GPU memory went with it, but Triton keeps the registration)."""
     answer = client.get_system_shared_memory_status(as_json=True, headers=headers)
-    regions = answer.get("regions", {})
-    return {name: int(info.get("byte_size", 0)) for name, info in regions.items()}
+    found = {
+        name: (int(info.get("byte_size", 0)), False)
+        for name, info in answer.get("regions", {}).items()
+    }
+    try:
+        cuda = client.get_cuda_shared_memory_status(as_json=True, headers=headers)
+    except InferenceServerException:
+        return found  # a Triton without CUDA shared memory holds no GPU registration
+    for name, info in cuda.get("regions", {}).items():
+        found[name] = (int(info.get("byte_size", 0)), True)
+    return found
 
 
 def region_status(
     url: str | None = DEFAULT_URL, *, headers: Mapping[str, str] | Keys | None = None
 ) -> StatusReport:
-    """Lists our regions in ``/dev/shm`` and the system shm registrations of a server.
+    """Lists our regions in ``/dev/shm`` and the shared-memory registrations (system and
+    CUDA) of a server.
 
     Args:
         url: Triton's gRPC address; ``None`` to look at this machine only.
@@ -124,7 +135,7 @@ def region_status(
             with tritonclient_for(url) as client:
                 registered = {
                     region_of(name): size
-                    for name, size in _registrations(client, _headers(headers)).items()
+                    for name, (size, _) in _registrations(client, _headers(headers)).items()
                 }
         except InferenceServerException as exc:
             server_error = str(translate_error(exc, action="reading shared memory status"))
@@ -168,13 +179,17 @@ def reclaim_dead_registrations(
         InferenceServerException: when the server cannot be asked.
     """
     reclaimed: set[str] = set()
-    names = [name for name in _registrations(client, headers) if _reclaimable(name, owner)]
+    registrations = _registrations(client, headers)
+    names = [name for name in registrations if _reclaimable(name, owner)]
     deadline = time.monotonic() + in_use_wait_s
     while names:
         in_use = []
         for name in names:
             try:
-                client.unregister_system_shared_memory(name, headers=headers)
+                if registrations[name][1]:
+                    client.unregister_cuda_shared_memory(name, headers=headers)
+                else:
+                    client.unregister_system_shared_memory(name, headers=headers)
             except InferenceServerException as exc:
                 if is_in_use(exc):
                     in_use.append(name)

@@ -8,7 +8,8 @@ So such a slot is **abandoned** (its header word ``abandoned_since`` is set, see
 :mod:`._header`), and nobody takes it until its region's owner has proven Triton done with it.
 
 The proof is Triton's own reference count. Every slot is registered under a name of its own (a
-hard link to the region's file, see :func:`._shm.slot_key`), and Triton refuses to unregister
+hard link to the region's file, see :func:`._shm.slot_key`; a GPU slot by its own CUDA IPC
+handle, see :mod:`._memory`), and Triton refuses to unregister
 a registration that a request still uses ("currently in use", counted per registration). The
 owner's :class:`Settler` therefore tries to unregister an abandoned slot's name: refused, the
 request still runs, and it tries again a moment later; done (or the name was unknown, after
@@ -34,15 +35,15 @@ import weakref
 from collections.abc import Sequence
 
 import grpc
-from tritonclient.grpc import service_pb2
 
 from ._engine import ModelPool
 from ._exceptions import ClientClosedError
 from ._headers import Keys, Metadata
+from ._memory import SlotMemory
 from ._shared_slots import SharedSlots
 from ._transport import expected_header, is_in_use, never_reached
 
-__all__ = ["POLL_S", "SWEEP_S", "Settler", "register_slot", "unregister_slots", "unregister_slot"]
+__all__ = ["POLL_S", "SWEEP_S", "Settler", "unregister_slots"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,56 +51,42 @@ logger = logging.getLogger(__name__)
 POLL_S = 0.05
 #: How often a region shared with other processes is swept for holders that died.
 SWEEP_S = 0.25
-#: Deadline of each unregister/register call the settler makes (Triton may be gone).
-_CALL_TIMEOUT_S = 5.0
-
-
-def unregister_slot(stub: object, key: str, metadata: Metadata) -> None:
-    """Unregisters one slot's name from Triton (a name Triton does not know is fine).
-
-    Raises:
-        grpc.RpcError: Triton refused (a request still uses the slot) or is unreachable.
-    """
-    request = service_pb2.SystemSharedMemoryUnregisterRequest(name=key)
-    stub.SystemSharedMemoryUnregister(request, metadata=metadata, timeout=_CALL_TIMEOUT_S)  # type: ignore[attr-defined]
-
-
-def register_slot(stub: object, key: str, size: int, metadata: Metadata) -> None:
-    """Registers one slot's name (over the whole region: offsets count from its start).
-
-    Raises:
-        grpc.RpcError: Triton refused (``ALREADY_EXISTS`` included) or is unreachable.
-    """
-    request = service_pb2.SystemSharedMemoryRegisterRequest(
-        name=key, key="/" + key, offset=0, byte_size=size
-    )
-    stub.SystemSharedMemoryRegister(request, metadata=metadata, timeout=_CALL_TIMEOUT_S)  # type: ignore[attr-defined]
 
 
 def unregister_slots(
-    stub: object, keys: Sequence[str], metadata: Metadata, *, in_use_wait_s: float = 0.0
-) -> None:
-    """Unregisters slots' names, trying again for up to ``in_use_wait_s`` those a request
-    still uses; gives up quietly where Triton is gone or the channel is closed (nothing
-    registered outlives a Triton), or past the wait (the watchdog, or the next client, takes
-    them back; see :mod:`._reclaim`)."""
+    stub: object,
+    memory: SlotMemory,
+    keys: Sequence[str],
+    metadata: Metadata,
+    *,
+    in_use_wait_s: float = 0.0,
+) -> list[int]:
+    """Unregisters slots' names (``keys[slot]``), trying again for up to ``in_use_wait_s``
+    those a request still uses; gives up quietly where Triton is gone or the channel is closed
+    (nothing registered outlives a Triton), or past the wait (the watchdog, or the next
+    client, takes them back; see :mod:`._reclaim`).
+
+    Returns:
+        The slots Triton still holds (a request used them past the wait).
+    """
     deadline = time.monotonic() + in_use_wait_s
-    pending = list(keys)
+    pending = list(range(len(keys)))
     while pending:
         in_use = []
-        for key in pending:
+        for slot in pending:
             try:
-                unregister_slot(stub, key, metadata)
+                memory.unregister(stub, keys[slot], metadata)
             except grpc.RpcError as exc:
                 if is_in_use(exc):
-                    in_use.append(key)
+                    in_use.append(slot)
             except ValueError:
-                return  # the channel is closed
+                return []  # the channel is closed
         pending = in_use
         if pending and time.monotonic() < deadline:
             time.sleep(POLL_S)
         else:
-            return
+            return pending
+    return []
 
 
 class Settler:
@@ -193,7 +180,7 @@ class Settler:
         key = pool.slot_keys[slot]
         used = self._keys.metadata()
         try:
-            unregister_slot(self._stub, key, used)
+            pool.memory.unregister(self._stub, key, used)
         except grpc.RpcError as exc:
             if never_reached(exc):
                 return True  # no Triton runs here any more; the next one registers it anew
@@ -209,7 +196,7 @@ class Settler:
                 )
             return False  # still in use (or no answer): try again later
         try:
-            register_slot(self._stub, key, pool.region.size, self._keys.metadata())
+            pool.memory.register(self._stub, key, slot, self._keys.metadata())
         except grpc.RpcError:
             pass  # a request that finds it missing registers it again (see _engine)
         return True

@@ -21,7 +21,7 @@ from tritonclient.utils import np_to_triton_dtype, triton_to_np_dtype
 
 from ._exceptions import ModelSpecError
 
-__all__ = ["ModelSpec", "SlotLayout", "SlotViews", "TensorSpec", "resolve_model_spec"]
+__all__ = ["ModelSpec", "SlotLayout", "TensorSpec", "resolve_model_spec"]
 
 #: Tensor offsets inside a slot are multiples of this (cache line, and enough for any dtype).
 TENSOR_ALIGNMENT = 64
@@ -158,7 +158,7 @@ class SlotLayout:
     """Byte layout of one slot: where each tensor of one full batch lives.
 
     A region holds a header (:class:`~ray_triton_shm._header.RegionHeader`), then its slots
-    one after the other.
+    one after the other (in system memory; see :mod:`._memory` for slots on a GPU).
 
     Attributes:
         input_offsets: Offset of each input inside a slot.
@@ -197,31 +197,6 @@ class SlotLayout:
     def region_bytes(self, slots: int) -> int:
         """Size of a region of ``slots`` slots, header included."""
         return self.slot_offset(slots)
-
-
-class SlotViews:
-    """Flat typed views of each tensor's place in one slot, made once and reused by every call.
-
-    Attributes:
-        inputs: Per input name, a 1-D array over its whole reserved space.
-        outputs: Per output name, the same.
-    """
-
-    __slots__ = ("inputs", "outputs")
-
-    def __init__(self, spec: ModelSpec, layout: SlotLayout, buffer: Any, base: int) -> None:
-        def views(tensors: tuple[TensorSpec, ...], kind: str, offsets: Mapping[str, int]) -> Any:
-            result = {}
-            for t in tensors:
-                dtype = np.dtype(np.uint8) if t.is_bytes else t.dtype  # BYTES: serialized
-                capacity = layout.capacities[f"{kind}:{t.name}"]
-                result[t.name] = np.frombuffer(
-                    buffer, dtype, capacity // dtype.itemsize, base + offsets[t.name]
-                )
-            return result
-
-        self.inputs: dict[str, np.ndarray] = views(spec.inputs, "in", layout.input_offsets)
-        self.outputs: dict[str, np.ndarray] = views(spec.outputs, "out", layout.output_offsets)
 
 
 def _align(value: int, alignment: int) -> int:

@@ -174,15 +174,21 @@ class SlotRequests:
     Args:
         spec: The model.
         layout: Where each tensor lives inside a slot.
-        slot_keys: The name each slot is registered under in Triton (the whole region, so
-            offsets count from the region's start).
+        slot_keys: The name each slot is registered under in Triton.
+        bases: Where each slot starts in its registration (a system slot's registration is
+            the whole region; a GPU slot's, the slot alone).
     """
 
-    def __init__(self, spec: ModelSpec, layout: SlotLayout, slot_keys: Sequence[str]) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        layout: SlotLayout,
+        slot_keys: Sequence[str],
+        bases: Sequence[int],
+    ) -> None:
         self._spec = spec
         self._requests = [
-            self._build(spec, layout, key, layout.slot_offset(slot))
-            for slot, key in enumerate(slot_keys)
+            self._build(spec, layout, key, base) for key, base in zip(slot_keys, bases)
         ]
         slot_count = len(slot_keys)
         # Shapes and byte sizes each slot's request was last sent with: most calls repeat them.

@@ -64,6 +64,8 @@ logger = logging.getLogger(__name__)
 
 #: Ray namespace of the node actors.
 NAMESPACE = "ray_triton_shm"
+#: Ray leaves CUDA_VISIBLE_DEVICES alone in a worker with this variable set.
+_NOSET_CUDA_VISIBLE_DEVICES = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
 
 
 def actor_name(node_id: str) -> str:
@@ -229,8 +231,14 @@ class TritonNodeActor:
         max_shapes: Mapping[str, Sequence[int]] | None = None,
         max_element_bytes: Mapping[str, int] | None = None,
         replace: bool = False,
+        memory: str = "system",
+        device: str | None = None,
+        triton_device_id: int | None = None,
     ) -> ModelRegistration:
         """Registers a model (a no-op when already registered with the same specs).
+
+        ``memory="cuda"`` puts its slots on the GPU ``device`` (a UUID: the actor sees every
+        GPU of the node, whatever its callers see).
 
         With ``replace``, a model registered with other specs is laid out anew for these:
         every process on the node moves to the new region at its next call.
@@ -255,6 +263,9 @@ class TritonNodeActor:
             max_shapes=max_shapes,
             max_element_bytes=max_element_bytes,
             replace=replace,
+            memory=memory,
+            device=device,
+            triton_device_id=triton_device_id,
         )
         del spec  # the pool's own spec: another caller may have laid it out anew meanwhile
         return self._registration(self._client._pool(model_name))
@@ -302,7 +313,7 @@ class TritonNodeActor:
                 incarnation=incarnation,
             )
         reconnect = self._client._reconnect(model_name)
-        self._client._register_slots(pool.region, pool.slot_keys, reconnect, model=model_name)
+        self._client._register_slots(pool.memory, pool.slot_keys, reconnect, model=model_name)
 
     @ray.method(concurrency_group="control")
     def stats(self) -> NodeStats:
@@ -580,6 +591,9 @@ def get_node_actor(
         get_if_exists=True,
         lifetime="detached",
         num_cpus=0,
+        # It holds no GPU, yet allocates GPU pools on whichever GPU of the node a caller asks
+        # for: Ray must not hide the node's GPUs from it (CUDA_VISIBLE_DEVICES="").
+        runtime_env={"env_vars": {_NOSET_CUDA_VISIBLE_DEVICES: "1"}},
         max_restarts=-1,
         scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
     ).remote(config)

@@ -20,10 +20,10 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import ray
 from ray.exceptions import RayActorError
 
+from .. import _cuda
 from .._client import TritonSHMClient
 from .._defaults import DEFAULT_RECONNECT_TIMEOUT_S
 from .._engine import PoolRetired, SuspectedChange
@@ -31,10 +31,11 @@ from .._exceptions import ClientClosedError, InvalidInputError, StaleLeaseError
 from .._header import RegionHeader
 from .._headers import Keys, normalize
 from .._inputs import InputValue
+from .._memory import CUDA, SYSTEM, check_memory_options, open_memory
 from .._options import ParameterValue, request_options
 from .._shared_slots import SharedSlots
 from .._shm import SharedMemoryRegion
-from .._specs import ModelSpec, SpecLike
+from .._specs import ModelSpec, SlotLayout, SpecLike
 from ._actor import ModelRegistration, get_node_actor
 from ._control import control_call, get
 
@@ -86,8 +87,14 @@ class _Binding:
             count = registration.slot_count
             header = RegionHeader(region.buffer, count)
             try:
+                memory = open_memory(region, SlotLayout.for_model(self.spec), count)
+            except BaseException:  # a GPU this process does not see: said at once
+                region.close()
+                raise
+            try:
                 slots = SharedSlots(region.name, header, count, model=self.spec.name)
             except OSError:
+                memory.release()
                 region.close()
                 return
             try:
@@ -99,15 +106,11 @@ class _Binding:
                     **client_options,
                 )
                 client._attach_pool(
-                    self.spec,
-                    region,
-                    slots,
-                    count,
-                    self._ensure_registered,
-                    registration.generation,
+                    self.spec, memory, slots, self._ensure_registered, registration.generation
                 )
             except BaseException:
                 slots.close(wait_s=0)
+                memory.release()
                 region.close()
                 raise
             self.client = client
@@ -213,6 +216,16 @@ class ShmModel:
             merged over them.
         requested_outputs: The outputs this handle's requests ask for by default (``None``:
             all); a call's own ``outputs=`` wins.
+        memory: Where the model's slots live on the node: ``"system"`` or ``"cuda"`` (GPU
+            memory; see :meth:`TritonSHMClient.register_shm_model`). The node actor allocates
+            them on the GPU ``device`` names, as the process that binds first sees it.
+        device: For ``memory="cuda"``: an index in the binding process (``0``, ``"cuda:0"``),
+            a UUID (``"GPU-..."``), or ``None`` for its current CUDA device (in a replica or
+            task with ``num_gpus=1``: its GPU).
+        triton_device_id: For ``memory="cuda"``, the index Triton knows the GPU by (``None``:
+            the node actor's guess, right when Triton sees every GPU of the node).
+        outputs_as: ``"numpy"``, or for ``memory="cuda"`` ``"torch"`` or ``"cupy"``: outputs
+            as tensors on the GPU; a call's own ``outputs_as=`` wins.
 
     When the model changes on Triton and its specs came from Triton's config (``inputs``,
     ``outputs`` and ``max_batch_size`` left out), the node actor lays its pool out anew, once
@@ -248,8 +261,13 @@ class ShmModel:
         queue_timeout_s: float | None = None,
         parameters: Mapping[str, ParameterValue] | None = None,
         requested_outputs: Sequence[str] | None = None,
+        memory: str = SYSTEM,
+        device: int | str | None = None,
+        triton_device_id: int | None = None,
+        outputs_as: str = "numpy",
     ) -> None:
         # Checked here, where the handle is made, not at its first call in a worker.
+        check_memory_options(model_name, memory, device, triton_device_id)
         request_options(
             model_name,
             priority=priority,
@@ -262,6 +280,7 @@ class ShmModel:
             "queue_timeout_s": queue_timeout_s,
             "parameters": dict(parameters or {}),
             "outputs": None if requested_outputs is None else list(requested_outputs),
+            "outputs_as": outputs_as,
         }
         self.model_name = model_name
         self._register_args: dict[str, Any] = {
@@ -272,7 +291,10 @@ class ShmModel:
             "model_version": model_version,
             "max_shapes": dict(max_shapes) if max_shapes is not None else None,
             "max_element_bytes": dict(max_element_bytes) if max_element_bytes else None,
+            "memory": memory,
+            "triton_device_id": triton_device_id,
         }
+        self._device = device
         self._url = url
         self._zero_copy = zero_copy
         self._slot_timeout_s = slot_timeout_s
@@ -331,6 +353,8 @@ class ShmModel:
         """Registers the model with the node actor; once more with the actor's next
         incarnation if the one found was going away (killed, or its node restarting)."""
         name, args = self.model_name, {**self._register_args, "replace": replace}
+        if args["memory"] == CUDA:  # the GPU as this process sees it, named by its UUID
+            args["device"] = _cuda.find_device(self._device).uuid
         for attempt in range(2):
             actor = get_node_actor(url=self._url, **self._actor_options)
             try:
@@ -455,7 +479,8 @@ class ShmModel:
         sequence_end: bool = False,
         parameters: Mapping[str, ParameterValue] | None = None,
         outputs: Sequence[str] | None = None,
-    ) -> dict[str, np.ndarray]:
+        outputs_as: str | None = None,
+    ) -> dict[str, Any]:
         """Runs the model on a batch; blocks until the outputs are back.
 
         The options are Triton's, as in :meth:`TritonSHMClient.infer_shm`; those left out take
@@ -478,6 +503,7 @@ class ShmModel:
             sequence_end,
             parameters,
             outputs,
+            outputs_as,
         )
         binding = self._bind()
         for retry in range(_MAX_RETRIES + 1):
@@ -509,7 +535,8 @@ class ShmModel:
         sequence_end: bool = False,
         parameters: Mapping[str, ParameterValue] | None = None,
         outputs: Sequence[str] | None = None,
-    ) -> dict[str, np.ndarray]:
+        outputs_as: str | None = None,
+    ) -> dict[str, Any]:
         """:meth:`infer` for coroutines (e.g. Ray Serve replicas): blocks no thread.
 
         Cancelling is safe: a slot is reused only once Triton has answered.
@@ -522,6 +549,7 @@ class ShmModel:
             sequence_end,
             parameters,
             outputs,
+            outputs_as,
         )
         binding = await self._bind_async()
         for retry in range(_MAX_RETRIES + 1):
@@ -550,6 +578,7 @@ class ShmModel:
         sequence_end: bool,
         parameters: Mapping[str, ParameterValue] | None,
         outputs: Sequence[str] | None,
+        outputs_as: str | None,
     ) -> dict[str, Any]:
         """A call's options over the handle's defaults, as ``infer_shm`` keywords (only those
         that are set: a call with none costs nothing)."""
@@ -562,8 +591,9 @@ class ShmModel:
             "sequence_end": sequence_end,
             "parameters": {**defaults["parameters"], **(parameters or {})},
             "outputs": defaults["outputs"] if outputs is None else list(outputs),
+            "outputs_as": defaults["outputs_as"] if outputs_as is None else outputs_as,
         }
-        return {k: v for k, v in chosen.items() if v not in (None, 0, "", False, {})}
+        return {k: v for k, v in chosen.items() if v not in (None, 0, "", False, {}, "numpy")}
 
 
 def _register(actor: Any, name: str, args: Mapping[str, Any]) -> ModelRegistration:

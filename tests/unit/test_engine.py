@@ -20,6 +20,7 @@ from tritonclient.grpc import service_pb2
 from ray_triton_shm import TritonServerError
 from ray_triton_shm._engine import Chunk, ModelPool, Step, drive, drive_async, run
 from ray_triton_shm._header import RegionHeader
+from ray_triton_shm._memory import SlotMemory
 from ray_triton_shm._inputs import prepare_batch
 from ray_triton_shm._pool import PoolStats, SlotPool
 from ray_triton_shm._shm import SharedMemoryRegion, new_region_name
@@ -41,7 +42,8 @@ def pool() -> Iterator[ModelPool]:
     region = SharedMemoryRegion.create(new_region_name("m"), size)
     header = RegionHeader(region.buffer, 2)
     try:
-        yield ModelPool.over(SPEC, region, SlotPool(2, name="m"), 2, header)
+        memory = SlotMemory(region, SlotLayout.for_model(SPEC), 2)
+        yield ModelPool.over(SPEC, memory, SlotPool(2, name="m"), header)
     finally:
         region.unlink()
 
