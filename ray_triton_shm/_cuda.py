@@ -174,18 +174,17 @@ def find_device(device: int | str | None) -> Device:
         CudaError: no GPU or driver here, or the GPU named is not visible to this process
             (named, with ``CUDA_VISIBLE_DEVICES``).
     """
-    devices = _visible()
-    if device is None:
-        device = check(runtime().cudaGetDevice(), "reading the current GPU")
     if isinstance(device, str) and device.startswith("cuda:"):
         device = device.removeprefix("cuda:")
-        device = int(device) if device.isdigit() else device
     if isinstance(device, str) and device.isdigit():
         device = int(device)
-    if isinstance(device, bool) or not isinstance(device, (int, str)):
+    if isinstance(device, bool) or not isinstance(device, (int, str, type(None))):
         raise CudaError(
             f"device must be a GPU index, 'cuda:N' or a GPU UUID ('GPU-...'), got {device!r}"
         )
+    devices = _visible()
+    if device is None:
+        device = int(check(runtime().cudaGetDevice(), "reading the current GPU"))
     if isinstance(device, int):
         found = [d for d in devices if d.index == device]
     else:

@@ -161,14 +161,15 @@ def classifier_expected(images: Any) -> Any:
 
 
 def registered_on(url: str) -> set[str]:
-    """The regions with a system shared-memory registration in the Triton at ``url`` (a
-    region's slots are registered one by one, under names of their own)."""
+    """The regions with a shared-memory registration, system or CUDA, in the Triton at
+    ``url`` (a region's slots are registered one by one, under names of their own)."""
     import tritonclient.grpc as grpcclient
 
     from ray_triton_shm._shm import region_of
 
     with grpcclient.InferenceServerClient(url) as client:
-        names = client.get_system_shared_memory_status(as_json=True).get("regions", {})
+        names = [*client.get_system_shared_memory_status(as_json=True).get("regions", {})]
+        names += client.get_cuda_shared_memory_status(as_json=True).get("regions", {})
     return {region_of(name) for name in names}
 
 

@@ -6,14 +6,16 @@ import asyncio
 import os
 import pickle
 import time
+import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
 import ray
 from _helpers import classifier_expected
 
-from ray_triton_shm import InvalidInputError, ModelSpecError, TritonServerError
+from ray_triton_shm import CudaError, InvalidInputError, ModelSpecError, TritonServerError
 from ray_triton_shm._shm import list_local_regions, pid_alive
 from ray_triton_shm.ray import URL_ENV_VAR, ShmModel, get_node_actor
 from ray_triton_shm.ray._actor import NAMESPACE, actor_name
@@ -176,6 +178,29 @@ def test_handles_pickle_only_configuration(node_actor) -> None:  # type: ignore[
     for i, (out, zero_copy, pid) in enumerate(results):
         np.testing.assert_array_equal(out, x * i)
         assert zero_copy and pid != os.getpid()
+
+
+def test_gpu_memory_without_a_gpu_says_so_in_the_caller_and_in_the_actor(node_actor) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ModelSpecError, match="memory must be one of"):
+        ShmModel("identity", memory="gpu")  # refused where the handle is made
+    model = ShmModel("identity", max_shapes=SHAPES, memory="cuda", outputs_as="torch")
+    clone = pickle.loads(pickle.dumps(model))
+    assert clone._register_args["memory"] == "cuda" and clone._binding is None
+
+    @ray.remote(num_cpus=0)
+    def use(handle: ShmModel) -> Any:
+        return handle.infer({"INPUT0": np.ones((1, 16), np.float32)})
+
+    with pytest.raises(CudaError, match="no NVIDIA driver was found"):  # in the caller
+        ray.get(use.remote(model))
+    pid = ray.get(node_actor.stats.remote()).pid
+    before = sorted(r.name for r in list_local_regions() if r.owner.pid == pid)
+    device = f"GPU-{uuid.uuid4()}"  # as a caller on a GPU names it to the node actor
+    register = node_actor.register.remote("add_nobatch", memory="cuda", device=device)
+    with pytest.raises(CudaError, match="no NVIDIA driver was found"):  # in the node actor
+        ray.get(register)
+    assert "add_nobatch" not in ray.get(node_actor.stats.remote()).models
+    assert sorted(r.name for r in list_local_regions() if r.owner.pid == pid) == before
 
 
 def test_async_handle(node_actor) -> None:  # type: ignore[no-untyped-def]
