@@ -20,8 +20,8 @@ from tritonclient.grpc import service_pb2
 from ray_triton_shm import TritonServerError
 from ray_triton_shm._engine import Chunk, ModelPool, Step, drive, drive_async, run
 from ray_triton_shm._header import RegionHeader
-from ray_triton_shm._memory import SlotMemory
 from ray_triton_shm._inputs import prepare_batch
+from ray_triton_shm._memory import SlotMemory
 from ray_triton_shm._pool import PoolStats, SlotPool
 from ray_triton_shm._shm import SharedMemoryRegion, new_region_name
 from ray_triton_shm._specs import ModelSpec, SlotLayout, TensorSpec
