@@ -17,6 +17,8 @@ CORE = [
     "AccessDeniedError",
     "CheckResult",
     "ClientClosedError",
+    "CudaError",
+    "GPUMemoryFullError",
     "InvalidInputError",
     "Keys",
     "LocalServerError",

@@ -45,7 +45,8 @@ class ShmPredictor:
         cast: Convert input columns to the model's dtypes (e.g. float64 -> float32) instead of
             rejecting them.
         **model_options: Passed to :class:`ShmModel` (``url``, ``max_shapes``, ``zero_copy``,
-            ``slot_timeout_s``, ``actor_options``, and Triton's request options ``priority``,
+            ``memory="cuda"`` for slots on the GPU, ``slot_timeout_s``, ``actor_options``,
+            and Triton's request options ``priority``,
             ``queue_timeout_s``, ``parameters``...). Only the outputs ``output_columns``
             names are asked of Triton.
 
