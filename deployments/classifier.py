@@ -153,6 +153,8 @@ class ClassifierDeployment:
         max_images_per_request: Larger requests are refused (400).
         backend: ``"shm"`` (:class:`ShmModel`), ``"grpc"`` (:class:`GrpcModel`, for
             comparison) or ``"noop"`` (:class:`NoopModel`: no inference, the app's ceiling).
+        memory: Where the ``"shm"`` backend's slots live: ``"system"``, or ``"cuda"`` on the
+            replica's GPU (give the replica ``num_gpus``; see :data:`gpu_app`).
 
     ``user_config`` may set ``top_k``, ``max_batch_size`` and ``batch_wait_timeout_s`` at run
     time (``serve deploy`` with a new config, no restart).
@@ -168,12 +170,13 @@ class ClassifierDeployment:
         batch_wait_timeout_s: float = 0.005,
         max_images_per_request: int = 64,
         backend: str = "shm",
+        memory: str = "system",
     ) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         self._model: Any
         if backend == "shm":
-            self._model = ShmModel(model_name, url=url)
+            self._model = ShmModel(model_name, url=url, memory=memory)
         elif backend == "grpc":
             self._model = GrpcModel(model_name, url)
         else:
@@ -353,3 +356,5 @@ def _parse_raw(body: bytes, shape_header: str, dtype_header: str | None) -> np.n
 
 #: ``serve run deployments.classifier:app``
 app = ClassifierDeployment.bind()
+#: The same app with its slots on each replica's GPU (deployments/kuberay/rayservice-gpu.yaml).
+gpu_app = ClassifierDeployment.options(ray_actor_options={"num_gpus": 1}).bind(memory="cuda")

@@ -815,3 +815,113 @@ def test_the_mtls_triton_args_run_and_the_ray_env_is_enough(
         np.testing.assert_allclose(out, expected, rtol=1e-5)
     finally:
         server.close()
+
+
+# ---- GPU memory ------------------------------------------------------------------------------
+
+GPU_MANIFEST = ROOT / "deployments" / "kuberay" / "rayservice-gpu.yaml"
+#: NVIDIA's DRA driver's device class of whole GPUs.
+GPU_DEVICE_CLASS = "gpu.nvidia.com"
+
+
+def _gpu_documents() -> list[Manifest]:
+    return [d for d in yaml.safe_load_all(GPU_MANIFEST.read_text()) if d]
+
+
+def gpu_problems(documents: list[Manifest]) -> list[str]:
+    """What keeps GPU memory (CUDA shared memory) between Ray and Triton from working."""
+    problems = []
+    (service,) = _of_kind(documents, "RayService")
+    templates = {t["metadata"]["name"]: t for t in _of_kind(documents, "ResourceClaimTemplate")}
+    serve_config = yaml.safe_load(service["spec"]["serveConfigV2"])
+    for app in serve_config["applications"]:
+        module, _, attr = app["import_path"].partition(":")
+        source = (ROOT / (module.replace(".", "/") + ".py")).read_text()
+        line = re.search(rf"^{attr} = .*$", source, re.M)
+        if line is None or 'memory="cuda"' not in line.group(0):
+            problems.append(f'app {app["name"]}: {attr} does not ask for memory="cuda"')
+        for deployment in app.get("deployments", []):
+            if not deployment.get("ray_actor_options", {}).get("num_gpus"):
+                problems.append(f"deployment {deployment['name']}: its replicas hold no GPU")
+    for where, group in _groups(service):
+        if not _hosts_replicas(group):
+            continue
+        pod = group["template"]["spec"]
+        ray_c = pod["containers"][0]
+        triton = next((c for c in pod["containers"] if _is_triton(c)), None)
+        if triton is None:
+            continue  # invariant_problems says so
+        if not pod.get("shareProcessNamespace"):
+            problems.append(f"{where}: Ray and Triton have pid namespaces of their own")
+        if group.get("rayStartParams", {}).get("num-gpus") is None:
+            problems.append(f"{where}: no num-gpus (KubeRay counts nvidia.com/gpu, not claims)")
+        claims = {c["name"]: c for c in pod.get("resourceClaims", [])}
+        named = [
+            {c["name"] for c in x.get("resources", {}).get("claims", [])} for x in (ray_c, triton)
+        ]
+        shared = named[0] & named[1] & set(claims)
+        if not shared:
+            problems.append(f"{where}: Ray and Triton do not claim one GPU together")
+        for name in shared:
+            template = templates.get(claims[name].get("resourceClaimTemplateName", ""), {})
+            requests = template.get("spec", {}).get("spec", {}).get("devices", {}).get("requests")
+            exactly = [r.get("exactly", {}) for r in requests or []]
+            if [(e.get("deviceClassName"), e.get("count", 1)) for e in exactly] != [
+                (GPU_DEVICE_CLASS, 1)
+            ]:
+                problems.append(f"{where}: the claim {name!r} is not one GPU of this file's")
+    return problems
+
+
+def test_the_gpu_manifest_is_valid_and_shares_one_gpu(rayservice_schema: dict[str, Any]) -> None:
+    documents = _gpu_documents()
+    (service,) = _of_kind(documents, "RayService")
+    assert schema_problems(service, rayservice_schema) == []
+    assert invariant_problems(service) == []
+    assert gpu_problems(documents) == []
+    (template,) = _of_kind(documents, "ResourceClaimTemplate")
+    assert template["apiVersion"] == "resource.k8s.io/v1"
+
+
+def _gpu_pod(documents: list[Manifest]) -> dict[str, Any]:
+    (service,) = _of_kind(documents, "RayService")
+    return service["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["template"]["spec"]  # type: ignore[no-any-return]
+
+
+def _break_gpu(documents: list[Manifest], broken: str) -> None:
+    (service,) = _of_kind(documents, "RayService")
+    pod = _gpu_pod(documents)
+    if broken == "own pid namespaces":
+        del pod["shareProcessNamespace"]
+    elif broken == "the GPU claimed by Ray only":
+        del next(c for c in pod["containers"] if _is_triton(c))["resources"]["claims"]
+    elif broken == "two GPUs in the claim":
+        (template,) = _of_kind(documents, "ResourceClaimTemplate")
+        template["spec"]["spec"]["devices"]["requests"][0]["exactly"]["count"] = 2
+    elif broken == "replicas without a GPU":
+        service["spec"]["serveConfigV2"] = service["spec"]["serveConfigV2"].replace(
+            "num_gpus: 1", "num_gpus: 0"
+        )
+    elif broken == "the app in system memory":
+        service["spec"]["serveConfigV2"] = service["spec"]["serveConfigV2"].replace(
+            "classifier:gpu_app", "classifier:app"
+        )
+    elif broken == "no num-gpus":
+        del service["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["rayStartParams"]["num-gpus"]
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [
+        "own pid namespaces",
+        "the GPU claimed by Ray only",
+        "two GPUs in the claim",
+        "replicas without a GPU",
+        "the app in system memory",
+        "no num-gpus",
+    ],
+)
+def test_a_broken_gpu_copy_is_caught(broken: str) -> None:
+    documents = copy.deepcopy(_gpu_documents())
+    _break_gpu(documents, broken)
+    assert len(gpu_problems(documents)) == 1, broken
