@@ -20,14 +20,15 @@ import pytest
 from _helpers import registered_on
 from rich.console import Console
 
+from ray_triton_shm._bench import _gpu_paths, _ray_paths, _runner, _serve_http
 from ray_triton_shm._bench import _paths as bench_paths
-from ray_triton_shm._bench import _ray_paths, _runner, _serve_http
 from ray_triton_shm._bench._cases import ModelCase
 from ray_triton_shm._bench._config import (
     CASE_NAMES,
     DEFAULT_PATHS,
     DEFAULT_RAY_CALLERS,
     EXAMPLE_CASES,
+    GPU_PATHS,
     RAY_PATHS,
     SERVE_HTTP_PATHS,
     BenchConfig,
@@ -491,6 +492,9 @@ def test_bench_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--rounds", "0", "--url", "x:1"]) == 2
     assert main(["bench", "--http-url", "x:2"]) == 2
     assert main(["bench", "--rounds", "many"]) == 2
+    assert main(["bench", "--memory", "cuda", "--ray", "--url", "x:1"]) == 2
+    assert "--memory cuda runs the core client's paths" in capsys.readouterr().err
+    assert main(["bench", "--memory", "gpu", "--url", "x:1"]) == 2
 
 
 def test_bench_unreachable_server_or_model_fails_cleanly(
@@ -509,7 +513,9 @@ def test_the_light_names_are_those_of_the_paths() -> None:
     assert tuple(cls.name for cls in bench_paths.PATHS) == DEFAULT_PATHS
     ray_paths = (*_ray_paths.PATHS, *_serve_http.PATHS)
     assert sorted(cls.name for cls in ray_paths) == sorted(RAY_PATHS)
-    assert tuple(_runner.PATHS) == (*DEFAULT_PATHS, *RAY_PATHS)
+    gpu_only = tuple(p for p in GPU_PATHS if p not in DEFAULT_PATHS)
+    assert tuple(cls.name for cls in _gpu_paths.PATHS) == gpu_only
+    assert tuple(_runner.PATHS) == (*DEFAULT_PATHS, *RAY_PATHS, *gpu_only)
     assert BenchConfig().ray_callers == DEFAULT_RAY_CALLERS
 
 

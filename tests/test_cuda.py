@@ -200,3 +200,33 @@ def test_gpu_errors_survive_pickle(error: Any) -> None:
     assert again.__dict__ == error.__dict__
     if isinstance(error, GPUMemoryFullError):
         assert isinstance(again, MemoryError) and again.needed == 10 and again.free == 2
+
+
+def test_bench_memory_cuda_runs_the_gpu_paths_on_the_gpu_cases() -> None:
+    import argparse
+
+    from ray_triton_shm._bench._config import (
+        GPU_CASES,
+        GPU_PATHS,
+        add_arguments,
+        config_from_args,
+    )
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    config = config_from_args(parser.parse_args(["--memory", "cuda"]))
+    assert config.memory == "cuda" and config.paths == GPU_PATHS
+    assert config.models == tuple(GPU_CASES) and config.model_update_s == 0
+    case = config.case("gpu-64MiB")
+    assert case.model == "identity_gpu" and case.shapes == {"INPUT0": (2**24,)}
+    assert config_from_args(parser.parse_args([])).memory == "system"
+
+
+@no_gpu_only
+def test_bench_memory_cuda_without_a_gpu_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    from ray_triton_shm._cli import main
+
+    options = ["--quick", "--no-plot", "--no-report", "--no-progress"]
+    assert main(["bench", "--memory", "cuda", *options]) == 1
+    error = capsys.readouterr().err
+    assert "ray-triton-shm bench: error:" in error and "no NVIDIA driver was found" in error

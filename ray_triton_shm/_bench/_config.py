@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 __all__ = ["CASE_NAMES", "CHURN", "DEFAULT_PATHS", "EXAMPLE_CASES", "NODE_LOAD", "RAY_PATHS"]
+__all__ += ["GPU_CASES", "GPU_PATHS"]
 __all__ += [
     "SERVE_HTTP_CLIENTS",
     "SERVE_HTTP_PATHS",
@@ -59,6 +60,19 @@ EXAMPLE_CASES: dict[str, CaseSpec] = {
     )
 }
 CASE_NAMES: tuple[str, ...] = tuple(EXAMPLE_CASES)
+#: ``--memory cuda``'s cases: one tensor of 1, 16 and 64 MiB through ``identity_gpu``.
+GPU_CASES: dict[str, CaseSpec] = {
+    f"gpu-{mib}MiB": CaseSpec(f"gpu-{mib}MiB", "identity_gpu", 1, {"INPUT0": (mib * 2**18,)})
+    for mib in (1, 16, 64)
+}
+#: ``--memory cuda``'s paths, in table order: the same tensors as NumPy arrays, then as torch
+#: CUDA tensors, over gRPC, system shared memory, tritonclient's CUDA utilities by hand, and
+#: this library's GPU memory.
+GPU_PATHS: tuple[str, ...] = (
+    "grpc", "shm-client", "cuda-manual", "cuda-client",
+    "grpc-torch", "shm-client-torch", "cuda-manual-torch", "cuda-client-torch",
+)  # fmt: skip
+MEMORY_KINDS = ("system", "cuda")
 #: Paths without Ray in the default run, in table order.
 DEFAULT_PATHS: tuple[str, ...] = ("grpc", "http", "shm-manual", "shm-client", "memcpy")
 #: The Ray paths (``--ray``), in table order.
@@ -121,6 +135,8 @@ class BenchConfig:
         max_threads: Requests in flight at most per open-loop path (perf_analyzer's
             ``--max-threads``): later arrivals wait for one, and their wait counts.
         rate_models: The cases the open loop runs on (empty: every one).
+        memory: ``"cuda"``: the GPU paths (:data:`GPU_PATHS`) on the GPU cases, the embedded
+            server serving ``identity_gpu`` on the GPU.
     """
 
     models: tuple[str, ...] = CASE_NAMES
@@ -144,6 +160,7 @@ class BenchConfig:
     latency_bound_ms: float | None = None
     max_threads: int = 16
     rate_models: tuple[str, ...] = ()
+    memory: str = "system"
 
     def rate(self, spec: str, grpc_best: float | None) -> float:
         """The requests per second of a ``--request-rate`` value: ``spec`` itself, or its
@@ -165,7 +182,7 @@ class BenchConfig:
     def case(self, name: str) -> CaseSpec:
         """The case ``name``: an example case or the model of that name, with this run's
         ``batch``, ``shapes`` and ``max_element_bytes`` over its own."""
-        base = EXAMPLE_CASES.get(name) or CaseSpec(name)
+        base = EXAMPLE_CASES.get(name) or GPU_CASES.get(name) or CaseSpec(name)
 
         def mine(given: Mapping[str, _T]) -> dict[str, _T]:
             # A MODEL: prefix (case or model name) wins over no prefix.
@@ -258,6 +275,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     what.add_argument("--paths", nargs="+", help=f"default: {', '.join(DEFAULT_PATHS)}")
     what.add_argument(
+        "--memory",
+        choices=MEMORY_KINDS,
+        default="system",
+        help="cuda: tensors on the GPU (NumPy and torch) over gRPC, system shared memory, "
+        "tritonclient's CUDA shared memory by hand and memory='cuda' (needs a GPU, torch and "
+        f"the [cuda] extra; default models {', '.join(GPU_CASES)})",
+    )
+    what.add_argument(
         "--ray", action="store_true", help=f"also, on a local Ray: {', '.join(RAY_PATHS)}"
     )
     callers = "callers of the Serve and Ray Data paths (%(default)s)"
@@ -326,18 +351,26 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     Raises:
         ValueError: With a user-facing message, for invalid values or combinations.
     """
-    known = (*DEFAULT_PATHS, *RAY_PATHS)
-    paths = _names(args.paths) or [*DEFAULT_PATHS, *(RAY_PATHS if args.ray else ())]
+    gpu = args.memory == "cuda"
+    known = (*DEFAULT_PATHS, *RAY_PATHS, *(p for p in GPU_PATHS if p not in DEFAULT_PATHS))
+    paths = _names(args.paths) or (
+        [*GPU_PATHS] if gpu else [*DEFAULT_PATHS, *(RAY_PATHS if args.ray else ())]
+    )
+    if gpu and args.ray:
+        raise ValueError("--memory cuda runs the core client's paths: leave out --ray")
     unknown = [p for p in paths if p not in known]
     if unknown:
         raise ValueError(f"unknown path(s) {', '.join(unknown)}; choose from {', '.join(known)}")
     base: dict[str, Any] = dict(_QUICK) if args.quick else {}
+    if gpu:
+        base["model_update_s"] = 0.0  # the model update runs on the example models
     for key in ("rounds", "slice_s", "warmup_requests", "churn_s", "model_update_s"):
         if getattr(args, key) is not None:
             base[key] = getattr(args, key)
+    order = (*GPU_PATHS, *known) if gpu else known
     config = BenchConfig(
-        models=tuple(dict.fromkeys(_names(args.models) or CASE_NAMES)),
-        paths=tuple(p for p in known if p in paths),
+        models=tuple(dict.fromkeys(_names(args.models) or (GPU_CASES if gpu else CASE_NAMES))),
+        paths=tuple(dict.fromkeys(p for p in order if p in paths)),
         concurrency=tuple(sorted(set(args.concurrency or BenchConfig.concurrency))),
         shapes=_assignments(args.shape, "--shape", dims=True),
         max_element_bytes=_assignments(args.max_element_bytes, "--max-element-bytes", dims=False),
@@ -352,6 +385,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         latency_bound_ms=args.latency_bound_ms,
         max_threads=args.max_threads,
         rate_models=tuple(_names(args.rate_models)),
+        memory=args.memory,
         **base,
     )
     if args.http_url and not args.url:

@@ -41,12 +41,23 @@ class SkipPath(Exception):
 def check_outputs(outputs: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray]) -> None:
     """Raises ``AssertionError``, saying how, if the outputs are not the reference's."""
     for name, expected in reference.items():
-        got = np.asarray(outputs.get(name))  # a missing output: shape (), dtype object
+        got = _on_host(outputs.get(name))  # a missing output: shape (), dtype object
         if got.shape != expected.shape or got.dtype != expected.dtype:
             wanted = f"{expected.shape} {expected.dtype}"
             raise AssertionError(f"output {name}: got {got.shape} {got.dtype}, not {wanted}")
         if not np.array_equal(got, expected, equal_nan=np.issubdtype(expected.dtype, np.floating)):
             raise AssertionError(f"output {name}: values differ from the gRPC reference")
+
+
+def _on_host(value: Any) -> np.ndarray:
+    """An output as a NumPy array: a GPU tensor (torch, cupy) is copied to the host."""
+    if isinstance(value, np.ndarray):
+        return value
+    if hasattr(value, "cpu"):  # torch
+        return np.asarray(value.cpu().numpy())
+    if hasattr(value, "get"):  # cupy
+        return np.asarray(value.get())
+    return np.asarray(value)
 
 
 def by_value(

@@ -19,11 +19,13 @@ from typing import Any
 
 import numpy as np
 
-from ray_triton_shm._bench import _paths, _ray_paths, _serve_http
+from ray_triton_shm import _cuda
+from ray_triton_shm._bench import _gpu_paths, _paths, _ray_paths, _serve_http
 from ray_triton_shm._bench._cases import ModelCase
 from ray_triton_shm._bench._config import (
     CHURN,
     DEFAULT_PATHS,
+    GPU_PATHS,
     NODE_LOAD,
     RAY_PATHS,
     SERVE_HTTP_CLIENTS,
@@ -50,11 +52,18 @@ __all__ = ["GOALS", "PATHS", "BenchResults", "Goal", "ModelResult", "Progress", 
 __all__ += ["describe_rate_path", "describe_run", "rate_groups", "run_bench", "run_groups"]
 
 #: Every path, by name: those without Ray, then the Ray paths.
-_CLASSES = {cls.name: cls for cls in (*_paths.PATHS, *_ray_paths.PATHS, *_serve_http.PATHS)}
-PATHS: dict[str, type[BenchPath]] = {name: _CLASSES[name] for name in (*DEFAULT_PATHS, *RAY_PATHS)}
+_CLASSES = {
+    cls.name: cls
+    for cls in (*_paths.PATHS, *_ray_paths.PATHS, *_serve_http.PATHS, *_gpu_paths.PATHS)
+}
+PATHS: dict[str, type[BenchPath]] = {
+    name: _CLASSES[name] for name in dict.fromkeys((*DEFAULT_PATHS, *RAY_PATHS, *GPU_PATHS))
+}
 #: The paths run with ``--ray-callers`` callers, in a group of their own.
 _RAY_CHOICES = ("serve-grpc", "serve-shm", "serve-inproc", "data-grpc", "data-shm", "data-noop")
 _CHURN_PATHS = tuple(path for path, _, _ in CHURN)
+#: Triton's CUDA memory pool on GPU 0 for ``--memory cuda`` (inputs and outputs of 64 MiB).
+_CUDA_POOL_BYTES = 1 << 30
 #: A run: ``(path, concurrency, slots)``; slots ``None`` for the paths without any.
 RunKey = tuple[str, int, "int | None"]
 #: The shm throughput a recommended pool reaches, over the best one measured.
@@ -393,6 +402,13 @@ _GOALS: tuple[tuple[Any, ...], ...] = (
     # bench --ray, churn: a caller killed mid-request and replaced every 2 s.
     (CHURN_CASE, CHURN[1], 0.8, CHURN[0], "requests_per_s"),
     *((CHURN_CASE, run, 0, (), "wrong_answers") for run in CHURN),
+    # bench --memory cuda: tensors on the GPU, against tritonclient's CUDA utilities by hand
+    # and against system shared memory (through the host).
+    *((case, ("cuda-client-torch", 1), 0.9, ("cuda-manual-torch", 1))
+      for case in ("gpu-16MiB", "gpu-64MiB")),
+    ("gpu-64MiB", ("cuda-client-torch", 1), 30.0, ("shm-client-torch", 1)),
+    ("gpu-64MiB", ("cuda-client", 1), 2.0, ("cuda-manual", 1)),
+    ("gpu-1MiB", ("cuda-client-torch", 1), 1.0, ("shm-client-torch", 1)),
 )
 # fmt: on
 GOALS = tuple(Goal(*goal) for goal in _GOALS)
@@ -757,8 +773,10 @@ def run_bench(config: BenchConfig, *, progress: Progress | None = None) -> Bench
     progress.stage("starting the Triton server" if config.url is None else "connecting")
     local: LocalTritonServer | None = None
     with contextlib.ExitStack() as stack:
+        if config.memory == "cuda":
+            _cuda.find_device(0)  # no GPU here: said before a server starts (CudaError)
         if config.url is None:
-            local = LocalTritonServer(startup_timeout_s=config.startup_timeout_s, install=True)
+            local = _embedded_server(config)
             stack.enter_context(contextlib.closing(local)).start()
             target = BenchTarget(local.grpc_url, local.http_url, server_pid=local.pid)
             server = "embedded"
@@ -790,6 +808,19 @@ def run_bench(config: BenchConfig, *, progress: Progress | None = None) -> Bench
             duration_s=config.model_update_s, startup_timeout_s=config.startup_timeout_s
         )
     return BenchResults(config, models, server, time.perf_counter() - start, update)
+
+
+def _embedded_server(config: BenchConfig) -> LocalTritonServer:
+    """The embedded Triton: the example models, or ``identity_gpu`` on GPU 0 for
+    ``--memory cuda`` (with a CUDA memory pool for its 64 MiB tensors)."""
+    if config.memory != "cuda":
+        return LocalTritonServer(startup_timeout_s=config.startup_timeout_s, install=True)
+    return LocalTritonServer(
+        _gpu_paths.GPU_MODEL_REPOSITORY,
+        startup_timeout_s=config.startup_timeout_s,
+        install=True,
+        extra_args=[f"--cuda-memory-pool-byte-size=0:{_CUDA_POOL_BYTES}"],
+    )
 
 
 def _update_failure(update: UpdateResult) -> str:
