@@ -340,7 +340,7 @@ class Stream:
     def after(self, producer: int | None) -> None:
         """Orders this stream's next work after what the stream ``producer`` (a handle, as
         ``__cuda_array_interface__`` gives it) has queued so far."""
-        if producer is None or producer in (1, 2):  # legacy and per-thread default streams
+        if producer in (None, 0, 1):  # the legacy default stream: ours waits for it anyway
             return
         cudart = runtime()
         if self._event is None:

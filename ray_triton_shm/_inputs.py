@@ -70,8 +70,9 @@ class Batch:
         Returns:
             The bytes written for each input, in the model's order.
         """
-        written = []
+        written, staged = [], []
         for tensor in self.spec.inputs:
+            staged.append(not isinstance(self.values.get(tensor.name), DeviceInput))
             encoded = self.encoded.get(tensor.name)
             if encoded is not None:
                 data = encoded.chunk(start, stop)
@@ -96,7 +97,7 @@ class Batch:
                 for row_view, sample in zip(destination, value[start:stop]):
                     np.copyto(row_view, sample)
             written.append(destination.nbytes)
-        slot.commit(written)
+        slot.commit(written, staged)
         return written
 
 

@@ -99,7 +99,7 @@ class SlotIO(Protocol):
 
     def write_device(self, name: str, value: Any, start: int, nbytes: int) -> None: ...
 
-    def commit(self, written: Sequence[int]) -> None: ...
+    def commit(self, written: Sequence[int], staged: Sequence[bool]) -> None: ...
 
     def output(self, name: str, nbytes: int) -> np.ndarray: ...
 
@@ -132,7 +132,7 @@ class SlotViews:
         """GPU tensors go to pools in GPU memory only (refused when inputs are checked)."""
         raise TypeError(f"input {name!r}: a GPU tensor for a slot in system memory")
 
-    def commit(self, written: Sequence[int]) -> None:
+    def commit(self, written: Sequence[int], staged: Sequence[bool]) -> None:
         """The inputs are written: nothing to do, Triton reads them where they are."""
 
     def output(self, name: str, nbytes: int) -> np.ndarray:
@@ -239,7 +239,6 @@ class CudaSlotViews:
         self._stream: _cuda.Stream | None = None
         self._staging: tuple[int, np.ndarray] | None = None
         self._host_views: tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | None = None
-        self._on_device: set[str] = set()
 
     @property
     def inputs(self) -> dict[str, np.ndarray]:
@@ -274,17 +273,16 @@ class CudaSlotViews:
         stream.after(value.stream)
         offset = self._layout.input_offsets[name]
         stream.copy(self._pointer + offset, value.pointer + start, nbytes)
-        self._on_device.add(name)
 
-    def commit(self, written: Sequence[int]) -> None:
-        """Copies the staged inputs to the GPU and waits for every input's copy: the slot
-        holds the chunk's inputs once this returns."""
+    def commit(self, written: Sequence[int], staged: Sequence[bool]) -> None:
+        """Copies the inputs written to the staging memory (``staged``, per input) to the GPU,
+        and waits for every input's copy: the slot holds the chunk's inputs once this
+        returns."""
         stream = self._on_stream()
-        for tensor, nbytes in zip(self._spec.inputs, written):
-            if tensor.name not in self._on_device:
+        for tensor, nbytes, in_staging in zip(self._spec.inputs, written, staged):
+            if in_staging:
                 offset = self._layout.input_offsets[tensor.name]
                 stream.copy(self._pointer + offset, self._staging_pointer() + offset, nbytes)
-        self._on_device.clear()
         stream.synchronize()
 
     def output(self, name: str, nbytes: int) -> np.ndarray:
