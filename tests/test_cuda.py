@@ -41,11 +41,12 @@ SHAPES = {"INPUT0": (4,), "OUTPUT0": (4,)}
 no_gpu_only = pytest.mark.skipif(_gpu_here(), reason="this machine has a GPU: see test_gpu.py")
 
 
-def _mine() -> list[str]:
-    return [r.name for r in list_local_regions() if r.owner.pid == os.getpid()]
+def _mine() -> set[str]:
+    return {r.name for r in list_local_regions() if r.owner.pid == os.getpid()}
 
 
 def test_memory_options_are_checked_before_anything(grpc_url: str) -> None:
+    before = _mine(), registered_on(grpc_url)
     with TritonSHMClient(url=grpc_url) as client:
         with pytest.raises(ModelSpecError, match=r"memory must be one of \('system', 'cuda'\)"):
             client.register_shm_model("identity", memory="gpu")
@@ -54,11 +55,12 @@ def test_memory_options_are_checked_before_anything(grpc_url: str) -> None:
         with pytest.raises(CudaError, match="device must be a GPU index"):
             client.register_shm_model("identity", memory="cuda", device=1.5)  # type: ignore[arg-type]
         assert client.registered_models == {}
-    assert _mine() == []
+    assert (_mine(), registered_on(grpc_url)) == before
 
 
 @no_gpu_only
 def test_no_gpu_is_a_clear_error_and_nothing_is_left(grpc_url: str) -> None:
+    before = _mine(), registered_on(grpc_url)
     with TritonSHMClient(url=grpc_url) as client:
         with pytest.raises(CudaError) as caught:
             client.register_shm_model("identity", memory="cuda")
@@ -66,12 +68,12 @@ def test_no_gpu_is_a_clear_error_and_nothing_is_left(grpc_url: str) -> None:
         assert "no NVIDIA driver was found" in str(error), error
         assert "memory='system'" in str(error)
         assert error.cuda_error == "cudaErrorInsufficientDriver"
-        assert _mine() == [] and registered_on(grpc_url) == set()
+        assert (_mine(), registered_on(grpc_url)) == before
         # The client goes on in system memory.
         client.register_shm_model("identity", pool_size=2, max_shapes=SHAPES)
         x = np.arange(8, dtype=np.float32).reshape(2, 4)
         np.testing.assert_array_equal(client.infer_shm("identity", {"INPUT0": x})["OUTPUT0"], x)
-    assert _mine() == [] and registered_on(grpc_url) == set()
+    assert (_mine(), registered_on(grpc_url)) == before
 
 
 def test_without_the_bindings_the_core_works_and_gpu_memory_names_the_extra(
@@ -147,6 +149,7 @@ def test_a_gpu_tensor_for_a_system_pool_is_refused_before_any_byte(grpc_url: str
 
 def test_triton_refusing_gpu_memory_names_the_causes_and_nothing_stays(grpc_url: str) -> None:
     """The real Triton here cannot open a CUDA IPC handle (no GPU): its refusal, explained."""
+    before = registered_on(grpc_url)
     with TritonSHMClient(url=grpc_url) as client:
         spec = client.register_shm_model("identity", pool_size=1, max_shapes=SHAPES)
         layout = SlotLayout.for_model(spec)
@@ -168,7 +171,7 @@ def test_triton_refusing_gpu_memory_names_the_causes_and_nothing_stays(grpc_url:
         for cause in ("another machine", "container", "triton_device_id=", "CPU-only build"):
             assert cause in message, message
         assert caught.value.device == device.uuid
-        assert registered_on(grpc_url) == set()
+        assert registered_on(grpc_url) == before
 
 
 def test_a_region_says_where_its_slots_live() -> None:

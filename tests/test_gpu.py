@@ -36,16 +36,16 @@ CALLER = Path(__file__).resolve().parent / "_gpu_caller.py"
 
 
 def _missing() -> str | None:
-    for module in ("torch", "cupy"):
-        try:
-            __import__(module)
-        except ImportError:
-            return f"{module} is not installed"
     try:
         if not _cuda._visible():
             return "no GPU is visible"
     except CudaError as exc:
         return str(exc)
+    for module in ("torch", "cupy"):
+        try:
+            __import__(module)
+        except ImportError:
+            return f"{module} is not installed"
     return None
 
 
