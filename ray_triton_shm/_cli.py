@@ -74,17 +74,31 @@ def _interrupts_as_keyboard_interrupt() -> Iterator[None]:
 
 
 def _cmd_setup_server(args: argparse.Namespace) -> int:
+    from importlib.metadata import version
+
     from ray_triton_shm._exceptions import LocalServerError
-    from ray_triton_shm.local._install import ensure_server_env, find_tritonserver
+    from ray_triton_shm.local._install import (
+        add_server_packages,
+        find_tritonserver,
+        server_env_dir,
+    )
 
     try:
-        env_dir = ensure_server_env(quiet=False)
+        versions = add_server_packages(args.packages, requirements=args.requirements)
         install = find_tritonserver()
     except LocalServerError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"{PROG} setup-server: error: {exc}", file=sys.stderr)
         return 1
-    print(f"Triton server environment: {env_dir}")
+    numpy_here = versions.pop("numpy")
+    print(f"Triton server environment: {server_env_dir()}")
     print(f"tritonserver ({install.source}): {install.executable}")
+    for project, installed in versions.items():
+        print(f"  {project}: {installed}")
+    print(
+        f"numpy: {numpy_here} on the server side (Triton's Python backend needs numpy<2), "
+        f"{version('numpy')} here. Pickles and .npy files written with numpy 2 may not load "
+        "on the server side: save what a model loads with numpy<2, or in a plain format."
+    )
     return 0
 
 
@@ -114,6 +128,7 @@ def _cmd_serve_local(args: argparse.Namespace) -> int:
     repos = args.model_repository or None
     server = LocalTritonServer(
         repos,
+        log_path=args.log_file,
         host=args.host,
         grpc_port=args.grpc_port,
         http_port=args.http_port,
@@ -136,7 +151,8 @@ def _cmd_serve_local(args: argparse.Namespace) -> int:
         print(f"  gRPC:    {server.grpc_url}")
         print(f"  HTTP:    {server.http_url}")
         print(f"  metrics: {server.metrics_url}")
-        print(f"  log:     {server.log_path}")
+        kept = " (kept)" if args.log_file else " (deleted when Triton stops: --log-file keeps it)"
+        print(f"  log:     {server.log_path}{kept}")
         print(f"  models:  {', '.join(models) if models else '(none)'}")
         print("Press Ctrl-C to stop.", flush=True)
         while server.is_running:
@@ -448,8 +464,19 @@ def build_parser() -> argparse.ArgumentParser:
         "setup-server",
         help="create the private Triton server environment (nvidia-pytriton, numpy<2)",
         description="Create the virtual environment the embedded Triton server runs from "
-        "($RAY_TRITON_SHM_SERVER_ENV, else ~/.cache/ray-triton-shm). Idempotent.",
+        "($RAY_TRITON_SHM_SERVER_ENV, else ~/.cache/ray-triton-shm), and install what your "
+        "models import into it (Python backend), keeping its numpy<2. Idempotent.",
     )
+    p.add_argument(
+        "--with",
+        dest="packages",
+        action="extend",
+        nargs="+",
+        default=[],
+        metavar="PACKAGE",
+        help="pip requirements your models import, e.g. --with scikit-learn",
+    )
+    p.add_argument("--requirements", metavar="FILE", help="a pip requirements file for them")
     p.set_defaults(func=_cmd_setup_server)
 
     p = sub.add_parser(
@@ -467,6 +494,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="model repository to serve; repeatable (default: the example models)",
     )
     p.add_argument("--host", default="127.0.0.1", help="address to bind to (default: %(default)s)")
+    p.add_argument(
+        "--log-file",
+        metavar="PATH",
+        help="write Triton's log here, and keep it (default: a temporary file, deleted at stop)",
+    )
     p.add_argument(
         "--startup-timeout-s",
         type=float,

@@ -102,18 +102,21 @@ def test_bench_ray_quick_json_has_every_ray_path_verified(
                 assert runs[(model, path, 4, None)]["node_actor_cpu_us"] is not None, path
         assert data["recommendations"][model]["pool_size"] in (1, 4)
     assert data["models"]["identity"]["skipped"] == {
-        "http@1": "no HTTP endpoint given (--http-url)",
+        "http@1": "no HTTP endpoint given: pass Triton's as --http-url HOST:PORT",
         **{
-            f"{path}@4": f"the Ray Data job runs on the {DATA_CASE} case"
+            f"{path}@4": f"the bench's Ray Data job is made for the example {DATA_CASE!r} model "
+            "only; for yours, time your own job with ShmPredictor against a plain gRPC one"
             for path in RAY_PATHS
             if path.startswith("data")
         },
         **{
-            f"{path}@8": f"the churn runs on the {CHURN_CASE} case"
+            f"{path}@8": f"the churn runs on the example {CHURN_CASE!r} model only"
             for path in ("shm-model-nokill", "shm-model-churn")
         },
         **{
-            f"{path}@{clients}": "the example app runs on classifier-1 and classifier"
+            f"{path}@{clients}": "the example HTTP app is made for the example classifier-1 and "
+            "classifier cases only; for your model, time your own Serve app on ShmModel against "
+            "plain gRPC"
             for path in SERVE_HTTP_PATHS
             for clients in SERVE_HTTP_CLIENTS
         },

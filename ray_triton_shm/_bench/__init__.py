@@ -8,10 +8,16 @@ Importing this package loads only the options (:mod:`._config`); the rest loads 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
-from ray_triton_shm._bench._config import EXIT_GOALS_MISSED, add_arguments, config_from_args
+from ray_triton_shm._bench._config import (
+    EXIT_GOALS_MISSED,
+    RAY_PATHS,
+    add_arguments,
+    config_from_args,
+)
 
 __all__ = ["add_arguments", "main"]
 
@@ -26,6 +32,14 @@ def main(args: argparse.Namespace) -> int:
         extra = "; pip install 'ray-triton-shm[bench]'" if isinstance(exc, ImportError) else ""
         print(f"ray-triton-shm bench: error: {exc}{extra}", file=sys.stderr)
         return 2
+    ray_address = os.environ.get("RAY_ADDRESS")
+    if ray_address and any(p in RAY_PATHS for p in config.paths):
+        print(
+            f"note: the Ray paths run on a private local Ray, not on RAY_ADDRESS={ray_address}: "
+            "they restart the node actor between runs, which would disturb the cluster's own "
+            "callers. Run the bench on a node of its own.",
+            file=sys.stderr,
+        )
     progress = _report.make_progress(
         _report.make_console(stderr=True), enabled=not args.no_progress
     )

@@ -275,7 +275,7 @@ class HttpPath(BenchPath):
 
     def setup(self) -> None:
         if self.target.http_url is None:
-            raise SkipPath("no HTTP endpoint given (--http-url)")
+            raise SkipPath("no HTTP endpoint given: pass Triton's as --http-url HOST:PORT")
         import tritonclient.http as httpclient  # in the bench extra, with rich
 
         self._http = httpclient

@@ -291,6 +291,19 @@ def print_results(results: BenchResults, console: Console, *, full: bool = False
     console.file.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
 
 
+def _print_skipped(results: BenchResults, console: Console) -> None:
+    """Every path that did not run, once per reason, with the models it skipped."""
+    skipped: dict[tuple[str, str], list[str]] = {}
+    for model in results.models:
+        for run in model.runs:
+            if run.skipped:
+                models = skipped.setdefault((run.path, run.skipped), [])
+                if model.name not in models:
+                    models.append(model.name)
+    for (path, reason), models in skipped.items():
+        console.print(f"skipped: {path} on {', '.join(models)}: {reason}", markup=False)
+
+
 def _print_summary(results: BenchResults, console: Console) -> None:
     from ray_triton_shm._bench._summary import best_cell, summary
 
@@ -314,6 +327,7 @@ def _print_summary(results: BenchResults, console: Console) -> None:
         markup=False,
     )
     _show(console, rows)
+    _print_skipped(results, console)
     for model in results.models:
         best = best_cell(table.get(model.name, []))
         if best is not None and best.speedup is not None and best.speedup < 1:

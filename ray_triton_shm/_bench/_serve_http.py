@@ -99,7 +99,10 @@ class _ServeHttpPath(RayPath):
 
     def setup(self) -> None:
         if self.case.name not in APP_CASES:
-            raise SkipPath(f"the example app runs on {' and '.join(APP_CASES)}")
+            raise SkipPath(
+                f"the example HTTP app is made for the example {' and '.join(APP_CASES)} cases "
+                "only; for your model, time your own Serve app on ShmModel against plain gRPC"
+            )
         if example_app_root() is None:
             raise SkipPath("the example app (deployments/) is in the repository, not the package")
         super().setup()

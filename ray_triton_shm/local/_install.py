@@ -16,6 +16,7 @@ import dataclasses
 import fcntl
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from .._exceptions import LocalServerError
 __all__ = [
     "SERVER_ENV_REQUIREMENTS",
     "TritonServerInstall",
+    "add_server_packages",
     "ensure_server_env",
     "find_tritonserver",
     "server_env_dir",
@@ -148,6 +150,91 @@ def ensure_server_env(*, quiet: bool = False) -> Path:
         finally:
             fcntl.flock(lock_file, fcntl.LOCK_UN)
     return env_dir
+
+
+def add_server_packages(
+    packages: Sequence[str] = (),
+    *,
+    requirements: str | os.PathLike[str] | None = None,
+    quiet: bool = False,
+) -> dict[str, str]:
+    """Installs what a model imports (Python backend) into the server environment, keeping
+    its ``numpy<2``; creates the environment first if needed. Idempotent: what is installed
+    already is left as it is.
+
+    Args:
+        packages: pip requirements (``"scikit-learn"``, ``"torch==2.5.1"``).
+        requirements: A pip requirements file, besides ``packages``.
+        quiet: Suppress pip's output (it is still shown if installation fails).
+
+    Returns:
+        The version now installed of each package named, and of numpy.
+
+    Raises:
+        LocalServerError: pip failed; where a package needs numpy 2, the message says so.
+    """
+    env_dir = ensure_server_env(quiet=quiet)
+    if not packages and requirements is None:
+        return _versions(env_dir, ["numpy"])
+    constraints = env_dir / "constraints.txt"
+    constraints.write_text("numpy<2\n")  # Triton 2.51's Python backend: empty outputs with 2
+    pip = [str(_env_python(env_dir)), "-m", "pip", "--disable-pip-version-check"]
+    if quiet:
+        pip.append("--quiet")
+    files = ["-r", str(Path(requirements).absolute())] if requirements is not None else []
+    command = [*pip, "install", "-c", str(constraints), *packages, *files]
+    lock_path = env_dir.parent / f".{env_dir.name}.lock"
+    with open(lock_path, "w") as lock_file:
+        fcntl.flock(lock_file, fcntl.LOCK_EX)
+        try:
+            if not quiet:
+                print("+ " + " ".join(command), file=sys.stderr, flush=True)
+            done = subprocess.run(command, capture_output=True, text=True, check=False)
+        finally:
+            fcntl.flock(lock_file, fcntl.LOCK_UN)
+    output = done.stdout + done.stderr
+    if done.returncode != 0:
+        hint = ""
+        if "numpy" in output and ("conflict" in output.lower() or "ResolutionImpossible" in output):
+            hint = (
+                "\nA package asked for needs numpy 2, which Triton's Python backend of this "
+                "release cannot run (its outputs come back empty): ask for an older release of "
+                "it, one that works with numpy<2."
+            )
+        raise LocalServerError(
+            f"installing into the server environment failed (exit code {done.returncode}): "
+            f"{' '.join(command)}\n{output[-4000:]}{hint}"
+        )
+    if not quiet:
+        print(output, end="", file=sys.stderr)
+    return _versions(env_dir, [*(_project(p) for p in packages), "numpy"])
+
+
+def _project(requirement: str) -> str:
+    """The project a pip requirement names (``"torch>=2; python_version>'3'"``: ``"torch"``)."""
+    return re.split(r"[\s<>=!~\[;@(]", requirement.strip(), maxsplit=1)[0]
+
+
+def _versions(env_dir: Path, projects: Sequence[str]) -> dict[str, str]:
+    """The versions of ``projects`` installed in the environment (``"-"``: none)."""
+    script = (
+        "import importlib.metadata as m, json, sys\n"
+        "def v(p):\n"
+        "    try:\n"
+        "        return m.version(p)\n"
+        "    except m.PackageNotFoundError:\n"
+        "        return '-'\n"
+        "print(json.dumps({p: v(p) for p in sys.argv[1:]}))\n"
+    )
+    done = subprocess.run(
+        [str(_env_python(env_dir)), "-c", script, *projects],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise LocalServerError(f"could not read versions in {env_dir}: {done.stderr[-2000:]}")
+    return json.loads(done.stdout)  # type: ignore[no-any-return]
 
 
 # --------------------------------------------------------------------------------------
