@@ -13,6 +13,7 @@ Runnable ``bash`` blocks run with ``.venv/bin`` first on the PATH.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -158,6 +159,16 @@ def test_every_block_runs_or_says_why_not() -> None:
     assert sum(b.runs for b in ALL_BLOCKS) >= 10
 
 
+def test_the_own_model_page_shows_the_example_files_as_they_are() -> None:
+    page = ROOT / "docs" / "guide" / "own-model.md"
+    shown = [b.code for b in blocks_of(page) if b.lang == "python" and b.not_run]
+    example = ROOT / "docs" / "examples" / "iris"
+    assert shown[0] == (example / "iris" / "1" / "model.py").read_text()
+    app = (example / "app.py").read_text()
+    assert shown[1] == app[app.index("import numpy") :]
+    assert _served_repository(page) == example
+
+
 def test_the_seed_example_is_the_original_with_its_markers() -> None:
     page = (ROOT / "docs" / "guide" / "client.md").read_text()
     seed = re.search(
@@ -243,17 +254,44 @@ def _python_pages() -> list[Path]:
 PYTHON_PAGES = _python_pages()
 
 
+#: A page that serves a model repository of its own says so in a ``serve-local`` block.
+_SERVES = re.compile(r"ray-triton-shm serve-local --model-repository (\S+)")
+
+
+def _served_repository(page: Path) -> Path | None:
+    """The model repository a page's ``serve-local`` block serves, if it names one."""
+    for block in blocks_of(page):
+        served = _SERVES.search(block.code)
+        if served:
+            return ROOT / served.group(1)
+    return None
+
+
 @pytest.mark.parametrize("page", PYTHON_PAGES, ids=_page_id)
-def test_python_examples_run(page: Path, grpc_url: str, request: pytest.FixtureRequest) -> None:
+def test_python_examples_run(
+    page: Path, grpc_url: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
     blocks = [b for b in blocks_of(page) if b.runs and b.lang == "python"]
     extra = {}
     if any(_uses_ray(b.code) for b in blocks):
         extra["RAY_ADDRESS"] = request.getfixturevalue("ray_address")
-    try:
-        out = _run_python(page, blocks, grpc_url, _env(grpc_url, extra))
-    finally:
-        if extra:
-            _delete_serve_apps()
+    with contextlib.ExitStack() as stack:
+        repository = _served_repository(page)
+        if repository is not None:
+            # As a reader would: the page's set-up (its bash blocks), then its own Triton.
+            for block in blocks_of(page):
+                if block.runs and block.lang == "bash":
+                    _run_bash(block, grpc_url)
+            from ray_triton_shm.local import LocalTritonServer
+
+            server = LocalTritonServer(repository, log_path=tmp_path / "tritonserver.log")
+            stack.enter_context(contextlib.closing(server)).start()
+            grpc_url = server.grpc_url
+        try:
+            out = _run_python(page, blocks, grpc_url, _env(grpc_url, extra))
+        finally:
+            if extra:
+                _delete_serve_apps()
     if page == ROOT / "docs" / "guide" / "client.md":
         assert "Output shape: (100, 512)" in out  # the seed, unchanged but for the address
 
@@ -271,11 +309,15 @@ BASH_BLOCKS = [b for b in ALL_BLOCKS if b.runs and b.lang == "bash"]
 
 @pytest.mark.parametrize("block", BASH_BLOCKS, ids=lambda b: b.where)
 def test_bash_examples_run(block: Block, grpc_url: str) -> None:
+    _run_bash(block, grpc_url)
+
+
+def _run_bash(block: Block, grpc_url: str) -> None:
     done = subprocess.run(
         ["bash", "-euo", "pipefail", "-c", block.code.replace(EXAMPLE_URL, grpc_url)],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,
         cwd=ROOT,
         env=_env(grpc_url),
         check=False,
