@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV := .venv
 export RAY_TRITON_SHM_SERVER_ENV ?= $(CURDIR)/.triton-env
 
-.PHONY: bench test serve lint docs browser clean
+.PHONY: bench test newcomer serve lint docs browser clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,11 @@ bench: $(VENV)/.installed
 
 test: $(VENV)/.installed browser
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+# A newcomer's path, for real: a wheel of this checkout in a fresh venv with an empty HOME,
+# docs/guide/own-model.md step by step (tests/newcomer.py). CI runs it after make test.
+newcomer:
+	$(PYTHON) tests/newcomer.py
 
 # Headless Chromium (Debian's package) for the tests that look at the bench's report.
 browser:
