@@ -115,17 +115,20 @@ def write_summary(results: BenchResults, path: str | Path) -> Path | None:
             loc="left",
         )
     fig.suptitle(
-        "How much faster than plain gRPC, in the same set-up (MB/s ratio; "
-        "green: faster, red: slower; goal in brackets)",
-        fontsize=11,
+        "How much faster than plain gRPC, in the same set-up (MB/s ratio; green: faster, red: "
+        "slower, yellow: about the same;\n'within noise': faster in some rounds, slower in "
+        "others; goal in brackets; 'not run': see the terminal's or the report's skipped lines)",
+        fontsize=10,
     )
     return _save(fig, plt, path)
 
 
 def _cell_text(cell: Any) -> str:
     if cell.speedup is None:
-        return "-"
+        return "not run"
     text = f"{cell.speedup:.2f}x" if cell.speedup < 10 else f"{cell.speedup:.1f}x"
+    if cell.verdict == "no measurable difference":
+        text += " (within noise)"
     if cell.goal is not None:
         mark = "met" if cell.met else "MISSED"
         text += f"\n(>= {cell.goal.target:g}x {mark})"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["num"]
+__all__ = ["num", "per_s"]
 
 
 def num(value: float | None, suffix: str = "") -> str:
@@ -25,3 +25,11 @@ def num(value: float | None, suffix: str = "") -> str:
     else:
         text = f"{value:.3g}"
     return text + suffix
+
+
+def per_s(value: float | None) -> str:
+    """A rate in requests per second, as a whole number from 10 on (``"50"`` beside
+    ``"200"``, never ``"50.0"``); ``"-"`` for ``None``."""
+    if value is None or abs(value) < 9.995:
+        return num(value)
+    return num(round(value)) if abs(value) < 99_999.5 else num(value)

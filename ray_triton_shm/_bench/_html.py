@@ -11,9 +11,9 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ray_triton_shm._bench._format import num
+from ray_triton_shm._bench._format import num, per_s
 from ray_triton_shm._bench._runner import BenchResults, host_info
-from ray_triton_shm._bench._summary import LOADS, best_cell, summary
+from ray_triton_shm._bench._summary import LOADS, best_cell, speedup_text, summary, verdict
 
 __all__ = ["SECTIONS", "write_report"]
 
@@ -103,7 +103,7 @@ def _summary(results: BenchResults, figure: Path | None) -> str:
             (
                 _e(model.name),
                 _e(f"{best.choice.name} ({best.choice.api})") if best else "-",
-                num(best.speedup, "x") if best else "-",
+                _e(speedup_text(best)),
                 _e(best.where) if best else "-",
                 _e(rec["pool_size"]) if rec else "-",
             )
@@ -137,11 +137,10 @@ def _recommendations(results: BenchResults) -> str:
             f"{shm_mb} of /dev/shm."
         )
         best = best_cell(table.get(model.name, []))
-        if best is not None and (best.speedup or 0.0) < 1:
-            text += (
-                f" No choice beat plain gRPC ({num(best.speedup, 'x')} at best): requests "
-                "this small gain nothing from shared memory here."
-            )
+        said = verdict(model.name, best)
+        if said is not None:
+            sentence = said.partition(": ")[2]
+            text += f" {_e(sentence[:1].upper() + sentence[1:])}."
         elif best is not None:
             text += (
                 f" Fastest against its gRPC twin: {_e(best.choice.name)} "
@@ -151,7 +150,7 @@ def _recommendations(results: BenchResults) -> str:
             pool = advice["pool_size"]
             grpc = {True: "sustained", False: "not sustained", None: "not run"}
             text += (
-                f"<br>At {num(advice['request_rate'])} requests/s: "
+                f"<br>At {per_s(advice['request_rate'])} requests/s: "
                 + (f"<code>pool_size={pool}</code>" if pool else "no pool tried sustained it")
                 + f"; plain gRPC {grpc[advice['grpc_sustained']]}."
             )
@@ -183,7 +182,7 @@ def _rates(results: BenchResults) -> str:
     for model in models:
         limits = model.rate_limits(bound)
         best = ", ".join(
-            f"{_e(label)} {num(rate) if rate else 'none of the rates'}"
+            f"{_e(label)} {per_s(rate) if rate else 'none of the rates'}"
             for label, rate in limits.items()
         )
         rows = []
@@ -194,8 +193,8 @@ def _rates(results: BenchResults) -> str:
                 (
                     _e(r.rate_label),
                     _e(r.rate_spec),
-                    num(numbers.get("offered_per_s")),
-                    num(numbers.get("answered_per_s")),
+                    per_s(numbers.get("offered_per_s")),
+                    per_s(numbers.get("answered_per_s")),
                     *(num(latency.get(p)) for p in ("p50", "p90", "p99")),
                     str(numbers.get("dropped", "-")),
                     _sustained(r.sustained(bound)) if r.ok else _e(r.error or r.skipped or "-"),
@@ -236,12 +235,14 @@ def _runs(results: BenchResults, figures: dict[str, Path]) -> str:
         if model.error:
             parts.append(f"<p class=missed>FAILED: {_e(model.error)}</p>")
             continue
+        crowded = any(r.ok and r.slots and r.concurrency > r.slots for r in model.runs)
         parts.append(
             _figure(
                 figures.get(model.name),
                 f"{model.name}: throughput against p99 latency",
                 "Throughput against p99 latency, a point per concurrency level (up and to the "
-                "left is better); hollow points: more callers than slots.",
+                "left is better)"
+                + ("; hollow points: more callers than slots." if crowded else "."),
             )
         )
         title, headers, rows = model_rows(model)

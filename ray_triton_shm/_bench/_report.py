@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ray_triton_shm._bench._config import CHURN, SERVE_HTTP_CLIENTS, SERVE_HTTP_PATHS
-from ray_triton_shm._bench._format import num
+from ray_triton_shm._bench._format import num, per_s
 from ray_triton_shm._bench._ray_paths import CHURN_KILL_EVERY_S, DATA_JOB_BATCHES, DATA_JOB_ROUNDS
 from ray_triton_shm._bench._runner import (
     RECOMMEND_SHARE,
@@ -175,8 +175,8 @@ def _rate_table(model: ModelResult, bound_ms: float | None) -> Table:
         table.add_row(
             r.rate_label,
             r.rate_spec or "",
-            num(numbers.get("offered_per_s")),
-            num(numbers.get("answered_per_s")),
+            per_s(numbers.get("offered_per_s")),
+            per_s(numbers.get("answered_per_s")),
             *(num(latency.get(p)) for p in ("p50", "p90", "p99")),
             num(numbers.get("dropped")),
             verdict,
@@ -305,7 +305,7 @@ def _print_skipped(results: BenchResults, console: Console) -> None:
 
 
 def _print_summary(results: BenchResults, console: Console) -> None:
-    from ray_triton_shm._bench._summary import best_cell, summary
+    from ray_triton_shm._bench._summary import best_cell, speedup_text, summary, verdict
 
     table = summary(results)
     bound = results.config.latency_bound_ms
@@ -316,29 +316,26 @@ def _print_summary(results: BenchResults, console: Console) -> None:
         rows.add_row(
             model.name,
             f"{best.choice.name} ({best.choice.api})" if best else "-",
-            num(best.speedup if best else None, "x"),
+            speedup_text(best),
             best.where if best else (f"FAILED: {model.error}" if model.error else "-"),
             str(rec["pool_size"]) if rec else "-",
         )
     console.print(
         "speed-up = MB/s over plain gRPC's in the same set-up, with the most callers each choice "
-        "ran with; pool_size = the fewest slots within "
+        "ran with (in brackets: its lowest and highest in a round); pool_size = the fewest "
+        "slots within "
         f"{RECOMMEND_SHARE:.0%} of the best shm throughput.",
         markup=False,
     )
     _show(console, rows)
     _print_skipped(results, console)
     for model in results.models:
-        best = best_cell(table.get(model.name, []))
-        if best is not None and best.speedup is not None and best.speedup < 1:
-            console.print(
-                f"{model.name}: no choice beat plain gRPC ({num(best.speedup, 'x')} at best): "
-                "requests this small gain nothing from shared memory here",
-                markup=False,
-            )
+        said = verdict(model.name, best_cell(table.get(model.name, [])))
+        if said is not None:
+            console.print(said, markup=False)
     for model in results.models:
         advice = [
-            f"{num(a['request_rate'])}/s: "
+            f"{per_s(a['request_rate'])}/s: "
             + (f"pool_size {a['pool_size']}" if a["pool_size"] else "no pool tried")
             for a in model.pools_for_rates(bound)
         ]

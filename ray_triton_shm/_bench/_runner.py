@@ -133,6 +133,8 @@ class RunResult:
     dropped: int = 0
     planned_s: float = 0.0
     paced_s: float = 0.0
+    #: Each slice's seconds and requests, in the order of the rounds.
+    rounds: list[tuple[float, int]] = dataclasses.field(default_factory=list)
 
     def add_open_loop(self, loop: OpenLoop, planned_s: float, cpu_s: float) -> None:
         """Adds one open-loop slice of ``planned_s`` seconds of arrivals."""
@@ -163,6 +165,7 @@ class RunResult:
 
     def add(self, wall_s: float, cpu_s: float, side_cpu_s: float | None, latencies: list) -> None:
         """Adds one slice: its times, and each caller's latencies."""
+        self.rounds.append((wall_s, sum(map(len, latencies))))
         self.wall_s += wall_s
         self.cpu_s += cpu_s
         if self.side_cpu_s is not None:
@@ -204,7 +207,9 @@ class RunResult:
                 {
                     "request_rate": self.rate,
                     "offered_per_s": self.due / self.planned_s,
-                    "answered_per_s": requests / self.paced_s,
+                    # Over the arrivals' window at least: a run that keeps pace answers at
+                    # the offered rate, never above it.
+                    "answered_per_s": requests / max(self.paced_s, self.planned_s),
                     "dropped": self.dropped,
                 }
                 if self.rate is not None
@@ -213,13 +218,31 @@ class RunResult:
             "requests": requests,
             "wall_s": self.wall_s,
             "cpu_s": self.cpu_s,
+            "mb_per_s_rounds": self.round_mb_per_s(),
         }
+
+    def round_mb_per_s(self) -> list[float]:
+        """Input MB (1e6 B) per second of each round's slice."""
+        megabytes = self.case.input_nbytes / 1e6
+        return [requests * megabytes / wall for wall, requests in self.rounds if wall > 0]
 
 
 def mb_ratio(run: RunResult | None, baseline: RunResult | None) -> float | None:
     """``run``'s MB/s over ``baseline``'s (``None`` if either has none)."""
     value = run.numbers().get("mb_per_s") if run else None
     return _ratio(value, baseline.numbers().get("mb_per_s") if baseline else None)
+
+
+def mb_ratio_spread(run: RunResult, baseline: RunResult) -> tuple[float, float] | None:
+    """The lowest and highest of ``run``'s MB/s over ``baseline``'s, round by round (the
+    rounds interleave the runs, so round ``i`` of each ran side by side); ``None`` with fewer
+    than two rounds of both."""
+    ratios = [
+        mine / theirs
+        for mine, theirs in zip(run.round_mb_per_s(), baseline.round_mb_per_s())
+        if theirs > 0
+    ]
+    return (min(ratios), max(ratios)) if len(ratios) >= 2 else None
 
 
 @dataclasses.dataclass

@@ -11,6 +11,7 @@ import dataclasses
 from typing import Any
 
 from ray_triton_shm._bench._config import NODE_LOAD, SERVE_HTTP_CLIENTS
+from ray_triton_shm._bench._format import num
 from ray_triton_shm._bench._runner import (
     GOALS,
     BenchResults,
@@ -19,9 +20,10 @@ from ray_triton_shm._bench._runner import (
     RunResult,
     describe_run,
     mb_ratio,
+    mb_ratio_spread,
 )
 
-__all__ = ["CHOICES", "LOADS", "Cell", "Choice", "best_cell", "summary"]
+__all__ = ["CHOICES", "LOADS", "Cell", "Choice", "best_cell", "summary", "verdict"]
 
 #: The two loads of the summary: one caller, and the most callers the choice ran with.
 LOADS = ("low load", "under load")
@@ -99,6 +101,30 @@ class Cell:
     speedup: float | None = None
     goal: Goal | None = None
     met: bool | None = None
+    #: The lowest and highest speed-up of a round (``None``: fewer than two rounds).
+    spread: tuple[float, float] | None = None
+
+    @property
+    def verdict(self) -> str | None:
+        """``"faster"`` or ``"slower"`` than plain gRPC only when every round says so;
+        ``"no measurable difference"`` when the rounds' speed-ups fall on both sides of 1x
+        (``None``: not measured)."""
+        if self.speedup is None:
+            return None
+        low, high = self.spread or (self.speedup, self.speedup)
+        if low > 1:
+            return "faster"
+        if high < 1:
+            return "slower"
+        return "no measurable difference"
+
+    @property
+    def spread_text(self) -> str:
+        """The rounds' spread, e.g. ``"0.93-1.12x over 4 rounds"`` (``""``: none)."""
+        if self.spread is None or self.run is None:
+            return ""
+        low, high = self.spread
+        return f"{num(low)}-{num(high)}x over {len(self.run.rounds)} rounds"
 
     @property
     def where(self) -> str:
@@ -145,11 +171,40 @@ def summary(results: BenchResults) -> dict[str, list[Cell]]:
                         goal = _goal(model, run, base)
                         speedup = mb_ratio(run, base)
                         met = goal.met(speedup) if goal is not None else None
-                        cell = Cell(choice, load, run, base, speedup, goal, met)
+                        spread = mb_ratio_spread(run, base)
+                        cell = Cell(choice, load, run, base, speedup, goal, met, spread)
                         break
                 cells.append(cell)
         table[model.name] = cells
     return table
+
+
+def verdict(model: str, best: Cell | None) -> str | None:
+    """What the summary says of a model whose fastest choice did not beat plain gRPC in
+    every round (``None``: it did, or nothing was measured)."""
+    if best is None or best.verdict in (None, "faster"):
+        return None
+    spread = f", {best.spread_text}" if best.spread_text else ""
+    if best.verdict == "slower":
+        return (
+            f"{model}: no choice beat plain gRPC ({num(best.speedup, 'x')} at best{spread}): "
+            "requests this small gain nothing from shared memory here"
+        )
+    return (
+        f"{model}: no measurable difference from plain gRPC: the fastest choice, "
+        f"{best.choice.name}, came out at {num(best.speedup, 'x')}{spread}, faster in some "
+        "rounds and slower in others; more --rounds tell them apart, if anything does"
+    )
+
+
+def speedup_text(cell: Cell | None) -> str:
+    """A cell's speed-up and its rounds' spread, e.g. ``"1.05x (0.93-1.12x)"``."""
+    if cell is None or cell.speedup is None:
+        return "-"
+    if cell.spread is None:
+        return num(cell.speedup, "x")
+    low, high = cell.spread
+    return f"{num(cell.speedup, 'x')} ({num(low)}-{num(high, 'x')})"
 
 
 def best_cell(cells: list[Cell]) -> Cell | None:
