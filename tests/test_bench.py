@@ -164,7 +164,7 @@ def test_bench_quick_json_has_every_model_and_path(
     assert "identity: open loop" in stdout and "shm-client (pool 4)" in stdout
     summary = stdout[stdout.index("speed-up = MB/s over plain gRPC") :]
     assert len(summary.splitlines()) < 25, summary
-    assert re.search(r"\nclassifier +core client \(TritonSHMClient\) +\d", summary), summary
+    assert re.search(r"\nclassifier +8 +core client \(TritonSHMClient\) +\d", summary), summary
     assert "classifier, open loop (p99 under 100 ms): " in summary
     assert "skipped: memcpy on upper-short, upper-long: BYTES tensors have no fixed-size" in summary
     assert "Goals: " in summary

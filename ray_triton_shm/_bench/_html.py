@@ -102,6 +102,7 @@ def _summary(results: BenchResults, figure: Path | None) -> str:
         rows.append(
             (
                 _e(model.name),
+                str(model.case.batch_size) if model.case else "-",
                 _e(f"{best.choice.name} ({best.choice.api})") if best else "-",
                 _e(speedup_text(best)),
                 _e(best.where) if best else "-",
@@ -115,7 +116,9 @@ def _summary(results: BenchResults, figure: Path | None) -> str:
         "choice ran with (for Ray tasks, more callers than slots)."
     )
     return _figure(figure, "speed-up over plain gRPC per model and choice", text) + _table(
-        ("model", "fastest choice", "speed-up", "run", "pool_size"), rows, (0, 1, 3)
+        ("model", "samples/request", "fastest choice", "speed-up", "run", "pool_size"),
+        rows,
+        (0, 2, 4),
     )
 
 
@@ -150,7 +153,8 @@ def _recommendations(results: BenchResults) -> str:
             pool = advice["pool_size"]
             grpc = {True: "sustained", False: "not sustained", None: "not run"}
             text += (
-                f"<br>At {per_s(advice['request_rate'])} requests/s: "
+                f"<br>At {per_s(advice['request_rate'])} requests/s (size the pool for the "
+                "highest rate you serve): "
                 + (f"<code>pool_size={pool}</code>" if pool else "no pool tried sustained it")
                 + f"; plain gRPC {grpc[advice['grpc_sustained']]}."
             )

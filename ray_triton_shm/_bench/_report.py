@@ -309,12 +309,16 @@ def _print_summary(results: BenchResults, console: Console) -> None:
 
     table = summary(results)
     bound = results.config.latency_bound_ms
-    rows = _table("model", "fastest choice", "speed-up", "run", "pool_size", title="Summary")
+    rows = _table(
+        "model", "samples/request", "fastest choice", "speed-up", "run", "pool_size",
+        title="Summary",
+    )  # fmt: skip
     for model in results.models:
         best = best_cell(table.get(model.name, []))
         rec = model.recommendation()
         rows.add_row(
             model.name,
+            str(model.case.batch_size) if model.case else "-",
             f"{best.choice.name} ({best.choice.api})" if best else "-",
             speedup_text(best),
             best.where if best else (f"FAILED: {model.error}" if model.error else "-"),
@@ -340,8 +344,13 @@ def _print_summary(results: BenchResults, console: Console) -> None:
             for a in model.pools_for_rates(bound)
         ]
         if advice:
+            rec = model.recommendation()
+            most = f"; for the most throughput, pool_size {rec['pool_size']}" if rec else ""
             console.print(
-                f"{model.name}, open loop{_bound(bound)}: " + "; ".join(advice), markup=False
+                f"{model.name}, open loop{_bound(bound)}: "
+                + "; ".join(advice)
+                + f" (size the pool for the highest rate you serve{most})",
+                markup=False,
             )
     goals = results.goals()
     missed = [(goal, value) for goal, value in goals if goal.met(value) is False]
