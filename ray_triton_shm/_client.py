@@ -133,10 +133,9 @@ def _release_pool(pool: ModelPool, stub: Any, wait_s: float, keys: Keys, settler
             stub, pool.memory, pool.slot_keys, keys.metadata(), in_use_wait_s=left_s
         )
     finally:
-        if all_free:
-            pool.memory.release(held)
         pool.region.unlink()
         if all_free:
+            pool.memory.release(held)
             pool.region.close()
 
 
