@@ -6,7 +6,7 @@ breaks:
 
 1. install the wheel with its ``ray`` and ``bench`` extras;
 2. ``ray-triton-shm setup-server --with scikit-learn`` (a server environment of its own);
-3. ``ray-triton-shm serve-local --model-repository docs/examples/iris --log-file ...``;
+3. ``ray-triton-shm serve-local --model-repository docs/examples/iris/models --log-file ...``;
 4. the page's Python (the core client), as the page has it;
 5. a local Ray (``ray start``), the page's Serve app (``docs/examples/iris/app.py``) answering
    HTTP requests exactly as the model called directly does;
@@ -146,7 +146,7 @@ def main() -> int:
         grpc, http = free_port(), free_port()
         log = work / "triton.log"
         user.start(
-            tool, "serve-local", "--model-repository", EXAMPLE, "--grpc-port", grpc,
+            tool, "serve-local", "--model-repository", EXAMPLE / "models", "--grpc-port", grpc,
             "--http-port", http, "--log-file", log,
             ready="Triton is ready", log=work / "serve-local.out",
         )  # fmt: skip

@@ -163,10 +163,10 @@ def test_the_own_model_page_shows_the_example_files_as_they_are() -> None:
     page = ROOT / "docs" / "guide" / "own-model.md"
     shown = [b.code for b in blocks_of(page) if b.lang == "python" and b.not_run]
     example = ROOT / "docs" / "examples" / "iris"
-    assert shown[0] == (example / "iris" / "1" / "model.py").read_text()
+    assert shown[0] == (example / "models" / "iris" / "1" / "model.py").read_text()
     app = (example / "app.py").read_text()
     assert shown[1] == app[app.index("import numpy") :]
-    assert _served_repository(page) == example
+    assert _served_repository(page) == example / "models"
 
 
 def test_the_seed_example_is_the_original_with_its_markers() -> None:
