@@ -202,15 +202,7 @@ def _device_input(
             actual=type(value).__name__,
         )
     described = as_device_input(value, model=model, tensor=tensor.name)
-    if described.dtype != tensor.dtype:
-        raise InvalidInputError(
-            f"model {model!r}: input {tensor.name!r} must have dtype {tensor.dtype} "
-            f"({tensor.datatype}), got {described.dtype} ({described.kind})",
-            model=model,
-            tensor=tensor.name,
-            expected=str(tensor.dtype),
-            actual=str(described.dtype),
-        )
+    _check_dtype(model, tensor, described, convert=f"its framework's cast ({described.kind})")
     if batched and len(described.shape) != len(tensor.shape) + 1:
         raise _shape_error(model, tensor, described.shape, batched=True)
     sample_shape = described.shape[1:] if batched else described.shape
@@ -308,7 +300,9 @@ def _unbatched_input(
     return value.shape, value
 
 
-def _check_dtype(model: str, tensor: TensorSpec, array: np.ndarray) -> None:
+def _check_dtype(
+    model: str, tensor: TensorSpec, array: np.ndarray | DeviceInput, *, convert: str = ""
+) -> None:
     if array.dtype == tensor.dtype or (tensor.is_bytes and array.dtype.kind in "SU"):
         return  # BYTES elements are checked as they are serialized
     if tensor.is_bytes:
@@ -322,7 +316,8 @@ def _check_dtype(model: str, tensor: TensorSpec, array: np.ndarray) -> None:
         )
     raise InvalidInputError(
         f"model {model!r}: input {tensor.name!r} must have dtype {tensor.dtype} "
-        f"({tensor.datatype}), got {array.dtype}; convert it with .astype(np.{tensor.dtype})",
+        f"({tensor.datatype}), got {array.dtype}; convert it with "
+        f"{convert or f'.astype(np.{tensor.dtype})'}",
         model=model,
         tensor=tensor.name,
         expected=str(tensor.dtype),
