@@ -66,7 +66,8 @@ class DeviceInput:
 
 
 def is_device_tensor(value: Any) -> bool:
-    """Whether ``value`` offers its memory as a GPU tensor (NumPy arrays do not)."""
+    """Whether ``value`` offers its memory as a tensor of another framework (torch, cupy,
+    JAX...): a GPU tensor, or one :func:`as_device_input` refuses as not on a GPU."""
     if isinstance(value, np.ndarray):
         return False
     return hasattr(value, "__cuda_array_interface__") or hasattr(value, "__dlpack__")
@@ -91,6 +92,8 @@ def as_device_input(value: Any, *, model: str, tensor: str) -> DeviceInput:
 
     try:
         interface = getattr(value, "__cuda_array_interface__", None)
+    except AttributeError:
+        interface = None  # torch's CPU tensors: DLPack says where they are
     except Exception as exc:  # torch refuses tensors that require grad
         raise refuse(f"cannot be read in place: {exc}; pass .detach()", "a tensor", kind) from exc
     if interface is not None:

@@ -192,10 +192,10 @@ def _device_input(
     """Checks a GPU tensor given as input ``tensor`` (dtype, shape, GPU) and describes it."""
     if device is None:
         raise InvalidInputError(
-            f"model {model!r}: input {tensor.name!r} is a GPU tensor "
-            f"({type(value).__module__.split('.')[0]}.{type(value).__name__}), but this model's "
-            "pool is in system memory: register the model with memory='cuda', or pass a NumPy "
-            "array",
+            f"model {model!r}: input {tensor.name!r} is a "
+            f"{type(value).__module__.split('.')[0]}.{type(value).__name__}, not a NumPy array: "
+            "this model's pool is in system memory and takes NumPy arrays (np.asarray, or "
+            "torch's .numpy()); GPU tensors go to a pool registered with memory='cuda'",
             model=model,
             tensor=tensor.name,
             expected="np.ndarray",

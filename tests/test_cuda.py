@@ -136,7 +136,8 @@ def test_a_gpu_tensor_for_a_system_pool_is_refused_before_any_byte(grpc_url: str
             client.infer_shm("identity", {"INPUT0": _GpuTensorStandIn((2, 4))})
         error = caught.value
         assert error.tensor == "INPUT0" and error.expected == "np.ndarray"
-        assert "pool is in system memory: register the model with memory='cuda'" in str(error)
+        assert "pool is in system memory and takes NumPy arrays" in str(error)
+        assert "GPU tensors go to a pool registered with memory='cuda'" in str(error)
         with pytest.raises(InvalidInputError, match=r"outputs_as must be one of"):
             client.infer_shm(
                 "identity", {"INPUT0": np.ones((1, 4), np.float32)}, outputs_as="torch"
