@@ -292,16 +292,16 @@ def print_results(results: BenchResults, console: Console, *, full: bool = False
 
 
 def _print_skipped(results: BenchResults, console: Console) -> None:
-    """Every path that did not run, once per reason, with the models it skipped."""
-    skipped: dict[tuple[str, str], list[str]] = {}
+    """Every path that did not run: a line per reason, with its paths and models."""
+    skipped: dict[str, tuple[list[str], list[str]]] = {}
     for model in results.models:
         for run in model.runs:
             if run.skipped:
-                models = skipped.setdefault((run.path, run.skipped), [])
-                if model.name not in models:
-                    models.append(model.name)
-    for (path, reason), models in skipped.items():
-        console.print(f"skipped: {path} on {', '.join(models)}: {reason}", markup=False)
+                paths, models = skipped.setdefault(run.skipped, ([], []))
+                paths.extend([run.path] * (run.path not in paths))
+                models.extend([model.name] * (model.name not in models))
+    for reason, (paths, models) in skipped.items():
+        console.print(f"skipped: {', '.join(paths)} on {', '.join(models)}: {reason}", markup=False)
 
 
 def _print_summary(results: BenchResults, console: Console) -> None:
