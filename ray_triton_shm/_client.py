@@ -101,8 +101,9 @@ _MOVED = (SuspectedChange, PoolRetired, ClientClosedError, InvalidInputError)
 _MAX_MOVES = 2
 #: Inputs the spec refuses make Triton's config be read again at most this often (per pool).
 _INPUT_RECHECK_S = 1.0
-#: An answer that does not fit its pool proves the model changed, yet while Triton reloads
-#: it its config may still read as before: it is read again this often, for this long.
+#: An answer that does not fit its pool (or a fixed-size output refused as too large) proves
+#: the model changed, yet while Triton reloads it its config may still read as before: it is
+#: read again this often, for this long.
 _CONFIG_POLL_S = 0.1
 _CONFIG_CATCH_UP_S = 5.0
 
@@ -649,7 +650,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         else:
             assert isinstance(exc, SuspectedChange)
             newer = self._follow(pool, since=started, cause=exc.error)
-            if newer is None and exc.executed:
+            if newer is None and exc.proven:
                 newer = self._catch_up(pool, exc.error)
             if newer is not None and exc.executed and options is not None and options.is_sequence:
                 raise exc.error  # Triton ran this step: sending it again would apply it twice

@@ -44,7 +44,7 @@ from ._header import RegionHeader
 from ._inputs import Batch
 from ._memory import SlotIO, SlotMemory
 from ._options import RequestOptions
-from ._outputs import OutputAssembler, empty_outputs, overflow_message
+from ._outputs import OutputAssembler, empty_outputs, overflow_message, overflowed_output
 from ._pool import SlotSource
 from ._reconnect import is_restart_symptom
 from ._shm import SharedMemoryRegion, slot_key
@@ -92,12 +92,19 @@ class SuspectedChange(Exception):
         error: What the caller gets if the model did not change.
         executed: Whether Triton ran the request (it answered): a sequence step is then not
             sent again.
+        proven: Whether the failure proves the model changed, as an answer that fits no spec
+            does: an output of a fixed size that came from Triton's config came out larger.
+            While Triton reloads a model its config may still read as before: it is read
+            again until it shows the change.
     """
 
-    def __init__(self, error: TritonServerError, *, executed: bool) -> None:
+    def __init__(
+        self, error: TritonServerError, *, executed: bool, proven: bool | None = None
+    ) -> None:
         super().__init__(str(error))
         self.error = error
         self.executed = executed
+        self.proven = executed if proven is None else proven
 
 
 class PoolRetired(Exception):
@@ -341,7 +348,9 @@ class Chunk:
                 model=error.model,
             )
         if is_change_symptom(exc):
-            return SuspectedChange(error, executed=False)
+            grown = overflowed_output(self.pool.spec, error.server_message)
+            fixed = grown is not None and not grown.is_variable and not grown.is_bytes
+            return SuspectedChange(error, executed=False, proven=fixed and self.pool.follows)
         return error
 
     def recovery(self, exc: BaseException) -> tuple[Step, Any]:

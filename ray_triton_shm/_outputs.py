@@ -16,9 +16,9 @@ import numpy as np
 from ._bytes import decode
 from ._exceptions import TritonServerError
 from ._memory import SlotIO
-from ._specs import ModelSpec
+from ._specs import ModelSpec, TensorSpec
 
-__all__ = ["OutputAssembler", "empty_outputs", "overflow_message"]
+__all__ = ["OutputAssembler", "empty_outputs", "overflow_message", "overflowed_output"]
 
 # Triton's answer when an output does not fit the shared memory the request gave it.
 _OVERFLOW = re.compile(r"for output '([^']+)' \((\d+) bytes\) should be at least (\d+) bytes")
@@ -136,6 +136,13 @@ def empty_outputs(spec: ModelSpec, names: tuple[str, ...] | None = None) -> dict
         for t in spec.outputs
         if names is None or t.name in names
     }
+
+
+def overflowed_output(spec: ModelSpec, server_message: str) -> TensorSpec | None:
+    """The output Triton answered did not fit its place in the slot, if that is what
+    ``server_message`` says and the pool knows the output."""
+    match = _OVERFLOW.search(server_message)
+    return None if match is None else spec.outputs_by_name.get(match.group(1))
 
 
 def overflow_message(spec: ModelSpec, server_message: str) -> str | None:

@@ -191,16 +191,24 @@ def test_a_pool_follows_the_model(
     assert not regions_left(server.grpc_url, old | {pool.region.name})
 
 
-def test_an_answer_from_the_new_config_waits_for_the_config_to_catch_up(
+@pytest.mark.parametrize(
+    "case",
+    [
+        "an output's dtype changed",  # answered: it fits the slot, but not the pool's spec
+        "output grown past the slot",  # refused: a fixed-size output of the config grew
+    ],
+)
+def test_what_proves_a_change_waits_for_the_config_to_catch_up(
     explicit: tuple[LocalTritonServer, Repository],
     changing: Callable[[str], None],
     monkeypatch: pytest.MonkeyPatch,
+    case: str,
 ) -> None:
-    """While Triton reloads a model, it may answer from the new config and still serve the old
-    one for a moment (seen under load: 3 calls in 10,000 failed so). A real server does that
-    too briefly to hit at will: the client here reads the old config three more times."""
+    """While Triton reloads a model, it may answer from the new config, or refuse an output
+    grown past its place, and still serve the old config for a moment (seen under load: 3
+    calls in 10,000 failed so, in each way). A real server does that too briefly to hit at
+    will: the client here reads the old config three more times."""
     server, _ = explicit
-    case = "an output's dtype changed"  # the answer fits the slot, but not the pool's spec
     with TritonSHMClient(server.grpc_url, config_check_interval_s=None) as client:
         client.register_shm_model("changing", pool_size=2)
         x = inputs_for(BASE, seed=1)
