@@ -106,6 +106,8 @@ class Settler:
         self._pools: weakref.WeakSet[ModelPool] = weakref.WeakSet()
         self._wake = threading.Event()
         self._lock = threading.Lock()
+        #: Held while a round settles pools: forget() waits for it.
+        self._round = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stopped = False
         self._denied_logged = False
@@ -122,9 +124,14 @@ class Settler:
         self._wake.set()
 
     def forget(self, pool: ModelPool) -> None:
-        """Stops looking after ``pool`` (it is being released)."""
+        """Stops looking after ``pool`` (it is being released), waiting for a round that may
+        be settling it: a slot it unregistered to prove Triton done is registered again, and
+        must be before the release unregisters the pool for good."""
         with self._lock:
             self._pools.discard(pool)
+        if threading.current_thread() is not self._thread:
+            with self._round:
+                pass
 
     def notify(self) -> None:
         """A slot of a watched pool was just abandoned, or its slots became shared: look
@@ -145,14 +152,19 @@ class Settler:
                 pools = list(self._pools)
             self._wake.clear()
             waits: list[float | None] = [None]
-            for pool in pools:
-                try:
-                    waits.append(self.settle(pool))
-                except ClientClosedError:
-                    continue  # released meanwhile
-                except Exception:  # never end the thread: the next round tries again
-                    logger.exception("ray-triton-shm: settling slots of %r failed", pool.spec.name)
-                    waits.append(POLL_S)
+            with self._round:
+                for pool in pools:
+                    with self._lock:
+                        if pool not in self._pools:
+                            continue  # being released: forget() waits for this round
+                    try:
+                        waits.append(self.settle(pool))
+                    except ClientClosedError:
+                        continue  # released meanwhile
+                    except Exception:  # never end the thread: the next round tries again
+                        name = pool.spec.name
+                        logger.exception("ray-triton-shm: settling slots of %r failed", name)
+                        waits.append(POLL_S)
             self._wake.wait(min((w for w in waits if w is not None), default=None))
 
     def settle(self, pool: ModelPool) -> float | None:
