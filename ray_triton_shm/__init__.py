@@ -48,6 +48,7 @@ _EXPORTS = {
     "headers_from_env": "._headers",
     "TlsFiles": "._tls",
     "PoolStats": "._pool",
+    "SlotAutoscaling": "._scaling",
     "ReclaimReport": "._reclaim",
     "RegionStatus": "._reclaim",
     "StatusReport": "._reclaim",
@@ -81,6 +82,7 @@ __all__ = [
     "ServerUnreachableError",
     "SharedMemoryFullError",
     "SharedMemoryNotAllowedError",
+    "SlotAutoscaling",
     "SlotTimeoutError",
     "StatusReport",
     "TLSHandshakeError",
@@ -124,6 +126,7 @@ if typing.TYPE_CHECKING:  # what type checkers and IDEs see: the names, typed, a
     from ._headers import Keys, headers_from_dir, headers_from_env
     from ._pool import PoolStats
     from ._reclaim import ReclaimReport, RegionStatus, StatusReport, reclaim_regions, region_status
+    from ._scaling import SlotAutoscaling
     from ._specs import ModelSpec, TensorSpec
     from ._tls import TlsFiles
     from .local import LocalTritonServer

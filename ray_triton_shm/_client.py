@@ -1,11 +1,12 @@
 """``TritonSHMClient``: tritonclient's gRPC client plus pooled system-shared-memory inference.
 
-Per registered model the client owns one POSIX region cut into ``pool_size`` slots, each big
-enough for every input and output of one batch of ``max_batch_size`` samples. ``infer_shm``
-validates the inputs, then for each chunk of at most ``max_batch_size`` samples takes a slot,
-copies the chunk in, sends Triton a request that only points at the slot, and copies the
-outputs out once the response arrives. Up to ``pool_size`` chunks are in flight at once; when
-every slot is busy, callers wait.
+Per registered model the client owns one POSIX region cut into slots, each big enough for every
+input and output of one batch of ``max_batch_size`` samples: a fixed ``pool_size`` of them, or
+by default as many as its callers need at once, between ``min_slots`` and ``max_slots``
+(:mod:`._scaling`). ``infer_shm`` validates the inputs, then for each chunk of at most
+``max_batch_size`` samples takes a slot, copies the chunk in, sends Triton a request that only
+points at the slot, and copies the outputs out once the response arrives. Up to one chunk per
+slot is in flight at once; when every slot is busy, callers wait.
 
 How one call runs over the slots (chunking, slot reuse after errors, deadlines and
 cancellation, sending again after Triton restarts) is written once, in :mod:`._engine`;
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import threading
@@ -53,7 +55,7 @@ from ._exceptions import (
     TritonServerError,
 )
 from ._gpu_tensors import OUTPUT_KINDS
-from ._header import MAX_SLOTS, RegionHeader
+from ._header import RegionHeader
 from ._headers import REDACTED, Keys, Metadata, normalize
 from ._inputs import InputValue, prepare_batch
 from ._memory import (
@@ -70,6 +72,7 @@ from ._pool import PoolStats, SlotPool, SlotSource
 from ._reaper import watch
 from ._reclaim import reclaim_dead_registrations
 from ._reconnect import Reconnect, channel_options
+from ._scaling import Scaler, SlotAutoscaling, default_shm_budget, pool_sizing
 from ._settle import Settler, unregister_slots
 from ._shm import SharedMemoryRegion, ensure_room, mib, new_region_name, slot_key
 from ._specs import ModelSpec, SlotLayout, SpecLike
@@ -106,22 +109,40 @@ _INPUT_RECHECK_S = 1.0
 #: read again this often, for this long.
 _CONFIG_POLL_S = 0.1
 _CONFIG_CATCH_UP_S = 5.0
+#: The size of a pool in GPU memory when none is given (GPU pools do not follow their load).
+_GPU_POOL_SIZE = 4
 
 
-def _release_pools(stub: Any, pools: dict[str, ModelPool], keys: Keys, settler: Settler) -> None:
+@dataclasses.dataclass(frozen=True)
+class _Keepers:
+    """What looks after a client's pools besides the client: all a finalizer may hold."""
+
+    stub: Any
+    keys: Keys
+    settler: Settler
+    scaler: Scaler
+
+    def stop(self) -> None:
+        self.settler.stop()
+        self.scaler.stop()
+
+
+def _release_pools(pools: dict[str, ModelPool], keepers: _Keepers) -> None:
     """Unregisters and unlinks every pool; the finalizer of a client, so it never sees it."""
     while pools:
         _, pool = pools.popitem()
-        _release_pool(pool, stub, _CLOSE_WAIT_S, keys, settler)
-    settler.stop()
+        _release_pool(pool, keepers, _CLOSE_WAIT_S)
+    keepers.stop()
 
 
-def _release_pool(pool: ModelPool, stub: Any, wait_s: float, keys: Keys, settler: Settler) -> None:
+def _release_pool(pool: ModelPool, keepers: _Keepers, wait_s: float) -> None:
     """Waits for the pool's callers (up to ``wait_s``), then unregisters and unlinks it, once
     Triton is done with the requests given up on it (within the same wait)."""
+    stub, keys = keepers.stub, keepers.keys
     deadline = time.monotonic() + wait_s
+    keepers.scaler.forget(pool)
     all_free = pool.slots.close(wait_s=wait_s)
-    settler.forget(pool)
+    keepers.settler.forget(pool)
     if not pool.region.owner:  # attached: the owner unregisters and unlinks it
         if all_free:
             pool.memory.release()
@@ -178,6 +199,8 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             compared with the pool, in the background, to pick up changes no request runs
             into (a larger ``max_batch_size``, an output added); ``None``: only when a
             request runs into one. See :meth:`register_shm_model`.
+        shm_budget_bytes: The most bytes of ``/dev/shm`` this client's pools may hold: pools
+            that follow their load grow no further (``None``: 90% of ``/dev/shm``).
         **kwargs: Passed to :class:`tritonclient.grpc.InferenceServerClient`.
 
     Example:
@@ -197,6 +220,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         crash_cleanup: bool = True,
         reconnect_timeout_s: float = DEFAULT_RECONNECT_TIMEOUT_S,
         config_check_interval_s: float | None = 10.0,
+        shm_budget_bytes: int | None = None,
         **kwargs: Any,
     ) -> None:
         if reconnect_timeout_s < 0:
@@ -231,10 +255,11 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         self._closed = False
         self._swept = False
         self._settler = Settler(self._client_stub, self._keys)
-        # Captures the pools and the stub, never self: the client can still be collected.
-        self._finalizer = weakref.finalize(
-            self, _release_pools, self._client_stub, self._pools, self._keys, self._settler
-        )
+        budget = default_shm_budget() if shm_budget_bytes is None else shm_budget_bytes
+        self._scaler = Scaler(budget, self._pools)
+        self._keepers = _Keepers(self._client_stub, self._keys, self._settler, self._scaler)
+        # Captures the pools and their keepers, never self: the client can still be collected.
+        self._finalizer = weakref.finalize(self, _release_pools, self._pools, self._keepers)
         self._close_lock = threading.Lock()  # last: close() tells a whole client by it
 
     # ------------------------------------------------------------------ registration
@@ -245,8 +270,9 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         inputs: Sequence[SpecLike] | None = None,
         outputs: Sequence[SpecLike] | None = None,
         max_batch_size: int | None = None,
-        pool_size: int = 4,
+        pool_size: int | None = None,
         *,
+        autoscaling: SlotAutoscaling | Mapping[str, Any] | None = None,
         model_version: str = "",
         max_shapes: Mapping[str, Sequence[int]] | None = None,
         max_element_bytes: Mapping[str, int] | None = None,
@@ -277,7 +303,15 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             outputs: Output specs, or ``None`` to read them from the server.
             max_batch_size: Samples per slot; ``None`` reads it from the server; ``0`` for a
                 model that does not batch.
-            pool_size: Number of slots, i.e. requests in flight at once for this model.
+            pool_size: A fixed number of slots, i.e. requests in flight at once for this model;
+                ``None`` (the default): as many as its callers need at once, within
+                ``autoscaling``'s bounds.
+            autoscaling: How a pool without ``pool_size`` follows its load: a
+                :class:`SlotAutoscaling`, or a mapping of its fields (``min_slots``,
+                ``max_slots``, ``upscale_delay_s``, ``downscale_delay_s``); ``None``: the
+                defaults, 2 to 64 slots. It grows while callers wait for a slot, and shrinks
+                after ``downscale_delay_s`` with fewer callers (see :mod:`the guide
+                <ray_triton_shm>`). A pool in GPU memory has a fixed size (4 by default).
             model_version: Model version; ``""`` lets the server choose.
             max_shapes: Per-sample maximum for tensors with ``-1`` dims, e.g.
                 ``{"INPUT0": (16,)}``: slots are sized for it.
@@ -321,6 +355,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
                 outputs,
                 max_batch_size,
                 pool_size,
+                autoscaling=autoscaling,
                 model_version=model_version,
                 max_shapes=max_shapes,
                 max_element_bytes=max_element_bytes,
@@ -344,8 +379,9 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         inputs: Sequence[SpecLike] | None,
         outputs: Sequence[SpecLike] | None,
         max_batch_size: int | None,
-        pool_size: int,
+        pool_size: int | None,
         *,
+        autoscaling: SlotAutoscaling | Mapping[str, Any] | None,
         model_version: str,
         max_shapes: Mapping[str, Sequence[int]] | None,
         max_element_bytes: Mapping[str, int] | None,
@@ -355,12 +391,16 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         triton_device_id: int | None,
     ) -> ModelSpec:
         self._check_open()
-        if not 1 <= pool_size <= MAX_SLOTS:
-            raise ModelSpecError(
-                f"model {model_name!r}: pool_size must be >= 1 and <= {MAX_SLOTS}, got {pool_size}",
-                model=model_name,
-            )
         check_memory_options(model_name, memory, device, triton_device_id)
+        if memory == CUDA and pool_size is None:
+            if autoscaling is not None:
+                raise ModelSpecError(
+                    f"model {model_name!r}: a pool in GPU memory has a fixed size: pass "
+                    "pool_size, not autoscaling",
+                    model=model_name,
+                )
+            pool_size = _GPU_POOL_SIZE
+        sizing = pool_sizing(model_name, pool_size, autoscaling)
         gpu = None
         if memory == CUDA:  # the GPU by its UUID: the same in every process, every layout
             gpu = _cuda.find_device(device)
@@ -383,25 +423,25 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         with self._registry_lock:
             existing = self._pools.get(model_name)
             if existing is None:
-                self._pools[model_name] = self._create_pool(spec, pool_size, registration)
+                self._pools[model_name] = self._create_pool(spec, sizing, registration)
                 return spec
             same_memory = existing.registration is None or (
                 existing.registration.memory,
                 existing.registration.device,
             ) == (memory, registration.device)
-            if existing.spec == spec and existing.slots.size == pool_size and same_memory:
+            if existing.spec == spec and existing.sizing == sizing and same_memory:
                 return spec
             # The same request of a pool that follows the model: the model changed meanwhile.
             follows = existing.registration == registration and registration.follows
-            if not (replace or (follows and existing.slots.size == pool_size)):
+            if not (replace or (follows and existing.sizing == sizing)):
                 raise ModelSpecError(
                     f"model {model_name!r} is already registered with other specs "
-                    f"(pool_size {existing.slots.size}, memory {existing.memory.kind!r}, "
+                    f"({_sizing_text(existing.sizing)}, memory {existing.memory.kind!r}, "
                     f"{existing.spec}); pass replace=True, "
                     "or call unregister_shm_model first",
                     model=model_name,
                 )
-        self._replace(existing, spec, pool_size, registration)
+        self._replace(existing, spec, sizing, registration)
         return spec
 
     def _load_config(self, model_name: str, model_version: str) -> Mapping[str, Any]:
@@ -461,10 +501,13 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
     def _create_pool(
         self,
         spec: ModelSpec,
-        pool_size: int,
+        sizing: int | SlotAutoscaling,
         registration: Registration,
         generation: int = 0,
+        initial: int | None = None,
     ) -> ModelPool:
+        """A new pool for ``spec``, registered in Triton; one that follows its load starts
+        with ``initial`` slots (default: its ``min_slots``), its region room for the most."""
         reconnect = self._reconnect(spec.name)
         if not self._swept:
             # Registrations left by crashed processes pin memory in Triton: drop them once.
@@ -477,33 +520,44 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         kind = registration.memory
         if kind == CUDA:
             check_numeric(spec)
-        size = region_bytes(kind, layout, pool_size)
+        if isinstance(sizing, SlotAutoscaling):
+            capacity = sizing.max_slots
+            count = min(max(initial or sizing.min_slots, sizing.min_slots), capacity)
+        else:
+            capacity = count = sizing
+        size = region_bytes(kind, layout, capacity)
+        backed = region_bytes(kind, layout, count)
         where = "" if kind == SYSTEM else " (their table; the slots are on the GPU)"
         ensure_room(
-            size,
-            what=f"model {spec.name!r}: a pool of {pool_size} slot(s) of {mib(layout.slot_bytes)}"
+            backed,
+            what=f"model {spec.name!r}: a pool of {count} slot(s) of {mib(layout.slot_bytes)}"
             + where,
             model=spec.name,
-            fix="register the model with a smaller pool_size or max_batch_size",
+            fix="register the model with a smaller pool_size, min_slots or max_batch_size",
         )
         if self._crash_cleanup:
             watch(self._url)
         region = SharedMemoryRegion.create(
-            new_region_name(spec.name), size, slots=pool_size if kind == SYSTEM else 0
+            new_region_name(spec.name),
+            size,
+            slots=capacity if kind == SYSTEM else 0,
+            backed=backed,
         )
         try:
-            memory = self._slot_memory(region, layout, pool_size, registration, spec.name)
+            memory = self._slot_memory(region, layout, capacity, registration, spec.name)
         except BaseException:
             region.unlink()
             region.close()
             raise
-        keys = [slot_key(region.name, slot) for slot in range(pool_size)]
+        keys = [slot_key(region.name, slot) for slot in range(capacity)]
         registered = False
         try:
             self._register_slots(memory, keys, reconnect, model=spec.name)
             registered = True
-            header = RegionHeader(region.buffer, pool_size)
-            slots = SlotPool(pool_size, name=spec.name)
+            header = RegionHeader(region.buffer, capacity)
+            header.set_size(count)
+            header.set_bounds(count if isinstance(sizing, int) else sizing.min_slots)
+            slots = SlotPool(count, name=spec.name, capacity=capacity)
             pool = ModelPool.over(
                 spec,
                 memory,
@@ -511,6 +565,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
                 header,
                 registration=registration,
                 generation=generation,
+                sizing=sizing,
             )
             pool.next_check = time.monotonic() + (self._config_check_interval_s or 0)
             if self._on_new_pool is not None:
@@ -526,6 +581,8 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             raise
         pool.wake_settler = self._settler.notify
         self._settler.watch(pool)
+        if isinstance(sizing, SlotAutoscaling):
+            self._scaler.watch(pool, sizing)
         return pool
 
     @staticmethod
@@ -549,7 +606,11 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
     # ------------------------------------------------------------------ model changes
 
     def _replace(
-        self, old: ModelPool, spec: ModelSpec, pool_size: int, registration: Registration
+        self,
+        old: ModelPool,
+        spec: ModelSpec,
+        sizing: int | SlotAutoscaling,
+        registration: Registration,
     ) -> ModelPool:
         """Lays a model's pool out anew; the old one is retired: a caller that takes one of
         its slots moves to the new pool, and once Triton is done with every request on it,
@@ -557,7 +618,10 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         with old.lock:
             if old.successor is not None:
                 return old.successor
-            new = self._create_pool(spec, pool_size, registration, old.generation + 1)
+            # As large as the old one is now: the load that made it so goes on.
+            new = self._create_pool(
+                spec, sizing, registration, old.generation + 1, initial=old.slots.size
+            )
             with self._registry_lock:
                 if self._pools.get(spec.name) is old:
                     self._pools[spec.name] = new
@@ -570,7 +634,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         )
         threading.Thread(
             target=_release_pool,
-            args=(old, self._client_stub, _CLOSE_WAIT_S, self._keys, self._settler),
+            args=(old, self._keepers, _CLOSE_WAIT_S),
             name="ray-triton-shm-retire",
             daemon=True,
         ).start()
@@ -614,7 +678,8 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             spec = registration.resolve(name, lambda: config)
             if spec == pool.spec:
                 return None
-        return self._replace(pool, spec, pool.slots.size, registration)
+        assert pool.sizing is not None  # a pool this client owns
+        return self._replace(pool, spec, pool.sizing, registration)
 
     def _catch_up(self, pool: ModelPool, cause: TritonServerError) -> ModelPool | None:
         """The pool of the model's new config, read again until it differs from ``pool``'s
@@ -741,7 +806,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             stale = self._pools.get(spec.name)
             self._pools[spec.name] = pool
         if stale is not None:
-            _release_pool(stale, self._client_stub, _CLOSE_WAIT_S, self._keys, self._settler)
+            _release_pool(stale, self._keepers, _CLOSE_WAIT_S)
 
     def unregister_shm_model(self, model_name: str) -> None:
         """Unregisters a model's pool from Triton and frees its memory; idempotent.
@@ -751,7 +816,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         with self._registry_lock:
             pool = self._pools.pop(model_name, None)
         if pool is not None:
-            _release_pool(pool, self._client_stub, _CLOSE_WAIT_S, self._keys, self._settler)
+            _release_pool(pool, self._keepers, _CLOSE_WAIT_S)
 
     @property
     def registered_models(self) -> dict[str, ModelSpec]:
@@ -759,8 +824,17 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         return {name: pool.spec for name, pool in list(self._pools.items())}
 
     def shm_stats(self, model_name: str) -> PoolStats:
-        """Slots in use and callers waiting for a registered model."""
-        return self._pool(model_name).slots.stats()
+        """Slots in use and callers waiting for a registered model (this process's share, for
+        a region shared with other processes), its size now and its bounds."""
+        pool = self._pool(model_name)
+        header = pool.header
+        return dataclasses.replace(
+            pool.slots.stats(),
+            min_size=header.min_size,
+            max_size=header.slot_count,
+            limited_by=header.limited_by,
+            shm_bytes=pool.region.allocated if pool.region.owner else 0,
+        )
 
     def _pool(self, model_name: str) -> ModelPool:
         pool = self._pools.get(model_name)
@@ -1085,3 +1159,9 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         names = self._keys.names
         headers = f" headers={dict.fromkeys(names, REDACTED)}" if names else ""
         return f"<TritonSHMClient {self._url}{headers} {state}>"
+
+
+def _sizing_text(sizing: int | SlotAutoscaling | None) -> str:
+    if isinstance(sizing, SlotAutoscaling):
+        return f"autoscaling {sizing.min_slots} to {sizing.max_slots} slots"
+    return f"pool_size {sizing}"

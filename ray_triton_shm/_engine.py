@@ -47,6 +47,7 @@ from ._options import RequestOptions
 from ._outputs import OutputAssembler, empty_outputs, overflow_message, overflowed_output
 from ._pool import SlotSource
 from ._reconnect import is_restart_symptom
+from ._scaling import SlotAutoscaling
 from ._shm import SharedMemoryRegion, slot_key
 from ._specs import ModelSpec, SlotLayout
 from ._transport import (
@@ -149,6 +150,8 @@ class ModelPool:
     lock: threading.Lock = field(default_factory=threading.Lock)
     #: What the pool was registered with (``None`` for an attached region: its owner knows).
     registration: Registration | None = None
+    #: Its size: fixed, or following its load (``None`` for an attached region).
+    sizing: int | SlotAutoscaling | None = None
     #: Bumped on every new layout of the model (the model changed on Triton).
     generation: int = 0
     #: The pool that replaced this one, once the model changed on Triton.
@@ -176,6 +179,7 @@ class ModelPool:
         reregister: Callable[[], None] | None = None,
         registration: Registration | None = None,
         generation: int = 0,
+        sizing: int | SlotAutoscaling | None = None,
     ) -> ModelPool:
         """A pool over the slots of ``memory``, laid out for ``spec``."""
         region, count = memory.region, memory.slot_count
@@ -194,6 +198,7 @@ class ModelPool:
             reregister=reregister,
             registration=registration,
             generation=generation,
+            sizing=sizing,
         )
 
     def take(self, slot: int) -> int:

@@ -8,6 +8,9 @@ single message. Each word has one writer at a time, so no two processes race on 
   live (system or GPU memory, see :mod:`._memory`), and the ``retired`` flag:
   set once the model's pool moved to a new region (the model changed on Triton), after which
   nobody sends a request on this region's slots;
+* the pool's size (see :mod:`._scaling`): the region has room for ``slot_count`` slots, of which
+  slots ``0 .. size-1`` are in use now; its bounds, what stopped it growing, and how often it
+  grew and shrank (written by the owner's scaler);
 * one seat per waiting caller: the slot it queues on (written by the seat's holder);
 * per slot, written by the slot's current holder: when it sent a request on it
   (``busy_since``, zero while free), since when the slot waits for Triton to finish a request
@@ -30,10 +33,13 @@ import numpy as np
 
 from ._specs import REGION_HEADER_BYTES
 
-__all__ = ["MAX_SEATS", "MAX_SLOTS", "RegionHeader", "SlotCounters"]
+__all__ = ["LIMITS", "MAX_SEATS", "MAX_SLOTS", "RegionHeader", "SlotCounters"]
 
 # Settings and node-wide words.
 _MAX_WAITING, _RETIRED, _OVERLOADS, _MEMORY = 0, 1, 2, 3
+_SIZE, _MIN_SIZE, _LIMITED, _GROWS, _SHRINKS = 4, 5, 6, 7, 8
+#: Why a pool's growth stopped short of its callers, as the header word ``_LIMITED`` stores it.
+LIMITS = ("", "max_slots", "shm_budget", "shm_full")
 #: The kinds of memory a region's slots live in, as the header word ``_MEMORY`` stores them.
 _MEMORY_KINDS = ("system", "cuda")
 _FIRST_SEAT_WORD = 16
@@ -92,7 +98,7 @@ class RegionHeader:
 
     Args:
         buffer: The region's mapping.
-        slot_count: Slots in the region (at most :data:`MAX_SLOTS`).
+        slot_count: Slots the region has room for (at most :data:`MAX_SLOTS`).
     """
 
     __slots__ = ("_slot_count", "_slots", "_word", "_words")
@@ -120,6 +126,53 @@ class RegionHeader:
     def memory(self) -> str:
         """Where the slots' bytes live: ``"system"`` (after the header) or ``"cuda"``."""
         return _MEMORY_KINDS[self._word[_MEMORY]]
+
+    # ---------------------------------------------------------------- the pool's size
+
+    @property
+    def slot_count(self) -> int:
+        """Slots the region has room for: the pool's largest size."""
+        return self._slot_count
+
+    @property
+    def size(self) -> int:
+        """Slots in use now: ``0 .. size-1`` (callers take no other)."""
+        return self._word[_SIZE] or self._slot_count
+
+    def set_size(self, size: int) -> None:
+        """Sets the pool's size (by the owner: after backing the slots it adds, before freeing
+        the memory of those it takes out)."""
+        old = self._word[_SIZE]
+        self._word[_SIZE] = size
+        if old and size > old:
+            self._word[_GROWS] += 1
+        elif old and size < old:
+            self._word[_SHRINKS] += 1
+
+    def set_bounds(self, min_size: int) -> None:
+        """Records the pool's smallest size (its largest is :attr:`slot_count`)."""
+        self._word[_MIN_SIZE] = min_size
+
+    @property
+    def min_size(self) -> int:
+        """The pool's smallest size (its size, for a fixed pool)."""
+        return self._word[_MIN_SIZE] or self.size
+
+    @property
+    def limited_by(self) -> str:
+        """What stopped the pool growing while callers wait (``""``: nothing): its
+        ``"max_slots"``, the node's ``"shm_budget"``, or ``"shm_full"`` (``/dev/shm`` had no
+        room)."""
+        return LIMITS[self._word[_LIMITED]]
+
+    def set_limited_by(self, limit: str) -> None:
+        """Records what stops the pool growing (``""``: nothing)."""
+        self._word[_LIMITED] = LIMITS.index(limit)
+
+    @property
+    def resizes(self) -> tuple[int, int]:
+        """How often the pool grew and shrank."""
+        return self._word[_GROWS], self._word[_SHRINKS]
 
     @property
     def max_waiting(self) -> int:

@@ -218,6 +218,19 @@ class SlotMemory:
         """Frees what the slots hold beyond the region's file, once Triton let go of every
         slot but ``registered``: nothing, for system memory."""
 
+    def back(self, slot: int) -> None:
+        """Reserves the pages of ``slot`` in ``/dev/shm`` (a pool growing; the owner only).
+
+        Raises:
+            SharedMemoryFullError: ``/dev/shm`` has no room.
+        """
+        self.region.back(self.layout.slot_offset(slot), self.layout.slot_bytes)
+
+    def unback(self, slot: int) -> None:
+        """Gives the pages of ``slot`` back to ``/dev/shm`` (a pool shrinking; only for a slot
+        that nobody, Triton included, uses)."""
+        self.region.unback(self.layout.slot_offset(slot), self.layout.slot_bytes)
+
     def explain(self, refusal: TritonServerError) -> TritonServerError | CudaError:
         """What the caller gets when Triton refused to register a slot."""
         return refusal

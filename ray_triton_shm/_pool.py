@@ -3,6 +3,10 @@
 ``acquire`` hands out a free slot (LIFO, so the most recently used, cache-warm slot goes first)
 or waits for one. A released slot is handed straight to the longest-waiting caller, thread or
 coroutine, so no waiter starves and no wake-up is lost. Waiting coroutines block no thread.
+
+The pool's size can change while it is used (:meth:`SlotPool.resize`, by the owner's scaler,
+see :mod:`._scaling`): slots ``0 .. size-1`` are handed out; a slot beyond the size is kept
+out of use (*parked*) as soon as nobody holds it, and comes back when the pool grows again.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -23,16 +28,26 @@ class PoolStats:
     """A snapshot of a pool.
 
     Attributes:
-        size: Slots in the pool.
+        size: Slots in the pool now.
         in_use: Slots handed out and not yet released (abandoned ones included).
         waiting: Callers waiting for a slot.
         abandoned: Slots out of use until Triton is done with a request given up on them.
+        min_size: The smallest size the pool shrinks to (``size`` for a fixed pool).
+        max_size: The largest size the pool grows to (``size`` for a fixed pool).
+        limited_by: What stops the pool growing while callers wait (``""``: nothing):
+            ``"max_slots"``, ``"shm_budget"`` (the client's or node's share of ``/dev/shm``)
+            or ``"shm_full"`` (``/dev/shm`` itself had no room).
+        shm_bytes: Bytes of ``/dev/shm`` the pool's region holds now (``0``: not known here).
     """
 
     size: int
     in_use: int
     waiting: int
     abandoned: int = 0
+    min_size: int = 0
+    max_size: int = 0
+    limited_by: str = ""
+    shm_bytes: int = 0
 
 
 class SlotSource(Protocol):
@@ -40,7 +55,13 @@ class SlotSource(Protocol):
     uses alone, or (in the Ray layer) the :class:`~ray_triton_shm._shared_slots.SharedSlots`
     of a region that every process on the node takes slots of."""
 
-    size: int
+    @property
+    def size(self) -> int:
+        """Slots in use now (``0 .. size-1``)."""
+
+    @property
+    def capacity(self) -> int:
+        """Slots there is room for: the most the pool grows to."""
 
     def acquire(self, timeout_s: float | None = None) -> int: ...
 
@@ -60,6 +81,19 @@ class SlotSource(Protocol):
     def stats(self) -> PoolStats: ...
 
     def close(self, *, wait_s: float | None = None) -> bool: ...
+
+    # The owner's scaler (see :mod:`._scaling`):
+
+    def demand(self) -> tuple[int, int]:
+        """Slots held and callers waiting, over every process using the slots."""
+
+    def resize(self, size: int) -> None:
+        """Hands out slots ``0 .. size-1`` from now on (at most the slots there is room for);
+        slots beyond it leave the pool as their holders give them back."""
+
+    def each_idle(self, slots: Iterable[int], fn: Callable[[int], None]) -> None:
+        """Calls ``fn(slot)`` for each of ``slots`` that is out of the pool (beyond its size),
+        held by nobody and not abandoned, nobody able to take it meanwhile."""
 
 
 class _ThreadWaiter:
@@ -108,26 +142,35 @@ class _AsyncWaiter:
 
 
 class SlotPool:
-    """``size`` slots, numbered ``0 .. size-1``.
+    """Slots ``0 .. size-1`` of a region with room for ``capacity``.
 
     Args:
         size: Number of slots.
         name: Used in error messages (usually the model name).
+        capacity: Slots the pool may grow to (default: ``size``).
     """
 
-    def __init__(self, size: int, *, name: str = "") -> None:
+    def __init__(self, size: int, *, name: str = "", capacity: int | None = None) -> None:
         if size < 1:
             raise ModelSpecError(
                 f"slot pool {name!r} needs at least one slot, got {size}", model=name
             )
-        self.size = size
         self.name = name
+        self.capacity = max(size, capacity or size)
+        self._size = size
         self._free = list(range(size - 1, -1, -1))  # pop() gives slot 0 first
+        self._held: set[int] = set()
         self._abandoned: set[int] = set()
+        self._parked = set(range(size, self.capacity))
         self._waiters: deque[_ThreadWaiter | _AsyncWaiter] = deque()
         self._lock = threading.Lock()
-        self._all_free = threading.Condition(self._lock)
+        self._all_back = threading.Condition(self._lock)
         self._closed = False
+
+    @property
+    def size(self) -> int:
+        """Slots handed out now (``0 .. size-1``)."""
+        return self._size
 
     def acquire(self, timeout_s: float | None = None) -> int:
         """Takes a slot, waiting up to ``timeout_s`` seconds (``None``: forever).
@@ -139,7 +182,7 @@ class SlotPool:
         with self._lock:
             self._check_open()
             if self._free:
-                return self._free.pop()
+                return self._hold(self._free.pop())
             waiter = _ThreadWaiter()
             self._waiters.append(waiter)
         waiter.event.wait(timeout_s)
@@ -158,7 +201,7 @@ class SlotPool:
         """
         with self._lock:
             self._check_open()
-            return self._free.pop() if self._free else None
+            return self._hold(self._free.pop()) if self._free else None
 
     async def acquire_async(self, timeout_s: float | None = None) -> int:
         """Like :meth:`acquire`, for coroutines: waits without blocking a thread.
@@ -168,7 +211,7 @@ class SlotPool:
         with self._lock:
             self._check_open()
             if self._free:
-                return self._free.pop()
+                return self._hold(self._free.pop())
             waiter = _AsyncWaiter(self, asyncio.get_running_loop())
             self._waiters.append(waiter)
         try:
@@ -193,31 +236,28 @@ class SlotPool:
     def release(self, slot: int) -> None:
         """Returns a slot, handing it to the longest waiter if there is one."""
         with self._lock:
-            if self._waiters and not self._closed:
-                self._waiters.popleft().give(slot)
-                return
-            self._free.append(slot)
-            if len(self._free) == self.size:
-                self._all_free.notify_all()
+            self._held.discard(slot)
+            self._put_back(slot)
 
     def abandon(self, slot: int) -> None:
         """Keeps a held slot out of use until :meth:`settled`."""
         with self._lock:
+            self._held.discard(slot)
             self._abandoned.add(slot)
-            if len(self._free) + len(self._abandoned) == self.size:
-                self._all_free.notify_all()
+            if not self._held:
+                self._all_back.notify_all()
 
     def settled(self, slot: int) -> None:
         """Puts an abandoned slot back in use."""
         with self._lock:
             self._abandoned.discard(slot)
-        self.release(slot)
+            self._put_back(slot)
 
     def stats(self) -> PoolStats:
         """A consistent snapshot of the pool."""
         with self._lock:
-            in_use = self.size - len(self._free)
-            return PoolStats(self.size, in_use, len(self._waiters), len(self._abandoned))
+            in_use = len(self._held) + len(self._abandoned)
+            return PoolStats(self._size, in_use, len(self._waiters), len(self._abandoned))
 
     def close(self, *, wait_s: float | None = None) -> bool:
         """Refuses new acquires, fails the waiters, and waits for the slots callers hold to
@@ -233,9 +273,54 @@ class SlotPool:
             self._closed = True
             while self._waiters:
                 self._waiters.popleft().fail()
-            return self._all_free.wait_for(
-                lambda: len(self._free) + len(self._abandoned) == self.size, wait_s
-            )
+            return self._all_back.wait_for(lambda: not self._held, wait_s)
+
+    # ---------------------------------------------------------------- the owner's scaler
+
+    def demand(self) -> tuple[int, int]:
+        """Slots held (abandoned ones included) and callers waiting."""
+        with self._lock:
+            return len(self._held) + len(self._abandoned), len(self._waiters)
+
+    def resize(self, size: int) -> None:
+        """Hands out slots ``0 .. size-1`` from now on; a slot beyond that leaves the pool
+        once given back. Slots that come back in are handed to waiters first."""
+        size = max(1, min(size, self.capacity))
+        with self._lock:
+            old, self._size = self._size, size
+            if size < old:
+                kept = [slot for slot in self._free if slot < size]
+                self._parked.update(slot for slot in self._free if slot >= size)
+                self._free = kept
+                return
+            for slot in range(old, size):
+                if slot in self._parked:
+                    self._parked.discard(slot)
+                    self._put_back(slot)
+
+    def each_idle(self, slots: Iterable[int], fn: Callable[[int], None]) -> None:
+        """Calls ``fn(slot)`` for each of ``slots`` out of the pool and idle (only
+        :meth:`resize`, from the same caller, could bring one back meanwhile)."""
+        with self._lock:
+            idle = [slot for slot in slots if slot in self._parked]
+        for slot in idle:
+            fn(slot)
+
+    def _hold(self, slot: int) -> int:
+        self._held.add(slot)
+        return slot
+
+    def _put_back(self, slot: int) -> None:
+        """With the lock: a slot nobody holds goes to the longest waiter, or is free (parked
+        if it is beyond the pool's size)."""
+        if slot >= self._size:
+            self._parked.add(slot)
+        elif self._waiters and not self._closed:
+            self._waiters.popleft().give(self._hold(slot))
+        else:
+            self._free.append(slot)
+        if not self._held:
+            self._all_back.notify_all()
 
     def _dequeue(self, waiter: _ThreadWaiter | _AsyncWaiter) -> bool:
         if waiter not in self._waiters:
@@ -250,7 +335,7 @@ class SlotPool:
     def _timeout(self, timeout_s: float | None) -> SlotTimeoutError:
         return SlotTimeoutError(
             f"no free slot for model {self.name!r} within {timeout_s} s "
-            f"(all {self.size} slots busy)",
+            f"(all {self._size} slots busy)",
             model=self.name,
             timeout_s=timeout_s,
         )

@@ -22,6 +22,11 @@ kernel drops the lock when the process dies however it dies. So:
   region's owner proves Triton done with that request (:mod:`._settle`), which a live holder
   that gives a request up without its answer does too (:meth:`SharedSlots.abandon`).
 
+The pool's size is a word of the header that only the region's owner writes (its scaler, see
+:mod:`._scaling`): callers take and queue on slots ``0 .. size-1`` only, and a caller that
+locks a slot beyond the size (it queued there before the pool shrank) gives it back and
+queues again. The owner frees a slot's memory only while it holds the slot's lock itself.
+
 Waiting with a timeout, or from a coroutine, happens on a daemon thread: a lock wait in the
 kernel cannot be interrupted. A caller that gives up frees its seat at once and leaves the
 thread in the kernel's queue, to hand the slot straight back when it comes. A forked child
@@ -40,7 +45,7 @@ import struct
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import cache
 
 from ._exceptions import ClientClosedError, OverloadedError, SlotTimeoutError, StaleLeaseError
@@ -179,14 +184,14 @@ class SharedSlots:
     Args:
         region_name: The region's name (its file is ``/dev/shm/<region_name>``).
         header: The region's header.
-        size: Slots in the region.
+        capacity: Slots the region has room for (the pool's size is the header's).
         model: Used in error messages.
     """
 
     def __init__(
-        self, region_name: str, header: RegionHeader, size: int, *, model: str = ""
+        self, region_name: str, header: RegionHeader, capacity: int, *, model: str = ""
     ) -> None:
-        self.size = size
+        self.capacity = capacity
         self.name = model
         self._region_name = region_name
         self._header = header
@@ -200,6 +205,11 @@ class SharedSlots:
         self._next = os.getpid()  # where this process starts looking: spreads processes
         self._closed = False
         _instances.add(self)
+
+    @property
+    def size(self) -> int:
+        """Slots in use now, over every process (the header's word)."""
+        return self._header.size
 
     # ---------------------------------------------------------------- SlotSource
 
@@ -315,7 +325,7 @@ class SharedSlots:
         """
         fd = self._open_fd()
         try:
-            in_use = sum(_locked_by_another(fd, slot) for slot in range(self.size))
+            in_use = sum(_locked_by_another(fd, slot) for slot in range(self.capacity))
             seats = range(self._header.max_waiting)
             waiting = sum(_locked_by_another(fd, _SEAT0 + seat) for seat in seats)
         finally:
@@ -331,13 +341,42 @@ class SharedSlots:
         """
         fd = self._open_fd()
         try:
-            for slot in range(self.size):
+            for slot in range(self.capacity):
                 if self._header.busy_since(slot) and _lock(fd, slot, wait=False):
                     self._check_dead_holder(slot)
                     _unlock(fd, slot)
             for seat in range(self._header.max_waiting):
                 if self._header.queued_on(seat) is not None:
                     self._clear_if_dead(fd, seat)
+        finally:
+            os.close(fd)
+
+    # ---------------------------------------------------------------- the owner's scaler
+
+    def demand(self) -> tuple[int, int]:
+        """Slots held and callers queued, over every process."""
+        now = self.node_stats()
+        return now.in_use, now.waiting
+
+    def resize(self, size: int) -> None:
+        """Nothing to do: callers read the pool's size in the header, which the owner set."""
+
+    def each_idle(self, slots: Iterable[int], fn: Callable[[int], None]) -> None:
+        """Calls ``fn(slot)`` for each of ``slots`` beyond the pool's size that nobody holds
+        and that is not abandoned, holding its lock meanwhile: a caller that queued on it
+        gets it afterwards, sees it beyond the size, and queues again."""
+        fd = self._open_fd()
+        try:
+            for slot in slots:
+                if not _lock(fd, slot, wait=False):
+                    continue
+                try:
+                    if self._check_dead_holder(slot) or self._header.abandoned_since(slot):
+                        continue  # Triton may still write there: settled first
+                    if slot >= self._header.size:
+                        fn(slot)
+                finally:
+                    _unlock(fd, slot)
         finally:
             os.close(fd)
 
@@ -357,8 +396,9 @@ class SharedSlots:
         """A free slot nobody waits for, locked on ``fd``, or ``None``."""
         queued = self._header.queued()
         self._next += 1
-        for k in range(self.size):
-            slot = (self._next + k) % self.size
+        size = self._header.size
+        for k in range(size):
+            slot = (self._next + k) % size
             if self._header.abandoned_since(slot) or not _lock(fd, slot, wait=False):
                 continue
             # Free: it is ours, unless a live caller queues for it (it is being woken).
@@ -498,8 +538,9 @@ class SharedSlots:
         while True:
             queued = self._header.queued()
             best: int | None = None
-            for k in range(self.size):
-                slot = (self._next + k) % self.size
+            size = self._header.size
+            for k in range(size):
+                slot = (self._next + k) % size
                 if self._header.abandoned_since(slot):
                     continue
                 if best is None or queued[slot] < queued[best]:
@@ -517,9 +558,12 @@ class SharedSlots:
 
     def _claim(self, fd: int, slot: int) -> bool:
         """Makes a slot just locked on ``fd`` this caller's, unless it is abandoned (its last
-        holder may have died with a request in flight: then it is unlocked) or the pool was
-        closed."""
+        holder may have died with a request in flight: then it is unlocked), beyond the pool's
+        size (it shrank), or the pool was closed."""
         if self._check_dead_holder(slot) or self._header.abandoned_since(slot):
+            _unlock(fd, slot)
+            return False
+        if slot >= self._header.size:
             _unlock(fd, slot)
             return False
         with self._mutex:

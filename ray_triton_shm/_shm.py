@@ -257,21 +257,29 @@ class SharedMemoryRegion:
         return self._mmap
 
     @classmethod
-    def create(cls, name: str, size: int, *, slots: int = 0) -> SharedMemoryRegion:
+    def create(
+        cls, name: str, size: int, *, slots: int = 0, backed: int | None = None
+    ) -> SharedMemoryRegion:
         """Creates a new region (mode 0600) and the names of its ``slots``, locks it, reserves
-        its pages, and maps it.
+        the pages of its first ``backed`` bytes (default: all), and maps it.
+
+        The rest of the file is a hole: it costs ``/dev/shm`` nothing until :meth:`back`
+        reserves it (a pool that grows, see :mod:`._scaling`).
 
         Raises:
             FileExistsError: if the name is taken.
-            SharedMemoryFullError: if ``/dev/shm`` has no room for ``size`` bytes (raised now,
-                instead of a SIGBUS on first write); nothing is left behind.
+            SharedMemoryFullError: if ``/dev/shm`` has no room for ``backed`` bytes (raised
+                now, instead of a SIGBUS on first write); nothing is left behind.
         """
+        backed = size if backed is None else backed
         fd = _posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            os.posix_fallocate(fd, 0, size)
-            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-            mapping = mmap.mmap(fd, size, flags=flags)
+            os.ftruncate(fd, size)
+            os.posix_fallocate(fd, 0, backed)
+            # Populating would fault in (and so allocate) the holes too.
+            populate = getattr(mmap, "MAP_POPULATE", 0) if backed == size else 0
+            mapping = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | populate)
             for slot in range(slots):
                 os.link(SHM_DIR / name, SHM_DIR / slot_key(name, slot))
         except BaseException as exc:
@@ -279,11 +287,47 @@ class SharedMemoryRegion:
             os.close(fd)
             if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
                 space = shm_space() or (0, 0)
-                raise _full(size, *space, what=f"region {name!r}", model="", fix="") from exc
+                raise _full(backed, *space, what=f"region {name!r}", model="", fix="") from exc
             raise
         for key in (name, *(slot_key(name, slot) for slot in range(slots))):
             resource_tracker.register("/" + key, "shared_memory")
         return cls(name, size, mapping, owner=True, lock_fd=fd)
+
+    def back(self, offset: int, length: int) -> None:
+        """Reserves the pages of ``length`` bytes at ``offset`` in ``/dev/shm`` (owner only;
+        idempotent), so that writing there can never fault.
+
+        Raises:
+            SharedMemoryFullError: ``/dev/shm`` has no room (nothing was reserved).
+        """
+        fd = self._owner_fd()
+        try:
+            os.posix_fallocate(fd, offset, length)
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+            free, total = shm_space() or (0, 0)
+            raise _full(
+                length, free, total, what=f"region {self.name!r}", model="", fix=""
+            ) from exc
+
+    def unback(self, offset: int, length: int) -> None:
+        """Gives the pages of ``length`` bytes at ``offset`` back to ``/dev/shm`` (a hole again:
+        it reads as zeros). Only for bytes no one uses: Triton included."""
+        self.buffer.madvise(mmap.MADV_REMOVE, offset, length)
+
+    @property
+    def allocated(self) -> int:
+        """Bytes of the region ``/dev/shm`` holds now (its size, less its holes)."""
+        try:
+            return os.fstat(self._owner_fd()).st_blocks * 512
+        except (OSError, ClientClosedError):
+            return self.size
+
+    def _owner_fd(self) -> int:
+        if self._lock_fd is None:
+            raise ClientClosedError(f"shared memory region {self.name!r} is not owned here")
+        return self._lock_fd
 
     @classmethod
     def attach(cls, name: str) -> SharedMemoryRegion:

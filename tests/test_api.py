@@ -36,6 +36,7 @@ CORE = [
     "ServerUnreachableError",
     "SharedMemoryFullError",
     "SharedMemoryNotAllowedError",
+    "SlotAutoscaling",
     "SlotTimeoutError",
     "StatusReport",
     "TLSHandshakeError",

@@ -5,16 +5,18 @@ to the caller's node (named after the node, detached, restarted on failure, ``nu
 Only :class:`NodeActorConfig` crosses the pickle boundary: the ``TritonSHMClient`` is built
 inside the actor's process.
 
-For every model it owns one region of ``pool_size`` slots, registered in the node's Triton. The
-slots are the node's budget for that model: no more requests are in flight on the node than
-there are slots, over every process. Processes on the node attach the region once and then take
-and give back its slots **through the region itself** (:mod:`ray_triton_shm._shared_slots`:
-file locks, sleeping in the kernel while they wait), and send their requests straight to Triton:
-a request makes no Ray call, at any load. The actor's part is the control plane: create and
-register the regions (again, after Triton restarts), set their limits, sweep up after callers
-that died and put their slots back in use as soon as Triton is done with their requests
-(:mod:`ray_triton_shm._settle`), sum the counters from the regions' headers, and serve by value
-the callers that cannot attach a region.
+For every model it owns one region of slots, registered in the node's Triton. The slots are the
+node's budget for that model: no more requests are in flight on the node than there are slots,
+over every process. By default the pool follows the model's load on the node, between
+``min_slots`` and ``max_slots`` (at most the actor's ``slots``), within the node's share of
+``/dev/shm`` (:mod:`ray_triton_shm._scaling`); ``pool_size`` fixes it. Processes on the node
+attach the region once and then take and give back its slots **through the region itself**
+(:mod:`ray_triton_shm._shared_slots`: file locks, sleeping in the kernel while they wait), and
+send their requests straight to Triton: a request makes no Ray call, at any load. The actor's
+part is the control plane: create and register the regions (again, after Triton restarts), set
+their limits, resize them, sweep up after callers that died and put their slots back in use as
+soon as Triton is done with their requests (:mod:`ray_triton_shm._settle`), sum the counters
+from the regions' headers, and serve by value the callers that cannot attach a region.
 
 It is a threaded actor whose methods run in two concurrency groups: ``"infer"`` (by-value
 inference, which may wait for a slot) and ``"control"`` (registration, stats). The actor
@@ -32,7 +34,7 @@ import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -43,8 +45,10 @@ from .._client import TritonSHMClient
 from .._defaults import DEFAULT_RECONNECT_TIMEOUT_S, DEFAULT_URL, URL_ENV_VAR
 from .._engine import ModelPool
 from .._exceptions import ModelSpecError, StaleLeaseError, TritonSHMError
+from .._header import LIMITS
 from .._headers import Keys
 from .._reclaim import reclaim_regions
+from .._scaling import SlotAutoscaling, default_shm_budget
 from .._shared_slots import NodeSlotStats, SharedSlots
 from .._shm import shm_space
 from .._specs import ModelSpec
@@ -80,8 +84,9 @@ class NodeActorConfig:
     Attributes:
         url: Triton's gRPC address; ``None`` reads ``$RAY_TRITON_SHM_URL`` on the actor's node,
             then falls back to ``localhost:8001``.
-        slots: The default ``pool_size`` of each model (requests in flight on the node for it,
-            by-value calls included).
+        slots: The most slots one model may have on the node: its most requests in flight
+            there, by-value calls included (a fixed ``pool_size`` and a pool's ``max_slots``
+            are at most this).
         max_waiting: Callers that may wait for a slot of one model on the node; past it,
             :class:`OverloadedError`.
         sweep_interval_s: How often the actor updates the Ray metrics. (Callers that died
@@ -100,16 +105,23 @@ class NodeActorConfig:
             pool follows it with the pool, to pick up changes no request runs into (a larger
             ``max_batch_size``, an output added); ``None``: only when a request runs into
             one.
+        autoscaling: How the pools of models registered without ``pool_size`` or
+            ``autoscaling`` of their own follow their load (``None``: 2 slots up to
+            ``slots``).
+        shm_budget_bytes: The most bytes of the node's ``/dev/shm`` the actor's pools may hold
+            (``None``: 90% of it, less Ray's object store where it lives there).
     """
 
     url: str | None = None
-    slots: int = 8
+    slots: int = 64
     max_waiting: int = 64
     sweep_interval_s: float = 1.0
     reconnect_timeout_s: float = DEFAULT_RECONNECT_TIMEOUT_S
     headers: Mapping[str, str] | None = field(default=None, repr=False)
     client_options: Mapping[str, Any] | None = field(default=None, repr=False)
     config_check_interval_s: float | None = 5.0
+    autoscaling: SlotAutoscaling | None = None
+    shm_budget_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -119,7 +131,7 @@ class ModelRegistration:
     Attributes:
         spec: The model's spec.
         region_name: The region holding the slots.
-        slot_count: Slots in the region.
+        slot_count: Slots the region has room for (the pool's size now is in its header).
         node_id: The node the region lives on.
         url: The Triton the region is registered with.
         incarnation: Changes when the actor restarts (and its regions with it).
@@ -147,11 +159,17 @@ class NodeStats:
         incarnation: Changes on every restart.
         shm_free: Bytes free in the node's ``/dev/shm`` (Ray's object store lives there too).
         shm_capacity: Size of the node's ``/dev/shm``.
-        models: Per model, over every process of the node: ``slots``, ``in_use`` (slots held
+        shm_budget: Bytes of ``/dev/shm`` the actor's pools may hold (``0``: no budget).
+        models: Per model, over every process of the node: ``slots`` (the pool's size now),
+            ``min_slots`` and ``max_slots`` (its bounds: both its size if fixed),
+            ``limited_by`` (what stops it growing while callers wait, ``""`` for nothing:
+            ``"max_slots"``, ``"shm_budget"`` or ``"shm_full"``), ``grows`` and ``shrinks``
+            (how often it resized), ``in_use`` (slots held
             now), ``waiting`` (callers queued for a slot), ``abandoned`` (slots out of use
             now until Triton is done with a request whose caller gave up or died),
-            ``overloads`` (callers refused past ``max_waiting``), ``shm_bytes`` (the region's
-            size in ``/dev/shm``), ``by_value`` (calls the actor served by value),
+            ``overloads`` (callers refused past ``max_waiting``), ``shm_bytes`` (what its
+            region holds of ``/dev/shm`` now), ``shm_max_bytes`` (what it would hold at
+            ``max_slots``), ``by_value`` (calls the actor served by value),
             ``wait_p99_us`` (the 99th percentile of the waits for a slot, among requests that
             waited), ``settle_p99_us`` (the 99th percentile of how long abandoned slots waited
             for Triton), and the counters ``requests``, ``samples``, ``bytes_in``,
@@ -165,9 +183,10 @@ class NodeStats:
     url: str
     pid: int
     incarnation: str
-    models: dict[str, dict[str, int]] = field(default_factory=dict)
+    models: dict[str, dict[str, Any]] = field(default_factory=dict)
     shm_free: int = 0
     shm_capacity: int = 0
+    shm_budget: int = 0
 
     @property
     def slots_total(self) -> int:
@@ -202,11 +221,15 @@ class TritonNodeActor:
         keys = Keys(config.headers, environ=True)
         # A restarted actor first takes back what its previous incarnation left behind.
         reclaim_regions(self._url, headers=keys)
+        self._budget = config.shm_budget_bytes
+        if self._budget is None:
+            self._budget = default_shm_budget(reserved=_object_store_in_shm(self._node_id))
         self._client = TritonSHMClient(
             url=self._url,
             reconnect_timeout_s=config.reconnect_timeout_s,
             headers=keys,
             config_check_interval_s=None,  # the housekeeping thread checks, not requests
+            shm_budget_bytes=self._budget,
             **(config.client_options or {}),
         )
         self._client._on_new_pool = self._share
@@ -227,6 +250,7 @@ class TritonNodeActor:
         max_batch_size: int | None = None,
         pool_size: int | None = None,
         *,
+        autoscaling: SlotAutoscaling | Mapping[str, Any] | None = None,
         model_version: str = "",
         max_shapes: Mapping[str, Sequence[int]] | None = None,
         max_element_bytes: Mapping[str, int] | None = None,
@@ -237,6 +261,9 @@ class TritonNodeActor:
     ) -> ModelRegistration:
         """Registers a model (a no-op when already registered with the same specs).
 
+        Without ``pool_size`` its pool follows its load: ``autoscaling``'s fields left out
+        take the actor's (see :class:`NodeActorConfig`).
+
         ``memory="cuda"`` puts its slots on the GPU ``device`` (a UUID: the actor sees every
         GPU of the node, whatever its callers see).
 
@@ -246,19 +273,32 @@ class TritonNodeActor:
         Raises:
             ModelSpecError: the model is registered with other specs, or bad specs.
         """
-        size = pool_size or self._config.slots
-        if size > self._config.slots:
+        limit = self._config.slots
+        if pool_size is not None and pool_size > limit:
             raise ModelSpecError(
-                f"model {model_name!r}: pool_size {size} exceeds the node actor's "
-                f"{self._config.slots} slots; create the node actor with more slots",
+                f"model {model_name!r}: pool_size {pool_size} exceeds the node actor's "
+                f"{limit} slots; create the node actor with more slots",
                 model=model_name,
             )
+        if pool_size is None and memory == "system":
+            base = self._config.autoscaling or SlotAutoscaling(
+                min_slots=min(2, limit), max_slots=min(64, limit)
+            )
+            autoscaling = SlotAutoscaling.of(autoscaling, **asdict(base))
+            if autoscaling.max_slots > limit:
+                raise ModelSpecError(
+                    f"model {model_name!r}: autoscaling max_slots {autoscaling.max_slots} "
+                    f"exceeds the node actor's {limit} slots; create the node actor with more "
+                    "slots",
+                    model=model_name,
+                )
         spec = self._client.register_shm_model(
             model_name,
             inputs,
             outputs,
             max_batch_size,
-            size,
+            pool_size,
+            autoscaling=autoscaling,
             model_version=model_version,
             max_shapes=max_shapes,
             max_element_bytes=max_element_bytes,
@@ -326,13 +366,21 @@ class TritonNodeActor:
             except TritonSHMError:
                 continue  # unregistered meanwhile
             now = _node_slot_stats(pool)
+            header = pool.header
+            grows, shrinks = header.resizes
             models[name] = {
-                "slots": pool.slots.size,
+                "slots": header.size,
+                "min_slots": header.min_size,
+                "max_slots": header.slot_count,
+                "limited_by": header.limited_by,
+                "grows": grows,
+                "shrinks": shrinks,
                 "in_use": now.in_use,
                 "waiting": now.waiting,
                 "abandoned": now.abandoned,
                 "overloads": pool.header.overloads,
-                "shm_bytes": pool.region.size,
+                "shm_bytes": pool.region.allocated,
+                "shm_max_bytes": pool.region.size,
                 "by_value": self._by_value.get(name, 0),
                 "wait_p99_us": round(pool.header.wait_quantile_s(0.99) * 1e6),
                 "settle_p99_us": round(pool.header.settle_quantile_s(0.99) * 1e6),
@@ -340,7 +388,14 @@ class TritonNodeActor:
             }
         free, capacity = shm_space() or (0, 0)
         return NodeStats(
-            self._node_id, self._url, os.getpid(), self._incarnation, models, free, capacity
+            self._node_id,
+            self._url,
+            os.getpid(),
+            self._incarnation,
+            models,
+            free,
+            capacity,
+            self._budget or 0,
         )
 
     @ray.method(concurrency_group="control")
@@ -393,7 +448,7 @@ class TritonNodeActor:
         return ModelRegistration(
             spec=pool.spec,
             region_name=pool.region.name,
-            slot_count=pool.slots.size,
+            slot_count=pool.memory.slot_count,
             node_id=self._node_id,
             url=self._url,
             incarnation=self._incarnation,
@@ -405,7 +460,7 @@ class TritonNodeActor:
         (before anybody uses it)."""
         pool.header.configure(max_waiting=self._config.max_waiting)
         pool.slots = SharedSlots(
-            pool.region.name, pool.header, pool.slots.size, model=pool.spec.name
+            pool.region.name, pool.header, pool.memory.slot_count, model=pool.spec.name
         )
 
     def _check_incarnation(self, incarnation: str) -> None:
@@ -445,6 +500,18 @@ def _counters(pool: ModelPool) -> dict[str, int]:
     counters = vars(pool.header.totals())
     counters["abandoned_requests"] = counters.pop("abandoned")
     return counters
+
+
+def _object_store_in_shm(node_id: str) -> int:
+    """The bytes Ray's object store on ``node_id`` may take of ``/dev/shm``: all of its
+    ``object_store_memory`` where that fits there (Ray then keeps it there), else none."""
+    try:
+        node = next(n for n in ray.nodes() if n.get("NodeID") == node_id)
+        store = int(node.get("Resources", {}).get("object_store_memory", 0))
+    except Exception:  # outside Ray (tests), or the GCS did not answer: no reservation
+        return 0
+    space = shm_space()
+    return store if space is not None and store <= space[1] else 0
 
 
 def _current_node_id() -> str:
@@ -495,6 +562,9 @@ class _Metrics:
         )
         self._gauges = {
             "slots": metrics.Gauge("ray_triton_shm_slots", "Slots in the pool", tag_keys=tags),
+            "max_slots": metrics.Gauge(
+                "ray_triton_shm_slots_max", "Slots the pool may grow to", tag_keys=tags
+            ),
             "in_use": metrics.Gauge("ray_triton_shm_slots_in_use", "Slots in use", tag_keys=tags),
             "waiting": metrics.Gauge(
                 "ray_triton_shm_waiting", "Callers waiting for a slot", tag_keys=tags
@@ -510,6 +580,12 @@ class _Metrics:
                 tag_keys=tags,
             ),
         }
+        self._limited = metrics.Gauge(
+            "ray_triton_shm_growth_limited",
+            "1 while callers wait and the pool cannot grow, by reason (max_slots, shm_budget, "
+            "shm_full)",
+            tag_keys=(*tags, "reason"),
+        )
 
     def export(self, model: str, pool: ModelPool, now: NodeSlotStats) -> None:
         """Adds what the counters gained since the last export; sets the gauges."""
@@ -527,6 +603,7 @@ class _Metrics:
         self._exported[model] = totals
         gauges = {
             "slots": pool.slots.size,
+            "max_slots": pool.header.slot_count,
             "in_use": now.in_use,
             "waiting": now.waiting,
             "abandoned": now.abandoned,
@@ -534,17 +611,22 @@ class _Metrics:
         }
         for name, value in gauges.items():
             self._gauges[name].set(value, tags)
+        limited_by = pool.header.limited_by
+        for reason in LIMITS[1:]:
+            self._limited.set(int(reason == limited_by), {**tags, "reason": reason})
 
 
 def get_node_actor(
     *,
     url: str | None = None,
-    slots: int = 8,
+    slots: int = 64,
     max_waiting: int = 64,
     reconnect_timeout_s: float = DEFAULT_RECONNECT_TIMEOUT_S,
     headers: Mapping[str, str] | None = None,
     client_options: Mapping[str, Any] | None = None,
     node_id: str | None = None,
+    autoscaling: SlotAutoscaling | Mapping[str, Any] | None = None,
+    shm_budget_bytes: int | None = None,
 ) -> ray.actor.ActorHandle:
     """Returns the node actor of this node (or of ``node_id``), creating it when missing.
 
@@ -554,7 +636,8 @@ def get_node_actor(
     Args:
         url: Triton's gRPC address on that node; ``None`` reads ``$RAY_TRITON_SHM_URL`` on
             the node, then uses ``localhost:8001``.
-        slots: The default pool size of each model (requests in flight on the node for it).
+        slots: The most slots one model may have on the node (its most requests in flight
+            there); pools grow up to it.
         max_waiting: Callers that may wait for a slot of one model before
             :class:`OverloadedError`.
         reconnect_timeout_s: How long the actor's registrations wait for an unreachable
@@ -564,6 +647,11 @@ def get_node_actor(
         client_options: TLS and other options of the actor's client (see
             :class:`NodeActorConfig`).
         node_id: The node; default the caller's.
+        autoscaling: How the pools of models that give no ``pool_size`` or ``autoscaling`` of
+            their own follow their load (a :class:`SlotAutoscaling` or a mapping of its
+            fields; ``None``: 2 slots up to ``slots``).
+        shm_budget_bytes: The most bytes of the node's ``/dev/shm`` its pools may hold
+            (``None``: 90% of it, less Ray's object store where it lives there).
     """
     node = node_id or ray.get_runtime_context().get_node_id()
     name = actor_name(node)
@@ -578,6 +666,8 @@ def get_node_actor(
         reconnect_timeout_s=reconnect_timeout_s,
         headers=dict(headers) if headers else None,
         client_options=dict(client_options) if client_options else None,
+        autoscaling=None if autoscaling is None else SlotAutoscaling.of(autoscaling),
+        shm_budget_bytes=shm_budget_bytes,
     )
     actor_class = ray.remote(  # type: ignore[call-overload]
         # By-value calls wait for a slot in the region, where they are counted (and refused

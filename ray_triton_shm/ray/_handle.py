@@ -18,6 +18,7 @@ import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict
 from typing import Any
 
 import ray
@@ -33,6 +34,7 @@ from .._headers import Keys, normalize
 from .._inputs import InputValue
 from .._memory import CUDA, SYSTEM, check_memory_options, open_memory
 from .._options import ParameterValue, request_options
+from .._scaling import SlotAutoscaling
 from .._shared_slots import SharedSlots
 from .._shm import SharedMemoryRegion
 from .._specs import ModelSpec, SlotLayout, SpecLike
@@ -180,8 +182,14 @@ class ShmModel:
         inputs: Input specs (``(name, shape, dtype)``), or ``None`` for the model config.
         outputs: Output specs, or ``None`` for the model config.
         max_batch_size: Samples per slot, or ``None`` for the model config.
-        pool_size: Slots of the model on the node (requests in flight there, over every
-            process); ``None`` for the node actor's ``slots``.
+        pool_size: A fixed number of slots of the model on the node (requests in flight
+            there, over every process); ``None`` (the default): the pool follows the model's
+            load on the node, as ``autoscaling`` says.
+        autoscaling: How the pool follows its load without ``pool_size``: a
+            :class:`SlotAutoscaling` or a mapping of its fields (``min_slots``,
+            ``max_slots``, ``upscale_delay_s``, ``downscale_delay_s``); those left out take
+            the node actor's (2 slots up to its ``slots``). The first handle to register the
+            model on a node sets them.
         max_shapes: Maxima for ``-1`` dims, e.g. ``{"INPUT0": (16,)}``.
         max_element_bytes: The longest element of each BYTES (string) tensor, e.g.
             ``{"TEXT": 256, "UPPER": 256}``.
@@ -246,6 +254,7 @@ class ShmModel:
         outputs: Sequence[Any] | None = None,
         max_batch_size: int | None = None,
         pool_size: int | None = None,
+        autoscaling: SlotAutoscaling | Mapping[str, Any] | None = None,
         max_shapes: Mapping[str, Sequence[int]] | None = None,
         max_element_bytes: Mapping[str, int] | None = None,
         model_version: str = "",
@@ -288,6 +297,7 @@ class ShmModel:
             "outputs": list(outputs) if outputs is not None else None,
             "max_batch_size": max_batch_size,
             "pool_size": pool_size,
+            "autoscaling": _autoscaling_fields(autoscaling),
             "model_version": model_version,
             "max_shapes": dict(max_shapes) if max_shapes is not None else None,
             "max_element_bytes": dict(max_element_bytes) if max_element_bytes else None,
@@ -594,6 +604,19 @@ class ShmModel:
             "outputs_as": defaults["outputs_as"] if outputs_as is None else outputs_as,
         }
         return {k: v for k, v in chosen.items() if v not in (None, 0, "", False, {}, "numpy")}
+
+
+def _autoscaling_fields(
+    autoscaling: SlotAutoscaling | Mapping[str, Any] | None,
+) -> dict[str, Any] | None:
+    """The fields given (checked here, where the handle is made); the node actor's fill in the
+    others."""
+    if autoscaling is None:
+        return None
+    SlotAutoscaling.of(autoscaling)
+    if isinstance(autoscaling, SlotAutoscaling):
+        return asdict(autoscaling)
+    return dict(autoscaling)
 
 
 def _register(actor: Any, name: str, args: Mapping[str, Any]) -> ModelRegistration:

@@ -1,0 +1,354 @@
+"""Pools that follow their load: more slots while callers wait, fewer after a quiet spell.
+
+A pool's region has room for ``max_slots`` slots, but ``/dev/shm`` only holds the pages of the
+slots in use: the rest of the file is a hole (see :meth:`._shm.SharedMemoryRegion.back`). Every
+slot, in use or not, is registered in Triton when the region is. So resizing costs no request,
+no new region and no move of any caller:
+
+* **growing** reserves the new slots' pages (``fallocate``: a full ``/dev/shm`` is an error now,
+  never a ``SIGBUS`` later), then raises the size in the region's header; callers in every
+  process take the new slots at their next call;
+* **shrinking** lowers the size first (nobody takes a slot beyond it any more), then gives each
+  slot beyond it back to ``/dev/shm`` once it is idle: held by nobody (its lock taken by the
+  owner meanwhile) and not abandoned (Triton is proven done with it, see :mod:`._settle`). So
+  no request can be using a slot whose memory is given back.
+
+The policy (:class:`Policy`) is Ray Serve's autoscaling applied to slots, with a target of zero
+waiting callers: it samples every :data:`TICK_S` the slots held and the callers waiting; after
+callers have waited for ``upscale_delay_s`` it grows to what they all need at once (held plus
+waiting), and after ``downscale_delay_s`` with fewer needed than it has it shrinks to the most
+needed at once over that time. Growing is quick because a caller that waits loses time at once
+and a slot is cheap; shrinking is slow, against flapping, because a slot kept costs only memory.
+
+The :class:`Scaler` is a thread of the client that owns the regions (a plain
+``TritonSHMClient``, or the Ray node actor's, whose pools every process of its node shares). It
+also keeps the owner's pools within a budget of ``/dev/shm``: growth stops there, and the pool's
+header says why (``limited_by``), as its stats and metrics do.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any
+
+from ._exceptions import ClientClosedError, ModelSpecError, SharedMemoryFullError
+from ._header import MAX_SLOTS
+from ._shm import shm_space
+
+if TYPE_CHECKING:
+    from ._engine import ModelPool
+
+__all__ = [
+    "TICK_S",
+    "Policy",
+    "Scaler",
+    "SlotAutoscaling",
+    "default_shm_budget",
+    "pool_sizing",
+]
+
+logger = logging.getLogger(__name__)
+
+#: How often the scaler samples its pools.
+TICK_S = 0.1
+#: The share of ``/dev/shm`` an owner's pools may hold by default (what Ray's object store
+#: reserves there is taken off first).
+SHM_SHARE = 0.9
+
+
+@dataclass(frozen=True)
+class SlotAutoscaling:
+    """How a model's pool follows its load (a pool of fixed size is ``pool_size=``).
+
+    The counterpart for slots of Ray Serve's ``autoscaling_config`` for replicas, with a target
+    of no caller waiting for a slot.
+
+    Attributes:
+        min_slots: Slots the pool keeps when idle (it starts with as many).
+        max_slots: Slots it may grow to: the most requests in flight for the model at once
+            (on the node, in the Ray layer); past it callers wait in turn, and past
+            ``max_waiting`` of them get :class:`OverloadedError`. At most 85 (a region's
+            header has room for no more).
+        upscale_delay_s: How long callers must have been waiting for a slot before the pool
+            grows.
+        downscale_delay_s: How long the pool must have had more slots than its callers used
+            at once before it shrinks (to the most they used at once over that time).
+    """
+
+    min_slots: int = 2
+    max_slots: int = 64
+    upscale_delay_s: float = 0.2
+    downscale_delay_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_slots <= self.max_slots <= MAX_SLOTS:
+            raise ModelSpecError(
+                f"autoscaling needs 1 <= min_slots <= max_slots <= {MAX_SLOTS}, got "
+                f"min_slots={self.min_slots}, max_slots={self.max_slots}"
+            )
+        for name in ("upscale_delay_s", "downscale_delay_s"):
+            if not getattr(self, name) >= 0:
+                raise ModelSpecError(f"autoscaling {name} must be >= 0, got {getattr(self, name)}")
+
+    @classmethod
+    def of(
+        cls, value: SlotAutoscaling | Mapping[str, Any] | None, **defaults: Any
+    ) -> SlotAutoscaling:
+        """``value`` as a :class:`SlotAutoscaling` (a mapping of its fields, as Ray Serve's
+        ``autoscaling_config``); fields left out take ``defaults``, then the class's own.
+
+        Raises:
+            ModelSpecError: an unknown field, or bounds that do not hold.
+        """
+        if isinstance(value, SlotAutoscaling):
+            return value
+        given = dict(value or {})
+        unknown = sorted(set(given) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ModelSpecError(
+                f"autoscaling: unknown field(s) {unknown}; expected some of "
+                f"{[f.name for f in fields(cls)]}"
+            )
+        return cls(**{**defaults, **given})
+
+
+def pool_sizing(
+    model: str,
+    pool_size: int | None,
+    autoscaling: SlotAutoscaling | Mapping[str, Any] | None,
+    *,
+    limit: int = MAX_SLOTS,
+    **defaults: Any,
+) -> int | SlotAutoscaling:
+    """What a model's pool should be: a fixed ``pool_size``, or a pool that follows its load
+    (``autoscaling``, whose fields left out take ``defaults``). ``limit`` bounds both.
+
+    Raises:
+        ModelSpecError: both given, or sizes out of bounds (naming the model).
+    """
+    if pool_size is not None:
+        if autoscaling is not None:
+            raise ModelSpecError(
+                f"model {model!r}: pass pool_size (a fixed pool) or autoscaling (a pool that "
+                "follows its load), not both",
+                model=model,
+            )
+        if not 1 <= pool_size <= limit:
+            raise ModelSpecError(
+                f"model {model!r}: pool_size must be >= 1 and <= {limit}, got {pool_size}",
+                model=model,
+            )
+        return pool_size
+    try:
+        sizing = SlotAutoscaling.of(autoscaling, **defaults)
+    except ModelSpecError as exc:
+        raise ModelSpecError(f"model {model!r}: {exc}", model=model) from None
+    if sizing.max_slots > limit:
+        raise ModelSpecError(
+            f"model {model!r}: autoscaling max_slots {sizing.max_slots} exceeds the "
+            f"{limit} slots allowed here",
+            model=model,
+        )
+    return sizing
+
+
+def default_shm_budget(reserved: int = 0) -> int | None:
+    """Bytes of ``/dev/shm`` an owner's pools may hold: :data:`SHM_SHARE` of its size, less
+    ``reserved`` (Ray's object store, where it lives there); ``None`` where it cannot be read."""
+    space = shm_space()
+    if space is None:
+        return None
+    return max(0, int(space[1] * SHM_SHARE) - reserved)
+
+
+class Policy:
+    """When and how far one pool grows or shrinks, from samples of its load.
+
+    Args:
+        config: The pool's bounds and delays.
+        now: When the pool got its size (``time.monotonic()``).
+    """
+
+    def __init__(self, config: SlotAutoscaling, now: float) -> None:
+        self.config = config
+        self._resized_at = now
+        self._waiting_since: float | None = None
+        # (when, demand), demands decreasing: the first is the most needed in the window.
+        self._peaks: deque[tuple[float, int]] = deque()
+
+    def want(self, now: float, size: int, in_use: int, waiting: int) -> int:
+        """The size the pool should have, given ``in_use`` slots held and ``waiting`` callers
+        now."""
+        config = self.config
+        demand = in_use + waiting
+        while self._peaks and self._peaks[-1][1] <= demand:
+            self._peaks.pop()
+        self._peaks.append((now, demand))
+        while self._peaks[0][0] < now - config.downscale_delay_s:
+            self._peaks.popleft()
+        if waiting:
+            if self._waiting_since is None:
+                self._waiting_since = now
+            if now - self._waiting_since >= config.upscale_delay_s:
+                return min(config.max_slots, max(size + 1, demand))
+            return size
+        self._waiting_since = None
+        if size > config.min_slots and now - self._resized_at >= config.downscale_delay_s:
+            peak = self._peaks[0][1]
+            if peak < size:
+                return max(config.min_slots, peak)
+        return size
+
+    def resized(self, now: float) -> None:
+        """The pool got a new size at ``now``."""
+        self._resized_at = now
+        self._waiting_since = None
+
+
+class _Elastic:
+    """What the scaler knows of one pool: its policy, and which slots hold memory."""
+
+    def __init__(self, config: SlotAutoscaling, size: int, now: float) -> None:
+        self.policy = Policy(config, now)
+        self.backed = set(range(size))
+
+
+class Scaler:
+    """Resizes the pools of one client that follow their load, within its ``/dev/shm`` budget.
+
+    It holds its pools weakly and never the client, so the client can still be collected.
+
+    Args:
+        budget_bytes: The most bytes of ``/dev/shm`` the client's pools may hold (``None``: as
+            much as ``/dev/shm`` has room for).
+        pools: The client's pools by model, kept up to date by the client (all of them count
+            against the budget).
+    """
+
+    def __init__(self, budget_bytes: int | None, pools: Mapping[str, ModelPool]) -> None:
+        self.budget_bytes = budget_bytes
+        self._all_pools = pools
+        self._pools: weakref.WeakKeyDictionary[ModelPool, _Elastic] = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+        #: Held while a round resizes pools: forget() waits for it.
+        self._round = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def watch(self, pool: ModelPool, config: SlotAutoscaling) -> None:
+        """Resizes ``pool`` (one its client owns, whose first ``pool.slots.size`` slots hold
+        memory) from now on."""
+        with self._lock:
+            self._pools[pool] = _Elastic(config, pool.slots.size, time.monotonic())
+            if self._thread is None and not self._stop.is_set():
+                self._thread = threading.Thread(
+                    target=self._run, name="ray-triton-shm-scaler", daemon=True
+                )
+                self._thread.start()
+
+    def forget(self, pool: ModelPool) -> None:
+        """Stops resizing ``pool`` (it is being released), waiting for a round in progress."""
+        with self._lock:
+            self._pools.pop(pool, None)
+        if threading.current_thread() is not self._thread:
+            with self._round:
+                pass
+
+    def stop(self) -> None:
+        """Ends the thread (idempotent)."""
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(TICK_S):
+            with self._round:
+                with self._lock:
+                    pools = list(self._pools.items())
+                for pool, state in pools:
+                    with self._lock:
+                        if pool not in self._pools:
+                            continue  # being released: forget() waits for this round
+                    try:
+                        self.tick(pool, state, time.monotonic())
+                    except ClientClosedError:
+                        continue  # released meanwhile
+                    except Exception:  # never end the thread: the next round tries again
+                        logger.exception(
+                            "ray-triton-shm: resizing the pool of %r failed", pool.spec.name
+                        )
+
+    def tick(self, pool: ModelPool, state: _Elastic, now: float) -> None:
+        """One look at ``pool``: grows or shrinks it as its policy says, and gives back the
+        memory of idle slots beyond its size."""
+        slots, header = pool.slots, pool.header
+        size = slots.size
+        in_use, waiting = slots.demand()
+        want = state.policy.want(now, size, in_use, waiting)
+        limit = ""
+        if want > size:
+            grown, limit = self._grow(pool, state, size, want)
+            if grown > size:
+                header.set_size(grown)
+                slots.resize(grown)
+                state.policy.resized(now)
+                logger.debug("ray-triton-shm: pool of %r grew to %d slots", pool.spec.name, grown)
+        elif want < size:
+            header.set_size(want)
+            slots.resize(want)
+            state.policy.resized(now)
+            logger.debug("ray-triton-shm: pool of %r shrank to %d slots", pool.spec.name, want)
+        elif waiting and size >= state.policy.config.max_slots:
+            limit = "max_slots"
+        elif waiting:
+            limit = header.limited_by  # still waiting out the delay: unchanged
+        if limit != header.limited_by:
+            if limit:
+                logger.info(
+                    "ray-triton-shm: the pool of %r stays at %d slots while callers wait: %s",
+                    pool.spec.name,
+                    slots.size,
+                    _LIMIT_TEXT[limit],
+                )
+            header.set_limited_by(limit)
+        beyond = [slot for slot in state.backed if slot >= slots.size]
+        if beyond:
+            slots.each_idle(sorted(beyond), lambda slot: _unback(pool, state, slot))
+
+    def _grow(self, pool: ModelPool, state: _Elastic, size: int, want: int) -> tuple[int, str]:
+        """Reserves the memory of slots ``size .. want-1`` as the budget and ``/dev/shm``
+        allow; the size reached, and what stopped it short (``""``: nothing)."""
+        slot_bytes = pool.layout.slot_bytes
+        room = None
+        if self.budget_bytes is not None:
+            owned = [p for p in list(self._all_pools.values()) if p.region.owner]
+            room = self.budget_bytes - sum(p.region.allocated for p in owned)
+        for slot in range(size, want):
+            if slot in state.backed:
+                continue
+            if room is not None and room < slot_bytes:
+                return slot, "shm_budget"
+            try:
+                pool.memory.back(slot)
+            except SharedMemoryFullError:
+                return slot, "shm_full"
+            state.backed.add(slot)
+            if room is not None:
+                room -= slot_bytes
+        return want, ""
+
+
+_LIMIT_TEXT = {
+    "max_slots": "its max_slots",
+    "shm_budget": "the /dev/shm budget of its owner is spent (shm_budget_bytes)",
+    "shm_full": "/dev/shm is full",
+}
+
+
+def _unback(pool: ModelPool, state: _Elastic, slot: int) -> None:
+    pool.memory.unback(slot)
+    state.backed.discard(slot)
