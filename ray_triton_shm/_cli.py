@@ -327,6 +327,8 @@ def _print_node_actors(address: str | None, *, timeout_s: float) -> int:
     status = 0
     columns = (
         "slots",
+        "max_slots",
+        "limited_by",
         "in_use",
         "waiting",
         "abandoned",
@@ -359,7 +361,7 @@ def _print_node_actors(address: str | None, *, timeout_s: float) -> int:
         )
         header = ("model", *columns)
         rows = [
-            (name, *(str(m.get(c, "-")) for c in columns))
+            (name, *(str(m.get(c, "-")) or "-" for c in columns))
             for name, m in sorted(stats.models.items())
         ]
         widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
@@ -542,8 +544,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         type=_model_pool,
         metavar="NAME[:POOL]",
-        help="a pool the node would hold, sized from the model's configuration (POOL slots, "
-        "default 4); repeatable",
+        help="a pool the node would hold, sized from the model's configuration: POOL slots, or "
+        "without it one that follows its load (2 slots up to 64, counted at 64); repeatable",
     )
     p.add_argument("--ray", action="store_true", help="check every alive node of the Ray cluster")
     p.add_argument("--address", metavar="ADDR", help="Ray cluster address (implies --ray)")

@@ -121,8 +121,12 @@ class _Keepers:
     keys: Keys
     settler: Settler
     scaler: Scaler
+    #: Threads releasing pools replaced by a new layout: closing waits for them.
+    retiring: list[threading.Thread] = dataclasses.field(default_factory=list)
 
     def stop(self) -> None:
+        for thread in list(self.retiring):
+            thread.join(_CLOSE_WAIT_S)
         self.settler.stop()
         self.scaler.stop()
 
@@ -632,12 +636,16 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             spec.name,
             new.generation,
         )
-        threading.Thread(
+        retiring = self._keepers.retiring
+        retiring[:] = [thread for thread in retiring if thread.is_alive()]
+        thread = threading.Thread(
             target=_release_pool,
             args=(old, self._keepers, _CLOSE_WAIT_S),
             name="ray-triton-shm-retire",
             daemon=True,
-        ).start()
+        )
+        retiring.append(thread)
+        thread.start()
         return new
 
     def _follow(

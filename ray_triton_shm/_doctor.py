@@ -37,6 +37,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from ._defaults import DEFAULT_URL, URL_ENV_VAR
 from ._headers import KEYS_DIR_ENV_VAR, Keys, env_var_for, headers_from_env
 from ._reclaim import region_status
+from ._scaling import SlotAutoscaling
 from ._shm import DEAD, SHM_DIR, SharedMemoryRegion, mib, new_region_name, shm_space
 from ._specs import SlotLayout, resolve_model_spec
 from ._tls import TLS_DIR_ENV_VAR, TlsFiles, diagnose
@@ -141,9 +142,10 @@ def check_node(
     Args:
         url: Triton's gRPC address; ``None``: ``$RAY_TRITON_SHM_URL``, else the default.
         url_source: Where ``url`` came from, for the report (when the caller chose it).
-        models: Pools this machine would hold: ``{model: pool_size}`` (``None``: 4 slots),
-            sized from the model's configuration on Triton.
-        held: Pools the node actor holds already: ``{model: bytes}``.
+        models: Pools this machine would hold: ``{model: pool_size}`` (``None``: a pool that
+            follows its load, counted at its default ``max_slots``; its ``min_slots`` must
+            fit), sized from the model's configuration on Triton.
+        held: Pools the node actor holds already: ``{model: bytes}``, at their largest.
         object_store_bytes: Ray's object store on this node (counted if it lives in
             ``/dev/shm``); ``0``: no Ray, or unknown.
         node: The Ray node id, for the report.
@@ -529,15 +531,17 @@ def _check_dev_shm(
     if space is None:
         return CheckResult("dev_shm", WARN, f"{SHM_DIR} cannot be read: is it mounted?")
     free, total = space
-    new, unsized = _pool_sizes(triton, models)
+    least, new, unsized = _pool_sizes(triton, models)
     in_dev_shm = _object_store_in_dev_shm(object_store_bytes, total, triton.node)
     store = object_store_bytes if in_dev_shm else 0
+    # Pools that follow their load are counted at their largest: what they may come to hold.
     demand = sum(held.values()) + sum(new.values()) + store
     details: dict[str, Any] = {
         "free": free,
         "total": total,
         "held": dict(held),
         "new": new,
+        "new_least": least,
         "unsized": unsized,
         "object_store": store,
         "raylet": _own_raylet(triton.node) if object_store_bytes else None,
@@ -557,8 +561,20 @@ def _check_dev_shm(
         f"Kubernetes an emptyDir with `medium: Memory` and `sizeLimit: {suggested}Mi` at "
         "/dev/shm; or smaller pools (pool_size, max_batch_size)"
     )
-    if sum(new.values()) > free or demand > total:
+    fits_least = (
+        sum(least.values()) <= free and demand - sum(new.values()) + sum(least.values()) <= total
+    )
+    if not fits_least:
         return CheckResult("dev_shm", FAIL, summary + ": it does not fit", fix, details)
+    if sum(new.values()) > free or demand > total:
+        return CheckResult(
+            "dev_shm",
+            WARN,
+            summary + ": pools that follow their load stop growing short of their max_slots "
+            "(their smallest sizes fit)",
+            fix,
+            details,
+        )
     if demand and total < 2 * demand:
         return CheckResult("dev_shm", WARN, summary + ": less than twice that", fix, details)
     if not demand and total <= _DOCKER_DEFAULT_SHM:
@@ -576,9 +592,11 @@ def _check_dev_shm(
 
 def _pool_sizes(
     triton: _Triton, models: Mapping[str, int | None]
-) -> tuple[dict[str, int], dict[str, str]]:
-    """Bytes of each model's pool, from its configuration on Triton; and why others could
-    not be sized."""
+) -> tuple[dict[str, int], dict[str, int], dict[str, str]]:
+    """Bytes of each model's pool at its smallest and at its largest size (the same for a
+    fixed ``pool_size``), from its configuration on Triton; and why others could not be
+    sized."""
+    least: dict[str, int] = {}
     sizes: dict[str, int] = {}
     unsized: dict[str, str] = {}
     for model, pool_size in models.items():
@@ -598,8 +616,10 @@ def _pool_sizes(
         except Exception as exc:
             unsized[model] = str(exc)
             continue
-        sizes[model] = SlotLayout.for_model(spec).region_bytes(pool_size or 4)
-    return sizes, unsized
+        layout, elastic = SlotLayout.for_model(spec), SlotAutoscaling()
+        least[model] = layout.region_bytes(pool_size or elastic.min_slots)
+        sizes[model] = layout.region_bytes(pool_size or elastic.max_slots)
+    return least, sizes, unsized
 
 
 def _model_config(triton: _Triton, model: str) -> Mapping[str, Any]:

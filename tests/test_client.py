@@ -355,7 +355,9 @@ def test_blocks_when_every_slot_is_busy(client: TritonSHMClient) -> None:
     out = client.infer_shm("slow_identity", {"INPUT0": x * 3})  # waits, then runs
     np.testing.assert_array_equal(out["OUTPUT0"], x * 3)
     holder.join()
-    assert client.shm_stats("slow_identity") == client.shm_stats("slow_identity").__class__(1, 0, 0)
+    stats = client.shm_stats("slow_identity")
+    assert (stats.size, stats.in_use, stats.waiting, stats.abandoned) == (1, 0, 0, 0)
+    assert (stats.min_size, stats.max_size, stats.limited_by) == (1, 1, "")  # fixed: pool_size
 
 
 def test_chunks_in_flight_are_bounded_by_the_pool(client: TritonSHMClient) -> None:

@@ -112,14 +112,14 @@ def _check_here(options: dict[str, Any]) -> NodeReport:
 
 
 def _node_actor(node_id: str, timeout_s: float) -> tuple[str | None, dict[str, int]]:
-    """The address the node's actor uses and the bytes of its pools; nothing if it has none
-    (none is created)."""
+    """The address the node's actor uses and the bytes of its pools at their largest; nothing
+    if it has none (none is created)."""
     try:
         actor = ray.get_actor(actor_name(node_id), namespace=NAMESPACE)
         stats = ray.get(actor.stats.remote(), timeout=timeout_s)
     except Exception:
         return None, {}
-    return stats.url, {name: int(m["shm_bytes"]) for name, m in stats.models.items()}
+    return stats.url, {name: int(m["shm_max_bytes"]) for name, m in stats.models.items()}
 
 
 def _unchecked(node: Mapping[str, Any], why: str, *, status: str = FAIL) -> NodeReport:
