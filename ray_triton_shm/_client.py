@@ -314,8 +314,8 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
                 :class:`SlotAutoscaling`, or a mapping of its fields (``min_slots``,
                 ``max_slots``, ``upscale_delay_s``, ``downscale_delay_s``); ``None``: the
                 defaults, 2 to 64 slots. It grows while callers wait for a slot, and shrinks
-                after ``downscale_delay_s`` with fewer callers (see :mod:`the guide
-                <ray_triton_shm>`). A pool in GPU memory has a fixed size (4 by default).
+                after ``downscale_delay_s`` with fewer callers. A pool in GPU memory has a
+                fixed size (4 by default).
             model_version: Model version; ``""`` lets the server choose.
             max_shapes: Per-sample maximum for tensors with ``-1`` dims, e.g.
                 ``{"INPUT0": (16,)}``: slots are sized for it.

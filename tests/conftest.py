@@ -29,6 +29,8 @@ FRESH_MODELS = ("classifier", "identity", "large_image", "delay_echo")
 
 #: How long the chaos soak (tests/test_soak.py) runs unless ``--soak-s`` says otherwise.
 DEFAULT_SOAK_S = 45.0
+#: How long the swinging load of tests/test_scaling.py runs unless ``--swing-s`` says otherwise.
+DEFAULT_SWING_S = 16.0
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -40,6 +42,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="SECONDS",
         help=f"duration of the chaos soak in tests/test_soak.py (default {DEFAULT_SOAK_S:g})",
     )
+    parser.addoption(
+        "--swing-s",
+        type=float,
+        default=DEFAULT_SWING_S,
+        metavar="SECONDS",
+        help="duration of the load swinging between 1 and 32 callers in tests/test_scaling.py "
+        f"(default {DEFAULT_SWING_S:g})",
+    )
 
 
 @pytest.fixture
@@ -49,6 +59,12 @@ def soak_s(request: pytest.FixtureRequest) -> float:
     if seconds <= 0:
         raise pytest.UsageError(f"--soak-s must be > 0, got {seconds}")
     return seconds
+
+
+@pytest.fixture
+def swing_s(request: pytest.FixtureRequest) -> float:
+    """The swinging load's duration in seconds (``--swing-s``)."""
+    return max(4.0, float(request.config.getoption("--swing-s")))
 
 
 @pytest.fixture(scope="session")

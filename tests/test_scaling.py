@@ -241,7 +241,7 @@ def test_a_node_pool_follows_the_load_of_every_process(ray_local: str, caller_cl
 
 
 def test_a_load_swinging_between_1_and_32_callers_gets_every_answer_right(
-    ray_local: str, caller_class: Any
+    ray_local: str, caller_class: Any, swing_s: float
 ) -> None:
     import ray
 
@@ -251,7 +251,7 @@ def test_a_load_swinging_between_1_and_32_callers_gets_every_answer_right(
     model = ShmModel("identity", max_shapes=SHAPES, autoscaling={"downscale_delay_s": 2.0})
     callers = [caller_class.remote(model) for _ in range(4)]
     sizes = []
-    deadline = time.monotonic() + 16.0
+    deadline = time.monotonic() + swing_s
     swing = 0
     while time.monotonic() < deadline:
         per_process = (1, 0, 0, 0) if swing % 2 == 0 else (8, 8, 8, 8)  # 1, then 32 callers
@@ -261,10 +261,11 @@ def test_a_load_swinging_between_1_and_32_callers_gets_every_answer_right(
         swing += 1
     totals = ray.get([c.totals.remote() for c in callers])
     assert all(errors == [] for _, _, errors in totals), totals
+    answers = sum(a for a, _, _ in totals)
     assert sum(wrong for _, wrong, _ in totals) == 0
-    assert sum(a for a, _, _ in totals) > 100
+    assert answers > 100
     assert max(sizes) > 2, sizes  # it grew under 32 callers
-    print(f"pool sizes, a swing every 2 s: {sizes}")
+    print(f"{answers} answers, all right; pool sizes, a swing every 2 s: {sizes}")
     pool = _node_pool("identity")
     assert pool["errors"] == 0 and pool["abandoned"] == 0
     _shutdown_node_actor(ray_local, before)
