@@ -27,6 +27,7 @@ from ray_triton_shm._bench._config import (
     CASE_NAMES,
     DEFAULT_PATHS,
     DEFAULT_RAY_CALLERS,
+    ELASTIC,
     EXAMPLE_CASES,
     GPU_PATHS,
     RAY_PATHS,
@@ -276,8 +277,16 @@ def test_the_runs_are_grouped_by_level() -> None:
         [(p, 3, None) for p in RAY_PATHS if p.startswith(("serve", "data")) and "http" not in p],
         # The example app behind Serve's proxy, at low load and under load, interleaved.
         [(p, n, None) for n in (1, 16) for p in SERVE_HTTP_PATHS],
-        [("shm-model", 16, 4)],  # 16 gRPC caller processes were swept already
+        # The node under load: 16 gRPC callers and 16 on 16 slots were swept already.
+        [("shm-model", 16, ELASTIC)],
+        [("shm-model", 16, 4)],  # a fixed pool: on a node actor of its own
         [("shm-model-nokill", 8, 4), ("shm-model-churn", 8, 4)],  # the churn runs
+    ]
+    node_load = _runner.run_groups(BenchConfig(paths=("grpc-procs", "shm-model")))
+    assert node_load[-3:] == [
+        [("shm-model", 16, ELASTIC), ("grpc-procs", 16, None)],  # interleaved
+        [("shm-model", 16, 4)],
+        [("shm-model", 16, 16)],
     ]
     without = BenchConfig(paths=("grpc", "shm-model"), concurrency=(1,), node_load=False)
     assert _runner.run_groups(without) == [[("grpc", 1, None), ("shm-model", 1, 1)]]
@@ -302,7 +311,83 @@ def test_the_recommendation_is_the_fewest_slots_near_the_best() -> None:
     # 392 is 98% of 400 (16 callers on 4 slots is not a pool of 16).
     assert (rec["pool_size"], rec["path"], rec["shm_bytes"]) == (4, "shm-client", 40)
     assert rec["shm_vs_grpc"] == pytest.approx(392 / 200)
+    assert "elastic" not in rec
     assert ModelResult("m", runs=[_run("grpc", 1, None, 100)]).recommendation() is None
+
+
+#: An elastic run's own numbers: its pool grew from 2 to 16 slots 0.4 s into its load.
+_GREW = {
+    "pool_sizes": [[0.0, 2], [0.2, 2], [0.4, 16], [0.6, 16]],
+    "min_slots": 2,
+    "max_slots": 64,
+    "pool_size_max": 16,
+    "pool_size_max_s": 0.4,
+    "pool_size_settled": 16,
+    "limited_by": "",
+    "warmup_s": 1.0,
+    "warmup_requests_per_s": 800.0,
+}
+
+
+def test_the_advice_under_load_is_the_elastic_pools_size_beside_the_best_fixed() -> None:
+    model = ModelResult("m", runs=[
+        _run("grpc", 1, None, 100), _run("shm-client", 1, 1, 150, shm_bytes=10),
+        _run("grpc", 4, None, 200), _run("shm-client", 4, 4, 392, shm_bytes=40),
+        _run("shm-model", 16, ELASTIC, 1008, **_GREW), _run("grpc-procs", 16, None, 320),
+        _run("shm-model", 16, 4, 640), _run("shm-model", 16, 16, 1024),
+    ])  # fmt: skip
+    # The runs are found by their slots: a fixed pool of 4 is not the elastic run.
+    assert model.run("shm-model", 16, 4) is model.runs[6]
+    assert model.run("shm-model", 16, ELASTIC) is model.runs[4]
+    rec = model.recommendation()
+    assert rec is not None
+    assert rec["elastic"] == [
+        {
+            "callers": 16,
+            "settled_slots": 16,
+            "max_slots_reached": 16,
+            "limited_by": "",
+            "requests_per_s": pytest.approx(1008),
+            "fixed": [
+                {"slots": 4, "requests_per_s": pytest.approx(640)},
+                {"slots": 16, "requests_per_s": pytest.approx(1024)},
+            ],
+            "best_fixed": 16,
+            "best_fixed_requests_per_s": pytest.approx(1024),
+            "vs_best_fixed": pytest.approx(1008 / 1024),
+        }
+    ]
+    # The sweep's levels keep their advice (the fixed pool of 16 ran at the elastic's load).
+    assert (rec["pool_size"], rec["path"]) == (4, "shm-client")
+    printed = _printed(BenchResults(BenchConfig(models=("m",)), [model], "embedded", 1.0))
+    assert (
+        "m: pool_size: none needed (elastic: settled at 16 slots for 16 callers; best fixed "
+        "measured: 16 slots)" in printed
+    )
+    assert (
+        "16 callers: the elastic pool went 2 -> 16 slots within 0.4 s of load, 16 at the end: "
+        "1,008 req/s, 0.984x the best fixed pool (16 slots, 1,024 req/s), 1.57x 4 slots (640 req/s)"
+    ) in printed
+    assert "a fixed pool at the other loads: pool_size 4 - 392 req/s with shm-client" in printed
+    summary_row = (
+        r"\nm +- +Ray tasks \(ShmModel\) .*elastic pool\) +none \(elastic: 16 for 16 callers\)"
+    )
+    assert re.search(summary_row, printed), printed
+    assert "the elastic pool: 2 -> 16 slots within 0.4 s of load, 16 at the end" in printed
+    # The goals of the node under load find each of the three runs by its slots.
+    identity = dataclasses.replace(model, name="identity")
+    elastic = "shm-model (16 callers, elastic pool)"
+    measured = {
+        goal.description: goal.measure(identity)
+        for goal in _runner.GOALS
+        if goal.model == "identity" and goal.run == ("shm-model", 16, ELASTIC)
+    }
+    assert measured == {
+        f"{elastic} MB/s >= 1.25x shm-model (16 callers, 4 slots)": pytest.approx(1008 / 640),
+        f"{elastic} MB/s >= 0.95x shm-model (16 callers, 16 slots)": pytest.approx(1008 / 1024),
+        f"{elastic} MB/s >= 0.85x grpc-procs (16 callers)": pytest.approx(1008 / 320),
+        f"{elastic}: fewest requests of a caller / mean >= 0.5": pytest.approx(1.0),
+    }
 
 
 def test_bench_ctrl_c_cleans_up(triton: LocalTritonServer) -> None:

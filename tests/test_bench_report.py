@@ -12,7 +12,7 @@ import pytest
 from _helpers import browse
 
 from ray_triton_shm._bench._cases import ModelCase
-from ray_triton_shm._bench._config import BenchConfig
+from ray_triton_shm._bench._config import ELASTIC, BenchConfig
 from ray_triton_shm._bench._figures import curves_path, write_figures
 from ray_triton_shm._bench._html import SECTIONS, write_report
 from ray_triton_shm._bench._paths import OpenLoop, arrival_times, run_open_loop
@@ -73,6 +73,20 @@ def _open(path: str, slots: int | None, rate: float, p99_s: float, dropped: int 
     return run
 
 
+#: An elastic run's own numbers: its pool grew from 2 to 16 slots 0.4 s into its load.
+_GREW = {
+    "pool_sizes": [[0.0, 2], [0.2, 2], [0.4, 16], [0.6, 16], [1.5, 16]],
+    "min_slots": 2,
+    "max_slots": 64,
+    "pool_size_max": 16,
+    "pool_size_max_s": 0.4,
+    "pool_size_settled": 16,
+    "limited_by": "",
+    "warmup_s": 1.0,
+    "warmup_requests_per_s": 900.0,
+}
+
+
 def _results(tmp_path: Path) -> BenchResults:
     """Two models as a --ray run with --request-rate would leave them."""
     runs = [
@@ -82,8 +96,10 @@ def _results(tmp_path: Path) -> BenchResults:
         _closed("shm-client", 4, 4, 800, shm_bytes=40),
         _closed("shm-model", 1, 1, 250),
         _closed("grpc-procs", 1, None, 90),
-        _closed("shm-model", 16, 4, 960),
+        _closed("shm-model", 16, ELASTIC, 960, **_GREW),
         _closed("grpc-procs", 16, None, 160),
+        _closed("shm-model", 16, 4, 640),
+        _closed("shm-model", 16, 16, 992),
         _closed("serve-grpc", 4, None, 64),
         _closed("serve-shm", 4, None, 160),
         _closed("data-grpc", 4, None, 40),
@@ -115,8 +131,9 @@ def test_the_summary_compares_each_choice_with_its_grpc_twin(tmp_path: Path) -> 
     cells = {(c.choice.name, c.load): c for c in table["classifier"]}
     assert cells["core client", "low load"].speedup == pytest.approx(3.0)
     assert cells["core client", "under load"].speedup == pytest.approx(4.0)
-    node = cells["Ray tasks", "under load"]  # 16 callers on 4 slots, against 16 gRPC callers
-    assert node.where == "shm-model (16 callers, 4 slots)" and node.speedup == pytest.approx(6)
+    node = cells["Ray tasks", "under load"]  # 16 callers on ShmModel's default pool
+    assert node.where == "shm-model (16 callers, elastic pool)"
+    assert node.speedup == pytest.approx(6)  # against 16 gRPC callers
     assert cells["Serve (handles)", "under load"].speedup == pytest.approx(2.5)
     assert cells["Serve (handles)", "low load"].speedup is None
     assert cells["Serve over HTTP", "under load"].run is None
@@ -187,4 +204,11 @@ def test_the_figures_and_the_report_read_well_wide_and_narrow(tmp_path: Path) ->
         assert all(i["width"] <= seen["viewport"] for i in seen["images"]), seen
         assert seen["page_width"] <= seen["viewport"], seen
     assert "pool_size=4" in page and "no such model" in page
+    # Under load the pool needs no size: the one it settled on, beside the fixed pools.
+    assert (
+        "pool_size: none needed (elastic: settled at 16 slots for 16 callers; best fixed "
+        "measured: 16 slots)" in page
+    )
+    assert "16 callers: the elastic pool went 2 -&gt; 16 slots within 0.4 s of load" in page
+    assert "none (elastic: 16 for 16 callers)" in page  # the summary's pool_size
     assert "shm-client (pool 4)" in page and "MISSED" not in page.split('id="goals"')[0]

@@ -292,6 +292,20 @@ def test_a_64_mb_dev_shm_is_flagged_and_a_pool_that_does_not_fit_fails(
     # This doctor sees a /dev/shm of its own, and says so: each cause has its own message.
     assert checks["region"]["details"]["cause"] == "dev_shm"
 
+    # A pool that follows its load is counted at its largest (64 slots): 2 slots of the
+    # classifier fit, 64 do not: it will stop growing short of them, which is a warning...
+    code, report, _ = _doctor("--url", triton.grpc_url, "--model", "classifier", prefix=prefix)
+    dev_shm = _checks(report)["dev_shm"]
+    assert dev_shm["status"] == "warn" and "stop growing" in dev_shm["summary"], report
+    least, most = (
+        dev_shm["details"]["new_least"]["classifier"],
+        dev_shm["details"]["new"]["classifier"],
+    )
+    assert least < 64 * 2**20 < most and 31 * least < most < 33 * least
+    # ...but where not even its smallest size fits, it fails.
+    code, report, _ = _doctor("--url", triton.grpc_url, "--model", "large_image", prefix=prefix)
+    assert code == 1 and _checks(report)["dev_shm"]["status"] == "fail", report
+
 
 def test_doctor_ray_checks_every_node_of_a_cluster(
     triton: LocalTritonServer, leaves_nothing: None

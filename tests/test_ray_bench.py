@@ -14,6 +14,7 @@ from _helpers import registered_on
 
 from ray_triton_shm._bench._config import (
     DEFAULT_PATHS,
+    ELASTIC,
     RAY_PATHS,
     SERVE_HTTP_CLIENTS,
     SERVE_HTTP_PATHS,
@@ -85,22 +86,61 @@ def test_bench_ray_quick_json_has_every_ray_path_verified(
         if model == DATA_CASE:  # the example app behind Serve's proxy, at low load and under it
             expected |= {(p, n) for p in SERVE_HTTP_PATHS for n in SERVE_HTTP_CLIENTS}
         expected |= {(p, 4) for p in RAY_PATHS if p.startswith("data") and model == DATA_CASE}
-        expected |= {("shm-model", 16), ("grpc-procs", 16)}  # the node under load
         if model == CHURN_CASE:
             expected |= {("shm-model-nokill", 8), ("shm-model-churn", 8)}
-        assert {(path, level) for m, path, level, _ in runs if m == model} == expected, model
+        node_load = {"shm-model", "grpc-procs"}
+        swept = {
+            (path, level)
+            for m, path, level, _ in runs
+            if m == model and not (path in node_load and level == 16)
+        }
+        assert swept == expected, model
+        # The node under load: 16 callers on the elastic pool beside 16 gRPC callers, and on
+        # fixed pools of 4 and of 16 slots.
+        assert {k[1:] for k in runs if k[0] == model and k[1] in node_load and k[2] == 16} == {
+            ("shm-model", 16, ELASTIC),
+            ("grpc-procs", 16, None),
+            ("shm-model", 16, 4),
+            ("shm-model", 16, 16),
+        }, model
         for level in (1, 4):
             shm_model = runs[(model, "shm-model", level, level)]
             assert shm_model["shm_bytes"] > 0 and shm_model["node_actor_cpu_us"] is not None
             assert runs[(model, "shm-client", level, level)]["shm_bytes"] > 0
+            assert "pool_sizes" not in shm_model  # a fixed pool
         overloaded = runs[(model, "shm-model", 16, 4)]
         # 16 callers on 4 slots wait for one; each of them completed requests.
         assert overloaded["wait_p99_ms"] > 0 and 0 < overloaded["fairness"] <= 1
         assert runs[(model, "grpc-procs", 16, None)]["fairness"] > 0
+        # The elastic pool's size over time: from its 2 slots, grown under 16 callers' load
+        # (every read a size within its bounds), what it reached and settled on.
+        elastic = runs[(model, "shm-model", 16, ELASTIC)]
+        sizes = elastic["pool_sizes"]
+        assert (elastic["min_slots"], elastic["max_slots"]) == (2, 64) and sizes[0][0] < 1
+        assert len(sizes) >= 3 and all(2 <= size <= 64 for _, size in sizes), sizes
+        assert [t for t, _ in sizes] == sorted(t for t, _ in sizes)
+        assert 2 < elastic["pool_size_max"] <= 16 and elastic["pool_grows"] >= 1, sizes
+        assert [elastic["pool_size_max_s"], elastic["pool_size_max"]] in sizes
+        assert elastic["pool_size_settled"] == sizes[-1][1] and elastic["limited_by"] == ""
+        assert elastic["shm_bytes"] > 0 and elastic["warmup_requests_per_s"] > 0
         for path in ("serve-shm", "data-shm"):
             if (model, path, 4, None) in runs:
                 assert runs[(model, path, 4, None)]["node_actor_cpu_us"] is not None, path
-        assert data["recommendations"][model]["pool_size"] in (1, 4)
+        # The advice: at the sweep's levels a fixed pool; under load, none needed: the size
+        # the elastic pool settled on, beside the best fixed pool measured there.
+        rec = data["recommendations"][model]
+        assert rec["pool_size"] in (1, 4)
+        (advice,) = rec["elastic"]
+        assert advice["callers"] == 16 and advice["settled_slots"] == sizes[-1][1]
+        assert [f["slots"] for f in advice["fixed"]] == [4, 16]
+        best = max(advice["fixed"], key=lambda f: f["requests_per_s"])
+        assert advice["best_fixed"] == best["slots"]
+        assert advice["vs_best_fixed"] == elastic["requests_per_s"] / best["requests_per_s"]
+        assert (
+            f"{model}: pool_size: none needed (elastic: settled at {advice['settled_slots']} "
+            f"slots for 16 callers; best fixed measured: {best['slots']} slots)"
+        ) in proc.stdout
+        assert f"{model}, 16 callers: the elastic pool went 2 -> " in proc.stdout
     assert data["models"]["identity"]["skipped"] == {
         "http@1": "no HTTP endpoint given: pass Triton's as --http-url HOST:PORT",
         **{
@@ -139,12 +179,13 @@ def test_bench_ray_quick_json_has_every_ray_path_verified(
         (DATA_CASE, "serve-shm: node actor CPU us/request <= 58.5"),
         (DATA_CASE, "data-shm: node actor CPU us/request <= 58.5"),
         *(
-            (model, goal)
+            (model, f"shm-model (16 callers, elastic pool){goal}")
             for model, target in (("identity", 0.85), (DATA_CASE, 4.5))
             for goal in (
-                "shm-model (16 callers, 4 slots) MB/s >= 0.9x shm-model (4 callers)",
-                f"shm-model (16 callers, 4 slots) MB/s >= {target}x grpc-procs (16 callers)",
-                "shm-model (16 callers, 4 slots): fewest requests of a caller / mean >= 0.5",
+                " MB/s >= 1.25x shm-model (16 callers, 4 slots)",
+                " MB/s >= 0.95x shm-model (16 callers, 16 slots)",
+                f" MB/s >= {target}x grpc-procs (16 callers)",
+                ": fewest requests of a caller / mean >= 0.5",
             )
         ),
         *((CHURN_CASE, goal) for goal in _CHURN_GOALS),
@@ -280,6 +321,8 @@ def test_status_ray_lists_node_actors_with_stats(triton: LocalTritonServer, ray_
         assert header.split() == [
             "model",
             "slots",
+            "max_slots",
+            "limited_by",
             "in_use",
             "waiting",
             "abandoned",
@@ -298,7 +341,8 @@ def test_status_ray_lists_node_actors_with_stats(triton: LocalTritonServer, ray_
         # The node's whole footprint in /dev/shm, beside what is free there.
         assert stats.shm_bytes == shm_bytes and 0 < stats.shm_free <= stats.shm_capacity
         assert "held in /dev/shm by the node's regions" in out
-        expected = (8, 0, 0, 0, 0, 0, 0, shm_bytes, 1, 2, x.nbytes, x.nbytes, 0)
+        # Registered without pool_size: a pool that follows its load, at its 2 slots (of 64).
+        expected = (2, 64, "-", 0, 0, 0, 0, 0, 0, shm_bytes, 1, 2, x.nbytes, x.nbytes, 0)
         assert row.split()[1:] == [str(v) for v in expected]
         # The regions report still follows, with the actor's regions registered.
         assert f"rtshm_{stats.pid}-" in out

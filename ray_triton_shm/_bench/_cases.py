@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ray_triton_shm._bench._config import CaseSpec
+from ray_triton_shm._bench._config import ELASTIC, CaseSpec
 from ray_triton_shm._specs import TensorSpec, to_numpy_dtype
 
 __all__ = ["DEFAULT_ELEMENT_BYTES", "ModelCase"]
@@ -96,11 +96,12 @@ class ModelCase:
         return self.batch_size if self.batched else 0
 
     def registration(self, slots: int) -> dict[str, Any]:
-        """``register_shm_model``'s (and ``ShmModel``'s) sizing arguments for this case, with
-        ``slots`` slots."""
+        """``register_shm_model``'s (and ``ShmModel``'s) sizing arguments for this case: a
+        fixed pool of ``slots`` slots, or none given for :data:`~._config.ELASTIC` (the pool
+        follows its load)."""
         tensors = (*self.inputs, *self.outputs)
         return {
-            "pool_size": slots,
+            **({} if slots == ELASTIC else {"pool_size": slots}),
             "max_batch_size": self.max_batch_size,
             "max_shapes": {t.name: t.max_shape for t in tensors if t.is_variable} or None,
             "max_element_bytes": {t.name: t.max_element_bytes for t in tensors if t.is_bytes}

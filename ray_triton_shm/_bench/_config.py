@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 __all__ = ["CASE_NAMES", "CHURN", "DEFAULT_PATHS", "EXAMPLE_CASES", "NODE_LOAD", "RAY_PATHS"]
-__all__ += ["GPU_CASES", "GPU_PATHS"]
+__all__ += ["ELASTIC", "GPU_CASES", "GPU_PATHS", "NODE_LOAD_FIXED", "NODE_LOAD_WARMUP_S"]
 __all__ += [
     "SERVE_HTTP_CLIENTS",
     "SERVE_HTTP_PATHS",
@@ -93,10 +93,22 @@ ARRIVALS: tuple[str, ...] = ("constant", "poisson")
 #: once of their runs (one, and more than the node's slots).
 SERVE_HTTP_PATHS: tuple[str, ...] = ("serve-http-grpc", "serve-http-shm", "serve-http-noop")
 SERVE_HTTP_CLIENTS: tuple[int, ...] = (1, 16)
-#: The node under load (``--ray``): ``(path, callers, node slots)`` of its runs.
+#: A run's slots when its pool follows its load (registered without ``pool_size``; for
+#: ``shm-model``, on a node actor with its default ``slots``). ``None`` is a path without slots.
+ELASTIC = 0
+#: The node under load (``--ray``): ``(path, callers, node slots)`` of its runs, interleaved:
+#: ``ShmModel`` as it comes (its pool following its load) beside plain gRPC.
 NODE_LOAD: tuple[tuple[str, int, int | None], ...] = (
-    ("shm-model", 16, 4), ("grpc-procs", 16, None)
+    ("shm-model", 16, ELASTIC), ("grpc-procs", 16, None)
 )  # fmt: skip
+#: The same load on fixed pools, each run in a group of its own (a node actor holds one
+#: sizing of a model): fewer slots than callers, and as many.
+NODE_LOAD_FIXED: tuple[tuple[str, int, int], ...] = (("shm-model", 16, 4), ("shm-model", 16, 16))
+#: Seconds of load each run of the node under load gets, untimed, before the rounds: the
+#: elastic pool grows in them (after ``upscale_delay_s``, 0.2 s by default), as it would in a
+#: service's first second, and every run gets as much, so that the slices measure them all
+#: settled (the elastic pool's size over time says how fast it got there).
+NODE_LOAD_WARMUP_S = 1.0
 #: The churn runs (``--ray``): ``(path, callers, node slots)``, interleaved like the rest.
 CHURN: tuple[tuple[str, int, int], ...] = (("shm-model-nokill", 8, 4), ("shm-model-churn", 8, 4))
 DEFAULT_RAY_CALLERS = 4
@@ -124,7 +136,8 @@ class BenchConfig:
         shapes: ``[MODEL:]TENSOR`` -> per-sample shape, over the cases' own.
         max_element_bytes: ``[MODEL:]TENSOR`` -> bytes of a BYTES element, over the cases' own.
         url: gRPC endpoint of a running server; ``None`` starts the embedded one.
-        node_load: Also run the node under load (:data:`NODE_LOAD`) when ``shm-model`` runs.
+        node_load: Also run the node under load (:data:`NODE_LOAD`, :data:`NODE_LOAD_FIXED`)
+            when ``shm-model`` runs.
         churn_s: Seconds of each churn run (:data:`CHURN`), over the rounds.
         model_update_s: Seconds of the model update under load (:mod:`._update`; on the
             embedded server only, which it starts a Triton of its own beside); ``0`` skips it.
@@ -287,7 +300,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     callers = "callers of the Serve and Ray Data paths (%(default)s)"
     what.add_argument("--ray-callers", type=int, metavar="N", default=4, help=callers)
-    what.add_argument("--no-node-load", action="store_true", help="skip 16 callers on 4 slots")
+    what.add_argument(
+        "--no-node-load",
+        action="store_true",
+        help="skip the node under load (16 callers: an elastic pool, 4 and 16 slots)",
+    )
     defaults = BenchConfig()
     for flag, key, kind, text in (
         ("--rounds", "rounds", int, "interleaved rounds"),

@@ -16,8 +16,9 @@ from typing import Any
 
 import numpy as np
 
+from ray_triton_shm._bench._config import ELASTIC
 from ray_triton_shm._bench._format import num
-from ray_triton_shm._bench._runner import BenchResults, ModelResult, RunResult
+from ray_triton_shm._bench._runner import BenchResults, ModelResult, RunResult, describe_run
 from ray_triton_shm._bench._summary import CHOICES, LOADS, summary
 
 __all__ = ["CURVE_GROUPS", "curves_path", "write_curves", "write_figures", "write_summary"]
@@ -148,16 +149,18 @@ def _latency_ms(run: RunResult) -> float:
 
 def write_curves(results: BenchResults, model: ModelResult, path: str | Path) -> Path | None:
     """``model``'s throughput against p99 latency, a panel per group of paths
-    (:data:`CURVE_GROUPS`), a line per path through its concurrency levels; and with
-    ``--request-rate``, the open loop's p99 against the rate offered, a line per path.
-    ``None`` when the model has no numbers."""
+    (:data:`CURVE_GROUPS`), a line per path through its concurrency levels (fewer slots than
+    callers and the elastic pool: points of their own); an elastic pool's size over time;
+    and with ``--request-rate``, the open loop's p99 against the rate offered, a line per
+    path. ``None`` when the model has no numbers."""
     groups = {
         title: [p for p in paths if any(r.ok and r.path == p for r in model.runs)]
         for title, paths in CURVE_GROUPS.items()
     }
     groups = {title: paths for title, paths in groups.items() if paths}
     rates = [r for r in model.rate_runs if r.ok]
-    panels = len(groups) + bool(rates)
+    elastic = [r for r in model.runs if r.ok and r.extra.get("pool_sizes")]
+    panels = len(groups) + bool(elastic) + bool(rates)
     if not panels:
         return None
     plt = _pyplot()
@@ -171,17 +174,22 @@ def write_curves(results: BenchResults, model: ModelResult, path: str | Path) ->
         colours = _colours(paths)
         for name, marker in zip(paths, _markers()):
             runs = sorted(
-                (r for r in model.runs if r.ok and r.path == name),
-                key=lambda r: (r.slots != r.concurrency and r.slots is not None, r.concurrency),
+                (r for r in model.runs if r.ok and r.path == name), key=lambda r: r.concurrency
             )
-            # Fewer slots than callers (the node under load) is a point of its own.
-            for crowded in (False, True):
-                mine = [r for r in runs if (r.slots not in (None, r.concurrency)) == crowded]
+            # As many slots as callers make the line; fewer slots than callers (the node
+            # under load on a fixed pool) and the elastic pool are points of their own.
+            series = [("", [r for r in runs if r.slots in (None, r.concurrency)])]
+            series += [
+                ("elastic" if r.slots == ELASTIC else "crowded", [r])
+                for r in runs
+                if r.slots not in (None, r.concurrency)
+            ]
+            for kind, mine in series:
                 if not mine:
                     continue
                 label = name
-                if crowded:
-                    label += f" ({mine[0].concurrency} callers, {mine[0].slots} slots)"
+                if kind:
+                    label = describe_run(name, mine[0].concurrency, mine[0].slots)
                 elif len(mine) > 1:
                     label += f" ({', '.join(str(r.concurrency) for r in mine)} callers)"
                 else:
@@ -189,16 +197,29 @@ def write_curves(results: BenchResults, model: ModelResult, path: str | Path) ->
                 ax.plot(
                     [_latency_ms(r) for r in mine],
                     [r.numbers()["requests_per_s"] for r in mine],
-                    marker=marker,
-                    linestyle=":" if crowded else "-",
+                    marker="*" if kind == "elastic" else marker,
+                    markersize=11 if kind == "elastic" else 6,
+                    linestyle=":" if kind else "-",
                     color=colours[name],
-                    fillstyle="none" if crowded else "full",
+                    fillstyle="none" if kind == "crowded" else "full",
                     label=label,
                 )
         ax.set(xlabel="p99 latency (ms)", ylabel="throughput (requests/s)")
         _finish(ax, f"{title}: throughput against p99")
-    if rates:
+    if elastic:
         ax = flat[len(groups)]
+        for run in elastic:
+            seconds, sizes = zip(*run.extra["pool_sizes"])
+            label = describe_run(run.path, run.concurrency, run.slots)
+            ax.step(seconds, sizes, where="post", color=_PALETTE[0], marker=".", label=label)
+        ax.set(xlabel="seconds from its first load (the slices of the runs beside it included)")
+        ax.set(ylabel="slots", ylim=(0, None))
+        ax.grid(alpha=0.3)
+        ax.tick_params(axis="both", labelsize=7)
+        ax.set_title("elastic pool: its size over time", fontsize=10)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
+    if rates:
+        ax = flat[len(groups) + bool(elastic)]
         labels = list(dict.fromkeys(r.rate_label for r in rates))
         colours = _colours(labels)
         for label, marker in zip(labels, _markers()):

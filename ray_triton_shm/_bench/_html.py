@@ -93,6 +93,8 @@ def _sustained(held: bool | None) -> str:
 
 
 def _summary(results: BenchResults, figure: Path | None) -> str:
+    from ray_triton_shm._bench._report import pool_cell
+
     table = summary(results)
     rows = []
     for model in results.models:
@@ -106,23 +108,26 @@ def _summary(results: BenchResults, figure: Path | None) -> str:
                 _e(f"{best.choice.name} ({best.choice.api})") if best else "-",
                 _e(speedup_text(best)),
                 _e(best.where) if best else "-",
-                _e(rec["pool_size"]) if rec else "-",
+                _e(pool_cell(rec)),
             )
         )
     text = (
         "Each cell: the MB/s of the choice over plain gRPC's, in the same set-up (the same "
         "callers, the same Serve app or Ray Data job, only the client differing). "
         f"{LOADS[0].capitalize()}: one caller at a time; {LOADS[1]}: the most callers each "
-        "choice ran with (for Ray tasks, more callers than slots)."
+        "choice ran with (for Ray tasks, 16 callers on ShmModel's default pool, which follows "
+        "its load)."
     )
     return _figure(figure, "speed-up over plain gRPC per model and choice", text) + _table(
         ("model", "samples/request", "fastest choice", "speed-up", "run", "pool_size"),
         rows,
-        (0, 2, 4),
+        (0, 2, 4, 5),
     )
 
 
 def _recommendations(results: BenchResults) -> str:
+    from ray_triton_shm._bench._report import elastic_lines, pool_size_text
+
     items = []
     bound = results.config.latency_bound_ms
     table = summary(results)
@@ -131,14 +136,20 @@ def _recommendations(results: BenchResults) -> str:
         if rec is None:
             items.append(f"<li><b>{_e(model.name)}</b>: no shared-memory run posted numbers</li>")
             continue
-        shm_mb = num(rec["shm_bytes"] / 1e6, " MB") if rec["shm_bytes"] else "-"
-        text = (
-            f"<b>{_e(model.name)}</b>: <code>pool_size={rec['pool_size']}</code>: "
-            f"{num(rec['requests_per_s'])} requests/s with {_e(rec['path'])}, "
-            f"{rec['requests_per_s'] / rec['best_requests_per_s']:.0%} of the best measured; "
-            f"the core client at {num(rec['shm_vs_grpc'], 'x')} gRPC's MB/s there; "
-            f"{shm_mb} of /dev/shm."
-        )
+        text = f"<b>{_e(model.name)}</b>: "
+        if rec.get("elastic"):
+            text += f"pool_size: {_e(pool_size_text(rec))}. "
+            text += "".join(f"{_e(line[:1].upper() + line[1:])}. " for line in elastic_lines(model))
+        if rec["pool_size"] is not None:
+            shm_mb = num(rec["shm_bytes"] / 1e6, " MB") if rec["shm_bytes"] else "-"
+            text += "A fixed pool at the other loads: " if rec.get("elastic") else ""
+            text += (
+                f"<code>pool_size={rec['pool_size']}</code>: "
+                f"{num(rec['requests_per_s'])} requests/s with {_e(rec['path'])}, "
+                f"{rec['requests_per_s'] / rec['best_requests_per_s']:.0%} of the best "
+                f"measured; the core client at {num(rec['shm_vs_grpc'], 'x')} gRPC's MB/s "
+                f"there; {shm_mb} of /dev/shm."
+            )
         best = best_cell(table.get(model.name, []))
         said = verdict(model.name, best)
         if said is not None:
@@ -160,8 +171,11 @@ def _recommendations(results: BenchResults) -> str:
             )
         items.append(f"<li>{text}</li>")
     return (
-        f"<p>pool_size: the fewest slots whose shared-memory throughput reaches 95% of the best "
-        f"measured. With <code>--request-rate</code>: per rate, the smallest pool that "
+        "<p>pool_size: none needed by default: a pool registered without it follows its load. "
+        "Where that elastic pool ran (the node under load), the size it settled on, beside "
+        "the fixed pools measured at that load; elsewhere, the fewest slots whose "
+        "shared-memory throughput reaches 95% of the best measured, for a fixed pool. With "
+        "<code>--request-rate</code>: per rate, the smallest pool that "
         f"sustained it{_bound_text(bound)}.</p><ul>{''.join(items)}</ul>"
     )
 
@@ -240,20 +254,26 @@ def _runs(results: BenchResults, figures: dict[str, Path]) -> str:
             parts.append(f"<p class=missed>FAILED: {_e(model.error)}</p>")
             continue
         crowded = any(r.ok and r.slots and r.concurrency > r.slots for r in model.runs)
+        elastic = any(r.ok and "pool_sizes" in r.extra for r in model.runs)
         parts.append(
             _figure(
                 figures.get(model.name),
                 f"{model.name}: throughput against p99 latency",
                 "Throughput against p99 latency, a point per concurrency level (up and to the "
                 "left is better)"
-                + ("; hollow points: more callers than slots." if crowded else "."),
+                + ("; hollow points: more callers than slots" if crowded else "")
+                + ("; stars: the elastic pool, its size over time beside" if elastic else "")
+                + ".",
             )
         )
         title, headers, rows = model_rows(model)
         parts.append(f"<p>{_e(title)}</p>" + _table(headers, _escaped(rows), (0, len(headers) - 1)))
     lines = extra_lines(results)
     if lines:
-        parts.append(f"<h3>Churn, Serve over HTTP, a model updated</h3><pre>{_e(lines)}</pre>")
+        parts.append(
+            "<h3>The node under load, churn, Serve over HTTP, a model updated</h3>"
+            f"<pre>{_e(lines)}</pre>"
+        )
     return "".join(parts)
 
 

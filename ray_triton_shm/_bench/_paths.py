@@ -20,6 +20,7 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import np_to_triton_dtype, serialize_byte_tensor, triton_to_np_dtype
 
 from ray_triton_shm._bench._cases import ModelCase
+from ray_triton_shm._bench._config import ELASTIC
 from ray_triton_shm._client import TritonSHMClient
 from ray_triton_shm._headers import Keys
 from ray_triton_shm._plain_client import tritonclient_for
@@ -181,9 +182,9 @@ class BenchTarget:
 
 class BenchPath:
     """One way of sending the ``inputs`` of ``case`` to the ``target``, by ``concurrency``
-    callers at once (on ``slots`` slots, for the shm paths; default: one per caller); its
-    outputs must be the ``reference`` (a plain gRPC request's). The Ray paths get the run's
-    Ray ``session``."""
+    callers at once (on ``slots`` slots, for the shm paths: default one per caller,
+    :data:`~._config.ELASTIC` a pool that follows its load); its outputs must be the
+    ``reference`` (a plain gRPC request's). The Ray paths get the run's Ray ``session``."""
 
     #: The path's name (``--paths``, tables, the JSON output).
     name: ClassVar[str]
@@ -210,7 +211,8 @@ class BenchPath:
     ) -> None:
         self.target, self.case, self.session = target, case, session
         self.inputs, self.reference = dict(inputs), dict(reference)
-        self.concurrency, self.slots = concurrency, slots or concurrency
+        self.concurrency = concurrency
+        self.slots = concurrency if slots is None else slots
 
     def setup(self) -> None:
         """Connects, creates and registers regions...; raises ``SkipPath`` if it cannot here."""
@@ -219,6 +221,12 @@ class BenchPath:
     def run_once(self) -> Mapping[str, np.ndarray]:
         """Sends one request; returns its outputs by name (arrays the caller may keep)."""
         raise NotImplementedError
+
+    def warm_up(self, seconds: float) -> None:
+        """Load for ``seconds`` (a slice, untimed; ``0``: none) once the runs of its group are
+        set up, before the rounds."""
+        if seconds > 0:
+            self.run_slice(seconds)
 
     def teardown(self) -> None:
         """Releases what ``setup`` acquired, even in part (here: ``_client``); never raises."""
@@ -364,7 +372,9 @@ class ShmClientPath(BenchPath):
         return self._client.infer_shm(self.case.model, self.inputs)  # type: ignore[no-any-return]
 
     def stats(self) -> dict[str, Any]:
-        """The ``/dev/shm`` its pool takes (``shm_bytes``)."""
+        """The ``/dev/shm`` its pool takes (``shm_bytes``; an elastic pool's, at the end)."""
+        if self.slots == ELASTIC:
+            return {"shm_bytes": self._client.shm_stats(self.case.model).shm_bytes}
         return {"shm_bytes": SlotLayout.for_model(self._spec).region_bytes(self.slots)}
 
 

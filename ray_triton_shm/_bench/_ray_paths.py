@@ -25,6 +25,7 @@ import numpy as np
 
 from ray_triton_shm import TritonSHMClient
 from ray_triton_shm._bench._cases import ModelCase
+from ray_triton_shm._bench._config import ELASTIC
 from ray_triton_shm._bench._paths import (
     OpenLoop,
     SkipPath,
@@ -50,6 +51,7 @@ __all__ = [
     "DATA_JOB_BATCHES",
     "DATA_JOB_ROUNDS",
     "PATHS",
+    "POOL_SAMPLE_S",
 ]
 
 #: The case the Ray Data job runs on, and its size in batches.
@@ -60,6 +62,8 @@ DATA_JOB_ROUNDS = 2
 #: The case the churn runs run on, and how often (in run time) the churn kills a caller.
 CHURN_CASE = "classifier"
 CHURN_KILL_EVERY_S = 2.0
+#: How often an elastic run reads its pool's size from the node actor.
+POOL_SAMPLE_S = 0.2
 #: The column in which the predictor reports its call's latency (on a batch's first row).
 _LATENCY = "__bench_latency_s"
 
@@ -68,12 +72,14 @@ _Call = Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]]
 
 def _client(kind: str, arg: Any, case: ModelCase) -> tuple[_Call, Callable[[], None]]:
     """A call sending one request's inputs through ``kind``, and the close of what it holds:
-    ``"serve"`` (``arg``: a ``DeploymentHandle``), ``"shm-model"`` (``arg``: node slots) or
+    ``"serve"`` (``arg``: a ``DeploymentHandle``), ``"shm-model"`` (``arg``: node slots, or
+    :data:`~._config.ELASTIC`: no ``pool_size``, on a node actor with its defaults) or
     ``"grpc"`` (``arg``: the URL)."""
     if kind == "serve":
         return (lambda inputs: arg.remote(inputs).result()), (lambda: None)
     if kind == "shm-model":
-        model = ShmModel(case.model, actor_options={"slots": arg}, **case.registration(arg))
+        node = None if arg == ELASTIC else {"slots": arg}  # ELASTIC: the actor's defaults
+        model = ShmModel(case.model, actor_options=node, **case.registration(arg))
         return model.infer, model.close
     client = tritonclient_for(arg)
     return (lambda inputs: infer(client, case, inputs)), client.close
@@ -309,19 +315,105 @@ class _CallerPath(RayPath):
         self._callers = []
 
 
+class _PoolSizes:
+    """A thread reading the size of ``model``'s pool from the node ``actor`` every
+    :data:`POOL_SAMPLE_S` until stopped: ``samples`` are ``[seconds since the start, slots]``,
+    ``limits`` what stopped it growing while callers waited, as seen (``limited_by``), and
+    ``cpu_s`` the CPU time the thread took (the driver's, not the callers')."""
+
+    def __init__(self, actor: Any, model: str) -> None:
+        self._actor, self._model = actor, model
+        self.samples: list[list[float]] = []
+        self.limits: list[str] = []
+        self.cpu_s = 0.0
+        self._stop = threading.Event()
+        self._start = time.perf_counter()
+        self._thread = threading.Thread(target=self._run, name="bench-pool-sizes", daemon=True)
+        self._thread.start()
+
+    def sample(self) -> dict[str, Any]:
+        """Reads the pool's stats once, and keeps its size (``{}``: not registered)."""
+        stats = ray.get(self._actor.stats.remote(), timeout=60).models.get(self._model, {})
+        if stats:
+            self.samples.append([round(time.perf_counter() - self._start, 3), stats["slots"]])
+            limit = stats["limited_by"]
+            self.limits += [limit] if limit and limit not in self.limits else []
+        return stats  # type: ignore[no-any-return]
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            cpu = time.thread_time()
+            with contextlib.suppress(Exception):  # the run ends, or the actor with it
+                self.sample()
+            self.cpu_s += time.thread_time() - cpu
+            self._stop.wait(POOL_SAMPLE_S)
+
+    def stop(self) -> None:
+        """Ends the thread (idempotent)."""
+        self._stop.set()
+        self._thread.join(timeout=70)
+
+
 class ShmModelPath(_CallerPath):
-    """``ShmModel`` in every caller process, the model given ``slots`` node slots."""
+    """``ShmModel`` in every caller process, the model given ``slots`` node slots; on
+    :data:`~._config.ELASTIC`, its pool follows its load, and its size is read from its
+    warm-up on (:class:`_PoolSizes`; the node actor's CPU includes its answers)."""
 
     name, label, kind, uses_node_actor = "shm-model", "ShmModel in each caller", "shm-model", True
+    _sizes: _PoolSizes | None = None
+    _warmup: tuple[int, float] = (0, 0.0)
 
     def _arg(self) -> Any:
         return self.slots
 
+    def warm_up(self, seconds: float) -> None:
+        if self.slots == ELASTIC and self._sizes is None:
+            self._sizes = _PoolSizes(self.session.node_actor(), self.case.model)
+        if seconds > 0:
+            latencies, wall_s = self.run_slice(seconds)
+            self._warmup = sum(map(len, latencies)), wall_s
+
+    def cpu_time(self) -> float:
+        return super().cpu_time() - (self._sizes.cpu_s if self._sizes else 0.0)
+
     def stats(self) -> dict[str, Any]:
-        """The p99 wait for a slot among requests that waited, and the ``/dev/shm`` taken."""
-        model = self._node_stats().models.get(self.case.model, {})
+        """The p99 wait for a slot among requests that waited, and the ``/dev/shm`` taken;
+        for an elastic pool, its size over time (``pool_sizes``: ``[seconds since its
+        warm-up began, slots]``, read on through the slices of the runs beside it), where it
+        started (``min_slots``), the most it reached and when (``pool_size_max``,
+        ``pool_size_max_s``), its size at the end (``pool_size_settled``), how often it grew
+        and shrank, what stopped it growing while callers waited, if anything
+        (``limited_by``, ``""``: nothing), and the requests per second of its warm-up's
+        untimed load (``warmup_requests_per_s``, over ``warmup_s``; ``None``: none)."""
+        sizes = self._sizes
+        if sizes is not None:
+            sizes.stop()
+            model = sizes.sample()
+        else:
+            model = self._node_stats().models.get(self.case.model, {})
         wait_ms = model["wait_p99_us"] / 1000 if model.get("waits") else None
-        return {"wait_p99_ms": wait_ms, "shm_bytes": model.get("shm_bytes")}
+        numbers = {"wait_p99_ms": wait_ms, "shm_bytes": model.get("shm_bytes")}
+        if sizes is None or not sizes.samples:
+            return numbers
+        most = max(size for _, size in sizes.samples)
+        return numbers | {
+            "pool_sizes": sizes.samples,
+            "min_slots": model["min_slots"],
+            "max_slots": model["max_slots"],
+            "pool_size_max": most,
+            "pool_size_max_s": next(t for t, size in sizes.samples if size == most),
+            "pool_size_settled": model["slots"],
+            "pool_grows": model["grows"],
+            "pool_shrinks": model["shrinks"],
+            "limited_by": ",".join(sizes.limits),
+            "warmup_s": self._warmup[1],
+            "warmup_requests_per_s": self._warmup[0] / self._warmup[1] if self._warmup[1] else None,
+        }
+
+    def teardown(self) -> None:
+        if self._sizes is not None:
+            self._sizes.stop()
+        super().teardown()
 
 
 class GrpcProcsPath(_CallerPath):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +16,22 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ray_triton_shm._bench._config import CHURN, SERVE_HTTP_CLIENTS, SERVE_HTTP_PATHS
+from ray_triton_shm._bench._config import (
+    CHURN,
+    ELASTIC,
+    NODE_LOAD,
+    NODE_LOAD_FIXED,
+    NODE_LOAD_WARMUP_S,
+    SERVE_HTTP_CLIENTS,
+    SERVE_HTTP_PATHS,
+)
 from ray_triton_shm._bench._format import num, per_s
-from ray_triton_shm._bench._ray_paths import CHURN_KILL_EVERY_S, DATA_JOB_BATCHES, DATA_JOB_ROUNDS
+from ray_triton_shm._bench._ray_paths import (
+    CHURN_KILL_EVERY_S,
+    DATA_JOB_BATCHES,
+    DATA_JOB_ROUNDS,
+    POOL_SAMPLE_S,
+)
 from ray_triton_shm._bench._runner import (
     RECOMMEND_SHARE,
     BenchResults,
@@ -26,19 +40,20 @@ from ray_triton_shm._bench._runner import (
     RunResult,
     _ratio,
     describe_run,
+    describe_slots,
     mb_ratio,
 )
 from ray_triton_shm._bench._serve_http import REPLICAS
 from ray_triton_shm._bench._update import UpdateResult
 
 __all__ = ["extra_lines", "make_console", "make_progress", "model_rows", "print_results"]
-__all__ += ["write_json"]
+__all__ += ["elastic_lines", "pool_cell", "pool_growth", "pool_size_text", "write_json"]
 
 #: The line width when the output is not a terminal (a log keeps long notes on one line).
 _PLAIN_WIDTH = 1000
 _GOAL_STATUS = {True: ("MET", "green"), False: ("MISS", "bold red"), None: ("n/a", "dim")}
 _TEXT_COLUMNS: tuple[str, ...] = ("", "model", "path", "run", "goal", "measured", "check")
-_TEXT_COLUMNS += ("rate", "sustained", "fastest choice")
+_TEXT_COLUMNS += ("rate", "sustained", "fastest choice", "pool_size")
 _STAGES = ("request", "body", "parse", "batched", "model", "top_k", "json")
 
 
@@ -195,17 +210,133 @@ def _goals_table(results: BenchResults) -> Table | None:
     return table if table.row_count else None
 
 
+def pool_growth(numbers: Mapping[str, Any]) -> str | None:
+    """An elastic run's pool over time in words, e.g. ``"2 -> 16 slots within 0.4 s of load,
+    16 at the end"`` or ``"2 -> 15 slots within 0.45 s of load, 16 within 1.15 s, 16 at the
+    end"`` (from the start of its untimed first load; a size it had when that began came in
+    its warm-up requests); ``None`` for another run."""
+    samples = numbers.get("pool_sizes")
+    if not samples:
+        return None
+    start = last = numbers["min_slots"]
+    changes = []
+    for index, (seconds, size) in enumerate(samples):
+        if size != last:
+            changes.append((index, seconds, size))
+            last = size
+    if not changes:
+        return f"{start} slots throughout" + _held_back(numbers)
+    steps = []
+    for index, seconds, size in changes[:_STEPS]:
+        if index == 0:
+            steps.append(f"{size} in the warm-up requests")
+        else:
+            first = all(" within " not in step for step in steps)
+            steps.append(f"{size} within {num(seconds)} s" + (" of load" if first else ""))
+    text = f"{start} -> " + ", ".join(steps).replace(" ", " slots ", 1)
+    text += f", ... ({len(changes)} changes)" if len(changes) > _STEPS else ""
+    return text + f", {numbers['pool_size_settled']} at the end" + _held_back(numbers)
+
+
+#: The most changes of an elastic pool's size :func:`pool_growth` spells out.
+_STEPS = 4
+
+
+def _held_back(numbers: Mapping[str, Any]) -> str:
+    limits = numbers.get("limited_by")
+    return f" (held back by {limits.replace(',', ', ')})" if limits else ""
+
+
+def pool_size_text(rec: Mapping[str, Any]) -> str:
+    """The pool_size advice in a line: ``"none needed (elastic: settled at 16 slots for 16
+    callers; best fixed measured: 16 slots)"`` where an elastic run ran, else the fewest
+    slots near the best (``"4"``)."""
+    elastic = rec.get("elastic")
+    if not elastic:
+        return "-" if rec["pool_size"] is None else str(rec["pool_size"])
+    loads = "; ".join(
+        f"elastic: settled at {a['settled_slots']} slots for {a['callers']} callers; best "
+        + (f"fixed measured: {a['best_fixed']} slots" if a["best_fixed"] else "fixed: none run")
+        for a in elastic
+    )
+    return f"none needed ({loads})"
+
+
+def pool_cell(rec: Mapping[str, Any] | None) -> str:
+    """The summary's pool_size column: ``"none (elastic: 16 for 16 callers)"``, or ``"4"``."""
+    if rec is None:
+        return "-"
+    elastic = rec.get("elastic")
+    if not elastic:
+        return pool_size_text(rec)
+    loads = ", ".join(f"{a['settled_slots']} for {a['callers']} callers" for a in elastic)
+    return f"none (elastic: {loads})"
+
+
+def elastic_lines(model: ModelResult) -> list[str]:
+    """Per load with an elastic run: its pool over time, and its throughput against the
+    fixed pools measured at that load, e.g. ``"16 callers: the elastic pool went 2 -> 16
+    slots within 0.40 s, 16 at the end: 1,234 req/s, 0.98x the best fixed pool (16 slots,
+    1,260 req/s), 1.37x 4 slots (900 req/s)"``."""
+    rec = model.recommendation() or {}
+    lines = []
+    for advice in rec.get("elastic", ()):
+        run = model.run("shm-model", advice["callers"], ELASTIC)
+        growth = pool_growth(run.numbers()) if run else None
+        text = f"{advice['callers']} callers: the elastic pool went {growth or '-'}: "
+        text += f"{num(advice['requests_per_s'])} req/s"
+        best = advice["best_fixed"]
+        for fixed in sorted(advice["fixed"], key=lambda f: f["slots"] != best):
+            ratio = num(_ratio(advice["requests_per_s"], fixed["requests_per_s"]), "x")
+            rate = num(fixed["requests_per_s"])
+            if fixed["slots"] == best:
+                text += f", {ratio} the best fixed pool ({best} slots, {rate} req/s)"
+            else:
+                text += f", {ratio} {fixed['slots']} slots ({rate} req/s)"
+        lines.append(text)
+    return lines
+
+
 def _recommendation(model: ModelResult) -> str:
     rec = model.recommendation()
     if rec is None:
         return f"  {model.name}: no shm run posted numbers"
-    share = rec["requests_per_s"] / rec["best_requests_per_s"]
-    shm_mb = num(rec["shm_bytes"] / 1e6) if rec["shm_bytes"] else "-"
-    return (
-        f"  {model.name}: pool_size {rec['pool_size']} - {num(rec['requests_per_s'])} req/s "
-        f"with {rec['path']} ({share:.0%} of the best); shm-client at "
-        f"{num(rec['shm_vs_grpc'], 'x')} gRPC's MB/s there; {shm_mb} MB of /dev/shm"
-    )
+    lines = []
+    if rec.get("elastic"):
+        lines.append(f"  {model.name}: pool_size: {pool_size_text(rec)}")
+        lines += [f"    {line}" for line in elastic_lines(model)]
+    if rec["pool_size"] is not None:
+        share = rec["requests_per_s"] / rec["best_requests_per_s"]
+        shm_mb = num(rec["shm_bytes"] / 1e6) if rec["shm_bytes"] else "-"
+        where = "    a fixed pool at the other loads:" if lines else f"  {model.name}:"
+        lines.append(
+            f"{where} pool_size {rec['pool_size']} - {num(rec['requests_per_s'])} req/s "
+            f"with {rec['path']} ({share:.0%} of the best); shm-client at "
+            f"{num(rec['shm_vs_grpc'], 'x')} gRPC's MB/s there; {shm_mb} MB of /dev/shm"
+        )
+    return "\n".join(lines)
+
+
+def _node_load(model: ModelResult) -> str | None:
+    """The node under load on ``model`` in a line, if its elastic run posted numbers."""
+    elastic = model.run(*NODE_LOAD[0])
+    if elastic is None or not elastic.ok:
+        return None
+    parts = []
+    for key in (*NODE_LOAD, *NODE_LOAD_FIXED):
+        run = model.run(*key)
+        numbers = run.numbers() if run else {}
+        if not numbers:
+            continue
+        path, _, slots = key
+        name = "gRPC" if path != "shm-model" else describe_slots(slots)
+        p50, p99 = (num(numbers["latency_ms"][p]) for p in ("p50", "p99"))
+        parts.append(f"{name} {num(numbers['requests_per_s'])} req/s (p50 {p50} / p99 {p99} ms)")
+    numbers = elastic.numbers()
+    growth = pool_growth(numbers) or "-"
+    if numbers.get("warmup_requests_per_s"):
+        growth += f"; {num(numbers['warmup_requests_per_s'])} req/s in its untimed warm-up"
+    return f"  {model.name}: " + "; ".join(parts) + f"; the elastic pool: {growth}"
 
 
 def _churn(model: ModelResult) -> str | None:
@@ -322,17 +453,20 @@ def _print_summary(results: BenchResults, console: Console) -> None:
             f"{best.choice.name} ({best.choice.api})" if best else "-",
             speedup_text(best),
             best.where if best else (f"FAILED: {model.error}" if model.error else "-"),
-            str(rec["pool_size"]) if rec else "-",
+            pool_cell(rec),
         )
     console.print(
         "speed-up = MB/s over plain gRPC's in the same set-up, with the most callers each choice "
         "ran with (in brackets: its lowest and highest in a round); pool_size = the fewest "
-        "slots within "
-        f"{RECOMMEND_SHARE:.0%} of the best shm throughput.",
+        f"slots within {RECOMMEND_SHARE:.0%} of the best shm throughput, or none where an "
+        "elastic pool ran (no pool_size: it follows its load), with the size it settled on.",
         markup=False,
     )
     _show(console, rows)
     _print_skipped(results, console)
+    for model in results.models:
+        for line in elastic_lines(model):
+            console.print(f"{model.name}, {line}", markup=False)
     for model in results.models:
         said = verdict(model.name, best_cell(table.get(model.name, [])))
         if said is not None:
@@ -345,7 +479,8 @@ def _print_summary(results: BenchResults, console: Console) -> None:
         ]
         if advice:
             rec = model.recommendation()
-            most = f"; for the most throughput, pool_size {rec['pool_size']}" if rec else ""
+            fit = rec["pool_size"] if rec else None
+            most = f"; for the most throughput, pool_size {fit}" if fit else ""
             console.print(
                 f"{model.name}, open loop{_bound(bound)}: "
                 + "; ".join(advice)
@@ -368,8 +503,21 @@ def _bound(bound: float | None) -> str:
 
 
 def extra_lines(results: BenchResults) -> str:
-    """The churn, Serve over HTTP and the model update, in lines (``""``: none ran)."""
+    """The node under load, the churn, Serve over HTTP and the model update, in lines
+    (``""``: none ran)."""
     cfg, parts = results.config, []
+    node = [line for line in map(_node_load, results.models) if line]
+    if node:
+        callers = NODE_LOAD[0][1]
+        fixed = " and ".join(str(slots) for _, _, slots in NODE_LOAD_FIXED)
+        parts.append(
+            f"The node under load ({callers} caller processes, each looping on one request: "
+            f"ShmModel as it comes, its pool following its load, interleaved with plain "
+            f"gRPC; then fixed pools of {fixed} node slots, each on a node actor of its own; "
+            f"each run gets {num(NODE_LOAD_WARMUP_S)} s of load, untimed, before the rounds; "
+            f"the elastic pool's size read every {POOL_SAMPLE_S:g} s from its own on):\n"
+            + "\n".join(node)
+        )
     churn = [line for line in map(_churn, results.models) if line]
     if churn:
         _, callers, slots = CHURN[0]
@@ -405,7 +553,8 @@ def _print_full(results: BenchResults, console: Console) -> None:
         if model.server_exited:
             console.print(Text(f"{model.name}: {model.server_exited}\n", style="bold red"))
     console.print(
-        f"run = path (callers at once; slots where they differ); shm-model = ShmModel, "
+        f"run = path (callers at once; slots where they differ, and always for shm-model; "
+        f"elastic pool = no pool_size, the pool follows its load); shm-model = ShmModel, "
         f"grpc-procs = plain gRPC (no limit), in each caller process. MB = 1e6 bytes of input; "
         f"CPU = client CPU time (all its processes and threads); vs gRPC = MB/s over plain "
         f"gRPC's in the same topology; fairness = the fewest requests a caller completed over "
@@ -432,7 +581,9 @@ def _print_full(results: BenchResults, console: Console) -> None:
         console.print("Goals:")
         _show(console, goals)
     console.print(
-        f"Recommendation (the smallest pool_size, i.e. slots, whose shm throughput reaches "
+        f"Recommendation (pool_size: none needed where the elastic pool ran, i.e. no "
+        f"pool_size: the size it settled on beside the fixed pools measured at that load; "
+        f"elsewhere the smallest pool_size, i.e. slots, whose shm throughput reaches "
         f"{RECOMMEND_SHARE:.0%} of the best measured):\n"
         + "\n".join(_recommendation(model) for model in results.models)
         + "\n",

@@ -25,8 +25,11 @@ from ray_triton_shm._bench._cases import ModelCase
 from ray_triton_shm._bench._config import (
     CHURN,
     DEFAULT_PATHS,
+    ELASTIC,
     GPU_PATHS,
     NODE_LOAD,
+    NODE_LOAD_FIXED,
+    NODE_LOAD_WARMUP_S,
     RAY_PATHS,
     SERVE_HTTP_CLIENTS,
     SERVE_HTTP_PATHS,
@@ -64,8 +67,11 @@ _RAY_CHOICES = ("serve-grpc", "serve-shm", "serve-inproc", "data-grpc", "data-sh
 _CHURN_PATHS = tuple(path for path, _, _ in CHURN)
 #: Triton's CUDA memory pool on GPU 0 for ``--memory cuda`` (inputs and outputs of 64 MiB).
 _CUDA_POOL_BYTES = 1 << 30
-#: A run: ``(path, concurrency, slots)``; slots ``None`` for the paths without any.
+#: A run: ``(path, concurrency, slots)``; slots ``None`` for the paths without any,
+#: :data:`~._config.ELASTIC` for a pool that follows its load.
 RunKey = tuple[str, int, "int | None"]
+#: The runs of the node under load (each gets :data:`~._config.NODE_LOAD_WARMUP_S` of load).
+_NODE_LOAD_KEYS = {*NODE_LOAD, *NODE_LOAD_FIXED}
 #: The shm throughput a recommended pool reaches, over the best one measured.
 RECOMMEND_SHARE = 0.95
 
@@ -80,23 +86,33 @@ class Progress:
     def stop(self) -> None: ...
 
 
+def describe_slots(slots: int | None) -> str:
+    """``"4 slots"``, or ``"elastic pool"`` for :data:`~._config.ELASTIC`."""
+    return "elastic pool" if slots == ELASTIC else f"{slots} slot{'s' * (slots != 1)}"
+
+
 def describe_run(path: str, concurrency: int | None = None, slots: int | None = None) -> str:
-    """E.g. ``"shm-model (16 callers, 4 slots)"``; ``path`` alone without a concurrency."""
+    """E.g. ``"shm-model (16 callers, 4 slots)"``, ``"shm-model (16 callers, elastic pool)"``,
+    ``"shm-client (4 callers)"`` (its slots said where they differ from the callers, and
+    always for ``shm-model``, whose default pool is elastic); ``path`` alone without a
+    concurrency."""
     if concurrency is None:
         return path
     callers = f"{concurrency} caller{'s' * (concurrency > 1)}"
-    return f"{path} ({callers}{f', {slots} slots' if slots and slots != concurrency else ''})"
+    shown = slots is not None and (slots != concurrency or path == "shm-model")
+    return f"{path} ({callers}{f', {describe_slots(slots)}' if shown else ''})"
 
 
 def describe_rate_path(
     path: str, concurrency: int, slots: int | None, *, detailed: bool = False
 ) -> str:
     """An open-loop run's path and slots: ``"grpc"`` (``detailed``: ``"grpc (16 threads)"``),
-    ``"shm-client (pool 4)"``, ``"shm-model (4 slots)"``."""
+    ``"shm-client (pool 4)"``, ``"shm-model (4 slots)"`` (``"elastic pool"`` for either on
+    :data:`~._config.ELASTIC`)."""
     if path == "shm-client":
-        return f"shm-client (pool {slots})"
+        return f"shm-client ({'elastic pool' if slots == ELASTIC else f'pool {slots}'})"
     if path == "shm-model":
-        return f"shm-model ({slots} slot{'s' * (slots != 1)})"
+        return f"shm-model ({describe_slots(slots)})"
     return f"{path} ({concurrency} threads)" if detailed else path
 
 
@@ -305,31 +321,78 @@ class ModelResult:
         """Why the runs that did not run did not: by ``"path@concurrency"``."""
         return {f"{r.path}@{r.concurrency}": r.skipped for r in self.runs if r.skipped}
 
+    def elastic(self) -> list[dict[str, Any]]:
+        """Per load (callers) with an elastic ``shm-model`` run: the size its pool settled on
+        and the most it reached, what held it back (``limited_by``), its requests per second,
+        and the fixed pools measured at that load (``fixed``: slots and requests per second,
+        by slots), the best of them (``best_fixed``) and the elastic run's ratio to it."""
+        advice = []
+        for r in self.runs:
+            if r.path != "shm-model" or r.slots != ELASTIC or not r.ok:
+                continue
+            rate = r.numbers()["requests_per_s"]
+            fixed = sorted(
+                (f.slots, f.numbers()["requests_per_s"])
+                for f in self.runs
+                if f.path == r.path and f.concurrency == r.concurrency and f.ok
+                if f.slots not in (None, ELASTIC)
+            )
+            best = max(fixed, key=lambda pair: pair[1], default=(None, None))
+            advice.append(
+                {
+                    "callers": r.concurrency,
+                    "settled_slots": r.extra.get("pool_size_settled"),
+                    "max_slots_reached": r.extra.get("pool_size_max"),
+                    "limited_by": r.extra.get("limited_by", ""),
+                    "requests_per_s": rate,
+                    "fixed": [{"slots": s, "requests_per_s": v} for s, v in fixed],
+                    "best_fixed": best[0],
+                    "best_fixed_requests_per_s": best[1],
+                    "vs_best_fixed": _ratio(rate, best[1]),
+                }
+            )
+        return advice
+
     def recommendation(self) -> dict[str, Any] | None:
-        """The smallest ``pool_size`` whose shm throughput (``shm-client`` or ``shm-model``,
-        as many callers as slots) reaches :data:`RECOMMEND_SHARE` of the best measured;
-        shm-client's MB/s over gRPC's there, and the ``/dev/shm`` such a pool takes."""
+        """The pool_size advice. At the loads with an elastic run, none is needed: ``elastic``
+        (:meth:`elastic`) says what the pool settled on beside the best fixed pool measured.
+        At the other loads (the sweep's levels), ``pool_size``: the smallest whose shm
+        throughput (``shm-client`` or ``shm-model``, as many callers as slots) reaches
+        :data:`RECOMMEND_SHARE` of the best measured there; shm-client's MB/s over gRPC's
+        there, and the ``/dev/shm`` such a pool takes (``None`` for all of these without such
+        runs). ``None`` without any shm run."""
+        elastic = self.elastic()
+        loads = {advice["callers"] for advice in elastic}
         shm = [
             (r.numbers()["requests_per_s"], r)
             for r in self.runs
             if r.path in ("shm-client", "shm-model") and r.ok and r.slots == r.concurrency
+            if r.concurrency not in loads
         ]
-        if not shm:
+        if not shm and not elastic:
             return None
-        best = max(rate for rate, _ in shm)
-        rate, fit = min(
-            ((rate, r) for rate, r in shm if rate >= RECOMMEND_SHARE * best),
-            key=lambda pair: (pair[1].concurrency, -pair[0]),
+        rec: dict[str, Any] = dict.fromkeys(
+            ("pool_size", "shm_vs_grpc", "shm_bytes", "path", "requests_per_s")
         )
-        pool = fit.concurrency
-        return {
-            "pool_size": pool,
-            "shm_vs_grpc": mb_ratio(self.run("shm-client", pool), self.run("grpc", pool)),
-            "shm_bytes": fit.extra.get("shm_bytes"),
-            "path": fit.path,
-            "requests_per_s": rate,
-            "best_requests_per_s": best,
-        }
+        rec["best_requests_per_s"] = None
+        if shm:
+            best = max(rate for rate, _ in shm)
+            rate, fit = min(
+                ((rate, r) for rate, r in shm if rate >= RECOMMEND_SHARE * best),
+                key=lambda pair: (pair[1].concurrency, -pair[0]),
+            )
+            pool = fit.concurrency
+            rec |= {
+                "pool_size": pool,
+                "shm_vs_grpc": mb_ratio(self.run("shm-client", pool), self.run("grpc", pool)),
+                "shm_bytes": fit.extra.get("shm_bytes"),
+                "path": fit.path,
+                "requests_per_s": rate,
+                "best_requests_per_s": best,
+            }
+        if elastic:
+            rec["elastic"] = elastic
+        return rec
 
 
 _METRICS = {
@@ -382,6 +445,7 @@ class Goal:
 
 
 _LOAD, _LOAD_CASES = NODE_LOAD[0], ("identity", "classifier-1", "classifier")
+_FIXED_4, _FIXED_16 = NODE_LOAD_FIXED
 _HTTP_LOAD = max(SERVE_HTTP_CLIENTS)
 # fmt: off
 #: The project's performance goals: ``Goal``'s arguments (model, run, target, baseline, metric).
@@ -416,8 +480,10 @@ _GOALS: tuple[tuple[Any, ...], ...] = (
     # The node actor before it left the request path: about 1.17 ms of CPU per request.
     ("classifier", ("serve-shm",), 0.05 * 1170, (), "node_actor_cpu_us"),
     ("classifier", ("data-shm",), 0.05 * 1170, (), "node_actor_cpu_us"),
-    # bench --ray, the node under load.
-    *((case, _LOAD, 0.9, ("shm-model", 4, 4)) for case in _LOAD_CASES),
+    # bench --ray, the node under load: ShmModel as it comes (its pool following its load)
+    # against fixed pools of 4 and of 16 node slots, and against plain gRPC.
+    *((case, _LOAD, 1.25, _FIXED_4) for case in _LOAD_CASES),
+    *((case, _LOAD, 0.95, _FIXED_16) for case in _LOAD_CASES),
     ("identity", _LOAD, 0.85, NODE_LOAD[1]),
     ("classifier-1", _LOAD, 2.5, NODE_LOAD[1]),
     ("classifier", _LOAD, 4.5, NODE_LOAD[1]),
@@ -568,6 +634,8 @@ def run_groups(config: BenchConfig) -> list[list[RunKey]]:
     if config.node_load and "shm-model" in config.paths:
         swept = {key for group in groups for key in group}
         groups.append([key for key in NODE_LOAD if key[0] in config.paths and key not in swept])
+        # A group each: a node actor holds one sizing of a model.
+        groups += [[key] for key in NODE_LOAD_FIXED if key not in swept]
     groups.append([key for key in CHURN if key[0] in config.paths])
     return [group for group in groups if group]
 
@@ -639,6 +707,12 @@ def _run_group(
             except Exception as exc:
                 r.error = _describe(exc)
             progress.advance(1 if r.verified else 1 + config.rounds)
+        for r, path in active:
+            try:
+                key = (r.path, r.concurrency, r.slots)
+                path.warm_up(NODE_LOAD_WARMUP_S if key in _NODE_LOAD_KEYS else 0.0)
+            except Exception as exc:
+                r.error = _describe(exc)
         for index in range(config.rounds):
             # Rotate the order so no run always comes right after the same neighbour.
             shift = index % len(active) if active else 0
