@@ -24,6 +24,8 @@ from typing import Any, TypeVar
 import numpy as np
 import pytest
 
+from ray_triton_shm import ClientClosedError
+
 #: The headers of the access keys of the ``restricted`` Triton fixture.
 ADMIN = "triton-grpc-protocol-admin-key"
 INFER = "triton-grpc-protocol-infer-key"
@@ -318,6 +320,8 @@ class Load:
                 outcome.error = exc
             outcome.ended = time.time()
             self.outcomes.append(outcome)
+            if isinstance(outcome.error, ClientClosedError):
+                return  # nothing more can come (a test that failed left its load running)
 
     def stop(self) -> list[Outcome]:
         self._stop.set()

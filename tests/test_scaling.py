@@ -43,8 +43,21 @@ def client(grpc_url: str) -> Iterator[TritonSHMClient]:
     assert registered_on(grpc_url) == before
 
 
+_running: list[Load] = []
+
+
+@pytest.fixture(autouse=True)
+def _loads_stop() -> Iterator[None]:
+    """Stops the loads a test left running (it failed before it stopped them)."""
+    yield
+    while _running:
+        _running.pop()._stop.set()
+
+
 def _load(client: TritonSHMClient, model: str, callers: int) -> Load:
-    return Load(callers, lambda x: client.infer_shm(model, {"INPUT0": x})["OUTPUT0"])
+    load = Load(callers, lambda x: client.infer_shm(model, {"INPUT0": x})["OUTPUT0"])
+    _running.append(load)
+    return load
 
 
 def _checked(load: Load) -> int:
@@ -73,8 +86,8 @@ def test_a_pool_grows_while_callers_wait_and_gives_its_memory_back_when_idle(
     assert _allocated(client, "slow_identity") == layout.region_bytes(6)
     assert _checked(load) >= 6
     # Idle: back to the minimum after downscale_delay_s, its pages given back to /dev/shm.
-    wait_for(lambda: client.shm_stats("slow_identity").size == 2, timeout_s=10)
-    wait_for(lambda: _allocated(client, "slow_identity") == layout.region_bytes(2), timeout_s=5)
+    wait_for(lambda: client.shm_stats("slow_identity").size == 2)
+    wait_for(lambda: _allocated(client, "slow_identity") == layout.region_bytes(2))
     assert client.shm_stats("slow_identity").shm_bytes == layout.region_bytes(2)
     assert client._pool("slow_identity").header.resizes[0] >= 1
     # It grows again, on the slots it gave back, and every answer is still right.
@@ -101,7 +114,7 @@ def test_max_slots_bounds_the_pool_and_says_so(client: TritonSHMClient) -> None:
     wait_for(lambda: client.shm_stats("slow_identity").limited_by == "max_slots")
     assert client.shm_stats("slow_identity").size == 3
     _checked(load)
-    wait_for(lambda: client.shm_stats("slow_identity").limited_by == "", timeout_s=5)
+    wait_for(lambda: client.shm_stats("slow_identity").limited_by == "")
 
 
 def test_the_shm_budget_stops_growth_and_says_so(grpc_url: str) -> None:
@@ -230,11 +243,11 @@ def test_a_node_pool_follows_the_load_of_every_process(ray_local: str, caller_cl
     pool = _node_pool("slow_identity")
     assert (pool["min_slots"], pool["max_slots"], pool["grows"]) == (2, 8, pool["grows"] or 1)
     ray.get([c.run.remote(1) for c in callers])  # 3 callers: after the delay, 3 slots
-    wait_for(lambda: _node_pool("slow_identity").get("slots") == 3, timeout_s=15)
+    wait_for(lambda: _node_pool("slow_identity").get("slots") == 3)
     totals = ray.get([c.totals.remote() for c in callers])
     assert all(errors == [] for _, _, errors in totals), totals
     assert sum(wrong for _, wrong, _ in totals) == 0 and sum(a for a, _, _ in totals) > 6
-    wait_for(lambda: _node_pool("slow_identity").get("slots") == 2, timeout_s=15)
+    wait_for(lambda: _node_pool("slow_identity").get("slots") == 2)
     pool = _node_pool("slow_identity")
     assert pool["shrinks"] >= 2 and pool["shm_bytes"] < pool["shm_max_bytes"]
     _shutdown_node_actor(ray_local, before)

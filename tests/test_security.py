@@ -306,8 +306,10 @@ def test_a_region_triton_cannot_open_is_an_error_that_says_why(
         """A region Triton cannot find: as if it saw another /dev/shm."""
 
         @classmethod
-        def create(cls, name: str, size: int, *, slots: int = 0) -> SharedMemoryRegion:
-            region = SharedMemoryRegion.create(name, size, slots=slots)
+        def create(
+            cls, name: str, size: int, *, slots: int = 0, backed: int | None = None
+        ) -> SharedMemoryRegion:
+            region = SharedMemoryRegion.create(name, size, slots=slots, backed=backed)
             unlink_region(name)
             return region
 
