@@ -163,7 +163,8 @@ class RegionHeader:
         """What stopped the pool growing while callers wait (``""``: nothing): its
         ``"max_slots"``, the node's ``"shm_budget"``, or ``"shm_full"`` (``/dev/shm`` had no
         room)."""
-        return LIMITS[self._word[_LIMITED]]
+        limit = self._word[_LIMITED]
+        return LIMITS[limit] if 0 <= limit < len(LIMITS) else ""
 
     def set_limited_by(self, limit: str) -> None:
         """Records what stops the pool growing (``""``: nothing)."""

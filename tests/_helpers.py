@@ -297,10 +297,14 @@ class Outcome:
 
 
 class Load:
-    """``callers`` threads calling ``call(x)`` in a loop, each answer checked against ``x``."""
+    """``callers`` threads calling ``call(x)`` in a loop, each answer checked against ``x``
+    (of 1 to ``max_rows`` rows)."""
 
-    def __init__(self, callers: int, call: Callable[[np.ndarray], np.ndarray]) -> None:
+    def __init__(
+        self, callers: int, call: Callable[[np.ndarray], np.ndarray], *, max_rows: int = 11
+    ) -> None:
         self.outcomes: list[Outcome] = []
+        self._max_rows = max_rows
         self._stop = threading.Event()
         self._call = call
         self._threads = [
@@ -312,7 +316,7 @@ class Load:
     def _run(self, caller: int) -> None:
         rng = np.random.default_rng(caller)
         while not self._stop.is_set():
-            x = rng.standard_normal((int(rng.integers(1, 12)), 16), dtype=np.float32)
+            x = rng.standard_normal((int(rng.integers(1, self._max_rows + 1)), 16), np.float32)
             outcome = Outcome(time.time(), 0.0)
             try:
                 outcome.wrong = not np.array_equal(self._call(x), x)

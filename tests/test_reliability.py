@@ -290,8 +290,11 @@ if role == "worker":  # infers until the flag file appears
     client.close()
     print(json.dumps({"pid": os.getpid(), "calls": calls, "errors": errors}), flush=True)
 elif role == "crasher":  # registers, then dies with no cleanup at all
+    from multiprocessing import resource_tracker
     client = TritonSHMClient(url=url, crash_cleanup=False)
     client.register_shm_model("identity", max_shapes=shapes)
+    # Python's resource tracker would unlink the region's names once its owner is gone.
+    os.kill(resource_tracker._resource_tracker._pid, signal.SIGKILL)
     print(json.dumps({"region": client._pools["identity"].region.name}), flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
 else:  # the other tenant: registers (which reclaims), reclaims, reports, closes

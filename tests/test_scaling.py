@@ -55,7 +55,9 @@ def _loads_stop() -> Iterator[None]:
 
 
 def _load(client: TritonSHMClient, model: str, callers: int) -> Load:
-    load = Load(callers, lambda x: client.infer_shm(model, {"INPUT0": x})["OUTPUT0"])
+    # One chunk per call (max_batch_size 8): a caller then holds one slot at a time.
+    call = lambda x: client.infer_shm(model, {"INPUT0": x})["OUTPUT0"]  # noqa: E731
+    load = Load(callers, call, max_rows=8)
     _running.append(load)
     return load
 
