@@ -275,7 +275,10 @@ def test_a_caller_killed_mid_request_frees_its_slot_once_triton_is_done_with_it(
             self.model.infer({"DELAY_MS": np.array([delay_s * 1000], np.int32), "DATA": data})
 
         def sent(self) -> float:
-            return self.sent_at
+            """When the slow request was sent, once its slot says so (zero before)."""
+            header = self.model._binding.client._pools["delay_echo"].header
+            busy = any(header.busy_since(slot) for slot in range(header.slot_count))
+            return self.sent_at if busy else 0.0
 
         def pid(self) -> int:
             return os.getpid()
@@ -300,7 +303,7 @@ def test_a_caller_killed_mid_request_frees_its_slot_once_triton_is_done_with_it(
     def abandoned() -> int:
         return int(ray.get(node_actor.stats.remote()).models["delay_echo"]["abandoned"])
 
-    assert abandoned() == 1
+    assert abandoned() == 1, f"{time.time() - sent_at:.1f} s after the slow request was sent"
     while abandoned():
         assert time.time() < sent_at + delay_s + 1.0, "not back within 1 s of Triton finishing"
         time.sleep(0.02)
