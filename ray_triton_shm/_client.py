@@ -53,6 +53,7 @@ from ._exceptions import (
     ModelNotRegisteredError,
     ModelSpecError,
     TritonServerError,
+    TritonSHMError,
 )
 from ._gpu_tensors import OUTPUT_KINDS
 from ._header import RegionHeader
@@ -1031,21 +1032,27 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
                             arg.call.exception(arg.time_left(client_timeout_s))
 
         moves = 0
-        while True:
-            try:
-                steps = self._steps(pool, inputs, options, slot_timeout_s, request_id, outputs_as)
-                return drive(steps, do)
-            except AccessDeniedError:
-                if rotated or not self._keys.refused(keys):
-                    raise
-                rotated, keys = True, self._keys.metadata()
-                metadata = self._get_metadata(headers, keys)
-                reconnect = self._reconnect(model_name, reconnect_timeout_s, metadata)
-            except _MOVED as exc:
-                if moves == _MAX_MOVES:
-                    raise exc.error if isinstance(exc, SuspectedChange) else exc from None
-                moves += 1
-                pool = self._next_pool(pool, exc, options, started)
+        try:
+            while True:
+                try:
+                    steps = self._steps(
+                        pool, inputs, options, slot_timeout_s, request_id, outputs_as
+                    )
+                    return drive(steps, do)
+                except AccessDeniedError:
+                    if rotated or not self._keys.refused(keys):
+                        raise
+                    rotated, keys = True, self._keys.metadata()
+                    metadata = self._get_metadata(headers, keys)
+                    reconnect = self._reconnect(model_name, reconnect_timeout_s, metadata)
+                except _MOVED as exc:
+                    if moves == _MAX_MOVES:
+                        raise exc.error if isinstance(exc, SuspectedChange) else exc from None
+                    moves += 1
+                    pool = self._next_pool(pool, exc, options, started)
+        except TritonSHMError as exc:
+            pool.count_failure(exc)
+            raise
 
     async def infer_shm_async(
         self,
@@ -1114,21 +1121,27 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
                         await asyncio.wait([answer], timeout=arg.time_left(client_timeout_s))
 
         moves = 0
-        while True:
-            try:
-                steps = self._steps(pool, inputs, options, slot_timeout_s, request_id, outputs_as)
-                return await drive_async(steps, do)
-            except AccessDeniedError:
-                if rotated or not self._keys.refused(keys):
-                    raise
-                rotated, keys = True, self._keys.metadata()
-                metadata = self._get_metadata(headers, keys)
-                reconnect = self._reconnect(model_name, reconnect_timeout_s, metadata)
-            except _MOVED as exc:
-                if moves == _MAX_MOVES:
-                    raise exc.error if isinstance(exc, SuspectedChange) else exc from None
-                moves += 1
-                pool = await asyncio.to_thread(self._next_pool, pool, exc, options, started)
+        try:
+            while True:
+                try:
+                    steps = self._steps(
+                        pool, inputs, options, slot_timeout_s, request_id, outputs_as
+                    )
+                    return await drive_async(steps, do)
+                except AccessDeniedError:
+                    if rotated or not self._keys.refused(keys):
+                        raise
+                    rotated, keys = True, self._keys.metadata()
+                    metadata = self._get_metadata(headers, keys)
+                    reconnect = self._reconnect(model_name, reconnect_timeout_s, metadata)
+                except _MOVED as exc:
+                    if moves == _MAX_MOVES:
+                        raise exc.error if isinstance(exc, SuspectedChange) else exc from None
+                    moves += 1
+                    pool = await asyncio.to_thread(self._next_pool, pool, exc, options, started)
+        except TritonSHMError as exc:
+            pool.count_failure(exc)
+            raise
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -26,6 +26,7 @@ raised). The rules below therefore exist once:
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import threading
 import time
@@ -38,7 +39,7 @@ import grpc
 from tritonclient.grpc import service_pb2
 
 from ._changes import Registration, answer_mismatch, is_change_symptom
-from ._exceptions import TritonServerError, TritonSHMError
+from ._exceptions import ClientClosedError, TritonServerError, TritonSHMError, error_kind
 from ._gpu_tensors import DeviceOutputs
 from ._header import RegionHeader
 from ._inputs import Batch
@@ -219,6 +220,14 @@ class ModelPool:
         else:
             self.abandon(slot, sent_ns)
 
+    def count_failure(self, exc: TritonSHMError) -> None:
+        """Counts a failed call on this pool by its kind (see :func:`error_kind`)."""
+        kind = error_kind(exc)
+        if kind == "overloaded":
+            return  # counted where refused, under the same mutex
+        with contextlib.suppress(ClientClosedError), self.slots.exclusive():
+            self.header.count_failure(kind)
+
     def abandon(self, slot: int, sent_ns: int) -> None:
         """Takes a held slot out of use until Triton is proven done with the request sent on
         it at ``sent_ns``, whose answer will never be read."""
@@ -239,6 +248,8 @@ class Chunk:
     epoch: int
     rows: int
     bytes_in: int
+    #: When the call began, its first wait for a slot (``time.monotonic_ns``).
+    started_ns: int
     #: ``None`` until sent as a gRPC future (a blocking call leaves it ``None``).
     call: grpc.Future | None = None
     #: Whether this chunk already had its region registered again.
@@ -258,9 +269,11 @@ class Chunk:
         stop: int,
         request_id: str,
         options: RequestOptions | None,
+        started_ns: int,
+        wait_ns: int,
     ) -> Chunk:
-        """Writes rows ``start:stop`` into a slot and prepares their request; the slot is the
-        chunk's now (released here if writing fails)."""
+        """Writes rows ``start:stop`` into a slot, waited for ``wait_ns``, and prepares their
+        request; the slot is the chunk's now (released here if writing fails)."""
         try:
             written = batch.write_chunk(pool.views[slot], start, stop)
             rows = stop - start if batch.batched else None
@@ -270,7 +283,8 @@ class Chunk:
         except BaseException:
             pool.slots.release(slot)
             raise
-        return cls(pool, slot, start, request, pool.epoch, stop - start, sum(written))
+        pool.header.count_take(slot, wait_ns)
+        return cls(pool, slot, start, request, pool.epoch, stop - start, sum(written), started_ns)
 
     def sending(self) -> None:
         """Marks the slot as written by Triton from now on (each time the request is sent):
@@ -335,7 +349,8 @@ class Chunk:
                 )
                 raise SuspectedChange(error, executed=True)
             bytes_out = outputs.add(pool.views[slot], self.start, answered)
-            pool.header.count(slot, self.rows, self.bytes_in, bytes_out)
+            latency_ns = time.monotonic_ns() - self.started_ns
+            pool.header.count(slot, self.rows, self.bytes_in, bytes_out, latency_ns)
         finally:
             pool.slots.release(slot)
 
@@ -393,9 +408,11 @@ def run(
         outputs = OutputAssembler(pool.spec, batch.size, names)
     else:
         outputs = DeviceOutputs(pool.spec, batch.size, names, outputs_as, pool.memory.device)
+    started = time.monotonic_ns()
     if batch.size <= pool.spec.batch_capacity:  # one chunk, the common case
         only = pool.take((yield Step.SLOT, slot_timeout_s))
-        chunk = Chunk.write(pool, only, batch, 0, batch.size, request_id, options)
+        waited = time.monotonic_ns() - started
+        chunk = Chunk.write(pool, only, batch, 0, batch.size, request_id, options, started, waited)
         try:
             response = yield from _answer(chunk)
         except BaseException:
@@ -406,6 +423,7 @@ def run(
     pending: deque[Chunk] = deque()
     try:
         for start, stop in batch.chunks():
+            waiting = time.monotonic_ns()
             slot = pool.slots.try_acquire()
             while slot is None and pending:  # never wait for a slot while holding one
                 response = yield from _answer(pending[0])
@@ -414,7 +432,11 @@ def run(
             if slot is None:
                 slot = yield Step.SLOT, slot_timeout_s
             slot = pool.take(slot)
-            pending.append(Chunk.write(pool, slot, batch, start, stop, request_id, options))
+            waited = time.monotonic_ns() - waiting
+            chunk = Chunk.write(
+                pool, slot, batch, start, stop, request_id, options, started, waited
+            )
+            pending.append(chunk)
             yield from _send(pending[-1])
         while pending:
             response = yield from _answer(pending[0])

@@ -400,3 +400,35 @@ class TLSHandshakeError(TritonServerError, ConnectionError):
         super().__init__(message, status=status, server_message=server_message, model=model)
         self.url = url
         self.reason = reason
+
+
+#: The kinds failed calls are counted by (the ``kind`` of the ``errors`` metric).
+ERROR_KINDS = (
+    "overloaded",
+    "deadline",
+    "access_denied",
+    "tls",
+    "unavailable",
+    "model_changed",
+    "bad_input",
+    "other",
+)
+_KINDS: tuple[tuple[type[TritonSHMError], str], ...] = (
+    (OverloadedError, "overloaded"),
+    (SlotTimeoutError, "deadline"),
+    (AccessDeniedError, "access_denied"),
+    (TLSHandshakeError, "tls"),
+    (ServerUnreachableError, "unavailable"),
+    (ModelChangedError, "model_changed"),
+    (InvalidInputError, "bad_input"),
+)
+
+
+def error_kind(exc: TritonSHMError) -> str:
+    """Which of :data:`ERROR_KINDS` a failed call's error is."""
+    for cls, kind in _KINDS:
+        if isinstance(exc, cls):
+            return kind
+    if isinstance(exc, TritonServerError) and exc.status == "StatusCode.DEADLINE_EXCEEDED":
+        return "deadline"
+    return "other"

@@ -11,16 +11,20 @@ single message. Each word has one writer at a time, so no two processes race on 
 * the pool's size (see :mod:`._scaling`): the region has room for ``slot_count`` slots, of which
   slots ``0 .. size-1`` are in use now; its bounds, what stopped it growing, and how often it
   grew and shrank (written by the owner's scaler);
+* failed calls by kind (any process counts one, holding the region's mutex);
 * one seat per waiting caller: the slot it queues on (written by the seat's holder);
 * per slot, written by the slot's current holder: when it sent a request on it
   (``busy_since``, zero while free), since when the slot waits for Triton to finish a request
   that was abandoned (``abandoned_since``, cleared by whoever proves Triton done, see
-  :mod:`._settle`), and the counters (requests, samples, bytes in and out, errors, waits for a
-  slot, their total and histogram, abandoned requests, how long their slots waited for Triton
-  and its histogram).
+  :mod:`._settle`), and the counters (requests, samples, bytes in and out, errors, queued
+  waits for the slot and their total, abandoned requests, how long their slots waited for
+  Triton, latency) with three histograms (wait, settle, latency).
 
-Layout, native ``int64`` words: ``[0:16]`` settings and node-wide counters, ``[16:16+SEATS]``
-seats, then :data:`_WORDS_PER_SLOT` words per slot.
+Counting in the header keeps metrics free of any message per request: the Ray node actor reads
+them every second and exports them (see :mod:`.ray._actor`).
+
+Layout, native ``int64`` words: ``[0:16]`` settings and node-wide words, ``[16:32]`` failures,
+``[32:32+SEATS]`` seats, then :data:`_WORDS_PER_SLOT` words per slot.
 """
 
 from __future__ import annotations
@@ -31,32 +35,49 @@ from typing import Any
 
 import numpy as np
 
+from ._exceptions import ERROR_KINDS
 from ._specs import REGION_HEADER_BYTES
 
-__all__ = ["LIMITS", "MAX_SEATS", "MAX_SLOTS", "RegionHeader", "SlotCounters"]
+__all__ = [
+    "BUCKET_BOUNDS_S",
+    "HISTOGRAMS",
+    "LIMITS",
+    "MAX_SEATS",
+    "MAX_SLOTS",
+    "RegionHeader",
+    "SlotCounters",
+]
 
 # Settings and node-wide words.
-_MAX_WAITING, _RETIRED, _OVERLOADS, _MEMORY = 0, 1, 2, 3
+_MAX_WAITING, _RETIRED, _MEMORY = 0, 1, 3
 _SIZE, _MIN_SIZE, _LIMITED, _GROWS, _SHRINKS = 4, 5, 6, 7, 8
 #: Why a pool's growth stopped short of its callers, as the header word ``_LIMITED`` stores it.
 LIMITS = ("", "max_slots", "shm_budget", "shm_full")
 #: The kinds of memory a region's slots live in, as the header word ``_MEMORY`` stores them.
 _MEMORY_KINDS = ("system", "cuda")
-_FIRST_SEAT_WORD = 16
+#: Failed calls by kind (see :func:`._exceptions.error_kind`), one word each from ``_FAILURES``:
+#: written by any process, under the region's mutex.
+_FAILURES = 16
+_FIRST_SEAT_WORD = _FAILURES + 16
 #: Most callers that can wait for a slot of one region at once.
 MAX_SEATS = 1024
 _FIRST_SLOT_WORD = _FIRST_SEAT_WORD + MAX_SEATS
 # Per-slot words.
 _REQUESTS, _SAMPLES, _BYTES_IN, _BYTES_OUT, _ERRORS = 0, 1, 2, 3, 4
 _WAITS, _WAIT_NS, _BUSY_SINCE, _ABANDONED_SINCE, _ABANDONS, _SETTLE_NS = 5, 6, 7, 8, 9, 10
+_LATENCY_NS = 11
 #: Histograms: bucket ``b`` counts durations up to ``_BUCKET0_NS * 2 ** (b / 2)``; the last
-#: bucket counts every longer one. The first is of waits for a slot, the second of how long
-#: abandoned slots waited for Triton.
-_BUCKETS = 36
+#: bucket counts every longer one. Of every request's wait for its slot (zero if one was
+#: free), of how long abandoned slots waited for Triton, and of requests' latency (from the
+#: caller's first wait to the answer read).
+_BUCKETS = 40
 _BUCKET0_NS = 16_000
 _WAIT_BUCKETS = 12
 _SETTLE_BUCKETS = _WAIT_BUCKETS + _BUCKETS
-_WORDS_PER_SLOT = _SETTLE_BUCKETS + _BUCKETS
+_LATENCY_BUCKETS = _SETTLE_BUCKETS + _BUCKETS
+_WORDS_PER_SLOT = _LATENCY_BUCKETS + _BUCKETS
+#: The histograms' names, as :meth:`RegionHeader.histograms` gives them.
+HISTOGRAMS = {"wait": _WAIT_BUCKETS, "settle": _SETTLE_BUCKETS, "latency": _LATENCY_BUCKETS}
 #: Most slots a region can have: as many as the header has words for.
 MAX_SLOTS = (REGION_HEADER_BYTES // 8 - _FIRST_SLOT_WORD) // _WORDS_PER_SLOT
 
@@ -76,6 +97,8 @@ class SlotCounters:
         abandoned: Requests whose caller gave up (deadline, cancellation, death) while Triton
             may still have run them.
         settle_ns: Nanoseconds their slots waited for Triton to be done with them, in all.
+        latency_ns: Nanoseconds answered requests took, from their caller's first wait for a
+            slot to the answer read, in all.
     """
 
     requests: int = 0
@@ -87,6 +110,7 @@ class SlotCounters:
     wait_ns: int = 0
     abandoned: int = 0
     settle_ns: int = 0
+    latency_ns: int = 0
 
 
 def _slot_word(slot: int, field: int) -> int:
@@ -250,39 +274,60 @@ class RegionHeader:
 
     # ---------------------------------------------------------------- counters
 
-    def count(self, slot: int, samples: int, bytes_in: int, bytes_out: int) -> None:
+    def count(
+        self, slot: int, samples: int, bytes_in: int, bytes_out: int, latency_ns: int
+    ) -> None:
         """Counts one answered request on ``slot`` (only its current holder calls this)."""
         word, base = self._word, _slot_word(slot, 0)
         word[base + _REQUESTS] += 1
         word[base + _SAMPLES] += samples
         word[base + _BYTES_IN] += bytes_in
         word[base + _BYTES_OUT] += bytes_out
+        word[base + _LATENCY_NS] += latency_ns
+        word[base + _LATENCY_BUCKETS + _bucket(latency_ns)] += 1
 
     def count_error(self, slot: int) -> None:
         """Counts one failed request on ``slot``."""
         self._word[_slot_word(slot, _ERRORS)] += 1
 
     def count_wait(self, slot: int, wait_ns: int) -> None:
-        """Counts a wait for ``slot`` (by the caller that just took it)."""
+        """Counts a caller that queued for ``slot`` (by the caller that just took it)."""
         word, base = self._word, _slot_word(slot, 0)
         word[base + _WAITS] += 1
         word[base + _WAIT_NS] += wait_ns
-        word[base + _WAIT_BUCKETS + _bucket(wait_ns)] += 1
 
-    def count_overload(self) -> None:
-        """Counts a caller refused for want of a seat (callers serialise this themselves)."""
-        self._word[_OVERLOADS] += 1
+    def count_take(self, slot: int, wait_ns: int) -> None:
+        """Counts how long a request waited for ``slot`` (zero: it was free), in the wait
+        histogram (by the request's holder of the slot)."""
+        self._word[_slot_word(slot, _WAIT_BUCKETS + _bucket(wait_ns))] += 1
+
+    def count_failure(self, kind: str) -> None:
+        """Counts a failed call of ``kind`` (one of :data:`._exceptions.ERROR_KINDS`; the
+        caller holds the region's mutex: any process may count)."""
+        self._word[_FAILURES + ERROR_KINDS.index(kind)] += 1
+
+    def failures(self) -> dict[str, int]:
+        """Failed calls by kind."""
+        return {kind: self._word[_FAILURES + k] for k, kind in enumerate(ERROR_KINDS)}
 
     @property
     def overloads(self) -> int:
         """Callers refused with ``OverloadedError`` because every seat was taken."""
-        return self._word[_OVERLOADS]
+        return self._word[_FAILURES + ERROR_KINDS.index("overloaded")]
 
     def totals(self) -> SlotCounters:
         """The counters summed over every slot."""
         sums = self._slots.sum(axis=0)
-        counters = (*sums[:_BUSY_SINCE], sums[_ABANDONS], sums[_SETTLE_NS])
+        counters = (*sums[:_BUSY_SINCE], sums[_ABANDONS], sums[_SETTLE_NS], sums[_LATENCY_NS])
         return SlotCounters(*(int(v) for v in counters))
+
+    def histograms(self) -> dict[str, np.ndarray]:
+        """Each histogram of :data:`HISTOGRAMS` summed over the slots: counts per bucket of
+        :data:`BUCKET_BOUNDS_S`."""
+        return {
+            name: self._slots[:, first : first + _BUCKETS].sum(axis=0)
+            for name, first in HISTOGRAMS.items()
+        }
 
     def wait_quantile_s(self, q: float) -> float:
         """The ``q`` quantile of the waits for a slot, in seconds (the bucket's upper bound;
@@ -292,7 +337,16 @@ class RegionHeader:
     def settle_quantile_s(self, q: float) -> float:
         """The ``q`` quantile of how long abandoned slots waited for Triton, in seconds (the
         bucket's upper bound; ``0.0`` if none was abandoned and settled)."""
-        return _quantile_s(self._slots[:, _SETTLE_BUCKETS:], q)
+        return _quantile_s(self._slots[:, _SETTLE_BUCKETS:_LATENCY_BUCKETS], q)
+
+    def latency_quantile_s(self, q: float) -> float:
+        """The ``q`` quantile of answered requests' latency, in seconds (the bucket's upper
+        bound; ``0.0`` if none was answered)."""
+        return _quantile_s(self._slots[:, _LATENCY_BUCKETS:], q)
+
+
+#: Each histogram bucket's upper bound in seconds; the last bucket has none (``inf``).
+BUCKET_BOUNDS_S = (*(_BUCKET0_NS * 2 ** (b / 2) / 1e9 for b in range(_BUCKETS - 1)), math.inf)
 
 
 def _bucket(duration_ns: int) -> int:

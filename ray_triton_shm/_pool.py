@@ -15,6 +15,7 @@ import asyncio
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -94,6 +95,10 @@ class SlotSource(Protocol):
     def each_idle(self, slots: Iterable[int], fn: Callable[[int], None]) -> None:
         """Calls ``fn(slot)`` for each of ``slots`` that is out of the pool (beyond its size),
         held by nobody and not abandoned, nobody able to take it meanwhile."""
+
+    def exclusive(self) -> AbstractContextManager[None]:
+        """Held by one caller at a time over every process using the slots: for the header
+        words any of them writes (failures)."""
 
 
 class _ThreadWaiter:
@@ -305,6 +310,10 @@ class SlotPool:
             idle = [slot for slot in slots if slot in self._parked]
         for slot in idle:
             fn(slot)
+
+    def exclusive(self) -> AbstractContextManager[None]:
+        """Its lock: the pool's only users are this process's threads."""
+        return self._lock  # type: ignore[return-value]
 
     def _hold(self, slot: int) -> int:
         self._held.add(slot)

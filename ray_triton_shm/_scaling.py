@@ -73,7 +73,7 @@ class SlotAutoscaling:
         min_slots: Slots the pool keeps when idle (it starts with as many).
         max_slots: Slots it may grow to: the most requests in flight for the model at once
             (on the node, in the Ray layer); past it callers wait in turn, and past
-            ``max_waiting`` of them get :class:`OverloadedError`. At most 85 (a region's
+            ``max_waiting`` of them get :class:`OverloadedError`. At most 116 (a region's
             header has room for no more).
         upscale_delay_s: How long callers must have been waiting for a slot before the pool
             grows.

@@ -45,7 +45,8 @@ import struct
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from functools import cache
 
 from ._exceptions import ClientClosedError, OverloadedError, SlotTimeoutError, StaleLeaseError
@@ -503,7 +504,7 @@ class SharedSlots:
                         with wait.guard:
                             wait.seat = seat
                     return seat
-            self._header.count_overload()
+            self._header.count_failure("overloaded")
         finally:
             _unlock(fd, _MUTEX)
         raise OverloadedError(
@@ -582,6 +583,17 @@ class SharedSlots:
             return False
         self._header.abandon(slot, since)
         return True
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """The region's mutex, over every process on the node."""
+        fd = self._take_fd()
+        _lock(fd, _MUTEX, wait=True)
+        try:
+            yield
+        finally:
+            _unlock(fd, _MUTEX)
+            self._put_fd(fd)
 
     # ---------------------------------------------------------------- descriptors
 

@@ -28,7 +28,7 @@ TENSOR_ALIGNMENT = 64
 #: Slots start on page boundaries so two slots never share a page.
 SLOT_ALIGNMENT = 4096
 #: A region starts with a header before its slots (see :mod:`ray_triton_shm._header`).
-REGION_HEADER_BYTES = 16 * SLOT_ALIGNMENT
+REGION_HEADER_BYTES = 32 * SLOT_ALIGNMENT
 #: BYTES outputs with at most this much room in a slot come back in Triton's response instead:
 #: Triton's Python backend answers small BYTES outputs faster inline than through shared memory
 #: (0.63 against 0.68 ms for 8 x 64 bytes here; from 8 x 1 KB on, shared memory is faster).

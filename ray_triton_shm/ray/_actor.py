@@ -40,17 +40,18 @@ from typing import Any
 import numpy as np
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+from tritonclient.utils import InferenceServerException
 
 from .._client import TritonSHMClient
 from .._defaults import DEFAULT_RECONNECT_TIMEOUT_S, DEFAULT_URL, URL_ENV_VAR
 from .._engine import ModelPool
-from .._exceptions import ModelSpecError, StaleLeaseError, TritonSHMError
-from .._header import LIMITS
+from .._exceptions import ERROR_KINDS, ModelSpecError, StaleLeaseError, TritonSHMError
+from .._header import BUCKET_BOUNDS_S, LIMITS
 from .._headers import Keys
 from .._reclaim import reclaim_regions
 from .._scaling import SlotAutoscaling, default_shm_budget
 from .._shared_slots import NodeSlotStats, SharedSlots
-from .._shm import shm_space
+from .._shm import DEAD, list_local_regions, shm_space
 from .._specs import ModelSpec
 
 __all__ = [
@@ -65,6 +66,9 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+#: How long the node's Triton has to answer the actor's liveness check.
+_LIVENESS_TIMEOUT_S = 2.0
+_UNREACHABLE = ("StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED")
 
 #: Ray namespace of the node actors.
 NAMESPACE = "ray_triton_shm"
@@ -170,13 +174,18 @@ class NodeStats:
             ``overloads`` (callers refused past ``max_waiting``), ``shm_bytes`` (what its
             region holds of ``/dev/shm`` now), ``shm_max_bytes`` (what it would hold at
             ``max_slots``), ``by_value`` (calls the actor served by value),
-            ``wait_p99_us`` (the 99th percentile of the waits for a slot, among requests that
-            waited), ``settle_p99_us`` (the 99th percentile of how long abandoned slots waited
-            for Triton), and the counters ``requests``, ``samples``, ``bytes_in``,
-            ``bytes_out``, ``errors``, ``waits`` (requests that waited for a slot),
+            ``wait_p99_us`` (the 99th percentile of every request's wait for a slot, zero for
+            those that found one free), ``settle_p99_us`` (the 99th percentile of how long
+            abandoned slots waited for Triton), ``latency_p99_us`` (the 99th percentile of the
+            requests' latency, from the caller's first wait to its answer), ``failures``
+            (failed calls by kind: ``overloaded``, ``deadline``, ``access_denied``, ``tls``,
+            ``unavailable``, ``model_changed``, ``bad_input``, ``other``), ``generation``
+            (new layouts since the model was registered: it changed on Triton), and the
+            counters ``requests``, ``samples``, ``bytes_in``, ``bytes_out``, ``errors``
+            (failed requests to Triton), ``waits`` (requests that queued for a slot),
             ``wait_ns`` (their total wait), ``abandoned_requests`` (requests given up while
-            Triton ran them) and ``settle_ns`` (how long their slots waited for Triton, in
-            all).
+            Triton ran them), ``settle_ns`` (how long their slots waited for Triton, in all)
+            and ``latency_ns`` (the answered requests' latency, in all).
     """
 
     node_id: str
@@ -218,6 +227,7 @@ class TritonNodeActor:
         self._url = config.url or os.environ.get(URL_ENV_VAR) or DEFAULT_URL
         self._node_id = _current_node_id()
         self._incarnation = f"{os.getpid()}-{time.time_ns()}"
+        self._started_s = time.time()
         keys = Keys(config.headers, environ=True)
         # A restarted actor first takes back what its previous incarnation left behind.
         reclaim_regions(self._url, headers=keys)
@@ -384,6 +394,9 @@ class TritonNodeActor:
                 "by_value": self._by_value.get(name, 0),
                 "wait_p99_us": round(pool.header.wait_quantile_s(0.99) * 1e6),
                 "settle_p99_us": round(pool.header.settle_quantile_s(0.99) * 1e6),
+                "latency_p99_us": round(pool.header.latency_quantile_s(0.99) * 1e6),
+                "failures": pool.header.failures(),
+                "generation": pool.generation,
                 **_counters(pool),
             }
         free, capacity = shm_space() or (0, 0)
@@ -486,6 +499,22 @@ class TritonNodeActor:
                     continue  # unregistered meanwhile
                 except Exception:  # the next round tries again; never end the thread
                     logger.exception("ray-triton-shm: housekeeping of model %r failed", name)
+            try:
+                self._metrics.export_node(
+                    triton_up=self._triton_up(),
+                    started_s=self._started_s,
+                    dead_regions=sum(r.owner_state == DEAD for r in list_local_regions()),
+                )
+            except Exception:
+                logger.exception("ray-triton-shm: exporting the node's metrics failed")
+
+    def _triton_up(self) -> bool:
+        """Whether the node's Triton answers a liveness check (refusing the keys is an
+        answer: the errors by kind tell that)."""
+        try:
+            return bool(self._client.is_server_live(client_timeout=_LIVENESS_TIMEOUT_S))
+        except InferenceServerException as exc:
+            return exc.status() not in _UNREACHABLE
 
 
 def _node_slot_stats(pool: ModelPool) -> NodeSlotStats:
@@ -522,23 +551,45 @@ def _current_node_id() -> str:
 
 
 class _Metrics:
-    """The counters and gauges of the node's regions as Ray metrics (Prometheus, dashboard).
+    """The node's regions as Ray metrics, named and shaped as Prometheus expects.
 
-    Exported from the housekeeping thread, not per request: requests only bump counters in the
-    regions' headers.
+    Exported from the housekeeping thread, not per request: requests only count into their
+    regions' headers (see :mod:`.._header`). Ray prefixes application metrics with ``ray_``,
+    so ``triton_shm_requests`` here is ``ray_triton_shm_requests_total`` in Prometheus.
+
+    Histograms are replayed from the headers' buckets: each request counted since the last
+    export is observed once, at the middle of its bucket. So their buckets are exact (every
+    other bucket of the header, a factor of 2 apart) and their ``_sum`` is within a bucket's
+    width (about 19%) of the truth.
     """
 
     _COUNTERS = (
-        ("requests", "Inference requests answered"),
-        ("samples", "Samples inferred"),
-        ("bytes_in", "Input bytes sent to Triton"),
-        ("bytes_out", "Output bytes read from Triton"),
-        ("errors", "Inference requests that failed"),
-        ("waits", "Requests that waited for a slot"),
-        ("overloads", "Callers refused because max_waiting callers already waited"),
+        (
+            "requests",
+            "requests",
+            "Inference requests Triton answered (a call larger than a slot makes several)",
+        ),
+        ("samples", "samples", "Samples in the requests Triton answered"),
+        ("input_bytes", "bytes_in", "Input bytes written into slots for Triton"),
+        ("output_bytes", "bytes_out", "Output bytes read from slots"),
         (
             "abandoned_requests",
-            "Requests given up (deadline, cancellation, death) while Triton ran them",
+            "abandoned_requests",
+            "Requests given up (deadline, cancellation, caller death) while Triton ran them",
+        ),
+    )
+    _HISTOGRAMS = (
+        (
+            "request_duration_seconds",
+            "latency",
+            "Latency of requests Triton answered, from the caller's first wait for a slot to "
+            "its answer",
+        ),
+        ("slot_wait_seconds", "wait", "How long each request waited for a slot (0: one was free)"),
+        (
+            "abandoned_settle_seconds",
+            "settle",
+            "How long slots of abandoned requests stayed out of use until Triton was done",
         ),
     )
 
@@ -547,73 +598,141 @@ class _Metrics:
 
         tags = ("model", "node_id")
         self._node_id = node_id
-        self._exported: dict[str, dict[str, int]] = {}
+        self._exported: dict[str, dict[str, Any]] = {}
         self._counters = {
-            name: metrics.Counter(f"ray_triton_shm_{name}", text, tag_keys=tags)
-            for name, text in self._COUNTERS
+            key: metrics.Counter(f"triton_shm_{name}", text, tag_keys=tags)
+            for name, key, text in self._COUNTERS
         }
-        self._wait_s = metrics.Counter(
-            "ray_triton_shm_wait_seconds", "Time requests waited for a slot", tag_keys=tags
+        self._errors = metrics.Counter(
+            "triton_shm_errors",
+            "Failed calls by kind: " + ", ".join(ERROR_KINDS),
+            tag_keys=(*tags, "kind"),
         )
-        self._settle_s = metrics.Counter(
-            "ray_triton_shm_abandoned_wait_seconds",
-            "Time slots of abandoned requests waited for Triton to finish them",
+        self._layouts = metrics.Counter(
+            "triton_shm_layout_changes",
+            "New layouts of a model's pool: the model changed on Triton",
             tag_keys=tags,
         )
-        self._gauges = {
-            "slots": metrics.Gauge("ray_triton_shm_slots", "Slots in the pool", tag_keys=tags),
-            "max_slots": metrics.Gauge(
-                "ray_triton_shm_slots_max", "Slots the pool may grow to", tag_keys=tags
+        self._resizes = metrics.Counter(
+            "triton_shm_pool_resizes",
+            "Times a pool grew or shrank",
+            tag_keys=(*tags, "direction"),
+        )
+        # Every other bucket of the header's: a factor of 2 apart, 16 us to 8.4 s.
+        bounds = [float(b) for b in BUCKET_BOUNDS_S[0:-1:2]]
+        self._histograms = {
+            key: metrics.Histogram(f"triton_shm_{name}", text, boundaries=bounds, tag_keys=tags)
+            for name, key, text in self._HISTOGRAMS
+        }
+        # Where each of the header's buckets is observed: its middle (geometric).
+        self._middles = [
+            BUCKET_BOUNDS_S[0] / 2,
+            *(
+                (BUCKET_BOUNDS_S[b - 1] * BUCKET_BOUNDS_S[b]) ** 0.5
+                for b in range(1, len(BUCKET_BOUNDS_S) - 1)
             ),
-            "in_use": metrics.Gauge("ray_triton_shm_slots_in_use", "Slots in use", tag_keys=tags),
+            BUCKET_BOUNDS_S[-2] * 2**0.25,
+        ]
+        self._gauges = {
+            "slots": metrics.Gauge("triton_shm_slots", "Slots in the pool now", tag_keys=tags),
+            "max_slots": metrics.Gauge(
+                "triton_shm_slots_max", "Slots the pool may grow to", tag_keys=tags
+            ),
+            "in_use": metrics.Gauge("triton_shm_slots_in_use", "Slots held now", tag_keys=tags),
             "waiting": metrics.Gauge(
-                "ray_triton_shm_waiting", "Callers waiting for a slot", tag_keys=tags
+                "triton_shm_callers_waiting", "Callers waiting for a slot now", tag_keys=tags
             ),
             "abandoned": metrics.Gauge(
-                "ray_triton_shm_slots_abandoned",
+                "triton_shm_slots_abandoned",
                 "Slots out of use until Triton finishes a request whose caller gave up or died",
-                tag_keys=tags,
-            ),
-            "settle_p99_s": metrics.Gauge(
-                "ray_triton_shm_abandoned_wait_p99_seconds",
-                "99th percentile of how long abandoned slots waited for Triton",
                 tag_keys=tags,
             ),
         }
         self._limited = metrics.Gauge(
-            "ray_triton_shm_growth_limited",
+            "triton_shm_growth_limited",
             "1 while callers wait and the pool cannot grow, by reason (max_slots, shm_budget, "
             "shm_full)",
             tag_keys=(*tags, "reason"),
         )
+        node = ("node_id",)
+        self._triton_up = metrics.Gauge(
+            "triton_shm_triton_up",
+            "1 while the node's Triton answers the node actor's liveness check, else 0",
+            tag_keys=node,
+        )
+        self._started = metrics.Gauge(
+            "triton_shm_node_actor_start_time_seconds",
+            "When the node actor's process started (Unix time): it changes when it restarts",
+            tag_keys=node,
+        )
+        self._dead_regions = metrics.Gauge(
+            "triton_shm_dead_owner_regions",
+            "Regions of this library in the node's /dev/shm whose owner died (reclaim removes "
+            "them)",
+            tag_keys=node,
+        )
+
+    def export_node(self, *, triton_up: bool, started_s: float, dead_regions: int) -> None:
+        """Sets the node's gauges."""
+        tags = {"node_id": self._node_id}
+        self._triton_up.set(int(triton_up), tags)
+        self._started.set(started_s, tags)
+        self._dead_regions.set(dead_regions, tags)
 
     def export(self, model: str, pool: ModelPool, now: NodeSlotStats) -> None:
-        """Adds what the counters gained since the last export; sets the gauges."""
+        """Adds what the counters and histograms gained since the last export; sets the
+        gauges."""
         tags = {"model": model, "node_id": self._node_id}
-        totals = {**_counters(pool), "overloads": pool.header.overloads}
-        last = self._exported.get(model, {})
-        for name, metric in self._counters.items():
-            delta = totals[name] - last.get(name, 0)
-            if delta > 0:
-                metric.inc(delta, tags)
-        for name, seconds in (("wait_ns", self._wait_s), ("settle_ns", self._settle_s)):
-            delta_ns = totals[name] - last.get(name, 0)
-            if delta_ns > 0:
-                seconds.inc(delta_ns / 1e9, tags)
+        header = pool.header
+        grows, shrinks = header.resizes
+        totals: dict[str, Any] = {
+            **_counters(pool),
+            "failures": header.failures(),
+            "generation": pool.generation,
+            "grows": grows,
+            "shrinks": shrinks,
+            "histograms": header.histograms(),
+        }
+        last = self._exported.get(model)
+        if last is None or last["region"] != pool.region.name:
+            # A new region (registered anew, or a new layout): its counts start at zero.
+            last = {"region": pool.region.name, "failures": {}, "histograms": {}}
+            if model in self._exported:
+                last["generation"] = self._exported[model].get("generation", 0)
+        totals["region"] = pool.region.name
+        for key, metric in self._counters.items():
+            _inc(metric, totals[key] - last.get(key, 0), tags)
+        for kind, count in totals["failures"].items():
+            _inc(self._errors, count - last["failures"].get(kind, 0), {**tags, "kind": kind})
+        _inc(self._layouts, totals["generation"] - last.get("generation", 0), tags)
+        for direction, key in (("grow", "grows"), ("shrink", "shrinks")):
+            _inc(self._resizes, totals[key] - last.get(key, 0), {**tags, "direction": direction})
+        for key, histogram in self._histograms.items():
+            counts = totals["histograms"][key]
+            before = last["histograms"].get(key)
+            new = counts if before is None else counts - before
+            for bucket in np.flatnonzero(new > 0):
+                value = self._middles[bucket]
+                for _ in range(int(new[bucket])):
+                    histogram.observe(value, tags)
         self._exported[model] = totals
         gauges = {
-            "slots": pool.slots.size,
-            "max_slots": pool.header.slot_count,
+            "slots": header.size,
+            "max_slots": header.slot_count,
             "in_use": now.in_use,
             "waiting": now.waiting,
             "abandoned": now.abandoned,
-            "settle_p99_s": pool.header.settle_quantile_s(0.99),
         }
         for name, value in gauges.items():
             self._gauges[name].set(value, tags)
-        limited_by = pool.header.limited_by
+        limited_by = header.limited_by
         for reason in LIMITS[1:]:
             self._limited.set(int(reason == limited_by), {**tags, "reason": reason})
+
+
+def _inc(counter: Any, delta: int, tags: dict[str, str]) -> None:
+    if delta > 0:
+        counter.inc(delta, tags)
 
 
 def get_node_actor(

@@ -7,6 +7,7 @@ import threading
 import pytest
 
 from ray_triton_shm import ModelSpecError, SlotAutoscaling
+from ray_triton_shm._header import MAX_SLOTS
 from ray_triton_shm._pool import SlotPool
 from ray_triton_shm._scaling import TICK_S, Policy, pool_sizing
 
@@ -65,7 +66,7 @@ def test_a_load_that_swings_every_few_seconds_does_not_make_it_flap() -> None:
     [
         ({"min_slots": 0}, "1 <= min_slots <= max_slots"),
         ({"min_slots": 9, "max_slots": 8}, "min_slots=9, max_slots=8"),
-        ({"max_slots": 86}, "<= 85"),
+        ({"max_slots": MAX_SLOTS + 1}, f"<= {MAX_SLOTS}"),
         ({"upscale_delay_s": -1}, "upscale_delay_s must be >= 0"),
     ],
 )
