@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV := .venv
 export RAY_TRITON_SHM_SERVER_ENV ?= $(CURDIR)/.triton-env
 
-.PHONY: bench test newcomer serve lint docs browser clean
+.PHONY: bench test newcomer serve lint docs browser prometheus grafana clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,7 +24,7 @@ bench: $(VENV)/.installed
 		--request-rate 50% 100% 150% --latency-bound-ms 50 \
 		--rate-models classifier-1 $(BENCH_ARGS)
 
-test: $(VENV)/.installed browser
+test: $(VENV)/.installed browser prometheus
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 # A newcomer's path, for real: a wheel of this checkout in a fresh venv with an empty HOME,
@@ -40,6 +40,18 @@ browser:
 		    { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }; }; } || \
 		echo "headless Chromium is missing: install Debian's chromium for the browser tests"
 
+# Prometheus and promtool (Debian's package, 2.42) for the tests of deployments/prometheus/.
+# Without its recommends (a node exporter); where systemd started the packaged server (on
+# :9090), it is stopped and disabled: the tests run their own.
+APT_PROMETHEUS := apt-get install -y -qq --no-install-recommends prometheus
+prometheus:
+	@{ command -v promtool >/dev/null && command -v prometheus >/dev/null; } || \
+		{ [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		  { $(APT_PROMETHEUS) >/dev/null 2>&1 || \
+		    { apt-get update -qq && $(APT_PROMETHEUS) >/dev/null; }; } && \
+		  { [ ! -d /run/systemd/system ] || systemctl disable --now prometheus >/dev/null 2>&1 || true; }; } || \
+		echo "Prometheus is missing: install Debian's prometheus for the tests of deployments/prometheus"
+
 serve: $(VENV)/.installed
 	$(VENV)/bin/ray-triton-shm serve-local --grpc-port 8001 --http-port 8000
 
@@ -54,8 +66,29 @@ $(VENV)/.docs-installed: $(VENV)/.installed pyproject.toml
 	$(VENV)/bin/python -m pip install --quiet -e ".[docs]"
 	touch $@
 
-docs: $(VENV)/.docs-installed
+# Mermaid for the diagrams, served with the site (no CDN: the site renders them offline). npm's
+# package, pinned; only its self-contained dist/mermaid.min.js is kept (`npm pack`: no
+# dependencies to install). mkdocs.yml loads it on every page, and Material then uses it.
+MERMAID_VERSION := 11.17.2
+DOCS_JS := .docs-js
+MERMAID_JS := docs/assets/javascripts/mermaid.min.js
+
+$(DOCS_JS)/mermaid-$(MERMAID_VERSION).min.js:
+	mkdir -p $(DOCS_JS)
+	cd $(DOCS_JS) && npm pack --silent mermaid@$(MERMAID_VERSION) >/dev/null
+	tar -xzOf $(DOCS_JS)/mermaid-$(MERMAID_VERSION).tgz package/dist/mermaid.min.js > $@.tmp
+	mv $@.tmp $@
+
+$(MERMAID_JS): $(DOCS_JS)/mermaid-$(MERMAID_VERSION).min.js
+	mkdir -p $(@D)
+	cp $< $@
+
+docs: $(VENV)/.docs-installed $(MERMAID_JS)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
+# The checked-in Grafana dashboard and its ConfigMap, from ray_triton_shm/ray/_dashboard.py.
+grafana: $(VENV)/.installed
+	$(VENV)/bin/python deployments/grafana/generate.py
+
 clean:
-	rm -rf $(VENV) .triton-env site
+	rm -rf $(VENV) .triton-env site $(DOCS_JS) $(MERMAID_JS)

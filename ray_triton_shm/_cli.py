@@ -7,7 +7,8 @@ Subcommands:
 * ``bench``: a concurrency sweep of shared memory against plain gRPC (and HTTP, shm by hand,
   Ray), with latency percentiles and a pool-size recommendation, for any model;
 * ``doctor``: check a node (``--ray``: every node) for what breaks shared memory at deployment;
-* ``status`` / ``reclaim``: show / reclaim shared-memory regions left behind.
+* ``status`` / ``reclaim``: show / reclaim shared-memory regions left behind;
+* ``grafana``: write the Grafana dashboard of the Ray metrics beside Ray's own dashboards.
 
 Heavy modules are imported only by the subcommand that needs them, so ``--help`` is fast.
 """
@@ -449,6 +450,32 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------------------
+# grafana
+# --------------------------------------------------------------------------------------
+
+
+def _cmd_grafana(args: argparse.Namespace) -> int:
+    try:
+        from ray_triton_shm.ray._dashboard import grafana_dashboard, install_grafana_dashboard
+
+        if args.stdout:
+            content = grafana_dashboard()
+        else:
+            path = install_grafana_dashboard(args.out)
+    except ImportError as exc:
+        print(f"{PROG} grafana: error: Ray is not installed ({exc})", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"{PROG} grafana: error: {exc}", file=sys.stderr)
+        return 1
+    if args.stdout:
+        print(content)
+        return 0
+    print(f"wrote {path}")
+    return 0
+
+
+# --------------------------------------------------------------------------------------
 # The parser
 # --------------------------------------------------------------------------------------
 
@@ -615,6 +642,24 @@ def build_parser() -> argparse.ArgumentParser:
                 help="how long to wait for each node actor's stats (default: %(default)s)",
             )
         p.set_defaults(func=func)
+
+    p = sub.add_parser(
+        "grafana",
+        help="write the Grafana dashboard of the Ray metrics beside Ray's dashboards",
+        description="Write ray_triton_shm_grafana_dashboard.json, the dashboard of the node "
+        "actors' Ray metrics and Triton's own, where Ray writes its Grafana dashboards "
+        "($RAY_METRICS_GRAFANA_DASHBOARD_OUTPUT_DIR, else the latest Ray session's "
+        "metrics/grafana/dashboards on this node): a Grafana started with Ray's grafana.ini "
+        "shows it in its Ray folder. Ray empties that folder when the head starts: run this "
+        "after `ray start --head`. Ray's RAY_GRAFANA_RAY_TRITON_SHM_DASHBOARD_* variables "
+        "(UID, GLOBAL_FILTERS) apply, as to Ray's dashboards.",
+    )
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--out", metavar="DIR", help="write into DIR instead (made if missing)")
+    where.add_argument(
+        "--stdout", action="store_true", help="print the JSON instead (for Grafana's import)"
+    )
+    p.set_defaults(func=_cmd_grafana)
     return parser
 
 

@@ -61,6 +61,8 @@ RAY = [
     "URL_ENV_VAR",
     "check_cluster",
     "get_node_actor",
+    "grafana_dashboard",
+    "install_grafana_dashboard",
 ]
 
 

@@ -21,7 +21,7 @@ from ray_triton_shm._cli import main
 from ray_triton_shm.local._server import LocalTritonServer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-SUBCOMMANDS = ("setup-server", "serve-local", "bench", "doctor", "status", "reclaim")
+SUBCOMMANDS = ("setup-server", "serve-local", "bench", "doctor", "status", "reclaim", "grafana")
 
 
 def _env() -> dict[str, str]:

@@ -11,6 +11,7 @@ Importing this subpackage imports Ray (``pip install "ray-triton-shm[ray]"``)::
 
 from .._exceptions import StaleLeaseError
 from ._actor import URL_ENV_VAR, NodeStats, TritonNodeActor, get_node_actor
+from ._dashboard import grafana_dashboard, install_grafana_dashboard
 from ._data import ShmPredictor
 from ._doctor import check_cluster
 from ._handle import ShmModel
@@ -24,4 +25,6 @@ __all__ = [
     "TritonNodeActor",
     "check_cluster",
     "get_node_actor",
+    "grafana_dashboard",
+    "install_grafana_dashboard",
 ]

@@ -694,6 +694,8 @@ class _Metrics:
             "histograms": header.histograms(),
         }
         last = self._exported.get(model)
+        if last is None:
+            self._zero(tags)
         if last is None or last["region"] != pool.region.name:
             # A new region (registered anew, or a new layout): its counts start at zero.
             last = {"region": pool.region.name, "failures": {}, "histograms": {}}
@@ -728,6 +730,20 @@ class _Metrics:
         limited_by = header.limited_by
         for reason in LIMITS[1:]:
             self._limited.set(int(reason == limited_by), {**tags, "reason": reason})
+
+
+    def _zero(self, tags: dict[str, str]) -> None:
+        """Makes a model's counters exist at zero, every label of them, before their first
+        event: ``rate()`` and ``increase()`` over a series that does not exist yet say
+        nothing, not zero (Prometheus' own advice). Ray's public ``inc`` refuses zero."""
+        zeros = [(metric, tags) for metric in self._counters.values()]
+        zeros += [(self._errors, {**tags, "kind": kind}) for kind in ERROR_KINDS]
+        zeros += [(self._layouts, tags)]
+        zeros += [(self._resizes, {**tags, "direction": d}) for d in ("grow", "shrink")]
+        for metric, labels in zeros:
+            record = getattr(metric, "_record", None)
+            if record is not None:
+                record(0.0, labels)
 
 
 def _inc(counter: Any, delta: int, tags: dict[str, str]) -> None:

@@ -1,0 +1,607 @@
+"""A Grafana dashboard of the node actors' metrics, generated the way Ray generates its own.
+
+The panels are Ray ``Panel`` and ``Target`` objects in a ``DashboardConfig`` named
+``RAY_TRITON_SHM``, rendered by Ray's own dashboard factory on ``grafana_dashboard_base.json``
+(shipped beside this module). So Ray's environment overrides apply as they do to Ray's
+dashboards: ``RAY_GRAFANA_RAY_TRITON_SHM_DASHBOARD_UID``,
+``RAY_GRAFANA_RAY_TRITON_SHM_DASHBOARD_GLOBAL_FILTERS`` (extra label matchers, comma-separated,
+added to every query) and ``RAY_GRAFANA_RAY_TRITON_SHM_LOG_LINK_URL``.
+
+Every query of the library's metrics filters ``model=~"$Model"``, ``node_id=~"$NodeId"``,
+``SessionName=~"$SessionName"`` and the global filters (Ray's ``ray_io_cluster=~"$Cluster"``,
+then the overrides); Triton's own metrics (``nv_inference_*``, from its metrics port) carry
+``model`` but neither ``node_id`` nor ``SessionName``, so their queries filter only by model and
+the global filters.
+
+Ray's dashboard modules are imported only when a dashboard is made: importing this module (and
+:mod:`ray_triton_shm.ray`) stays cheap.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = ["grafana_dashboard", "install_grafana_dashboard"]
+
+#: The name Ray's environment overrides are keyed by (``RAY_GRAFANA_<NAME>_DASHBOARD_UID``, ...).
+DASHBOARD_NAME = "RAY_TRITON_SHM"
+#: The dashboard's uid unless ``RAY_GRAFANA_RAY_TRITON_SHM_DASHBOARD_UID`` says otherwise.
+DEFAULT_UID = "rayTritonShmDashboard"
+#: The file name, beside Ray's ``default_grafana_dashboard.json`` and the others.
+FILE_NAME = "ray_triton_shm_grafana_dashboard.json"
+#: Our base JSON (template variables, title, time range), shipped as package data.
+BASE_JSON = Path(__file__).resolve().parent / "grafana_dashboard_base.json"
+
+#: Ray's own variables for where it writes its dashboards (``metrics_head.py``).
+GRAFANA_DASHBOARD_OUTPUT_DIR_ENV_VAR = "RAY_METRICS_GRAFANA_DASHBOARD_OUTPUT_DIR"
+METRICS_OUTPUT_ROOT_ENV_VAR = "RAY_METRICS_OUTPUT_ROOT"
+#: Ray's environment overrides of a dashboard, by name (``grafana_dashboard_factory.py``).
+_OVERRIDE_ENV_VARS = tuple(
+    f"RAY_GRAFANA_{DASHBOARD_NAME}_{suffix}"
+    for suffix in ("DASHBOARD_UID", "DASHBOARD_GLOBAL_FILTERS", "LOG_LINK_URL")
+)
+
+# Label matchers. Ray str.format()s every expr with global_filters=..., so the braces of a
+# selector are doubled (see _series) and {global_filters} is left for Ray to fill.
+_BY_MODEL = 'model=~"$Model",node_id=~"$NodeId",SessionName=~"$SessionName",{global_filters}'
+_BY_NODE = 'node_id=~"$NodeId",SessionName=~"$SessionName",{global_filters}'
+_TRITON = 'model=~"$Model",{global_filters}'
+
+#: The range of every rate(), as in Ray's panels.
+_RATE = "5m"
+
+
+def _series(metric: str, selector: str, *matchers: str) -> str:
+    """``metric{matchers,selector}`` with its braces doubled for Ray's ``str.format``."""
+    return metric + "{{" + ",".join((*matchers, selector)) + "}}"
+
+
+def _rate(metric: str, selector: str = _BY_MODEL, *matchers: str) -> str:
+    return f"rate({_series(metric, selector, *matchers)}[{_RATE}])"
+
+
+def _quantile(q: float, histogram: str) -> str:
+    """The ``q`` quantile of a histogram of ours, by model, over the last 5 minutes."""
+    return f"histogram_quantile({q}, sum({_rate(histogram + '_bucket')}) by (model, le))"
+
+
+def _triton_per_request(counter: str) -> str:
+    """Triton's cumulative ``counter`` (microseconds) per successful request, by model."""
+    return (
+        f"sum({_rate(counter, _TRITON)}) by (model) / "
+        f"sum({_rate('nv_inference_request_success', _TRITON)}) by (model)"
+    )
+
+
+def _dashboard_config() -> Any:
+    """The dashboard as Ray's ``DashboardConfig`` (imports Ray's dashboard modules)."""
+    from ray.dashboard.modules.metrics.dashboards.common import (
+        DashboardConfig,
+        Panel,
+        PanelTemplate,
+        Row,
+        Target,
+    )
+
+    def lines(**kwargs: Any) -> Any:
+        """A graph of unstacked lines (Ray stacks filled areas by default)."""
+        return Panel(fill=0, stack=False, **kwargs)
+
+    requests = [
+        Panel(
+            id=1,
+            title="Requests/s",
+            description="Requests Triton answered through shared memory, per second, by model "
+            "(every process of every selected node). Stacked: the top is the total.",
+            unit="reqps",
+            targets=[
+                Target(
+                    expr=f"sum({_rate('ray_triton_shm_requests_total')}) by (model)",
+                    legend="{{model}}",
+                )
+            ],
+        ),
+        lines(
+            id=2,
+            title="Request latency",
+            description="p50, p90 and p99 of a request's time, from its caller's first wait "
+            "for a slot to Triton's answer read back: the latency a replica or predictor sees, "
+            "slot wait included.",
+            unit="s",
+            targets=[
+                Target(
+                    expr=_quantile(q, "ray_triton_shm_request_duration_seconds"),
+                    legend=f"{{{{model}}}} p{round(q * 100)}",
+                )
+                for q in (0.5, 0.9, 0.99)
+            ],
+        ),
+        lines(
+            id=3,
+            title="Slot wait p99",
+            description="99th percentile of how long a request waited for a free slot of its "
+            "model's pool on its node (every request counts, those that did not wait with 0). "
+            "Long waits with the pool at its max: raise max_slots, or add Triton capacity.",
+            unit="s",
+            targets=[
+                Target(
+                    expr=_quantile(0.99, "ray_triton_shm_slot_wait_seconds"),
+                    legend="{{model}}",
+                )
+            ],
+        ),
+        lines(
+            id=4,
+            title="Bytes/s in and out",
+            description="Bytes written into shared memory for Triton (in) and read back from "
+            "its outputs (out), per second, by model.",
+            unit="Bps",
+            targets=[
+                Target(
+                    expr=f"sum({_rate('ray_triton_shm_input_bytes_total')}) by (model)",
+                    legend="{{model}} in",
+                ),
+                Target(
+                    expr=f"sum({_rate('ray_triton_shm_output_bytes_total')}) by (model)",
+                    legend="{{model}} out",
+                ),
+            ],
+        ),
+        lines(
+            id=5,
+            title="Samples per request",
+            description="Samples (rows of the batch dimension) per request, by model: how well "
+            "callers batch (@serve.batch, Ray Data's batch_size) against the model's "
+            "max_batch_size.",
+            unit="short",
+            targets=[
+                Target(
+                    expr=f"sum({_rate('ray_triton_shm_samples_total')}) by (model) / "
+                    f"sum({_rate('ray_triton_shm_requests_total')}) by (model)",
+                    legend="{{model}}",
+                )
+            ],
+        ),
+    ]
+    slots = [
+        lines(
+            id=6,
+            title="Slots in use",
+            description="Slots in use and the pool's size now, by model, summed over the "
+            "selected nodes; MAX (dashed) is the slots the selected pools may grow to "
+            "(max_slots), summed over models and nodes: select one model to read its pool "
+            "against its own max.",
+            unit="short",
+            targets=[
+                Target(
+                    expr=f"sum({_series('ray_triton_shm_slots_in_use', _BY_MODEL)}) by (model)",
+                    legend="{{model}} in use",
+                ),
+                Target(
+                    expr=f"sum({_series('ray_triton_shm_slots', _BY_MODEL)}) by (model)",
+                    legend="{{model}} slots",
+                ),
+                Target(
+                    expr=f"sum({_series('ray_triton_shm_slots_max', _BY_MODEL)})",
+                    legend="MAX",
+                ),
+            ],
+        ),
+        Panel(
+            id=7,
+            title="Callers waiting",
+            description="Callers waiting for a free slot now, by model. Waiting callers make a "
+            "pool that follows its load grow; at max_waiting more callers are refused "
+            "(overloads).",
+            unit="short",
+            targets=[
+                Target(
+                    expr=f"sum({_series('ray_triton_shm_callers_waiting', _BY_MODEL)}) by (model)",
+                    legend="{{model}}",
+                )
+            ],
+        ),
+        lines(
+            id=8,
+            title="Pool growth limited",
+            description="1 while callers wait and a pool cannot grow, by model and reason: "
+            "max_slots (at its max), shm_budget (the node's /dev/shm budget is spent) or "
+            "shm_full (/dev/shm is full).",
+            unit="short",
+            targets=[
+                Target(
+                    expr="max("
+                    + _series("ray_triton_shm_growth_limited", _BY_MODEL)
+                    + ") by (model, reason)",
+                    legend="{{model}} {{reason}}",
+                )
+            ],
+        ),
+        Panel(
+            id=9,
+            title="Abandoned slots",
+            description="Slots out of use until Triton finishes a request whose caller gave up "
+            "(timeout, cancellation) or died, by model. They come back by themselves once "
+            "Triton is done; many at once shrink the pool that callers can use.",
+            unit="short",
+            targets=[
+                Target(
+                    expr=f"sum({_series('ray_triton_shm_slots_abandoned', _BY_MODEL)}) by (model)",
+                    legend="{{model}}",
+                )
+            ],
+        ),
+        lines(
+            id=10,
+            title="Abandoned slot settle time p99",
+            description="99th percentile of how long an abandoned slot stayed out of use, "
+            "from its caller giving up until Triton was done with its request, by model.",
+            unit="s",
+            targets=[
+                Target(
+                    expr=_quantile(0.99, "ray_triton_shm_abandoned_settle_seconds"),
+                    legend="{{model}}",
+                )
+            ],
+        ),
+    ]
+    errors = [
+        Panel(
+            id=11,
+            title="Overloads/s",
+            description="Callers refused at once because max_waiting callers already waited "
+            "for a slot (OverloadedError; HTTP 503 in the example Serve app), per second, by "
+            "model.",
+            unit="reqps",
+            targets=[
+                Target(
+                    expr="sum("
+                    + _rate("ray_triton_shm_errors_total", _BY_MODEL, 'kind="overloaded"')
+                    + ") by (model)",
+                    legend="{{model}}",
+                )
+            ],
+        ),
+        Panel(
+            id=12,
+            title="Errors/s by kind",
+            description="Failed requests per second, by model and kind: overloaded, deadline "
+            "(a timeout passed), access_denied (keys), tls, unavailable (Triton unreachable), "
+            "model_changed, bad_input, other.",
+            unit="reqps",
+            targets=[
+                Target(
+                    expr=f"sum({_rate('ray_triton_shm_errors_total')}) by (model, kind)",
+                    legend="{{model}} {{kind}}",
+                )
+            ],
+        ),
+        Panel(
+            id=13,
+            title="Abandoned requests/s",
+            description="Requests given up while Triton ran them (their caller timed out, was "
+            "cancelled or died), per second, by model; each leaves its slot abandoned until "
+            "Triton is done.",
+            unit="reqps",
+            targets=[
+                Target(
+                    expr=f"sum({_rate('ray_triton_shm_abandoned_requests_total')}) by (model)",
+                    legend="{{model}}",
+                )
+            ],
+        ),
+        Panel(
+            id=14,
+            title="Layout changes and pool resizes",
+            description="Over the dashboard's time range, by model: times the model changed on "
+            "Triton (inputs or outputs) and its pool was laid out anew, and times a pool grew or "
+            "shrank with its load.",
+            unit="short",
+            template=PanelTemplate.STAT,
+            thresholds=[{"color": "blue", "value": None}],
+            targets=[
+                Target(
+                    expr="sum(increase("
+                    + _series("ray_triton_shm_layout_changes_total", _BY_MODEL)
+                    + "[$__range])) by (model)",
+                    legend="{{model}} layout changes",
+                ),
+                Target(
+                    expr="sum(increase("
+                    + _series("ray_triton_shm_pool_resizes_total", _BY_MODEL)
+                    + "[$__range])) by (model, direction)",
+                    legend="{{model}} {{direction}}",
+                ),
+            ],
+        ),
+    ]
+    triton_and_nodes = [
+        lines(
+            id=15,
+            title="Triton queue and compute time per request",
+            description="From Triton's own metrics (its metrics port): the mean time a request "
+            "waited in Triton's queue, and the mean compute time of the inference that "
+            "served it, by model. They count every client of Triton, not only ours; Triton's "
+            "series have no node or session label, so only Model and Cluster filter them.",
+            unit="µs",
+            targets=[
+                Target(
+                    expr=_triton_per_request("nv_inference_queue_duration_us"),
+                    legend="{{model}} queue",
+                ),
+                Target(
+                    expr=_triton_per_request("nv_inference_compute_infer_duration_us"),
+                    legend="{{model}} compute",
+                ),
+            ],
+        ),
+        lines(
+            id=16,
+            title="Triton up",
+            description="1 while the node actor reaches its node's Triton (live and ready), "
+            "0 while it does not, by node.",
+            unit="short",
+            targets=[
+                Target(
+                    expr=f"min({_series('ray_triton_shm_triton_up', _BY_NODE)}) by (node_id)",
+                    legend="{{node_id}}",
+                )
+            ],
+        ),
+        Panel(
+            id=17,
+            title="Node actor restarts",
+            description="Times a node's node actor started again over the dashboard's time "
+            "range (its start time changed), by node. A restarted actor takes its pools back "
+            "from the regions; frequent restarts deserve a look at its logs.",
+            unit="short",
+            template=PanelTemplate.STAT,
+            thresholds=[{"color": "green", "value": None}, {"color": "orange", "value": 1}],
+            targets=[
+                Target(
+                    # max by node: a restarted actor may export a new series (a new pid or
+                    # worker label); the node's latest start time changes either way.
+                    expr="changes((max("
+                    + _series("ray_triton_shm_node_actor_start_time_seconds", _BY_NODE)
+                    + ") by (node_id))[$__range:])",
+                    legend="{{node_id}}",
+                )
+            ],
+        ),
+        Panel(
+            id=18,
+            title="Dead-owner regions",
+            description="Shared-memory regions on a node whose owner process is gone and that "
+            "are not yet reclaimed, by node. The node actor reclaims them; ones that stay "
+            "need `ray-triton-shm reclaim` (and a look at what killed their owners).",
+            unit="short",
+            targets=[
+                Target(
+                    expr=f"max({_series('ray_triton_shm_dead_owner_regions', _BY_NODE)}) "
+                    "by (node_id)",
+                    legend="{{node_id}}",
+                )
+            ],
+        ),
+    ]
+    return DashboardConfig(
+        name=DASHBOARD_NAME,
+        default_uid=DEFAULT_UID,
+        standard_global_filters=['ray_io_cluster=~"$Cluster"'],
+        base_json_file_name=str(BASE_JSON),  # absolute: Ray's os.path.join(its dir, ...) keeps it
+        rows=[
+            Row(title="Requests", id=100, panels=requests),
+            Row(title="Slots", id=101, panels=slots),
+            Row(title="Errors", id=102, panels=errors),
+            Row(title="Triton and nodes", id=103, panels=triton_and_nodes),
+        ],
+    )
+
+
+def grafana_dashboard() -> str:
+    """The Grafana dashboard of the library's metrics, as JSON.
+
+    Rendered by Ray's dashboard factory, as Ray renders its own dashboards, so Ray's environment
+    overrides apply: ``RAY_GRAFANA_RAY_TRITON_SHM_DASHBOARD_UID`` (the uid, default
+    ``rayTritonShmDashboard``), ``RAY_GRAFANA_RAY_TRITON_SHM_DASHBOARD_GLOBAL_FILTERS`` (label
+    matchers added to every query, e.g. ``namespace="prod"``) and
+    ``RAY_GRAFANA_RAY_TRITON_SHM_LOG_LINK_URL``.
+
+    Returns:
+        The dashboard's JSON, for Grafana's import or a provisioned folder.
+
+    Raises:
+        ImportError: Ray is not installed.
+    """
+    from ray.dashboard.modules.metrics import grafana_dashboard_factory
+
+    # Ray's function returns (content, uid) though it is annotated as returning str.
+    generated: Any = grafana_dashboard_factory._generate_grafana_dashboard(_dashboard_config())
+    content, _uid = generated
+    return str(content)
+
+
+def _ray_temp_dir() -> Path:
+    try:
+        from ray._common.utils import get_default_ray_temp_dir
+    except ImportError:  # other Ray versions keep it elsewhere; /tmp/ray is its default
+        return Path("/tmp/ray")
+    return Path(get_default_ray_temp_dir())
+
+
+def _ray_dashboards_dir() -> tuple[Path, bool]:
+    """Where Ray writes its dashboards, and whether that is a directory Ray named by env var.
+
+    As Ray's ``metrics_head.py``: ``$RAY_METRICS_GRAFANA_DASHBOARD_OUTPUT_DIR``, else
+    ``$RAY_METRICS_OUTPUT_ROOT/grafana/dashboards``, else the latest session's
+    ``metrics/grafana/dashboards``.
+    """
+    if os.environ.get(GRAFANA_DASHBOARD_OUTPUT_DIR_ENV_VAR):
+        return Path(os.environ[GRAFANA_DASHBOARD_OUTPUT_DIR_ENV_VAR]), True
+    if os.environ.get(METRICS_OUTPUT_ROOT_ENV_VAR):
+        return Path(os.environ[METRICS_OUTPUT_ROOT_ENV_VAR]) / "grafana" / "dashboards", True
+    return _ray_temp_dir() / "session_latest" / "metrics" / "grafana" / "dashboards", False
+
+
+def install_grafana_dashboard(directory: str | os.PathLike[str] | None = None) -> Path:
+    """Writes the dashboard as ``ray_triton_shm_grafana_dashboard.json`` beside Ray's own.
+
+    By default into the folder Ray writes its dashboards to and provisions its Grafana from:
+    ``$RAY_METRICS_GRAFANA_DASHBOARD_OUTPUT_DIR``, else
+    ``$RAY_METRICS_OUTPUT_ROOT/grafana/dashboards``, else
+    ``/tmp/ray/session_latest/metrics/grafana/dashboards`` (the head node's latest session),
+    so a Grafana started with Ray's ``grafana.ini`` shows it in its ``Ray`` folder. Ray empties
+    that folder whenever the head starts: install again after ``ray start --head``.
+
+    Args:
+        directory: Write into this folder instead (made if missing), e.g. a folder that your
+            own Grafana provisions dashboards from.
+
+    Returns:
+        The path of the file written.
+
+    Raises:
+        FileNotFoundError: ``directory`` is not given and no Ray session was started on this
+            machine (there is no ``session_latest`` to write into).
+        ImportError: Ray is not installed.
+    """
+    if directory is not None:
+        target = Path(directory)
+    else:
+        target, named = _ray_dashboards_dir()
+        session = target.parents[2]
+        # session_latest is Ray's symlink: making it a directory would break the next session.
+        if not named and not session.exists():
+            raise FileNotFoundError(
+                f"no Ray session at {session}: start Ray on this node first "
+                "(ray start --head), or name the folder to write into "
+                "(directory=..., or ray-triton-shm grafana --out DIR)"
+            )
+    target.mkdir(parents=True, exist_ok=True)
+    path = target / FILE_NAME
+    path.write_text(grafana_dashboard())
+    return path
+
+
+# --------------------------------------------------------------------------------------
+# The checked-in copies (deployments/) and the queries of the panels
+# --------------------------------------------------------------------------------------
+
+#: The checked-in copies, relative to the repository's root.
+DEPLOYMENT_JSON = Path("deployments") / "grafana" / FILE_NAME
+DEPLOYMENT_CONFIGMAP = Path("deployments") / "kuberay" / "grafana-dashboard-configmap.yaml"
+#: How to regenerate them, for the messages of the test that compares them.
+REGENERATE = "python deployments/grafana/generate.py (or: make grafana)"
+
+_CONFIGMAP_HEADER = f"""\
+# Generated by `{REGENERATE.split(" (")[0]}` from ray_triton_shm/ray/_dashboard.py: do not edit.
+# The ray-triton-shm Grafana dashboard for Grafana's dashboard sidecar (kube-prometheus-stack's
+# grafana.sidecar.dashboards, which loads ConfigMaps labelled grafana_dashboard: "1"). Apply it
+# in a namespace the sidecar watches (kube-prometheus-stack's own, by default):
+#   kubectl apply -n monitoring -f deployments/kuberay/grafana-dashboard-configmap.yaml
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: ray-triton-shm-grafana-dashboard
+  labels:
+    grafana_dashboard: "1"
+data:
+  {FILE_NAME}: |-
+"""
+
+
+@contextlib.contextmanager
+def _without_overrides() -> Iterator[None]:
+    """Ray's environment overrides of this dashboard unset for the block (then restored)."""
+    saved = {name: os.environ.pop(name) for name in _OVERRIDE_ENV_VARS if name in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
+def _deployment_files() -> dict[Path, str]:
+    """The checked-in files as the generator makes them now, by path under the repository.
+
+    Made without Ray's environment overrides, so they do not depend on who generates them.
+    """
+    with _without_overrides():
+        content = grafana_dashboard()
+    configmap = _CONFIGMAP_HEADER + "".join(f"    {line}\n" for line in content.splitlines())
+    return {DEPLOYMENT_JSON: content + "\n", DEPLOYMENT_CONFIGMAP: configmap}
+
+
+def _write_deployments(root: str | os.PathLike[str]) -> list[Path]:
+    """Regenerates the checked-in dashboard and ConfigMap under the repository ``root``.
+
+    Returns:
+        The paths written.
+    """
+    written = []
+    for relative, text in _deployment_files().items():
+        path = Path(root) / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        written.append(path)
+    return written
+
+
+#: What Grafana's built-in variables stand for in :func:`_panel_queries` unless told otherwise:
+#: the dashboard's default time range (30 minutes) and Prometheus' default scrape interval.
+_BUILTINS = {"__range": "30m", "__rate_interval": "1m", "__interval": "15s"}
+_VARIABLE = re.compile(r"\$(?:\{(\w+)\}|(\w+))")
+
+
+def _panel_queries(
+    dashboard_json: str, substitutions: Mapping[str, str] | None = None
+) -> list[tuple[str, str]]:
+    """Every panel's PromQL as Prometheus can run it, with the Grafana variables replaced.
+
+    For a test that runs each panel's query against a real Prometheus. A template variable
+    becomes what Grafana sends for "All": its ``allValue`` (``.*`` for ``Model``, ``NodeId``
+    and ``Cluster``, ``.+`` for ``SessionName``, which so still requires the label Ray adds to
+    every metric); ``$__range`` becomes ``30m``, ``$__rate_interval`` ``1m`` and ``$__interval``
+    ``15s``. The dashboard should be made without global filter overrides (as the checked-in
+    one is): Ray's standard one, ``ray_io_cluster=~"$Cluster"``, then matches every series.
+
+    Args:
+        dashboard_json: The dashboard, e.g. :func:`grafana_dashboard`'s result.
+        substitutions: Values for variables, by name without the ``$`` (``{"Model":
+            "classifier", "__range": "5m"}``), over the defaults above.
+
+    Returns:
+        ``(panel title, query)`` for every target of every panel, those in collapsed rows
+        included, in the dashboard's order.
+
+    Raises:
+        ValueError: A query uses a variable that is neither the dashboard's nor Grafana's
+            built-in ones above, nor in ``substitutions``.
+    """
+    dashboard = json.loads(dashboard_json)
+    values = dict(_BUILTINS)
+    for variable in dashboard.get("templating", {}).get("list", []):
+        if variable.get("type") == "query":
+            values[variable["name"]] = variable.get("allValue") or ".*"
+    values.update(substitutions or {})
+
+    def substitute(match: re.Match[str]) -> str:
+        name = match.group(1) or match.group(2)
+        if name not in values:
+            raise ValueError(f"unknown Grafana variable ${name} in {match.string!r}")
+        return values[name]
+
+    panels: list[dict[str, Any]] = []
+    for panel in dashboard.get("panels", []):
+        panels.append(panel)
+        panels.extend(panel.get("panels", []))  # a collapsed row holds its panels
+    return [
+        (panel["title"], _VARIABLE.sub(substitute, target["expr"]))
+        for panel in panels
+        for target in panel.get("targets", [])
+    ]
