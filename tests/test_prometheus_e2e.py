@@ -39,9 +39,6 @@ from ray_triton_shm.ray import URL_ENV_VAR, ShmModel, get_node_actor  # noqa: E4
 from ray_triton_shm.ray._dashboard import _panel_queries, grafana_dashboard  # noqa: E402
 
 PROMETHEUS = shutil.which("prometheus")
-pytestmark = pytest.mark.skipif(
-    PROMETHEUS is None, reason="needs Debian's prometheus package (make test installs it)"
-)
 RULES = Path(__file__).parent.parent / "deployments" / "prometheus" / "ray-triton-shm-rules.yaml"
 #: The seats of the node actor's regions: few, so that an overload is easy to make.
 MAX_WAITING = 2
@@ -125,6 +122,10 @@ def ray_reporting_every_second(triton: LocalTritonServer) -> Iterator[Path]:
 def prometheus(
     tmp_path: Path, triton: LocalTritonServer, ray_reporting_every_second: Path
 ) -> Iterator[Prometheus]:
+    if PROMETHEUS is None:
+        pytest.fail(
+            "no prometheus on the PATH: Debian's prometheus package (make test installs it)"
+        )
     rules = re.sub(r"(?m)^(\s*)for: *\S+", r"\1for: 1s", RULES.read_text())
     (tmp_path / "rules.yaml").write_text(rules)
     config = {

@@ -344,7 +344,7 @@ def _dashboard_config() -> Any:
         lines(
             id=16,
             title="Triton up",
-            description="1 while the node actor reaches its node's Triton (live and ready), "
+            description="1 while the node actor reaches its node's Triton (live), "
             "0 while it does not, by node.",
             unit="short",
             targets=[
