@@ -227,3 +227,37 @@ def test_every_exception_survives_pickle(error: TritonSHMError) -> None:
     assert isinstance(copy, TritonSHMError)
     if isinstance(error, OSError):
         assert copy.errno == error.errno
+
+
+def test_failed_calls_are_counted_by_kind_and_answers_by_latency(grpc_url: str) -> None:
+    """What the metrics export: every failed call counted once under its kind (a bad input
+    before any slot, a deadline while Triton runs the request), every answered request in
+    the latency and wait histograms."""
+    with TritonSHMClient(url=grpc_url) as client:
+        client.register_shm_model(
+            "delay_echo", pool_size=1, max_shapes={"DATA": (4,), "ECHO": (4,)}
+        )
+        header = client._pools["delay_echo"].header
+        data = np.arange(4, dtype=np.float32)
+
+        def call(delay_ms: int, **options: Any) -> Any:
+            inputs = {"DELAY_MS": np.array([delay_ms], np.int32), "DATA": data}
+            return client.infer_shm("delay_echo", inputs, **options)
+
+        for _ in range(3):
+            np.testing.assert_array_equal(call(0)["ECHO"], data)
+        with pytest.raises(InvalidInputError):
+            client.infer_shm("delay_echo", {"DATA": data})
+        with pytest.raises(TritonServerError, match="client_timeout_s"):
+            call(1000, client_timeout_s=0.2)
+        np.testing.assert_array_equal(call(0)["ECHO"], data)  # after Triton answered it
+
+        failures = header.failures()
+        assert failures["bad_input"] == 1 and failures["deadline"] == 1
+        assert sum(failures.values()) == 2
+        totals, histograms = header.totals(), header.histograms()
+        assert totals.requests == 4
+        assert histograms["latency"].sum() == 4 and totals.latency_ns > 0
+        # Every request that took a slot waited for it, if only for nothing: the deadline's too.
+        assert histograms["wait"].sum() == 5
+        assert 0 < header.latency_quantile_s(0.5) < 1.0

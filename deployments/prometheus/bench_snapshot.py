@@ -167,6 +167,10 @@ def main(argv: list[str] | None = None) -> int:
                 ax.set_xlabel("minutes into make bench")
                 if ax.get_legend_handles_labels()[0]:
                     ax.legend(fontsize=6, loc="upper left", ncol=2)
+                else:
+                    ax.text(
+                        0.5, 0.5, "zero throughout the run", ha="center", transform=ax.transAxes
+                    )
             figure.suptitle("ray-triton-shm dashboard panels during `make bench` (Prometheus)")
             args.out.parent.mkdir(parents=True, exist_ok=True)
             figure.savefig(args.out, dpi=90)
