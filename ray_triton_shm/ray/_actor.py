@@ -731,7 +731,6 @@ class _Metrics:
         for reason in LIMITS[1:]:
             self._limited.set(int(reason == limited_by), {**tags, "reason": reason})
 
-
     def _zero(self, tags: dict[str, str]) -> None:
         """Makes a model's counters exist at zero, every label of them, before their first
         event: ``rate()`` and ``increase()`` over a series that does not exist yet say
