@@ -22,6 +22,7 @@ __version__ = "0.1.0"
 #: Each public name, and the private module that defines it.
 _EXPORTS = {
     "TritonSHMClient": "._client",
+    "SlotLease": "._lease",
     "AccessDeniedError": "._exceptions",
     "ClientClosedError": "._exceptions",
     "CudaError": "._exceptions",
@@ -83,6 +84,7 @@ __all__ = [
     "SharedMemoryFullError",
     "SharedMemoryNotAllowedError",
     "SlotAutoscaling",
+    "SlotLease",
     "SlotTimeoutError",
     "StatusReport",
     "TLSHandshakeError",
@@ -124,6 +126,7 @@ if typing.TYPE_CHECKING:  # what type checkers and IDEs see: the names, typed, a
         TritonSHMError,
     )
     from ._headers import Keys, headers_from_dir, headers_from_env
+    from ._lease import SlotLease
     from ._pool import PoolStats
     from ._reclaim import ReclaimReport, RegionStatus, StatusReport, reclaim_regions, region_status
     from ._scaling import SlotAutoscaling

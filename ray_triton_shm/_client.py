@@ -18,7 +18,6 @@ given up is used again exactly when Triton is done with it (:mod:`._settle`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import os
@@ -34,12 +33,12 @@ from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from . import _cuda
+from ._calls import Calls
 from ._changes import Registration, changed_error, differences
 from ._defaults import DEFAULT_RECONNECT_TIMEOUT_S, DEFAULT_URL
 from ._engine import (
     ModelPool,
     PoolRetired,
-    Step,
     Steps,
     SuspectedChange,
     drive,
@@ -59,6 +58,7 @@ from ._gpu_tensors import OUTPUT_KINDS
 from ._header import RegionHeader
 from ._headers import REDACTED, Keys, Metadata, normalize
 from ._inputs import InputValue, prepare_batch
+from ._lease import SlotLease
 from ._memory import (
     CUDA,
     SYSTEM,
@@ -78,7 +78,7 @@ from ._settle import Settler, unregister_slots
 from ._shm import SharedMemoryRegion, ensure_room, mib, new_region_name, slot_key
 from ._specs import ModelSpec, SlotLayout, SpecLike
 from ._tls import ReloadingChannel, TlsFiles, diagnose
-from ._transport import as_asyncio_future, status_and_message, translate_error
+from ._transport import status_and_message, translate_error
 
 __all__ = ["TritonSHMClient"]
 
@@ -998,39 +998,15 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             parameters=parameters,
             outputs=outputs,
         )
-        keys = self._keys.metadata()
-        metadata = self._get_metadata(headers, keys)
-        reconnect = self._reconnect(model_name, reconnect_timeout_s, metadata)
-        infer = self._client_stub.ModelInfer
-        send = infer.future
+        calls = Calls(
+            self,
+            model_name,
+            pool,
+            headers=headers,
+            client_timeout_s=client_timeout_s,
+            reconnect_timeout_s=reconnect_timeout_s,
+        )
         started = time.monotonic()
-        rotated = False
-
-        def do(step: Step, arg: Any) -> Any:
-            match step:
-                case Step.ANSWER:
-                    if arg.call is None:
-                        if client_timeout_s is None:
-                            return infer(arg.request, metadata=metadata)
-                        arg.call = send(arg.request, metadata=metadata)
-                    try:
-                        return arg.call.result(arg.time_left(client_timeout_s))
-                    except grpc.FutureTimeoutError:
-                        raise arg.deadline_exceeded(client_timeout_s) from None
-                case Step.SLOT:
-                    return pool.slots.acquire(arg)
-                case Step.SEND:
-                    arg.call = send(arg.request, metadata=metadata)
-                case Step.RECONNECT:
-                    reconnect.wait(arg)
-                case Step.REREGISTER:
-                    self._reregister(arg.pool, arg.epoch, reconnect)
-                case Step.SETTLE:
-                    if arg.call is not None:
-                        ended = (grpc.FutureCancelledError, grpc.FutureTimeoutError)
-                        with contextlib.suppress(*ended):
-                            arg.call.exception(arg.time_left(client_timeout_s))
-
         moves = 0
         try:
             while True:
@@ -1038,18 +1014,89 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
                     steps = self._steps(
                         pool, inputs, options, slot_timeout_s, request_id, outputs_as
                     )
-                    return drive(steps, do)
+                    return drive(steps, calls.do)
                 except AccessDeniedError:
-                    if rotated or not self._keys.refused(keys):
+                    if not calls.rotate():
                         raise
-                    rotated, keys = True, self._keys.metadata()
-                    metadata = self._get_metadata(headers, keys)
-                    reconnect = self._reconnect(model_name, reconnect_timeout_s, metadata)
                 except _MOVED as exc:
                     if moves == _MAX_MOVES:
                         raise exc.error if isinstance(exc, SuspectedChange) else exc from None
                     moves += 1
-                    pool = self._next_pool(pool, exc, options, started)
+                    pool = calls.pool = self._next_pool(pool, exc, options, started)
+        except TritonSHMError as exc:
+            pool.count_failure(exc)
+            raise
+
+    def lease(
+        self,
+        model_name: str,
+        *,
+        batch: int | None = None,
+        shapes: Mapping[str, Sequence[int]] | None = None,
+        slot_timeout_s: float | None = None,
+        client_timeout_s: float | None = None,
+        headers: Mapping[str, str] | None = None,
+        request_id: str = "",
+        reconnect_timeout_s: float | None = None,
+        priority: int = 0,
+        queue_timeout_s: float | None = None,
+        parameters: Mapping[str, ParameterValue] | None = None,
+        outputs: Sequence[str] | None = None,
+    ) -> SlotLease:
+        """Leases one slot of the model's pool: write the inputs where Triton reads them, read
+        the outputs where Triton wrote them (see :class:`SlotLease`).
+
+        ```python
+        with client.lease("classifier", batch=8) as lease:
+            np.divide(images, 255, out=lease.inputs["INPUT0"])  # no copy of yours
+            probs = lease.infer()["OUTPUT0"]  # read-only, in the slot
+        ```
+
+        The slot is taken on entering the block (``with`` or ``async with``), with the rules
+        of :meth:`infer_shm` (backpressure, ``slot_timeout_s``, a model that moved), and goes
+        back once the block ended and no array of the lease is alive.
+
+        Args:
+            model_name: A model registered with :meth:`register_shm_model` (in system memory,
+                without BYTES inputs).
+            batch: Samples in the request, 1 to ``max_batch_size`` (``None`` for a model that
+                does not batch).
+            shapes: Per-sample shape of each input with variable dims (``-1``); the others
+                take the model's.
+            slot_timeout_s, client_timeout_s, headers, request_id, reconnect_timeout_s,
+                priority, queue_timeout_s, parameters, outputs: As for :meth:`infer_shm`.
+
+        Raises:
+            ModelNotRegisteredError: the model has no pool.
+            InvalidInputError: ``batch``, ``shapes`` or the options do not fit the model (no
+                slot was taken).
+        """
+        pool = self._pool(model_name)
+        calls = Calls(
+            self,
+            model_name,
+            pool,
+            headers=headers,
+            client_timeout_s=client_timeout_s,
+            reconnect_timeout_s=reconnect_timeout_s,
+        )
+        try:
+            options = request_options(
+                model_name,
+                priority=priority,
+                queue_timeout_s=queue_timeout_s,
+                parameters=parameters,
+                outputs=outputs,
+            )
+            chosen = None if options is None else select_outputs(pool.spec, options)
+            return SlotLease(
+                calls,
+                batch=batch,
+                shapes=shapes,
+                options=chosen,
+                slot_timeout_s=slot_timeout_s,
+                request_id=request_id,
+            )
         except TritonSHMError as exc:
             pool.count_failure(exc)
             raise
@@ -1089,37 +1136,15 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             parameters=parameters,
             outputs=outputs,
         )
-        loop = asyncio.get_running_loop()
-        keys = self._keys.metadata()
-        metadata = self._get_metadata(headers, keys)
-        reconnect = self._reconnect(model_name, reconnect_timeout_s, metadata)
-        send = self._client_stub.ModelInfer.future
+        calls = Calls(
+            self,
+            model_name,
+            pool,
+            headers=headers,
+            client_timeout_s=client_timeout_s,
+            reconnect_timeout_s=reconnect_timeout_s,
+        )
         started = time.monotonic()
-        rotated = False
-
-        async def do(step: Step, arg: Any) -> Any:
-            match step:
-                case Step.ANSWER:
-                    if arg.call is None:
-                        arg.call = send(arg.request, metadata=metadata)
-                    answer = as_asyncio_future(arg.call, loop)
-                    try:
-                        return await asyncio.wait_for(answer, arg.time_left(client_timeout_s))
-                    except asyncio.TimeoutError:
-                        raise arg.deadline_exceeded(client_timeout_s) from None
-                case Step.SLOT:
-                    return await pool.slots.acquire_async(arg)
-                case Step.SEND:
-                    arg.call = send(arg.request, metadata=metadata)
-                case Step.RECONNECT:
-                    await reconnect.wait_async(arg, loop)
-                case Step.REREGISTER:
-                    await asyncio.to_thread(self._reregister, arg.pool, arg.epoch, reconnect)
-                case Step.SETTLE:
-                    if arg.call is not None:
-                        answer = as_asyncio_future(arg.call, loop)
-                        await asyncio.wait([answer], timeout=arg.time_left(client_timeout_s))
-
         moves = 0
         try:
             while True:
@@ -1127,18 +1152,16 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
                     steps = self._steps(
                         pool, inputs, options, slot_timeout_s, request_id, outputs_as
                     )
-                    return await drive_async(steps, do)
+                    return await drive_async(steps, calls.do_async)
                 except AccessDeniedError:
-                    if rotated or not self._keys.refused(keys):
+                    if not calls.rotate():
                         raise
-                    rotated, keys = True, self._keys.metadata()
-                    metadata = self._get_metadata(headers, keys)
-                    reconnect = self._reconnect(model_name, reconnect_timeout_s, metadata)
                 except _MOVED as exc:
                     if moves == _MAX_MOVES:
                         raise exc.error if isinstance(exc, SuspectedChange) else exc from None
                     moves += 1
                     pool = await asyncio.to_thread(self._next_pool, pool, exc, options, started)
+                    calls.pool = pool
         except TritonSHMError as exc:
             pool.count_failure(exc)
             raise

@@ -33,7 +33,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from tritonclient.grpc import service_pb2
@@ -82,6 +82,7 @@ class Step(enum.Enum):
 
 
 Steps = Generator[tuple[Step, Any], Any, dict[str, Any]]
+T = TypeVar("T")
 
 
 class SuspectedChange(Exception):
@@ -491,7 +492,7 @@ def _send(chunk: Chunk) -> Generator[tuple[Step, Any], Any, None]:
         raise
 
 
-def drive(steps: Steps, do: Callable[[Step, Any], Any]) -> dict[str, Any]:
+def drive(steps: Generator[tuple[Step, Any], Any, T], do: Callable[[Step, Any], Any]) -> T:
     """Runs ``steps`` to the end, doing each step with ``do`` (which blocks)."""
     result: Any = None
     error: BaseException | None = None
@@ -509,7 +510,9 @@ def drive(steps: Steps, do: Callable[[Step, Any], Any]) -> dict[str, Any]:
         steps.close()  # an interrupt between two steps: the generator gives its slots back
 
 
-async def drive_async(steps: Steps, do: Callable[[Step, Any], Awaitable[Any]]) -> dict[str, Any]:
+async def drive_async(
+    steps: Generator[tuple[Step, Any], Any, T], do: Callable[[Step, Any], Awaitable[Any]]
+) -> T:
     """:func:`drive` for coroutines: ``do`` returns an awaitable."""
     result: Any = None
     error: BaseException | None = None

@@ -37,6 +37,7 @@ CORE = [
     "SharedMemoryFullError",
     "SharedMemoryNotAllowedError",
     "SlotAutoscaling",
+    "SlotLease",
     "SlotTimeoutError",
     "StatusReport",
     "TLSHandshakeError",

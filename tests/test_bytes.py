@@ -15,6 +15,7 @@ from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
 
 from ray_triton_shm import InvalidInputError, ModelSpecError, TritonServerError, TritonSHMClient
 from ray_triton_shm._bytes import decode, encode
+from ray_triton_shm._specs import REGION_HEADER_BYTES
 from ray_triton_shm.ray import ShmModel, ShmPredictor, get_node_actor
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -106,8 +107,9 @@ def test_too_long_an_element_is_refused_before_anything_is_written(
 ) -> None:
     client.register_shm_model("upper", pool_size=1, max_element_bytes={"TEXT": 8, "UPPER": 8})
     pool = client._pools["upper"]
-    pool.region.buffer[:] = b"\xab" * pool.region.size
-    before = bytes(pool.region.buffer)
+    slots = slice(REGION_HEADER_BYTES, pool.region.size)  # the header counts the failures
+    pool.region.buffer[slots] = b"\xab" * (pool.region.size - REGION_HEADER_BYTES)
+    before = bytes(pool.region.buffer[slots])
     texts = np.array([[b"short"], [b"just 9 b!"]], dtype=np.object_)
     with pytest.raises(
         InvalidInputError, match=r"'TEXT' element 1 is 9 bytes.*max_element_bytes of 8"
@@ -117,8 +119,9 @@ def test_too_long_an_element_is_refused_before_anything_is_written(
         client.infer_shm("upper", {"TEXT": np.array([[1]], dtype=np.object_)})
     with pytest.raises(InvalidInputError, match=r"'TEXT' is a BYTES tensor.*float64"):
         client.infer_shm("upper", {"TEXT": np.zeros((1, 1))})
-    assert bytes(pool.region.buffer) == before
+    assert bytes(pool.region.buffer[slots]) == before
     assert client.shm_stats("upper").in_use == 0
+    assert pool.header.failures()["bad_input"] == 3
 
 
 def test_an_output_larger_than_its_slot_says_which_maximum_to_raise(

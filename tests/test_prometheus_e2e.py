@@ -94,12 +94,20 @@ def ray_reporting_every_second(triton: LocalTritonServer) -> Iterator[Path]:
         ray.shutdown()
     old = os.environ.get(URL_ENV_VAR)
     os.environ[URL_ENV_VAR] = triton.grpc_url
-    init_ray(
-        address="local",
-        num_cpus=4,
-        include_dashboard=True,  # its head writes the service-discovery file
-        _system_config={"metrics_report_interval_ms": 1000},
-    )
+    for attempt in range(2):
+        try:
+            init_ray(
+                address="local",
+                num_cpus=4,
+                include_dashboard=True,  # its head writes the service-discovery file
+                dashboard_port=_free_port(),
+                _system_config={"metrics_report_interval_ms": 1000},
+            )
+            break
+        except Exception as exc:  # once, in CI, the dashboard died as it started (SIGABRT)
+            ray.shutdown()
+            if attempt or "dashboard" not in str(exc).lower():
+                raise
     temp_dir = Path(ray._private.worker._global_node.get_temp_dir_path())
     discovery = temp_dir / "prom_metrics_service_discovery.json"
     port = f":{ray.nodes()[0]['MetricsExportPort']}"

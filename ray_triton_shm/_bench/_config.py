@@ -74,7 +74,14 @@ GPU_PATHS: tuple[str, ...] = (
 )  # fmt: skip
 MEMORY_KINDS = ("system", "cuda")
 #: Paths without Ray in the default run, in table order.
-DEFAULT_PATHS: tuple[str, ...] = ("grpc", "http", "shm-manual", "shm-client", "memcpy")
+DEFAULT_PATHS: tuple[str, ...] = (
+    "grpc",
+    "http",
+    "shm-manual",
+    "shm-client",
+    "shm-lease",
+    "memcpy",
+)
 #: The Ray paths (``--ray``), in table order.
 RAY_PATHS: tuple[str, ...] = (
     "shm-model", "grpc-procs", "serve-grpc", "serve-shm", "serve-inproc",

@@ -378,6 +378,36 @@ class ShmClientPath(BenchPath):
         return {"shm_bytes": SlotLayout.for_model(self._spec).region_bytes(self.slots)}
 
 
+class ShmLeasePath(ShmClientPath):
+    """``TritonSHMClient.lease``: the caller's batch written straight into its slot, the
+    outputs read where Triton wrote them. The batch's last write (a copy from the same arrays
+    the ``shm-client`` path sends) is counted here, where ``shm-client`` made its batch before
+    the clock started: the comparison is on the lease's side of fair."""
+
+    name, label = "shm-lease", "TritonSHMClient.lease"
+
+    def setup(self) -> None:
+        if self.case.has_bytes:
+            raise SkipPath("BYTES tensors have no fixed place in a slot to write into")
+        super().setup()
+        spec = self._spec
+        first = next(iter(self.inputs.values()))
+        self._batch = len(first) if spec.batched else None
+        if self._batch is not None and self._batch > spec.batch_capacity:
+            raise SkipPath(
+                f"a lease is one request of at most max_batch_size ({spec.batch_capacity}) "
+                f"samples, and the batch has {self._batch}"
+            )
+        cut = 1 if spec.batched else 0
+        self._shapes = {name: array.shape[cut:] for name, array in self.inputs.items()}
+
+    def run_once(self) -> Mapping[str, np.ndarray]:
+        with self._client.lease(self.case.model, batch=self._batch, shapes=self._shapes) as lease:
+            for name, array in self.inputs.items():
+                np.copyto(lease.inputs[name], array)
+            return lease.infer()  # type: ignore[no-any-return]
+
+
 class MemcpyFloorPath(BenchPath):
     """Copy the input bytes into, and the output bytes out of, preallocated buffers (one
     caller): the least any shared-memory client must do per request, the floor of its CPU."""
@@ -405,5 +435,6 @@ PATHS: tuple[type[BenchPath], ...] = (
     HttpPath,
     ShmManualPath,
     ShmClientPath,
+    ShmLeasePath,
     MemcpyFloorPath,
 )

@@ -459,6 +459,11 @@ _GOALS: tuple[tuple[Any, ...], ...] = (
     ("upper-long", ("shm-client", 1), 1.5, ("grpc", 1)),
     ("classifier", ("shm-client", 1), 1.5, ("memcpy", 1), "cpu_s_per_gb"),
     ("large_image", ("shm-client", 1), 1.5, ("memcpy", 1), "cpu_s_per_gb"),
+    # A slot lease: the batch written in the slot, the outputs read there (no copies).
+    ("large_image", ("shm-lease", 1), 0.6, ("shm-client", 1), "cpu_s_per_gb"),
+    ("classifier", ("shm-lease", 1), 0.9, ("shm-client", 1), "cpu_s_per_gb"),
+    *((case, ("shm-lease", callers), 1.0, ("shm-client", callers), "requests_per_s")
+      for case in ("classifier", "my_model", "large_image") for callers in (1, 4)),
     # bench --ray: the same Serve deployment with its replica on each client, and the same
     # Ray Data job with each predictor.
     ("identity", ("serve-shm",), 1.0, ("serve-grpc",)),

@@ -76,6 +76,8 @@ class ShmPredictor:
             keep_columns if isinstance(keep_columns, bool) else tuple(keep_columns)
         )
         self._cast = cast
+        #: Whether batches go through slot leases where their columns allow (see _in_place).
+        self._leases = True
         # Binding here (inside the worker) fails fast on a bad model or mapping, before data
         # flows, and registers the model once per worker.
         self._spec: ModelSpec = self._model.spec
@@ -113,8 +115,10 @@ class ShmPredictor:
                 f"ShmPredictor({self._spec.name!r}) takes dict-of-numpy batches, got "
                 f"{type(batch).__name__}; pass batch_format='numpy' to map_batches"
             )
-        inputs = {name: self._column(batch, name, column) for name, column in self._columns.items()}
-        outputs = self._infer(inputs)
+        outputs = self._in_place(batch) if self._leases else None
+        if outputs is None:
+            inputs = {n: self._column(batch, n, column) for n, column in self._columns.items()}
+            outputs = self._infer(inputs)
         result: dict[str, np.ndarray] = {}
         if self._keep_columns is True:
             result.update((column, np.asarray(values)) for column, values in batch.items())
@@ -142,6 +146,52 @@ class ShmPredictor:
                 )
             result[column] = outputs[name]
         return result
+
+    def _in_place(self, batch: Mapping[str, Any]) -> dict[str, np.ndarray] | None:
+        """Runs the batch through a slot lease, its columns written straight into the slot
+        (stacked there, for a column of per-row arrays; cast there, with ``cast``): one copy
+        where building arrays first makes two. ``None`` where the columns do not allow it
+        (BYTES, more rows than one request takes, ragged or mistyped columns: the plain path
+        then says what is wrong), or where this worker cannot lease (by value, GPU memory)."""
+        spec = self._spec
+        if not spec.batched:
+            return None
+        columns: dict[str, tuple[np.ndarray, tuple[int, ...]]] = {}
+        for name, column in self._columns.items():
+            values, tensor = batch.get(column), spec.input(name)
+            if not isinstance(values, np.ndarray) or tensor.is_bytes:
+                return None
+            if values.dtype == object:
+                if not _holds_arrays(values):
+                    return None
+                first = np.asarray(values[0])
+                kind = first.dtype
+                if any(np.shape(row) != first.shape for row in values):
+                    return None
+                sample = first.shape
+            else:
+                kind, sample = values.dtype, values.shape[1:]
+            if kind != tensor.dtype and not (self._cast and kind.kind in "biuf"):
+                return None
+            columns[name] = (values, sample)
+        rows = {len(values) for values, _ in columns.values()}
+        if len(rows) != 1 or not 1 <= (count := rows.pop()) <= spec.batch_capacity:
+            return None
+        shapes = {name: sample for name, (_, sample) in columns.items()}
+        try:
+            with self._model.lease(batch=count, shapes=shapes, outputs=self._requested) as lease:
+                for name, (values, _) in columns.items():
+                    target = lease.inputs[name]
+                    if values.dtype == object:
+                        np.stack(list(values), out=target, casting="unsafe")
+                    else:
+                        np.copyto(target, values, casting="unsafe")
+                answer = lease.infer()
+                return {name: np.array(answer[name]) for name in self._outputs}
+        except InvalidInputError as exc:
+            if exc.tensor is None:
+                self._leases = False  # by value, or GPU memory: never here
+            return None
 
     def _infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if self._spec.batched:

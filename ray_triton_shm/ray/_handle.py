@@ -32,6 +32,7 @@ from .._exceptions import ClientClosedError, InvalidInputError, StaleLeaseError
 from .._header import RegionHeader
 from .._headers import Keys, normalize
 from .._inputs import InputValue
+from .._lease import SlotLease
 from .._memory import CUDA, SYSTEM, check_memory_options, open_memory
 from .._options import ParameterValue, request_options
 from .._scaling import SlotAutoscaling
@@ -579,6 +580,49 @@ class ShmModel:
             binding = await self._bind_async()
         raise AssertionError("unreachable")
 
+    def lease(
+        self,
+        *,
+        batch: int | None = None,
+        shapes: Mapping[str, Sequence[int]] | None = None,
+        priority: int | None = None,
+        queue_timeout_s: float | None = None,
+        parameters: Mapping[str, ParameterValue] | None = None,
+        outputs: Sequence[str] | None = None,
+    ) -> _ModelLease:
+        """Leases a slot of the model on this node: the inputs are written where Triton reads
+        them, the outputs read where Triton wrote them (see :class:`~ray_triton_shm.SlotLease`).
+
+        ```python
+        with model.lease(batch=8) as lease:
+            np.divide(images, 255, out=lease.inputs["INPUT0"])
+            probs = lease.infer()["OUTPUT0"]  # or: await lease.infer_async()
+        ```
+
+        Use it in ``with`` or ``async with``: the slot is taken on entry with the handle's
+        ``slot_timeout_s``, and the request has its ``client_timeout_s`` and keys.
+
+        Args:
+            batch: Samples in the request, 1 to ``max_batch_size`` (``None`` for a model that
+                does not batch).
+            shapes: Per-sample shape of each input with variable dims.
+            priority: As for :meth:`infer`.
+            queue_timeout_s: As for :meth:`infer`.
+            parameters: As for :meth:`infer`.
+            outputs: As for :meth:`infer`.
+
+        Raises:
+            InvalidInputError: on entry, when this process cannot map the node's regions
+                (``zero_copy=False``, or no shared ``/dev/shm``: call :meth:`infer`), or
+                ``batch`` or ``shapes`` do not fit the model.
+        """
+        options = self._options(
+            priority, queue_timeout_s, 0, False, False, parameters, outputs, None
+        )
+        for name in ("outputs_as", "sequence_id", "sequence_start", "sequence_end"):
+            options.pop(name, None)
+        return _ModelLease(self, {"batch": batch, "shapes": shapes, **options})
+
     def _options(
         self,
         priority: int | None,
@@ -629,3 +673,80 @@ async def _awaited(ref: Any) -> Any:
     except ray.exceptions.RayTaskError as exc:
         cause = getattr(exc, "cause", None)
         raise (cause if isinstance(cause, BaseException) else exc) from None
+
+
+class _ModelLease:
+    """A lease of :meth:`ShmModel.lease`: enters a lease of the model's current binding,
+    binding again when the node actor restarted or the model moved to a new layout."""
+
+    def __init__(self, model: ShmModel, arguments: dict[str, Any]) -> None:
+        self._model = model
+        self._arguments = arguments
+        self._lease: SlotLease | None = None
+
+    def _new_lease(self, binding: _Binding) -> SlotLease:
+        client = binding.client
+        if client is None:
+            raise InvalidInputError(
+                f"model {self._model.model_name!r}: a lease writes into the node's shared "
+                "memory, which this process cannot map (zero_copy=False, or another /dev/shm "
+                "than the node actor's): call infer(), which sends the inputs by value",
+                model=self._model.model_name,
+                expected="zero_copy=True on the node actor's node",
+                actual="by value",
+            )
+        return client.lease(
+            self._model.model_name,
+            slot_timeout_s=self._model._slot_timeout_s,
+            client_timeout_s=binding.client_timeout_s,
+            **self._arguments,
+        )
+
+    def __enter__(self) -> SlotLease:
+        model = self._model
+        binding = model._bind()
+        for retry in range(_MAX_RETRIES + 1):
+            try:
+                self._lease = self._new_lease(binding).__enter__()
+                return self._lease
+            except _REBIND_ON:
+                if retry == _MAX_RETRIES:
+                    raise
+                model._rebind(binding)
+            except ClientClosedError:
+                if model._binding is binding or retry == _MAX_RETRIES:
+                    raise
+            except PoolRetired as exc:
+                if retry == _MAX_RETRIES:
+                    raise
+                model._move(binding, exc, {})
+            binding = model._bind()
+        raise AssertionError("unreachable")
+
+    async def __aenter__(self) -> SlotLease:
+        model = self._model
+        binding = await model._bind_async()
+        for retry in range(_MAX_RETRIES + 1):
+            try:
+                self._lease = await self._new_lease(binding).__aenter__()
+                return self._lease
+            except _REBIND_ON:
+                if retry == _MAX_RETRIES:
+                    raise
+                model._rebind(binding)
+            except ClientClosedError:
+                if model._binding is binding or retry == _MAX_RETRIES:
+                    raise
+            except PoolRetired as exc:
+                if retry == _MAX_RETRIES:
+                    raise
+                await asyncio.to_thread(model._move, binding, exc, {})
+            binding = await model._bind_async()
+        raise AssertionError("unreachable")
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._lease is not None:
+            self._lease.close()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.__exit__(*exc_info)
