@@ -122,19 +122,20 @@ def test_bench_quick_json_has_every_model_and_path(
     runs = {(run["model"], run["path"], run["concurrency"]) for run in data["runs"]}
     for model in CASE_NAMES:
         strings = "upper" in model
-        copies = ("memcpy", "shm-lease")  # no fixed place in a slot for BYTES tensors
+        copies = ("memcpy", "shm-client-prep", "shm-lease")  # no fixed place for BYTES
         expected = {p for p in DEFAULT_PATHS if not (strings and p in copies)}
         assert {path for m, path, level in runs if m == model and level == 1} == expected
         assert {path for m, path, level in runs if m == model and level == 4} == (
-            {"grpc", "shm-client"} if strings else {"grpc", "shm-client", "shm-lease"}
+            {"grpc", "shm-client"}
+            if strings
+            else {"grpc", "shm-client", "shm-client-prep", "shm-lease"}
         )
         skipped = data["models"][model]["skipped"]
         lease = "BYTES tensors have no fixed place in a slot to write into"
         assert skipped == (
             {
                 "memcpy@1": "BYTES tensors have no fixed-size bytes to copy",
-                "shm-lease@1": lease,
-                "shm-lease@4": lease,
+                **{f"{path}@{n}": lease for path in copies[1:] for n in (1, 4)},
             }
             if strings
             else {}
@@ -171,7 +172,7 @@ def test_bench_quick_json_has_every_model_and_path(
     assert "Recommendation" in stdout and "identity: pool_size" in stdout
     assert "identity: open loop" in stdout and "shm-client (pool 4)" in stdout
     summary = stdout[stdout.index("speed-up = MB/s over plain gRPC") :]
-    assert len(summary.splitlines()) < 25, summary
+    assert len(summary.splitlines()) < 32, summary
     assert re.search(r"\nclassifier +8 +core client \(TritonSHMClient\) +\d", summary), summary
     assert "classifier, open loop (p99 under 100 ms): " in summary
     assert "skipped: memcpy on upper-short, upper-long: BYTES tensors have no fixed-size" in summary
@@ -274,10 +275,19 @@ def test_the_runs_are_grouped_by_level() -> None:
     )
     assert groups == [
         [("http", 1, None), ("shm-manual", 1, None), ("memcpy", 1, None)],
-        [("grpc", 2, None), ("shm-client", 2, 2), ("shm-model", 2, 2), ("grpc-procs", 2, None)],
+        [
+            ("grpc", 2, None),
+            ("shm-client", 2, 2),
+            ("shm-client-prep", 2, 2),
+            ("shm-lease", 2, 2),
+            ("shm-model", 2, 2),
+            ("grpc-procs", 2, None),
+        ],
         [
             ("grpc", 16, None),
             ("shm-client", 16, 16),
+            ("shm-client-prep", 16, 16),
+            ("shm-lease", 16, 16),
             ("shm-model", 16, 16),
             ("grpc-procs", 16, None),
         ],

@@ -79,6 +79,7 @@ DEFAULT_PATHS: tuple[str, ...] = (
     "http",
     "shm-manual",
     "shm-client",
+    "shm-client-prep",
     "shm-lease",
     "memcpy",
 )
@@ -90,7 +91,14 @@ RAY_PATHS: tuple[str, ...] = (
 )  # fmt: skip
 #: Paths run at every ``--concurrency`` level. The Serve and Ray Data paths run with
 #: ``--ray-callers`` callers, every other path with one.
-SWEEP_PATHS: tuple[str, ...] = ("grpc", "shm-client", "shm-model", "grpc-procs")
+SWEEP_PATHS: tuple[str, ...] = (
+    "grpc",
+    "shm-client",
+    "shm-client-prep",
+    "shm-lease",
+    "shm-model",
+    "grpc-procs",
+)
 #: The paths of ``--request-rate`` (open-loop arrivals), in table order: gRPC, the core client
 #: at each ``--concurrency`` level as its pool size, and ``ShmModel`` with as many node slots.
 RATE_PATHS: tuple[str, ...] = ("grpc", "shm-client", "shm-model")

@@ -378,13 +378,34 @@ class ShmClientPath(BenchPath):
         return {"shm_bytes": SlotLayout.for_model(self._spec).region_bytes(self.slots)}
 
 
-class ShmLeasePath(ShmClientPath):
-    """``TritonSHMClient.lease``: the caller's batch written straight into its slot, the
-    outputs read where Triton wrote them. The batch's last write (a copy from the same arrays
-    the ``shm-client`` path sends) is counted here, where ``shm-client`` made its batch before
-    the clock started: the comparison is on the lease's side of fair."""
+class ShmPreparedPath(ShmClientPath):
+    """``TritonSHMClient.infer_shm`` of a batch its caller's preprocessing has just written
+    (a copy of the case's inputs into the caller's own arrays, standing for the last write of
+    decoding or resizing), which ``infer_shm`` then copies into the slot: the plain path that
+    :class:`ShmLeasePath` is compared with, the same work on both sides."""
 
-    name, label = "shm-lease", "TritonSHMClient.lease"
+    name, label = "shm-client-prep", "preprocessing, then infer_shm"
+
+    def setup(self) -> None:
+        if self.case.has_bytes:
+            raise SkipPath("BYTES tensors have no fixed place in a slot to write into")
+        super().setup()
+        self._batches = threading.local()  # each caller preprocesses into arrays of its own
+
+    def run_once(self) -> Mapping[str, np.ndarray]:
+        batch = getattr(self._batches, "arrays", None)
+        if batch is None:
+            batch = self._batches.arrays = {n: np.empty_like(a) for n, a in self.inputs.items()}
+        for name, array in self.inputs.items():
+            np.copyto(batch[name], array)
+        return self._client.infer_shm(self.case.model, batch)  # type: ignore[no-any-return]
+
+
+class ShmLeasePath(ShmClientPath):
+    """``TritonSHMClient.lease``: the same preprocessing as :class:`ShmPreparedPath`'s writes
+    the batch straight into its slot, and the outputs are read where Triton wrote them."""
+
+    name, label = "shm-lease", "preprocessing into a lease"
 
     def setup(self) -> None:
         if self.case.has_bytes:
@@ -435,6 +456,7 @@ PATHS: tuple[type[BenchPath], ...] = (
     HttpPath,
     ShmManualPath,
     ShmClientPath,
+    ShmPreparedPath,
     ShmLeasePath,
     MemcpyFloorPath,
 )
