@@ -1063,8 +1063,16 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
                 does not batch).
             shapes: Per-sample shape of each input with variable dims (``-1``); the others
                 take the model's.
-            slot_timeout_s, client_timeout_s, headers, request_id, reconnect_timeout_s,
-                priority, queue_timeout_s, parameters, outputs: As for :meth:`infer_shm`.
+            slot_timeout_s: How long to wait for a free slot (``None``: as long as it takes).
+            client_timeout_s: How long the request waits for Triton's answer (as for
+                :meth:`infer_shm`).
+            headers: gRPC headers of this request, merged over the client's.
+            request_id: Triton request id.
+            reconnect_timeout_s: How long to wait for Triton while it is unreachable.
+            priority: Triton's priority level of the request (see :meth:`infer_shm`).
+            queue_timeout_s: Triton's own queue timeout (see :meth:`infer_shm`).
+            parameters: Custom parameters for the model.
+            outputs: Ask for these outputs only (``None``: all).
 
         Raises:
             ModelNotRegisteredError: the model has no pool.

@@ -18,6 +18,7 @@ from ray_triton_shm._bench._config import (
     RAY_PATHS,
     SERVE_HTTP_CLIENTS,
     SERVE_HTTP_PATHS,
+    SWEEP_PATHS,
     BenchConfig,
 )
 from ray_triton_shm._bench._ray_paths import CHURN_CASE, DATA_CASE
@@ -76,11 +77,7 @@ def test_bench_ray_quick_json_has_every_ray_path_verified(
     assert data["failures"] == []
     runs = {(r["model"], r["path"], r["concurrency"], r["slots"]): r for r in data["runs"]}
     for model in ("identity", DATA_CASE):
-        expected = {
-            (p, level)
-            for p in ("grpc", "shm-client", "shm-model", "grpc-procs")
-            for level in (1, 4)
-        }
+        expected = {(p, level) for p in SWEEP_PATHS for level in (1, 4)}
         expected |= {(p, 1) for p in DEFAULT_PATHS if p != "http"}
         expected |= {(p, 4) for p in RAY_PATHS if p.startswith("serve") and "http" not in p}
         if model == DATA_CASE:  # the example app behind Serve's proxy, at low load and under it
@@ -168,7 +165,8 @@ def test_bench_ray_quick_json_has_every_ray_path_verified(
             stages = run["replica_ms"]
             assert 0 < stages["parse"] < stages["request"] and stages["model"] > 0, run
             assert 1 <= run["images_per_batch"] <= 8, run
-    ray_goals = [g for g in data["goals"] if not g["description"].startswith("shm-client")]
+    core = ("shm-client", "shm-lease")  # the core client's goals: tests/test_bench.py
+    ray_goals = [g for g in data["goals"] if not g["description"].startswith(core)]
     assert {(g["model"], g["description"]) for g in ray_goals} == {
         ("identity", "serve-shm MB/s >= 1x serve-grpc"),
         ("identity", "serve-shm MB/s >= 0.95x serve-inproc"),
