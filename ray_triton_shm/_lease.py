@@ -201,7 +201,7 @@ class SlotLease:
         """Each input, a writable array that is the slot's memory, shaped ``(batch,
         *sample_shape)`` (``sample_shape`` alone for a model that does not batch). Write
         every element: the slot holds whatever the last request left there."""
-        if self._fate is None:
+        if self._fate is None or self._closed:
             raise RuntimeError("a lease's inputs exist inside its with block")
         return self._inputs
 

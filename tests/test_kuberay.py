@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _crd import crd_schema, schema_problems
 from _helpers import CertificateAuthority, write_secret
 
 jsonschema = pytest.importorskip("jsonschema")
@@ -65,66 +66,9 @@ Manifest = dict[str, Any]
 # ---- schema ------------------------------------------------------------------------------
 
 
-def _closed(schema: Any) -> Any:
-    """The schema with every object that lists its properties closed to others, as the API
-    server's strict field validation treats them (unless it preserves unknown fields)."""
-    if isinstance(schema, list):
-        return [_closed(s) for s in schema]
-    if not isinstance(schema, dict):
-        return schema
-    closed = {k: _closed(v) for k, v in schema.items()}
-    if (
-        "properties" in closed
-        and "additionalProperties" not in closed
-        and not closed.get("x-kubernetes-preserve-unknown-fields")
-    ):
-        closed["additionalProperties"] = False
-    return closed
-
-
-def _crd_schema(path: Path, kind: str) -> dict[str, Any]:
-    crd = yaml.safe_load(path.read_text())
-    assert crd["spec"]["names"]["kind"] == kind
-    (v1,) = (v for v in crd["spec"]["versions"] if v["name"] == "v1")
-    return _closed(v1["schema"]["openAPIV3Schema"])
-
-
 @pytest.fixture(scope="module")
 def rayservice_schema() -> dict[str, Any]:
-    return _crd_schema(CRD, "RayService")
-
-
-def schema_problems(manifest: Manifest, schema: dict[str, Any]) -> list[str]:
-    """Where ``manifest`` breaks the CRD's schema: types, unknown fields, duplicate list keys."""
-    validator = jsonschema.Draft7Validator(schema)
-    problems = [
-        f"{'.'.join(str(p) for p in e.absolute_path) or '(root)'}: {e.message}"
-        for e in validator.iter_errors(manifest)
-    ]
-    return problems + _duplicate_keys(schema, manifest, "")
-
-
-def _duplicate_keys(schema: dict[str, Any], value: Any, path: str) -> list[str]:
-    """Lists the CRD types as maps (``x-kubernetes-list-type: map``) must not repeat a key."""
-    problems = []
-    if isinstance(value, dict):
-        for name, item in value.items():
-            sub = schema.get("properties", {}).get(name)
-            if sub is None and isinstance(schema.get("additionalProperties"), dict):
-                sub = schema["additionalProperties"]
-            if sub is not None:
-                problems += _duplicate_keys(sub, item, f"{path}.{name}")
-    elif isinstance(value, list):
-        if schema.get("x-kubernetes-list-type") == "map":
-            fields = schema.get("x-kubernetes-list-map-keys", [])
-            seen = [tuple(i.get(f) for f in fields) for i in value if isinstance(i, dict)]
-            problems += [
-                f"{path}: two entries with {dict(zip(fields, k))}"
-                for k in sorted({k for k in seen if seen.count(k) > 1}, key=str)
-            ]
-        for i, item in enumerate(value):
-            problems += _duplicate_keys(schema.get("items", {}), item, f"{path}[{i}]")
-    return problems
+    return crd_schema(CRD, "RayService")
 
 
 # ---- invariants --------------------------------------------------------------------------
@@ -692,7 +636,7 @@ def test_the_mtls_manifest_is_valid_for_kuberay_and_cert_manager(
     assert schema_problems(service, rayservice_schema) == []
     assert invariant_problems(service) == []
     for kind, crd in CERT_MANAGER_CRDS.items():
-        schema = _crd_schema(crd, kind)
+        schema = crd_schema(crd, kind)
         found = _of_kind(documents, kind)
         assert found, kind
         for resource in found:

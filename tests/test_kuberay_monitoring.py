@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _crd import crd_schema
+from _crd import schema_problems as crd_problems
 
 jsonschema = pytest.importorskip("jsonschema")
 yaml = pytest.importorskip("yaml")
@@ -74,64 +76,12 @@ Manifest = dict[str, Any]
 # ---- schema (as tests/test_kuberay.py validates the RayService) ---------------------------
 
 
-def _closed(schema: Any) -> Any:
-    """The schema with every object that lists its properties closed to others, as the API
-    server's strict field validation treats them (unless it preserves unknown fields)."""
-    if isinstance(schema, list):
-        return [_closed(s) for s in schema]
-    if not isinstance(schema, dict):
-        return schema
-    closed = {k: _closed(v) for k, v in schema.items()}
-    if (
-        "properties" in closed
-        and "additionalProperties" not in closed
-        and not closed.get("x-kubernetes-preserve-unknown-fields")
-    ):
-        closed["additionalProperties"] = False
-    return closed
-
-
-def _crd_schema(kind: str) -> dict[str, Any]:
-    crd = yaml.safe_load(CRDS[kind].read_text())
-    assert crd["spec"]["names"]["kind"] == kind
-    (v1,) = (v for v in crd["spec"]["versions"] if v["name"] == "v1")
-    return _closed(v1["schema"]["openAPIV3Schema"])  # type: ignore[no-any-return]
-
-
 def schema_problems(resource: Manifest) -> list[str]:
     """Where ``resource`` breaks its CRD's schema: types, unknown fields, duplicate list keys."""
     if resource.get("apiVersion") != "monitoring.coreos.com/v1" or resource.get("kind") not in CRDS:
         return [f"not a monitoring.coreos.com/v1 {' or '.join(CRDS)}"]
-    schema = _crd_schema(resource["kind"])
-    validator = jsonschema.Draft7Validator(schema)
-    problems = [
-        f"{'.'.join(str(p) for p in e.absolute_path) or '(root)'}: {e.message}"
-        for e in validator.iter_errors(resource)
-    ]
-    return problems + _duplicate_keys(schema, resource, "")
-
-
-def _duplicate_keys(schema: dict[str, Any], value: Any, path: str) -> list[str]:
-    """Lists the CRD types as maps (``x-kubernetes-list-type: map``) must not repeat a key."""
-    problems = []
-    if isinstance(value, dict):
-        for name, item in value.items():
-            sub = schema.get("properties", {}).get(name)
-            if sub is None and isinstance(schema.get("additionalProperties"), dict):
-                sub = schema["additionalProperties"]
-            if sub is not None:
-                problems += _duplicate_keys(sub, item, f"{path}.{name}")
-    elif isinstance(value, list):
-        if schema.get("x-kubernetes-list-type") == "map":
-            fields = schema.get("x-kubernetes-list-map-keys", [])
-            seen = [tuple(i.get(f) for f in fields) for i in value if isinstance(i, dict)]
-            problems += [
-                f"{path}: two entries with {dict(zip(fields, k))}"
-                for k in sorted({k for k in seen if seen.count(k) > 1}, key=str)
-            ]
-        for i, item in enumerate(value):
-            problems += _duplicate_keys(schema.get("items", {}), item, f"{path}[{i}]")
-    return problems
+    kind = resource["kind"]
+    return crd_problems(resource, crd_schema(CRDS[kind], kind))
 
 
 # ---- targets -----------------------------------------------------------------------------
