@@ -40,7 +40,6 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import service_pb2
 
-from ._bytes import decode
 from ._calls import Calls
 from ._changes import answer_mismatch
 from ._engine import (
@@ -56,6 +55,7 @@ from ._engine import (
 )
 from ._exceptions import ClientClosedError, InvalidInputError, TritonServerError, TritonSHMError
 from ._options import RequestOptions
+from ._outputs import check_room, read_bytes
 from ._specs import TensorSpec
 
 __all__ = ["SlotLease"]
@@ -206,11 +206,21 @@ class SlotLease:
         return self._inputs
 
     def __enter__(self) -> SlotLease:
-        self._take(drive(self._taking(), self._calls.do))
+        try:
+            slot = drive(self._taking(), self._calls.do)
+        except TritonSHMError as exc:  # no slot: counted as infer_shm counts it
+            self._calls.pool.count_failure(exc)
+            raise
+        self._take(slot)
         return self
 
     async def __aenter__(self) -> SlotLease:
-        self._take(await drive_async(self._taking(), self._calls.do_async))
+        try:
+            slot = await drive_async(self._taking(), self._calls.do_async)
+        except TritonSHMError as exc:
+            self._calls.pool.count_failure(exc)
+            raise
+        self._take(slot)
         return self
 
     def __exit__(
@@ -367,15 +377,9 @@ class SlotLease:
         for name, _, shape, contents in answered:
             tensor = by_name[name]
             if tensor.is_bytes:
-                values, nbytes = self._read_bytes(tensor, slot, shape, contents)
+                values, nbytes = read_bytes(pool.spec, pool.views[slot], name, shape, contents)
             else:
-                room = pool.layout.capacities[f"out:{name}"] // tensor.dtype.itemsize
-                if math.prod(shape) > room:
-                    raise TritonServerError(
-                        f"model {pool.spec.name!r}: output {name!r} has shape {shape}, larger "
-                        "than its place in the slot; register a larger max_shapes entry",
-                        model=pool.spec.name,
-                    )
+                check_room(pool.spec, name, pool.views[slot].outputs[name], shape)
                 values = _view(self._buffer, tensor, pool.layout.output_offsets[name], shape)
                 values.flags.writeable = False
                 nbytes = values.nbytes
@@ -385,24 +389,6 @@ class SlotLease:
         pool.header.count(slot, chunk.rows, chunk.bytes_in, used, latency_ns)
         self._fate.answered = True
         return outputs
-
-    def _read_bytes(
-        self, tensor: TensorSpec, slot: int, shape: tuple[int, ...], contents: bytes
-    ) -> tuple[np.ndarray, int]:
-        pool = self._calls.pool
-        inline = tensor.name in pool.spec.inline_outputs
-        space = (
-            np.frombuffer(contents, np.uint8) if inline else pool.views[slot].outputs[tensor.name]
-        )
-        decoded = decode(space, math.prod(shape))
-        if decoded is None:
-            raise TritonServerError(
-                f"model {pool.spec.name!r}: output {tensor.name!r} of shape {shape} runs past "
-                f"the {space.nbytes} bytes its slot holds; register a larger max_element_bytes",
-                model=pool.spec.name,
-            )
-        elements, used = decoded
-        return elements.reshape(shape), used
 
 
 def _view(buffer: Any, tensor: TensorSpec, offset: int, shape: tuple[int, ...]) -> np.ndarray:

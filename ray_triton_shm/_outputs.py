@@ -18,7 +18,14 @@ from ._exceptions import TritonServerError
 from ._memory import SlotIO
 from ._specs import ModelSpec, TensorSpec
 
-__all__ = ["OutputAssembler", "empty_outputs", "overflow_message", "overflowed_output"]
+__all__ = [
+    "OutputAssembler",
+    "check_room",
+    "empty_outputs",
+    "overflow_message",
+    "overflowed_output",
+    "read_bytes",
+]
 
 # Triton's answer when an output does not fit the shared memory the request gave it.
 _OVERFLOW = re.compile(r"for output '([^']+)' \((\d+) bytes\) should be at least (\d+) bytes")
@@ -62,9 +69,7 @@ class OutputAssembler:
         for name, _, shape, contents in answered:
             strings = name in self._spec.bytes_outputs
             if strings:
-                inline = name in self._spec.inline_outputs
-                space = np.frombuffer(contents, np.uint8) if inline else slot.outputs[name]
-                values, used = self._read_bytes(name, space, shape)
+                values, used = read_bytes(self._spec, slot, name, shape, contents)
             else:
                 values, used = self._read_numbers(name, slot, shape)
             copied += used
@@ -76,31 +81,9 @@ class OutputAssembler:
     ) -> tuple[np.ndarray, int]:
         """A view of an output in its slot, and its size in bytes."""
         space = slot.outputs[name]
-        count = math.prod(shape)
-        if count > space.size:
-            raise TritonServerError(
-                f"model {self._spec.name!r}: output {name!r} has shape {shape}, larger "
-                f"than the {space.nbytes} bytes its slot holds; register a larger "
-                "max_shapes entry",
-                model=self._spec.name,
-            )
+        count = check_room(self._spec, name, space, shape)
         view = slot.output(name, count * space.itemsize)[:count].reshape(shape)
         return view, view.nbytes
-
-    def _read_bytes(
-        self, name: str, space: np.ndarray, shape: tuple[int, ...]
-    ) -> tuple[np.ndarray, int]:
-        """A BYTES output as a new object array, and the serialized bytes it took."""
-        decoded = decode(space, math.prod(shape))
-        if decoded is None:
-            raise TritonServerError(
-                f"model {self._spec.name!r}: output {name!r} of shape {shape} runs past the "
-                f"{space.nbytes} bytes its slot holds; register a larger max_element_bytes "
-                f"entry for {name!r}",
-                model=self._spec.name,
-            )
-        elements, used = decoded
-        return elements.reshape(shape), used
 
     def _place(self, name: str, values: np.ndarray, start: int, *, fresh: bool) -> None:
         """Puts one chunk's ``values`` at ``start`` in the caller's array (copied out of the
@@ -127,6 +110,47 @@ class OutputAssembler:
         if self._names is not None:
             return {name: self._arrays[name] for name in self._names}
         return {t.name: self._arrays[t.name] for t in self._spec.outputs}
+
+
+def check_room(spec: ModelSpec, name: str, space: np.ndarray, shape: tuple[int, ...]) -> int:
+    """The elements of numeric output ``name`` of ``shape``, checked against its ``space`` in a
+    slot.
+
+    Raises:
+        TritonServerError: Triton answered a larger output than its place holds.
+    """
+    count = math.prod(shape)
+    if count > space.size:
+        raise TritonServerError(
+            f"model {spec.name!r}: output {name!r} has shape {shape}, larger than the "
+            f"{space.nbytes} bytes its slot holds; register a larger max_shapes entry",
+            model=spec.name,
+        )
+    return count
+
+
+def read_bytes(
+    spec: ModelSpec, slot: SlotIO, name: str, shape: tuple[int, ...], contents: bytes
+) -> tuple[np.ndarray, int]:
+    """A BYTES output as a new object array of ``shape``, and the serialized bytes it took:
+    from Triton's response (``contents``) for one of the model's ``inline_outputs``, else
+    from its place in ``slot``.
+
+    Raises:
+        TritonServerError: the elements run past the place the slot has for them.
+    """
+    inline = name in spec.inline_outputs
+    space = np.frombuffer(contents, np.uint8) if inline else slot.outputs[name]
+    decoded = decode(space, math.prod(shape))
+    if decoded is None:
+        raise TritonServerError(
+            f"model {spec.name!r}: output {name!r} of shape {shape} runs past the "
+            f"{space.nbytes} bytes its slot holds; register a larger max_element_bytes "
+            f"entry for {name!r}",
+            model=spec.name,
+        )
+    elements, used = decoded
+    return elements.reshape(shape), used
 
 
 def empty_outputs(spec: ModelSpec, names: tuple[str, ...] | None = None) -> dict[str, np.ndarray]:

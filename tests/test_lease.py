@@ -100,6 +100,7 @@ def test_a_view_kept_past_its_block_keeps_its_slot(client: TritonSHMClient) -> N
     with pytest.raises(SlotTimeoutError):
         client.infer_shm("identity", {"INPUT0": x}, slot_timeout_s=0.2)
     np.testing.assert_array_equal(kept, np.ones((1, 4), np.float32))
+    assert client._pools["identity"].header.failures()["deadline"] == 2  # each, counted
     del kept  # the last array of the lease: its slot is back
     assert all_back(client, "identity")
     np.testing.assert_array_equal(client.infer_shm("identity", {"INPUT0": x})["OUTPUT0"], x)
