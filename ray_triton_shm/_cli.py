@@ -29,6 +29,7 @@ from ray_triton_shm._defaults import DEFAULT_URL
 
 if TYPE_CHECKING:
     from ray_triton_shm._reclaim import ReclaimReport, StatusReport
+    from ray_triton_shm.local._crashes import ServerEvent
 
 __all__ = ["build_parser", "main"]
 
@@ -123,6 +124,19 @@ def _model_names(grpc_url: str) -> list[str]:
     )
 
 
+def _print_server_event(event: ServerEvent) -> None:
+    """One line per crash, restart or surrender of the embedded server, as it happens."""
+    crash = event.crash
+    if event.kind == "crashed":
+        print(f"Triton {crash.describe()}; restarting it (log: {crash.log_path})", flush=True)
+    elif event.kind == "restarted":
+        print(
+            f"Triton is back (pid {event.pid}, {crash.down_s or 0.0:.1f} s after crash "
+            f"{crash.number}), on the same ports.",
+            flush=True,
+        )
+
+
 def _cmd_serve_local(args: argparse.Namespace) -> int:
     from ray_triton_shm.local._server import LocalServerError, LocalTritonServer
 
@@ -135,6 +149,8 @@ def _cmd_serve_local(args: argparse.Namespace) -> int:
         http_port=args.http_port,
         startup_timeout_s=args.startup_timeout_s,
         install=True,  # a command of its own: sets the server side up on first use
+        restart_on_crash=not args.no_restart,
+        on_event=_print_server_event,
     )
     interrupted = False
     try:
@@ -152,16 +168,20 @@ def _cmd_serve_local(args: argparse.Namespace) -> int:
         print(f"  gRPC:    {server.grpc_url}")
         print(f"  HTTP:    {server.http_url}")
         print(f"  metrics: {server.metrics_url}")
-        kept = " (kept)" if args.log_file else " (deleted when Triton stops: --log-file keeps it)"
+        kept = (
+            " (kept)"
+            if args.log_file
+            else " (deleted when Triton stops, kept if it crashed: --log-file keeps it)"
+        )
         print(f"  log:     {server.log_path}{kept}")
         print(f"  models:  {', '.join(models) if models else '(none)'}")
+        restarts = "off" if args.no_restart else "on (a crashed Triton is started again)"
+        print(f"  restarts: {restarts}")
         print("Press Ctrl-C to stop.", flush=True)
-        while server.is_running:
-            time.sleep(0.5)
-        print(
-            f"{PROG} serve-local: error: the server exited unexpectedly (log: {server.log_path})",
-            file=sys.stderr,
-        )
+        while server.is_running or server.is_restarting:
+            time.sleep(0.2)
+        why = server.failure or f"the server exited unexpectedly (log: {server.log_path})"
+        print(f"{PROG} serve-local: error: {why}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("\nStopping Triton ...", file=sys.stderr, flush=True)
@@ -534,6 +554,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=180.0,
         metavar="S",
         help="how long to wait for the server and its models (default: %(default)s)",
+    )
+    p.add_argument(
+        "--no-restart",
+        action="store_true",
+        help="end when Triton crashes, instead of starting it again (its supervisor gives up "
+        "after 5 crashes within a minute)",
     )
     p.set_defaults(func=_cmd_serve_local)
 

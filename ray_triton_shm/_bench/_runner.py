@@ -49,7 +49,7 @@ from ray_triton_shm._bench._ray_paths import CHURN_CASE
 from ray_triton_shm._bench._ray_session import RayBenchSession, RayPath
 from ray_triton_shm._bench._update import UpdateResult, run_model_update
 from ray_triton_shm._plain_client import tritonclient_for
-from ray_triton_shm.local._server import LocalTritonServer, _log_tail
+from ray_triton_shm.local._server import LocalTritonServer, log_tail
 
 __all__ = ["GOALS", "PATHS", "BenchResults", "Goal", "ModelResult", "Progress", "RunResult"]
 __all__ += ["describe_rate_path", "describe_run", "rate_groups", "run_bench", "run_groups"]
@@ -905,7 +905,7 @@ def run_bench(config: BenchConfig, *, progress: Progress | None = None) -> Bench
             if local is not None and not local.is_running:
                 models[-1].server_exited = (
                     "the embedded Triton exited while this model ran (restarted for the next "
-                    f"one); its log ends:\n{_log_tail(local.log_path)}"
+                    f"one); its log ends:\n{log_tail(local.log_path)}"
                 )
         progress.stage("cleaning up")
     update = None

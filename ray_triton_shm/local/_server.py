@@ -10,6 +10,7 @@ This module never imports Ray.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -18,19 +19,21 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
 from .._exceptions import LocalServerError
+from ._crashes import RestartPolicy, ServerCrash, ServerEvent, crash_reason
 from ._install import TritonServerInstall, find_tritonserver
 
-__all__ = ["EXAMPLE_MODEL_REPOSITORY", "RESTRICTABLE_PROTOCOLS", "LocalServerError"]
-__all__ += ["LocalTritonServer"]
+__all__ = ["EXAMPLE_MODEL_REPOSITORY", "KEPT_LOG_DIR", "RESTRICTABLE_PROTOCOLS"]
+__all__ += ["LocalServerError", "LocalTritonServer", "ServerCrash", "ServerEvent", "log_tail"]
 
 #: The example model repository that ships with the package (Python-backend models).
 EXAMPLE_MODEL_REPOSITORY: Path = Path(__file__).resolve().parent / "models"
@@ -42,6 +45,9 @@ DEFAULT_PYTHON_SHM_DEFAULT_BYTE_SIZE = 16 * 1024 * 1024
 DEFAULT_PYTHON_SHM_GROWTH_BYTE_SIZE = 64 * 1024 * 1024
 
 _LOG_TAIL_LINES = 40
+#: Where the log of a server that crashed or failed to start is kept when it was written to
+#: a temporary file (which goes with the server): the evidence outlives the server.
+KEPT_LOG_DIR: Path = Path(tempfile.gettempdir()) / "ray-triton-shm-logs"
 _PORT_NAMES = ("grpc", "http", "metrics")
 _PORT_WAIT_S = 5.0
 #: What Triton can restrict (``--grpc-restricted-protocol``, ``--http-restricted-api``).
@@ -92,7 +98,8 @@ def _port_is_free(host: str, port: int) -> bool:
     return True
 
 
-def _log_tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
+def log_tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
+    """The last ``lines`` lines of the log at ``path`` (a note if it cannot be read)."""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
@@ -167,17 +174,40 @@ def _terminate(
                     leftover.unlink()
 
 
-def _cleanup(
-    proc_box: list[subprocess.Popen[bytes] | None],
-    grace_s: float,
-    shm_prefix: str,
-    tmpdir: str,
-) -> None:
-    proc = proc_box[0]
+class _Process:
+    """The server's current process, shared with its finalizer and its watcher threads (so
+    that neither holds the server): ``stopping`` once a stop was asked for, which the
+    supervisor must not take for a crash; ``wake`` ends a supervisor's wait early."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.stopping = False
+        self.wake = threading.Event()
+        self.lock = threading.RLock()
+
+    def stop(self) -> subprocess.Popen[bytes] | None:
+        """Marks a stop as asked for; returns the process to end (now no longer current)."""
+        with self.lock:
+            self.stopping = True
+            self.wake.set()
+            proc, self.proc = self.proc, None
+        return proc
+
+
+def _cleanup(box: _Process, grace_s: float, shm_prefix: str, tmpdir: str) -> None:
+    proc = box.stop()
     if proc is not None:
         _terminate(proc, grace_s, shm_prefix)
-        proc_box[0] = None
     shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def _watch(server: weakref.ref[LocalTritonServer], proc: subprocess.Popen[bytes]) -> None:
+    """A watcher thread's body: waits for ``proc`` to end, then lets the server (if it is
+    still alive) tell a crash from a stop."""
+    proc.wait()
+    owner = server()
+    if owner is not None:
+        owner._exited(proc)
 
 
 def _is_bind_failure(log: str) -> bool:
@@ -269,6 +299,16 @@ class LocalTritonServer:
     manager, by garbage collection and at interpreter exit) stops it together with its
     Python-backend stub processes.
 
+    The server is supervised, as Kubernetes or systemd supervise a production Triton: when
+    ``tritonserver`` exits without being asked to (Triton's Python backend can abort under
+    concurrent requests of a few MB: triton-inference-server/server issue 8882), the crash
+    is recorded (:attr:`crashes`: when, its signal or exit code, the reason its log gives,
+    the log's last lines), the log is kept, and the server is started again on the same
+    ports with the same arguments, at once for a first crash and backing off after more.
+    After ``max_crashes`` crashes within ``crash_window_s`` it gives up (:attr:`failure`
+    names the log). Clients ride through the restart as through any Triton restart: they
+    reconnect, register their regions again and resend.
+
     Args:
         model_repository: One model repository, several (each becomes a
             ``--model-repository`` flag), or ``None`` for :data:`EXAMPLE_MODEL_REPOSITORY`.
@@ -307,6 +347,13 @@ class LocalTritonServer:
             ``("taskset", "-c", "1")``, or ``("setpriv", "--reuid=1000", "--regid=1000",
             "--clear-groups")`` to run it as another user (who must be able to read the model
             repositories and the server environment).
+        restart_on_crash: Start ``tritonserver`` again when it exits without being asked to
+            (``False``: a crash leaves it stopped, :attr:`failure` says why).
+        max_crashes: The crashes within ``crash_window_s`` after which the supervisor gives
+            up instead of restarting.
+        crash_window_s: The window in which crashes are counted.
+        on_event: Called (from the supervisor's thread) when Triton crashed, was restarted,
+            or the supervisor gave up: a :class:`ServerEvent`. It must not block for long.
     """
 
     def __init__(
@@ -329,6 +376,10 @@ class LocalTritonServer:
         tls_key: str | Path | None = None,
         tls_client_ca: str | Path | None = None,
         launcher: Sequence[str] = (),
+        restart_on_crash: bool = True,
+        max_crashes: int = 5,
+        crash_window_s: float = 60.0,
+        on_event: Callable[[ServerEvent], None] | None = None,
     ) -> None:
         if model_repository is None:
             repos = [EXAMPLE_MODEL_REPOSITORY]
@@ -378,12 +429,17 @@ class LocalTritonServer:
         self._backend_dir: Path | None = None
         self._backend_prepared = False
         self._started_once = False
-        # A one-element box so the finalizer sees the current process without holding self.
-        self._proc_box: list[subprocess.Popen[bytes] | None] = [None]
+        self._restart_on_crash = bool(restart_on_crash)
+        self._policy = RestartPolicy(max_crashes=max_crashes, window_s=crash_window_s)
+        self._on_event = on_event
+        self._crashes: list[ServerCrash] = []
+        self._failure: str | None = None
+        self._restarting = False
+        self._box = _Process()
         self._finalizer = weakref.finalize(
             self,
             _cleanup,
-            self._proc_box,
+            self._box,
             self._stop_grace_s,
             self._shm_prefix,
             self._tmpdir,
@@ -463,14 +519,30 @@ class LocalTritonServer:
     @property
     def pid(self) -> int | None:
         """The server's process id, or ``None`` if it is not running."""
-        proc = self._proc_box[0]
+        proc = self._box.proc
         return proc.pid if proc is not None and proc.poll() is None else None
 
     @property
     def is_running(self) -> bool:
         """Whether the server process is alive."""
-        proc = self._proc_box[0]
+        proc = self._box.proc
         return proc is not None and proc.poll() is None
+
+    @property
+    def is_restarting(self) -> bool:
+        """Whether the supervisor is bringing a crashed server back."""
+        return self._restarting
+
+    @property
+    def crashes(self) -> tuple[ServerCrash, ...]:
+        """Every crash since this object was made, oldest first."""
+        return tuple(self._crashes)
+
+    @property
+    def failure(self) -> str | None:
+        """Why the server is down for good after a crash (the supervisor gave up, or
+        restarts are off), naming its log; ``None`` otherwise."""
+        return self._failure
 
     def __repr__(self) -> str:
         state = f"pid={self.pid}" if self.is_running else "stopped"
@@ -499,10 +571,20 @@ class LocalTritonServer:
             LocalServerError: If the server exits or does not become ready within
                 ``startup_timeout_s``; the message includes the tail of the server log.
         """
-        if self.is_running:
-            return self
-        if not self._finalizer.alive:
-            raise LocalServerError("this LocalTritonServer has been finalized")
+        with self._box.lock:
+            if self.is_running:
+                return self
+            if not self._finalizer.alive:
+                raise LocalServerError("this LocalTritonServer has been finalized")
+            self._box.stopping = False
+            self._box.wake.clear()
+            self._failure = None
+            self._check_files()
+            proc = self._start_process()
+        self._supervise(proc)
+        return self
+
+    def _check_files(self) -> None:
         for repo in self._model_repositories:
             if not repo.is_dir():
                 raise LocalServerError(f"model repository {repo} is not a directory")
@@ -517,6 +599,8 @@ class LocalTritonServer:
             )
             self._backend_prepared = True
 
+    def _start_process(self) -> subprocess.Popen[bytes]:
+        """Spawns ``tritonserver`` and waits until it is ready (a taken port retried)."""
         attempts = 3
         for attempt in range(attempts):
             self._ensure_ports_free()
@@ -524,8 +608,7 @@ class LocalTritonServer:
             try:
                 self._wait_ready(proc)
             except _BindFailure as exc:
-                _terminate(proc, 2.0, self._shm_prefix)
-                self._proc_box[0] = None
+                self._discard(proc)
                 if attempt == attempts - 1:
                     raise LocalServerError(str(exc)) from None
                 if not self._started_once:
@@ -533,23 +616,136 @@ class LocalTritonServer:
                 time.sleep(0.5 * (attempt + 1))
                 continue
             except BaseException:
-                _terminate(proc, 2.0, self._shm_prefix)
-                self._proc_box[0] = None
+                self._discard(proc)
                 raise
             self._started_once = True
-            return self
+            return proc
         raise AssertionError("unreachable")
+
+    def _discard(self, proc: subprocess.Popen[bytes]) -> None:
+        _terminate(proc, 2.0, self._shm_prefix)
+        with self._box.lock:
+            if self._box.proc is proc:
+                self._box.proc = None
+
+    def _supervise(self, proc: subprocess.Popen[bytes]) -> None:
+        """Watches ``proc`` from a thread of its own, which holds only a weak reference."""
+        threading.Thread(
+            target=_watch,
+            args=(weakref.ref(self), proc),
+            name=f"tritonserver-{proc.pid}-watch",
+            daemon=True,
+        ).start()
+
+    def _exited(self, proc: subprocess.Popen[bytes]) -> None:
+        """``proc`` ended: nothing to do after a stop; after a crash, record it and start
+        the server again (backing off), or give up."""
+        with self._box.lock:
+            if self._box.stopping or self._box.proc is not proc:
+                return
+            self._restarting = self._restart_on_crash
+        try:
+            self._recover(proc)
+        finally:
+            self._restarting = False
+
+    def _recover(self, proc: subprocess.Popen[bytes]) -> None:
+        while True:
+            crash = self._record_crash(proc)
+            _terminate(proc, 0.0, self._shm_prefix)  # its stubs and their regions
+            delay = self._policy.crashed() if self._restart_on_crash else None
+            if delay is None:
+                return self._give_up(proc, crash)
+            self._emit(ServerEvent("crashed", crash, pid=proc.pid))
+            if self._box.wake.wait(delay):
+                return  # stopped meanwhile
+            with self._box.lock:
+                if self._box.stopping:
+                    return
+                try:
+                    self._ensure_ports_free()
+                    proc = self._spawn()
+                except (LocalServerError, OSError) as exc:
+                    self._failure = f"Triton could not be started again after a crash: {exc}"
+                    self._box.proc = None
+                    self._emit(ServerEvent("gave_up", crash, error=self._failure))
+                    return
+            try:
+                self._wait_ready(proc)
+            except LocalServerError:
+                with self._box.lock:
+                    if self._box.stopping:
+                        return
+                if proc.poll() is None:  # never became ready: ended like a crash
+                    _terminate(proc, 0.0, self._shm_prefix)
+                continue  # crashed again while starting: counted as another crash
+            back = time.time()
+            self._crashes = [
+                c if c.restarted_at is not None else dataclasses.replace(c, restarted_at=back)
+                for c in self._crashes
+            ]
+            self._emit(ServerEvent("restarted", self._crashes[-1], pid=proc.pid))
+            self._supervise(proc)
+            return
+
+    def _record_crash(self, proc: subprocess.Popen[bytes]) -> ServerCrash:
+        self._keep_log()
+        returncode = proc.wait()
+        crash = ServerCrash(
+            number=len(self._crashes) + 1,
+            at=time.time(),
+            pid=proc.pid,
+            returncode=returncode,
+            reason=crash_reason(returncode, self._new_log_text()[-64 * 1024 :]),
+            log_tail=log_tail(self._log_path),
+            log_path=self._log_path,
+        )
+        self._crashes.append(crash)
+        return crash
+
+    def _give_up(self, proc: subprocess.Popen[bytes], crash: ServerCrash) -> None:
+        with self._box.lock:
+            if self._box.proc is proc:
+                self._box.proc = None
+        why = (
+            f"tritonserver crashed {self._policy.recent} times within "
+            f"{self._policy.window_s:g} s; the supervisor gave up"
+            if self._restart_on_crash
+            else "tritonserver crashed (restarts are off)"
+        )
+        self._failure = f"{why}. Last: {crash.reason}. Log: {self._log_path}"
+        self._emit(ServerEvent("gave_up", crash, error=self._failure))
+
+    def _emit(self, event: ServerEvent) -> None:
+        if self._on_event is not None:
+            try:
+                self._on_event(event)
+            except Exception:  # a listener's bug must not stop the supervisor
+                pass
+
+    def _keep_log(self) -> None:
+        """Moves a temporary log out of the server's temporary directory, which goes with
+        the server, into :data:`KEPT_LOG_DIR`; later runs append to it there."""
+        if not self._log_path.is_relative_to(self._tmpdir) or not self._log_path.exists():
+            return
+        KEPT_LOG_DIR.mkdir(parents=True, exist_ok=True)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        kept = KEPT_LOG_DIR / f"tritonserver-{stamp}-{os.getpid()}-{id(self):x}.log"
+        try:
+            os.replace(self._log_path, kept)
+        except OSError:
+            shutil.copyfile(self._log_path, kept)
+        self._log_path = kept
 
     def stop(self) -> None:
         """Stop the server (SIGINT, then SIGTERM and SIGKILL after a grace period).
 
-        Idempotent. The ports are kept for a later :meth:`start`.
+        Idempotent. The ports are kept for a later :meth:`start`. A restart the supervisor
+        has under way is given up.
         """
-        proc = self._proc_box[0]
-        if proc is None:
-            return
-        _terminate(proc, self._stop_grace_s, self._shm_prefix)
-        self._proc_box[0] = None
+        proc = self._box.stop()
+        if proc is not None:
+            _terminate(proc, self._stop_grace_s, self._shm_prefix)
 
     def restart(
         self, *, restricted_protocols: Mapping[str, tuple[str, str]] | None = None
@@ -700,7 +896,7 @@ class LocalTritonServer:
                 start_new_session=True,
                 close_fds=True,
             )
-        self._proc_box[0] = proc
+        self._box.proc = proc
         return proc
 
     def _new_log_text(self) -> str:
@@ -737,20 +933,23 @@ class LocalTritonServer:
         while True:
             code = proc.poll()
             if code is not None:
-                log = self._new_log_text()
+                bind_failure = _is_bind_failure(self._new_log_text())
+                if not bind_failure:
+                    self._keep_log()
                 message = (
                     f"tritonserver exited with code {code} during startup "
-                    f"(log: {self._log_path}); last lines:\n{_log_tail(self._log_path)}"
+                    f"(log: {self._log_path}); last lines:\n{log_tail(self._log_path)}"
                 )
-                if _is_bind_failure(log):
+                if bind_failure:
                     raise _BindFailure(message)
                 raise LocalServerError(message)
             if self._http_ok("/v2/health/ready") and self._all_models_ready():
                 return
             if time.monotonic() > deadline:
+                self._keep_log()
                 raise LocalServerError(
                     f"tritonserver did not become ready within {self._startup_timeout_s:.0f} s "
-                    f"(log: {self._log_path}); last lines:\n{_log_tail(self._log_path)}"
+                    f"(log: {self._log_path}); last lines:\n{log_tail(self._log_path)}"
                 )
             time.sleep(0.2)
 
