@@ -32,7 +32,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from . import _cuda
+from . import _cuda, _gpu_choice
 from ._calls import Calls
 from ._changes import Registration, changed_error, differences
 from ._defaults import DEFAULT_RECONNECT_TIMEOUT_S, DEFAULT_URL
@@ -410,7 +410,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         if memory == CUDA:  # the GPU by its UUID: the same in every process, every layout
             gpu = _cuda.find_device(device)
             if triton_device_id is None:
-                triton_device_id = _cuda.triton_device_id(gpu)
+                triton_device_id = _gpu_choice.triton_device_id(gpu)
         registration = Registration.of(
             inputs=inputs,
             outputs=outputs,

@@ -6,9 +6,8 @@ This is the one place that calls CUDA, and the one place where a CUDA failure be
 ``[cuda]`` extra; the bindings tritonclient's own ``cuda_shared_memory`` uses), imported on
 first use: the library imports and runs without them until a pool asks for GPU memory.
 
-A GPU is named by its UUID across processes: Ray gives each worker its own
-``CUDA_VISIBLE_DEVICES``, so the same GPU has different indices in the node actor, a Serve
-replica and Triton. Indices are only used inside one process.
+A GPU is named by its UUID across processes; which GPU a name means among those this process
+sees is decided by :mod:`._gpu_choice`, without CUDA.
 """
 
 from __future__ import annotations
@@ -17,13 +16,13 @@ import ctypes
 import functools
 import os
 import threading
-from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 
 from ._exceptions import CudaError, GPUMemoryFullError
+from ._gpu_choice import VISIBLE_DEVICES_ENV_VAR, Device, choose_device, parse_device, uuid_name
 
 __all__ = [
     "IPC_HANDLE_BYTES",
@@ -40,11 +39,9 @@ __all__ = [
     "open_ipc",
     "pinned",
     "runtime",
-    "triton_device_id",
     "use_device",
 ]
 
-VISIBLE_DEVICES_ENV_VAR = "CUDA_VISIBLE_DEVICES"
 #: Size of a CUDA IPC memory handle (``CUDA_IPC_HANDLE_SIZE``).
 IPC_HANDLE_BYTES = 64
 _INSTALL = 'pip install "ray-triton-shm[cuda]"'
@@ -121,27 +118,6 @@ def _version(number: int) -> str:
 # ------------------------------------------------------------------ devices
 
 
-@dataclass(frozen=True)
-class Device:
-    """A GPU as this process sees it.
-
-    Attributes:
-        index: Its CUDA index in this process (depends on ``CUDA_VISIBLE_DEVICES``).
-        uuid: Its UUID, ``"GPU-..."`` as ``nvidia-smi -L`` prints it: the same in every
-            process.
-        name: Its product name.
-    """
-
-    index: int
-    uuid: str
-    name: str
-
-
-def _uuid(raw: bytes) -> str:
-    h = raw.hex()
-    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
-
-
 @functools.cache
 def _visible() -> tuple[Device, ...]:
     cudart = runtime()
@@ -151,7 +127,7 @@ def _visible() -> tuple[Device, ...]:
         props = check(cudart.cudaGetDeviceProperties(index), f"reading GPU {index}")
         name = props.name
         name = name.decode(errors="replace") if isinstance(name, bytes) else str(name)
-        devices.append(Device(index, _uuid(bytes(props.uuid.bytes)), name.rstrip("\0")))
+        devices.append(Device(index, uuid_name(bytes(props.uuid.bytes)), name.rstrip("\0")))
     return tuple(devices)
 
 
@@ -174,36 +150,11 @@ def find_device(device: int | str | None) -> Device:
         CudaError: no GPU or driver here, or the GPU named is not visible to this process
             (named, with ``CUDA_VISIBLE_DEVICES``).
     """
-    if isinstance(device, str) and device.startswith("cuda:"):
-        device = device.removeprefix("cuda:")
-    if isinstance(device, str) and device.isdigit():
-        device = int(device)
-    if isinstance(device, bool) or not isinstance(device, (int, str, type(None))):
-        raise CudaError(
-            f"device must be a GPU index, 'cuda:N' or a GPU UUID ('GPU-...'), got {device!r}"
-        )
+    wanted = parse_device(device)
     devices = _visible()
-    if device is None:
-        device = int(check(runtime().cudaGetDevice(), "reading the current GPU"))
-    if isinstance(device, int):
-        found = [d for d in devices if d.index == device]
-    else:
-        found = [d for d in devices if d.uuid.startswith(device)]
-    if len(found) != 1:
-        visible = os.environ.get(VISIBLE_DEVICES_ENV_VAR)
-        seen = ", ".join(f"{d.index}: {d.uuid}" for d in devices) or "none"
-        env = (
-            f"{VISIBLE_DEVICES_ENV_VAR}={visible!r}"
-            if visible is not None
-            else (f"{VISIBLE_DEVICES_ENV_VAR} unset")
-        )
-        raise CudaError(
-            f"GPU {device!r} is not visible to this process ({env}; it sees {seen}). Give "
-            "this process that GPU (in Ray: num_gpus on the task, actor or Serve replica on "
-            "the GPU's node), or name one it sees",
-            device=str(device),
-        )
-    return found[0]
+    if wanted is None:
+        wanted = int(check(runtime().cudaGetDevice(), "reading the current GPU"))
+    return choose_device(wanted, devices)
 
 
 _current = threading.local()
@@ -214,18 +165,6 @@ def use_device(device: Device) -> None:
     if getattr(_current, "index", None) != device.index:
         check(runtime().cudaSetDevice(device.index), "selecting the GPU", device=device.uuid)
         _current.index = device.index
-
-
-def triton_device_id(device: Device) -> int:
-    """The index Triton most likely knows ``device`` by: its index on the machine, where
-    ``CUDA_VISIBLE_DEVICES`` lists indices, else its index here."""
-    visible = os.environ.get(VISIBLE_DEVICES_ENV_VAR)
-    if visible is None:
-        return device.index
-    entries = [entry.strip() for entry in visible.split(",") if entry.strip()]
-    if device.index < len(entries) and entries[device.index].isdigit():
-        return int(entries[device.index])
-    return device.index
 
 
 def memory_info(device: Device) -> tuple[int, int]:

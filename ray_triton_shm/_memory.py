@@ -22,7 +22,6 @@ process opens the handles once (:meth:`CudaMemory.attach`), on the GPU it finds 
 from __future__ import annotations
 
 import struct
-import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
@@ -31,6 +30,7 @@ from tritonclient.grpc import service_pb2
 
 from . import _cuda
 from ._exceptions import CudaError, ModelSpecError, TritonServerError
+from ._gpu_choice import uuid_bytes, uuid_name
 from ._header import RegionHeader
 from ._headers import Metadata
 from ._shm import SharedMemoryRegion
@@ -401,7 +401,7 @@ class CudaMemory(SlotMemory):
             for pointer in pointers:
                 _cuda.free(device, pointer)
             raise
-        raw_uuid = uuid.UUID(device.uuid.removeprefix("GPU-")).bytes
+        raw_uuid = uuid_bytes(device.uuid)
         table = _TABLE.pack(raw_uuid, layout.slot_bytes, triton_device_id, slot_count)
         buffer = region.buffer
         buffer[REGION_HEADER_BYTES : REGION_HEADER_BYTES + _TABLE.size] = table
@@ -427,7 +427,7 @@ class CudaMemory(SlotMemory):
                 f"region {region.name!r} holds {count} slots of {slot_bytes} bytes, not the "
                 f"{slot_count} of {layout.slot_bytes} expected"
             )
-        device = _cuda.find_device(f"GPU-{uuid.UUID(bytes=bytes(raw_uuid))}")
+        device = _cuda.find_device(uuid_name(bytes(raw_uuid)))
         start = REGION_HEADER_BYTES + _TABLE.size
         size = _cuda.IPC_HANDLE_BYTES
         handles = [bytes(buffer[start + i * size : start + (i + 1) * size]) for i in range(count)]

@@ -56,6 +56,8 @@ from .._specs import ModelSpec
 
 __all__ = [
     "NAMESPACE",
+    "NODE_ACTOR_ENV_VARS",
+    "NOSET_VISIBLE_DEVICES_ENV_VAR",
     "URL_ENV_VAR",
     "ModelRegistration",
     "NodeActorConfig",
@@ -73,7 +75,11 @@ _UNREACHABLE = ("StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED")
 #: Ray namespace of the node actors.
 NAMESPACE = "ray_triton_shm"
 #: Ray leaves CUDA_VISIBLE_DEVICES alone in a worker with this variable set.
-_NOSET_CUDA_VISIBLE_DEVICES = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
+NOSET_VISIBLE_DEVICES_ENV_VAR = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
+#: The node actor's environment variables. It holds no GPU, yet allocates GPU pools on whichever
+#: GPU of the node a caller names (by UUID): Ray must not hide the node's GPUs from it (it sets
+#: CUDA_VISIBLE_DEVICES="" in a worker without GPUs), so the actor sees what its node sees.
+NODE_ACTOR_ENV_VARS: Mapping[str, str] = {NOSET_VISIBLE_DEVICES_ENV_VAR: "1"}
 
 
 def actor_name(node_id: str) -> str:
@@ -815,9 +821,7 @@ def get_node_actor(
         get_if_exists=True,
         lifetime="detached",
         num_cpus=0,
-        # It holds no GPU, yet allocates GPU pools on whichever GPU of the node a caller asks
-        # for: Ray must not hide the node's GPUs from it (CUDA_VISIBLE_DEVICES="").
-        runtime_env={"env_vars": {_NOSET_CUDA_VISIBLE_DEVICES: "1"}},
+        runtime_env={"env_vars": dict(NODE_ACTOR_ENV_VARS)},
         max_restarts=-1,
         scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
     ).remote(config)
