@@ -1,13 +1,14 @@
 # Two entry points do all set-up on a fresh machine:
 #   make bench   - the benchmark against the embedded Triton (the main job)
 #   make test    - the test suite against a real Triton and a real local Ray
+# (and on a machine with an NVIDIA GPU, make test-gpu: the GPU tests that make test skips)
 # Both create .venv (library, numpy 2, Ray) and .triton-env (the server side: tritonserver
 # from nvidia-pytriton with numpy<2, which its Python backend needs).
 PYTHON ?= python3
 VENV := .venv
 export RAY_TRITON_SHM_SERVER_ENV ?= $(CURDIR)/.triton-env
 
-.PHONY: bench test newcomer serve lint docs browser prometheus grafana clean
+.PHONY: bench test test-gpu newcomer serve lint docs browser prometheus grafana clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +27,25 @@ bench: $(VENV)/.installed
 
 test: $(VENV)/.installed browser prometheus
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+# The GPU tests (tests/test_gpu.py, pools in GPU memory against a real Triton on the GPU, no
+# Ray), on a machine with an NVIDIA GPU and its driver; `make test` skips them elsewhere. The
+# callers' tensors need torch and cupy in .venv (with the [cuda] extra), the test model needs
+# torch in the server environment. The packages suit a driver of CUDA 13; for one of CUDA 12:
+# make test-gpu GPU_PACKAGES="torch cupy-cuda12x[ctk] cuda-bindings==12.*"
+GPU_PACKAGES ?= torch cupy-cuda13x[ctk]
+
+$(VENV)/.gpu-installed: $(VENV)/.installed
+	$(VENV)/bin/python -m pip install --quiet -e ".[cuda]" $(foreach p,$(GPU_PACKAGES),'$(p)')
+	$(VENV)/bin/ray-triton-shm setup-server --with torch
+	touch $@
+
+# Names the GPU and its driver first, and fails at once, saying why, where no GPU is visible
+# (pytest would skip every test and pass).
+test-gpu: $(VENV)/.gpu-installed
+	-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+	$(VENV)/bin/python -c "from ray_triton_shm import _cuda; print(_cuda.find_device(None))"
+	$(VENV)/bin/python -m pytest tests/test_gpu.py $(PYTEST_ARGS)
 
 # A newcomer's path, for real: a wheel of this checkout in a fresh venv with an empty HOME,
 # docs/guide/own-model.md step by step (tests/newcomer.py). CI runs it after make test.

@@ -1,9 +1,12 @@
 """Pools in GPU memory on a real GPU, against a real Triton on it (``-m gpu``).
 
-Skipped where there is no GPU, torch or cupy, saying which. They run on a GPU machine without
-Ray (see ``../shared/gpu/README.md``)::
+Skipped where there is no GPU, torch or cupy, saying which. They need no Ray. On a machine with
+an NVIDIA GPU and its driver, this installs what they need (torch and cupy, the ``[cuda]``
+extra, torch in the server environment for the model) and runs them::
 
-    bash .gpu-kit/on-device python3 -m pytest -q tests/test_gpu.py -p no:cacheprovider
+    make test-gpu
+
+Until every one of them has passed on a GPU, GPU memory is a preview (tests/test_docs.py).
 
 The model, ``tests/gpu_models/gpu_affine``, answers ``2 * x + 1`` computed with torch on the GPU,
 and says whether its input reached it in GPU memory.
