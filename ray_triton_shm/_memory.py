@@ -38,6 +38,7 @@ from ._specs import REGION_HEADER_BYTES, SLOT_ALIGNMENT, ModelSpec, SlotLayout, 
 
 __all__ = [
     "CUDA",
+    "CUDA_PREVIEW",
     "MEMORY_KINDS",
     "SYSTEM",
     "CudaMemory",
@@ -54,6 +55,12 @@ __all__ = [
 SYSTEM, CUDA = "system", "cuda"
 #: What ``memory=`` takes.
 MEMORY_KINDS = (SYSTEM, CUDA)
+#: What GPU memory is worth as long as its GPU tests have not passed on a GPU: said by
+#: ``bench --memory cuda`` when it runs, and by the README and the GPU guide (tests/test_docs.py).
+CUDA_PREVIEW = (
+    'GPU memory (memory="cuda") is a preview: its GPU tests (tests/test_gpu.py) have not yet '
+    "run on a GPU."
+)
 #: The table of a GPU region, after its header: GPU UUID (16 bytes), slot bytes, Triton's
 #: device id, slot count (int64 each), then each slot's IPC handle.
 _TABLE = struct.Struct("=16sqqq")

@@ -24,7 +24,13 @@ from ray_triton_shm import (
     _cuda,
 )
 from ray_triton_shm._header import RegionHeader
-from ray_triton_shm._memory import CudaMemory, SlotMemory, open_memory, region_bytes
+from ray_triton_shm._memory import (
+    CUDA_PREVIEW,
+    CudaMemory,
+    SlotMemory,
+    open_memory,
+    region_bytes,
+)
 from ray_triton_shm._reconnect import Reconnect
 from ray_triton_shm._shm import SharedMemoryRegion, list_local_regions, new_region_name, slot_key
 from ray_triton_shm._specs import REGION_HEADER_BYTES, SlotLayout
@@ -235,3 +241,5 @@ def test_bench_memory_cuda_without_a_gpu_says_so(capsys: pytest.CaptureFixture[s
     assert main(["bench", "--memory", "cuda", *options]) == 1
     error = capsys.readouterr().err
     assert "ray-triton-shm bench: error:" in error and "no NVIDIA driver was found" in error
+    # Said before it runs, as long as GPU memory is a preview (tests/test_docs.py).
+    assert error.startswith(f"note: {CUDA_PREVIEW}\n"), error

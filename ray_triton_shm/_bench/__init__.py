@@ -28,10 +28,13 @@ def main(args: argparse.Namespace) -> int:
         config = config_from_args(args)
         from ray_triton_shm._bench import _report
         from ray_triton_shm._bench._runner import run_bench
+        from ray_triton_shm._memory import CUDA, CUDA_PREVIEW
     except (ValueError, ModuleNotFoundError) as exc:
         extra = "; pip install 'ray-triton-shm[bench]'" if isinstance(exc, ImportError) else ""
         print(f"ray-triton-shm bench: error: {exc}{extra}", file=sys.stderr)
         return 2
+    if config.memory == CUDA:
+        print(f"note: {CUDA_PREVIEW}", file=sys.stderr)
     ray_address = os.environ.get("RAY_ADDRESS")
     if ray_address and any(p in RAY_PATHS for p in config.paths):
         print(
