@@ -48,7 +48,7 @@ def main(args: argparse.Namespace) -> int:
     )
     try:
         results = run_bench(config, progress=progress)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # while it set up or cleaned up: no results
         print("\ninterrupted; everything was cleaned up", file=sys.stderr)
         return 130
     except Exception as exc:
@@ -81,6 +81,15 @@ def main(args: argparse.Namespace) -> int:
         report = _html.write_report(results, args.report, summary_figure=summary_png, curves=curves)
         full = "" if args.full else " (every run's numbers; or --full here)"
         print(f"report: {report}{full}", file=sys.stderr)
+    if results.stopped:
+        interrupted = results.stopped.startswith("interrupted")
+        print(
+            f"\n{'interrupted' if interrupted else 'ray-triton-shm bench: error'}: "
+            f"{results.stopped}; the report and JSON have what ran before; everything was "
+            "cleaned up",
+            file=sys.stderr,
+        )
+        return 130 if interrupted else 1
     if results.failures:
         print("\nfailed:\n  " + "\n  ".join(results.failures), file=sys.stderr)
         return 1

@@ -165,6 +165,10 @@ class BenchConfig:
         rate_models: The cases the open loop runs on (empty: every one).
         memory: ``"cuda"``: the GPU paths (:data:`GPU_PATHS`) on the GPU cases, the embedded
             server serving ``identity_gpu`` on the GPU.
+        restart_on_crash: Start the embedded Triton again when it crashes (and go on, the
+            run in progress marked disturbed); ``False``: a crash ends the bench.
+        reconnect_timeout_s: How long the paths' requests wait for an unreachable Triton,
+            and how long a remote one may stay unreachable before the bench ends.
     """
 
     models: tuple[str, ...] = CASE_NAMES
@@ -189,6 +193,8 @@ class BenchConfig:
     max_threads: int = 16
     rate_models: tuple[str, ...] = ()
     memory: str = "system"
+    restart_on_crash: bool = True
+    reconnect_timeout_s: float = 10.0
 
     def rate(self, spec: str, grpc_best: float | None) -> float:
         """The requests per second of a ``--request-rate`` value: ``spec`` itself, or its
@@ -272,6 +278,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     server.add_argument("--http-url", metavar="HOST:PORT", help="its HTTP endpoint")
     server.add_argument(
         "--startup-timeout-s", type=float, default=180.0, metavar="S", help="embedded: %(default)s"
+    )
+    server.add_argument(
+        "--no-restart",
+        action="store_true",
+        help="embedded: end the bench when Triton crashes, instead of starting it again and "
+        "going on with the run marked disturbed",
+    )
+    server.add_argument(
+        "--reconnect-timeout-s",
+        type=float,
+        default=BenchConfig.reconnect_timeout_s,
+        metavar="S",
+        help="how long requests wait for an unreachable Triton, and how long one may stay "
+        "unreachable before the bench ends with what ran (default: %(default)s)",
     )
     what = parser.add_argument_group("what to run")
     what.add_argument(
@@ -410,6 +430,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         url=args.url,
         http_url=args.http_url,
         startup_timeout_s=args.startup_timeout_s,
+        restart_on_crash=not args.no_restart,
+        reconnect_timeout_s=args.reconnect_timeout_s,
         ray_callers=args.ray_callers,
         node_load=not args.no_node_load,
         request_rates=tuple(dict.fromkeys(_rates(args.request_rate))),
@@ -426,6 +448,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         raise ValueError("--slice-s and --churn-s must be positive")
     if config.model_update_s < 0:
         raise ValueError("--model-update-s must be >= 0")
+    if not config.reconnect_timeout_s > 0:
+        raise ValueError("--reconnect-timeout-s must be positive")
     if config.latency_bound_ms is not None and config.latency_bound_ms <= 0:
         raise ValueError("--latency-bound-ms must be positive")
     unknown_models = [m for m in config.rate_models if m not in config.models]

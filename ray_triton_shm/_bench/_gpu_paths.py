@@ -76,7 +76,11 @@ class ShmClientTorchPath(_OnGpu):
 
     def setup(self) -> None:
         super().setup()
-        self._client = TritonSHMClient(self.target.grpc_url, headers=Keys(environ=True))
+        self._client = TritonSHMClient(
+            self.target.grpc_url,
+            headers=Keys(environ=True),
+            reconnect_timeout_s=self.target.reconnect_timeout_s,
+        )
         self._client.register_shm_model(self.case.model, **self.case.registration(self.slots))
 
     def run_once(self) -> Mapping[str, Any]:
@@ -180,7 +184,11 @@ class CudaClientPath(BenchPath):
     name, label = "cuda-client", "TritonSHMClient (GPU memory), NumPy"
 
     def setup(self) -> None:
-        self._client = TritonSHMClient(self.target.grpc_url, headers=Keys(environ=True))
+        self._client = TritonSHMClient(
+            self.target.grpc_url,
+            headers=Keys(environ=True),
+            reconnect_timeout_s=self.target.reconnect_timeout_s,
+        )
         registration = self.case.registration(self.slots)
         self._client.register_shm_model(self.case.model, **registration, memory="cuda", device=0)
 
@@ -196,7 +204,11 @@ class CudaClientTorchPath(_OnGpu):
 
     def setup(self) -> None:
         super().setup()
-        self._client = TritonSHMClient(self.target.grpc_url, headers=Keys(environ=True))
+        self._client = TritonSHMClient(
+            self.target.grpc_url,
+            headers=Keys(environ=True),
+            reconnect_timeout_s=self.target.reconnect_timeout_s,
+        )
         registration = self.case.registration(self.slots)
         self._client.register_shm_model(self.case.model, **registration, memory="cuda", device=0)
 

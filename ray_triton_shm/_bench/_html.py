@@ -20,6 +20,7 @@ __all__ = ["SECTIONS", "write_report"]
 #: The report's sections: ``id`` -> heading, in order.
 SECTIONS = {
     "summary": "Summary",
+    "crashes": "Triton crashes",
     "recommendations": "Recommendations",
     "request-rate": "Open loop: request rates",
     "goals": "Goals",
@@ -215,7 +216,11 @@ def _rates(results: BenchResults) -> str:
                     per_s(numbers.get("answered_per_s")),
                     *(num(latency.get(p)) for p in ("p50", "p90", "p99")),
                     str(numbers.get("dropped", "-")),
-                    _sustained(r.sustained(bound)) if r.ok else _e(r.error or r.skipped or "-"),
+                    "disturbed"
+                    if r.disturbed
+                    else _sustained(r.sustained(bound))
+                    if r.ok
+                    else _e(r.error or r.skipped or "-"),
                 )
             )
         headers = ("path", "rate", "offered/s", "answered/s", "p50 ms", "p90 ms", "p99 ms")
@@ -223,6 +228,29 @@ def _rates(results: BenchResults) -> str:
             f"<h3>{_e(model.name)}</h3><p>Highest rate sustained: {best}.</p>"
             + _table((*headers, "dropped", "sustained"), rows, (0, 1))
         )
+    return "".join(parts)
+
+
+def _crashes(results: BenchResults) -> str:
+    """Every crash of Triton, with the runs it disturbed and its log's last lines."""
+    from ray_triton_shm._bench._report import crash_lines
+
+    if not results.outages and not results.stopped:
+        return "<p class=muted>Triton did not crash while the bench ran.</p>"
+    parts = [
+        "<p>The embedded Triton is restarted when it crashes (its Python backend can abort "
+        "under concurrent requests of a few MB: triton-inference-server/server issue 8882); "
+        "a run it disturbed keeps its numbers, but they count for no verdict, goal or "
+        "advice.</p>",
+        "<ul>" + "".join(f"<li>{_e(line)}</li>" for line in crash_lines(results)) + "</ul>",
+    ]
+    for outage in results.outages:
+        if outage.crash is not None:
+            parts.append(
+                f"<h3>{_e(outage.crash.describe())}</h3><p class=muted>"
+                f"{_e(outage.crash.log_path)}, its last lines:</p>"
+                f"<pre>{_e(outage.crash.log_tail)}</pre>"
+            )
     return "".join(parts)
 
 
@@ -306,9 +334,11 @@ def write_report(
     each model's curves by model name); returns the path written."""
     goals = results.goals()
     missed = sum(goal.met(value) is False for goal, value in goals)
+    met = sum(goal.met(value) is True for goal, value in goals)
     failures = "".join(f"<li>{_e(f)}</li>" for f in results.failures)
     bodies = {
         "summary": _summary(results, summary_figure),
+        "crashes": _crashes(results),
         "recommendations": _recommendations(results),
         "request-rate": _rates(results),
         "goals": _goals(results),
@@ -327,7 +357,8 @@ def write_report(
         f"<title>ray-triton-shm bench: {_e(models)}</title><style>{_STYLE}</style></head>"
         f"<body><main><header><h1>ray-triton-shm bench</h1>"
         f'<p class="muted">{_e(models)} on {_e(results.server)} Triton; '
-        f"{num(results.duration_s)} s; goals: {len(goals) - missed} met, {missed} missed.</p>"
+        f"{num(results.duration_s)} s; goals: {met} met, {missed} missed.</p>"
+        + (f'<p class="missed">Stopped early: {_e(results.stopped)}</p>' if results.stopped else "")
         + (f'<ul class="missed">{failures}</ul>' if failures else "")
         + f"<nav>{nav}</nav></header>{sections}</main></body></html>\n"
     )

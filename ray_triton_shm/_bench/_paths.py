@@ -22,6 +22,7 @@ from tritonclient.utils import np_to_triton_dtype, serialize_byte_tensor, triton
 from ray_triton_shm._bench._cases import ModelCase
 from ray_triton_shm._bench._config import ELASTIC
 from ray_triton_shm._client import TritonSHMClient
+from ray_triton_shm._defaults import DEFAULT_RECONNECT_TIMEOUT_S
 from ray_triton_shm._headers import Keys
 from ray_triton_shm._plain_client import tritonclient_for
 from ray_triton_shm._specs import SlotLayout
@@ -173,11 +174,13 @@ def run_open_loop(
 @dataclasses.dataclass(frozen=True)
 class BenchTarget:
     """The server being benchmarked: its gRPC and HTTP (``None``: unknown, the HTTP path is
-    then skipped) endpoints, ``"host:port"``, and its process (group) when it runs here."""
+    then skipped) endpoints, ``"host:port"``, its process (group) when it runs here, and how
+    long the paths' requests wait for it while it is unreachable."""
 
     grpc_url: str
     http_url: str | None = None
     server_pid: int | None = None
+    reconnect_timeout_s: float = DEFAULT_RECONNECT_TIMEOUT_S
 
 
 class BenchPath:
@@ -363,7 +366,11 @@ class ShmClientPath(BenchPath):
     name, label = "shm-client", "TritonSHMClient.infer_shm"
 
     def setup(self) -> None:
-        self._client = TritonSHMClient(self.target.grpc_url, headers=Keys(environ=True))
+        self._client = TritonSHMClient(
+            self.target.grpc_url,
+            headers=Keys(environ=True),
+            reconnect_timeout_s=self.target.reconnect_timeout_s,
+        )
         self._spec = self._client.register_shm_model(
             self.case.model, **self.case.registration(self.slots)
         )

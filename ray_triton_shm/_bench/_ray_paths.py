@@ -14,12 +14,14 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import os
 import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
@@ -35,7 +37,14 @@ from ray_triton_shm._bench._paths import (
     run_open_loop,
     run_until,
 )
-from ray_triton_shm._bench._ray_session import SERVE_APP, RayBenchSession, RayPath, process_cpu_s
+from ray_triton_shm._bench._ray_session import (
+    SERVE_APP,
+    RayBenchSession,
+    RayPath,
+    process_cpu_s,
+    reconnect_timeout_s,
+)
+from ray_triton_shm._exceptions import TritonSHMError
 from ray_triton_shm._headers import Keys
 from ray_triton_shm._plain_client import tritonclient_for
 
@@ -46,6 +55,7 @@ with contextlib.suppress(ImportError):  # without the ray extra: the session say
 
 __all__ = [
     "CHURN_CASE",
+    "CallerError",
     "CHURN_KILL_EVERY_S",
     "DATA_CASE",
     "DATA_JOB_BATCHES",
@@ -68,6 +78,58 @@ POOL_SAMPLE_S = 0.2
 _LATENCY = "__bench_latency_s"
 
 _Call = Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]]
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+class CallerError(RuntimeError):
+    """An error a bench caller process raised, as it reaches the driver: its type and
+    message. tritonclient's exceptions do not survive Ray's wrapping of a task's error (the
+    driver sees "Failed to deserialize exception"); the library's own and the builtins do."""
+
+
+def _as_caller_error(exc: Exception) -> Exception:
+    if isinstance(exc, TritonSHMError) or type(exc).__module__ == "builtins":
+        return exc
+    kind = type(exc)
+    return CallerError(f"{kind.__module__}.{kind.__qualname__}: {exc}")
+
+
+def _errors_reach_the_driver(method: _F) -> _F:
+    """Raises what ``method`` (of a caller actor, sync or async) raises as itself where Ray
+    can carry it to the driver, else as a :class:`CallerError` naming it."""
+    if inspect.iscoroutinefunction(method):
+
+        @functools.wraps(method)
+        async def wrapper_async(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return await method(*args, **kwargs)
+            except Exception as exc:
+                carried = _as_caller_error(exc)
+                if carried is exc:
+                    raise
+                raise carried from None
+
+        return wrapper_async  # type: ignore[return-value]
+
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(*args, **kwargs)
+        except Exception as exc:
+            carried = _as_caller_error(exc)
+            if carried is exc:
+                raise
+            raise carried from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _shm_model_options(case: ModelCase, slots: int) -> dict[str, Any]:
+    """``ShmModel``'s arguments for ``case`` on ``slots`` node slots (:data:`~._config.ELASTIC`:
+    the node actor's defaults), waiting the bench's reconnect timeout for Triton."""
+    wait_s = reconnect_timeout_s()
+    node = {"reconnect_timeout_s": wait_s, **({} if slots == ELASTIC else {"slots": slots})}
+    return {"actor_options": node, "reconnect_timeout_s": wait_s, **case.registration(slots)}
 
 
 def _client(kind: str, arg: Any, case: ModelCase) -> tuple[_Call, Callable[[], None]]:
@@ -78,8 +140,7 @@ def _client(kind: str, arg: Any, case: ModelCase) -> tuple[_Call, Callable[[], N
     if kind == "serve":
         return (lambda inputs: arg.remote(inputs).result()), (lambda: None)
     if kind == "shm-model":
-        node = None if arg == ELASTIC else {"slots": arg}  # ELASTIC: the actor's defaults
-        model = ShmModel(case.model, actor_options=node, **case.registration(arg))
+        model = ShmModel(case.model, **_shm_model_options(case, arg))
         return model.infer, model.close
     client = tritonclient_for(arg)
     return (lambda inputs: infer(client, case, inputs)), client.close
@@ -92,6 +153,7 @@ class _Caller:
     def __init__(self) -> None:
         self._targets: dict[str, tuple[Callable[[], Any], Callable[[], None]]] = {}
 
+    @_errors_reach_the_driver
     def add(self, key: str, kind: str, arg: Any, case: ModelCase, inputs: Any) -> int:
         """Sends ``inputs`` as ``key`` through ``kind`` (:func:`_client`); binds, connects,
         warms up. Returns this process's id."""
@@ -100,10 +162,12 @@ class _Caller:
         call(inputs)
         return os.getpid()
 
+    @_errors_reach_the_driver
     def once(self, key: str) -> dict[str, np.ndarray]:
         """One request; returns its outputs."""
         return dict(self._targets[key][0]())
 
+    @_errors_reach_the_driver
     def loop(self, key: str, start_at: float, duration_s: float) -> tuple[np.ndarray, float]:
         """Requests back to back from ``start_at`` (``time.time()``) for ``duration_s`` (at
         least one); returns their latencies, and the seconds from the start to the last."""
@@ -112,6 +176,7 @@ class _Caller:
         latencies = run_until(self._targets[key][0], start + duration_s)
         return latencies, time.perf_counter() - start
 
+    @_errors_reach_the_driver
     def open_loop(
         self, key: str, start_at: float, due: np.ndarray, threads: int, give_up_s: float
     ) -> OpenLoop:
@@ -138,6 +203,7 @@ class _ChurnCaller:
         self._latencies: list[float] = []
         self._wrong = 0
 
+    @_errors_reach_the_driver
     def start(self, case: ModelCase, url: str, slots: int, inputs: Any) -> int:
         """Sends ``inputs`` (or those of that seed, an ``int``) through ``ShmModel``; binds,
         connects, warms up. Returns this process's id."""
@@ -156,6 +222,7 @@ class _ChurnCaller:
             self._ready.set()  # a loop waiting for it returns, if it failed
         return os.getpid()
 
+    @_errors_reach_the_driver
     def once(self) -> dict[str, np.ndarray]:
         """One request; returns its outputs, checked (``AssertionError`` if wrong)."""
         assert self._call is not None
@@ -163,6 +230,7 @@ class _ChurnCaller:
         check_outputs(answer, self._reference)
         return answer
 
+    @_errors_reach_the_driver
     def loop(self, end_at: float) -> tuple[list[float], int, float | None]:
         """Requests back to back until ``end_at`` (``time.time()``), once started; returns what
         :meth:`take` would, and when the last one completed (``None``: none did)."""
@@ -213,18 +281,19 @@ class _BenchReplica:
         self._case, self._client = case, None
         return os.getpid()
 
+    @_errors_reach_the_driver
     async def __call__(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         import tritonclient.grpc.aio as grpcclient
 
         case = self._case
         assert case is not None
-        options = case.registration(self._slots)
         if self._client is None and self._backend == "shm":  # made on the replica's loop
-            slots = {"slots": self._slots}
-            self._client = ShmModel(case.model, actor_options=slots, **options)
+            self._client = ShmModel(case.model, **_shm_model_options(case, self._slots))
         elif self._client is None and self._backend == "inproc":
-            self._client = TritonSHMClient(self._url, headers=Keys(environ=True))
-            self._client.register_shm_model(case.model, **options)
+            self._client = TritonSHMClient(
+                self._url, headers=Keys(environ=True), reconnect_timeout_s=reconnect_timeout_s()
+            )
+            self._client.register_shm_model(case.model, **case.registration(self._slots))
         elif self._client is None:
             self._client = tritonclient_for(self._url, aio=True)
         if self._backend == "shm":
@@ -252,6 +321,7 @@ class _Predictor:
                 name: array[: len(next(iter(batch.values())))] for name, array in arg.items()
             }
 
+    @_errors_reach_the_driver
     def __call__(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         start = time.perf_counter()
         out = dict(self._predict({n: a for n, a in batch.items() if n != "id"}))
@@ -637,9 +707,10 @@ class DataShmPath(_DataPath):
     name, label, kind, uses_node_actor = "data-shm", "Ray Data, ShmPredictor", "shm", True
 
     def _arg(self) -> Any:
-        slots = max(8, self.concurrency)
-        options = {"model_name": self.case.model, "actor_options": {"slots": slots}}
-        return {**options, **self.case.registration(slots)}
+        return {
+            "model_name": self.case.model,
+            **_shm_model_options(self.case, max(8, self.concurrency)),
+        }
 
 
 class DataNoopPath(_DataPath):

@@ -26,10 +26,22 @@ except ImportError as exc:  # without the ray extra: the session says so, and th
 else:
     _NO_RAY = None
 
-__all__ = ["SERVE_APP", "RayBenchSession", "RayPath", "example_app_root", "process_cpu_s"]
+__all__ = ["RECONNECT_ENV_VAR", "SERVE_APP", "RayBenchSession", "RayPath", "example_app_root"]
+__all__ += ["process_cpu_s", "reconnect_timeout_s"]
 
 #: The prefix of the names of the Serve apps the bench runs.
 SERVE_APP = "ray-triton-shm-bench"
+#: The bench's ``--reconnect-timeout-s``, for the Ray paths' processes (set by the session,
+#: as ``$RAY_TRITON_SHM_URL`` is, before ``ray.init``).
+RECONNECT_ENV_VAR = "RAY_TRITON_SHM_BENCH_RECONNECT_TIMEOUT_S"
+
+
+def reconnect_timeout_s() -> float:
+    """How long the Ray paths' requests and their node actor's registrations wait for an
+    unreachable Triton: the bench's ``--reconnect-timeout-s`` in its Ray's processes."""
+    from ray_triton_shm._defaults import DEFAULT_RECONNECT_TIMEOUT_S
+
+    return float(os.environ.get(RECONNECT_ENV_VAR, DEFAULT_RECONNECT_TIMEOUT_S))
 
 
 def process_cpu_s(pid: int) -> float:
@@ -81,11 +93,8 @@ class RayBenchSession:
                 )
             import ray.data
 
-            before = os.environ.get(URL_ENV_VAR)
-            # Undone in reverse: the URL set here goes, then the one before comes back.
-            self._undo.append(lambda: os.environ.update({URL_ENV_VAR: before} if before else {}))
-            self._undo.append(lambda: os.environ.pop(URL_ENV_VAR, None))
-            os.environ[URL_ENV_VAR] = self.target.grpc_url
+            self._set_env(URL_ENV_VAR, self.target.grpc_url)
+            self._set_env(RECONNECT_ENV_VAR, str(self.target.reconnect_timeout_s))
             self._example_app_on_path()
             if not ray.is_initialized():
                 # The callers, replica and node actor ask for no CPU.
@@ -108,6 +117,14 @@ class RayBenchSession:
         except Exception as exc:
             self.error = exc
         return self
+
+    def _set_env(self, name: str, value: str) -> None:
+        """``$name`` is ``value`` for the session's life (Ray's processes inherit it)."""
+        before = os.environ.get(name)
+        # Undone in reverse: the value set here goes, then the one before comes back.
+        self._undo.append(lambda: os.environ.update({name: before} if before else {}))
+        self._undo.append(lambda: os.environ.pop(name, None))
+        os.environ[name] = value
 
     def check(self) -> None:
         """Raises why the session is unusable, if it is."""

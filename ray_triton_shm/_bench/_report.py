@@ -92,6 +92,9 @@ class _Bar(Progress):
     def stop(self) -> None:
         self._bar.stop()
 
+    def say(self, text: str) -> None:
+        self._bar.console.print(text, markup=False)
+
 
 class _Lines(Progress):
     """A plain line per stage, after the minutes and seconds since the start."""
@@ -102,6 +105,9 @@ class _Lines(Progress):
     def stage(self, text: str) -> None:
         minutes, seconds = divmod(int(time.monotonic() - self._start), 60)
         self._console.print(f"bench {minutes:02d}:{seconds:02d} {text}", markup=False)
+
+    def say(self, text: str) -> None:
+        self.stage(text)
 
 
 def make_progress(console: Console, *, enabled: bool = True) -> Progress:
@@ -147,6 +153,8 @@ def model_rows(model: ModelResult) -> tuple[str, tuple[str, ...], list[list[str]
         vs_grpc = mb_ratio(r, base) if base is not None and base is not r else None
         if r.skipped is not None:
             check = f"skipped: {r.skipped}"
+        elif r.disturbed is not None:
+            check = "disturbed (Triton crashed): not counted"
         else:
             check = f"FAILED: {r.error}" if r.error else "ok"
         rows.append(
@@ -171,6 +179,7 @@ def _model_table(model: ModelResult) -> Table:
     for row in rows:
         check = row[-1]
         style = "dim" if check.startswith("skipped") else "bold red" if check != "ok" else ""
+        style = "yellow" if check.startswith("disturbed") else style
         table.add_row(*row[:-1], Text(check, style=style))
     return table
 
@@ -182,7 +191,9 @@ def _rate_table(model: ModelResult, bound_ms: float | None) -> Table:
     for r in model.rate_runs:
         numbers = r.numbers()
         latency = numbers.get("latency_ms", {})
-        if r.ok:
+        if r.disturbed is not None:
+            verdict = Text("disturbed", style="yellow")
+        elif r.ok:
             status, style = _GOAL_STATUS[r.sustained(bound_ms)]
             verdict = Text({"MET": "yes", "MISS": "no"}.get(status, status), style=style)
         else:
@@ -422,6 +433,24 @@ def print_results(results: BenchResults, console: Console, *, full: bool = False
     console.file.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
 
 
+def crash_lines(results: BenchResults) -> list[str]:
+    """A line per crash of Triton (when, during which run, why, where its log is), the runs
+    it disturbed, and why the bench stopped early, if it did."""
+    lines = []
+    for outage in results.outages:
+        log = f" (log: {outage.crash.log_path})" if outage.crash is not None else ""
+        lines.append(outage.describe() + log)
+    disturbed = results.disturbed()
+    if disturbed:
+        lines.append(
+            "disturbed (their numbers kept, used for no verdict, goal or advice): "
+            + "; ".join(disturbed)
+        )
+    if results.stopped:
+        lines.append(f"stopped early: {results.stopped}; the report has what ran before")
+    return lines
+
+
 def _print_skipped(results: BenchResults, console: Console) -> None:
     """Every path that did not run: a line per reason, with its paths and models."""
     skipped: dict[str, tuple[list[str], list[str]]] = {}
@@ -464,6 +493,8 @@ def _print_summary(results: BenchResults, console: Console) -> None:
     )
     _show(console, rows)
     _print_skipped(results, console)
+    for line in crash_lines(results):
+        console.print(line, markup=False)
     for model in results.models:
         for line in elastic_lines(model):
             console.print(f"{model.name}, {line}", markup=False)
@@ -490,7 +521,10 @@ def _print_summary(results: BenchResults, console: Console) -> None:
     goals = results.goals()
     missed = [(goal, value) for goal, value in goals if goal.met(value) is False]
     if goals:
-        console.print(f"Goals: {len(goals) - len(missed)} met, {len(missed)} missed.", markup=False)
+        met = sum(goal.met(value) is True for goal, value in goals)
+        unmeasured = len(goals) - met - len(missed)
+        rest = f", {unmeasured} not measured" if unmeasured else ""
+        console.print(f"Goals: {met} met, {len(missed)} missed{rest}.", markup=False)
     for goal, value in missed:
         unit = "x" if goal.baseline else ""
         console.print(
@@ -550,8 +584,6 @@ def _print_full(results: BenchResults, console: Console) -> None:
             _show(console, _model_table(model))
         if model.rate_runs:
             _show(console, _rate_table(model, cfg.latency_bound_ms))
-        if model.server_exited:
-            console.print(Text(f"{model.name}: {model.server_exited}\n", style="bold red"))
     console.print(
         f"run = path (callers at once; slots where they differ, and always for shm-model; "
         f"elastic pool = no pool_size, the pool follows its load); shm-model = ShmModel, "

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import sys
 import time
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -48,8 +50,9 @@ from ray_triton_shm._bench._paths import (
 from ray_triton_shm._bench._ray_paths import CHURN_CASE
 from ray_triton_shm._bench._ray_session import RayBenchSession, RayPath
 from ray_triton_shm._bench._update import UpdateResult, run_model_update
+from ray_triton_shm._bench._watch import Outage, TritonGone, TritonWatch
 from ray_triton_shm._plain_client import tritonclient_for
-from ray_triton_shm.local._server import LocalTritonServer, log_tail
+from ray_triton_shm.local._server import LocalTritonServer
 
 __all__ = ["GOALS", "PATHS", "BenchResults", "Goal", "ModelResult", "Progress", "RunResult"]
 __all__ += ["describe_rate_path", "describe_run", "rate_groups", "run_bench", "run_groups"]
@@ -78,12 +81,16 @@ RECOMMEND_SHARE = 0.95
 
 class Progress:
     """Where the runner reports progress, here nowhere: ``start(total)`` units of work, a new
-    ``stage(text)``, ``advance(units)`` done, and ``stop()`` when the run is over."""
+    ``stage(text)``, ``advance(units)`` done, and ``stop()`` when the run is over; and where
+    it says what happened to Triton as it happens (``say(text)``, on stderr here)."""
 
     def start(self, total: int) -> None: ...
     def stage(self, text: str) -> None: ...
     def advance(self, units: int = 1) -> None: ...
     def stop(self) -> None: ...
+
+    def say(self, text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
 
 
 def describe_slots(slots: int | None) -> str:
@@ -151,6 +158,9 @@ class RunResult:
     paced_s: float = 0.0
     #: Each slice's seconds and requests, in the order of the rounds.
     rounds: list[tuple[float, int]] = dataclasses.field(default_factory=list)
+    #: What happened to Triton while one of its slices ran (a crash, an outage): its numbers
+    #: are kept, but count for no verdict, goal or advice (:attr:`counts`).
+    disturbed: str | None = None
 
     def add_open_loop(self, loop: OpenLoop, planned_s: float, cpu_s: float) -> None:
         """Adds one open-loop slice of ``planned_s`` seconds of arrivals."""
@@ -173,7 +183,7 @@ class RunResult:
         of the rate they came at or more, and the p99 latency under ``bound_ms`` if given
         (``None``: no numbers)."""
         numbers = self.numbers()
-        if not numbers or self.rate is None:
+        if not numbers or self.rate is None or self.disturbed is not None:
             return None
         kept_up = numbers["answered_per_s"] >= 0.9 * numbers["offered_per_s"]
         under = bound_ms is None or numbers["latency_ms"]["p99"] <= bound_ms
@@ -196,6 +206,12 @@ class RunResult:
         request did not)."""
         done = self.verified and not self.error and not self.skipped
         return done and self.wall_s > 0 and any(self.latencies_s)
+
+    @property
+    def counts(self) -> bool:
+        """Whether its numbers count for verdicts, goals and advice: valid, and no crash or
+        outage of Triton touched them."""
+        return self.ok and self.disturbed is None
 
     def numbers(self) -> dict[str, Any]:
         """Requests, samples and input MB (1e6 B) per second, ``latency_ms`` (p50, p90 and
@@ -270,8 +286,6 @@ class ModelResult:
     case: ModelCase | None = None
     runs: list[RunResult] = dataclasses.field(default_factory=list)
     error: str | None = None
-    #: Set when the embedded server exited while the model ran: what its log ended with.
-    server_exited: str | None = None
     #: The open-loop runs (``--request-rate``), by rate then path.
     rate_runs: list[RunResult] = dataclasses.field(default_factory=list)
 
@@ -280,7 +294,7 @@ class ModelResult:
         by :attr:`RunResult.rate_label` (``None``: not even the lowest tried)."""
         limits: dict[str, float | None] = {}
         for r in self.rate_runs:
-            if r.rate is None or not r.ok:
+            if r.rate is None or not r.counts:
                 continue
             label = r.rate_label
             best = limits.setdefault(label, None)
@@ -328,13 +342,13 @@ class ModelResult:
         by slots), the best of them (``best_fixed``) and the elastic run's ratio to it."""
         advice = []
         for r in self.runs:
-            if r.path != "shm-model" or r.slots != ELASTIC or not r.ok:
+            if r.path != "shm-model" or r.slots != ELASTIC or not r.counts:
                 continue
             rate = r.numbers()["requests_per_s"]
             fixed = sorted(
                 (f.slots, f.numbers()["requests_per_s"])
                 for f in self.runs
-                if f.path == r.path and f.concurrency == r.concurrency and f.ok
+                if f.path == r.path and f.concurrency == r.concurrency and f.counts
                 if f.slots not in (None, ELASTIC)
             )
             best = max(fixed, key=lambda pair: pair[1], default=(None, None))
@@ -366,7 +380,7 @@ class ModelResult:
         shm = [
             (r.numbers()["requests_per_s"], r)
             for r in self.runs
-            if r.path in ("shm-client", "shm-model") and r.ok and r.slots == r.concurrency
+            if r.path in ("shm-client", "shm-model") and r.counts and r.slots == r.concurrency
             if r.concurrency not in loads
         ]
         if not shm and not elastic:
@@ -429,13 +443,13 @@ class Goal:
         return f"{run} {metric} {sign} {self.target:g}x {describe_run(*self.baseline)}"
 
     def measure(self, model: ModelResult) -> float | None:
-        """The value this goal is about, or ``None`` if not measured."""
+        """The value this goal is about, or ``None`` if not measured (or disturbed)."""
         run = model.run(*self.run)
-        value = run.numbers().get(self.metric) if run else None
+        value = run.numbers().get(self.metric) if run and run.counts else None
         if not self.baseline:
             return value
         base = model.run(*self.baseline)
-        return _ratio(value, base.numbers().get(self.metric) if base else None)
+        return _ratio(value, base.numbers().get(self.metric) if base and base.counts else None)
 
     def met(self, value: float | None) -> bool | None:
         """Whether ``value`` meets the goal (``None``: not measured)."""
@@ -519,6 +533,10 @@ class BenchResults:
     duration_s: float = 0.0
     #: The model update under load (:mod:`._update`), when it ran.
     model_update: UpdateResult | None = None
+    #: Every crash of Triton (or outage of a remote one) while the bench ran.
+    outages: list[Outage] = dataclasses.field(default_factory=list)
+    #: Why the bench stopped before the end (Triton gone for good, Ctrl-C), if it did.
+    stopped: str | None = None
 
     def goals(self) -> list[tuple[Goal, float | None]]:
         """Every goal whose model and paths were run, with its measured value."""
@@ -534,18 +552,17 @@ class BenchResults:
         """``"model: error"`` or ``"model/run: error"`` for every failure."""
         return (
             [f"{m.name}: {m.error}" for m in self.models if m.error]
-            + [f"{m.name}: {m.server_exited}" for m in self.models if m.server_exited]
             + [
                 f"{m.name}/{describe_run(r.path, r.concurrency, r.slots)}: {r.error}"
                 for m in self.models
                 for r in m.runs
-                if r.error is not None
+                if r.error is not None and r.disturbed is None
             ]
             + [
                 f"{m.name}/{r.rate_label} at {r.rate_spec} requests/s: {r.error}"
                 for m in self.models
                 for r in m.rate_runs
-                if r.error is not None
+                if r.error is not None and r.disturbed is None
             ]
             + (
                 [f"model update: {_update_failure(self.model_update)}"]
@@ -554,9 +571,20 @@ class BenchResults:
             )
         )
 
+    def disturbed(self) -> list[str]:
+        """``"model/run"`` for every run a crash or outage of Triton touched."""
+        return [
+            f"{m.name}/{describe_run(r.path, r.concurrency, r.slots)}"
+            + (f" at {r.rate_spec} requests/s" if r.rate_spec else "")
+            for m in self.models
+            for r in (*m.runs, *m.rate_runs)
+            if r.disturbed is not None
+        ]
+
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready view: ``runs`` (those that posted numbers) and ``recommendations``
-        first."""
+        """A JSON-ready view: ``runs`` (those that posted numbers; ``disturbed``: what
+        happened to Triton meanwhile, which keeps them from every verdict) and
+        ``recommendations`` first."""
         bound = self.config.latency_bound_ms
         recommendations = {}
         for m in self.models:
@@ -569,6 +597,7 @@ class BenchResults:
             "runs": [
                 {"model": m.name, "path": r.path, "concurrency": r.concurrency, "slots": r.slots}
                 | r.numbers()
+                | {"disturbed": r.disturbed}
                 for m in self.models
                 for r in m.runs
                 if r.ok
@@ -578,7 +607,7 @@ class BenchResults:
                 {"model": m.name, "path": r.path, "slots": r.slots, "rate_spec": r.rate_spec}
                 | {"arrivals": self.config.arrivals, "max_threads": self.config.max_threads}
                 | r.numbers()
-                | {"sustained": r.sustained(bound)}
+                | {"sustained": r.sustained(bound), "disturbed": r.disturbed}
                 for m in self.models
                 for r in m.rate_runs
                 if r.ok
@@ -591,6 +620,9 @@ class BenchResults:
                 for g, value in self.goals()
             ],
             "failures": self.failures,
+            "stopped": self.stopped,
+            "triton_crashes": [outage.to_dict() for outage in self.outages],
+            "disturbed": self.disturbed(),
             "units": {"mb": "1e6 bytes of input", "gb": "1e9 bytes of input"},
             "config": dataclasses.asdict(self.config),
             "server": self.server,
@@ -689,6 +721,32 @@ def _set_up(path: BenchPath, reference: Mapping[str, np.ndarray], config: BenchC
         path.run_once()
 
 
+def _guarded(
+    runs: list[RunResult], watch: TritonWatch, step: Callable[[], None], *, failed: bool = True
+) -> None:
+    """Runs ``step`` (a set-up, a warm-up or a slice of ``runs``). A crash or outage of
+    Triton that touched it marks the runs disturbed; a failure it caused waits until Triton is
+    back and lets the runs go on (``failed``: the runs fail still, for a set-up); any other
+    failure fails them. Raises :class:`TritonGone` when Triton will not come back."""
+    start = time.time()
+    try:
+        step()
+    except TritonGone:
+        raise
+    except Exception as exc:
+        watch.wait_back()
+        why = watch.disturbance(start, time.time())
+        for r in runs:
+            r.disturbed = why or r.disturbed
+            if why is None or failed:
+                r.error = _describe(exc)
+    else:
+        why = watch.disturbance(start, time.time())
+        for r in runs:
+            r.disturbed = why or r.disturbed
+    watch.raise_if_gone()
+
+
 def _run_group(
     group: list[RunKey],
     model: ModelResult,
@@ -696,6 +754,7 @@ def _run_group(
     config: BenchConfig,
     session: RayBenchSession | None,
     progress: Progress,
+    watch: TritonWatch,
 ) -> None:
     """Sets up the runs of ``group``, then measures them in interleaved rounds."""
     assert model.case is not None
@@ -706,23 +765,25 @@ def _run_group(
             cls, case = PATHS[name], model.case
             r = RunResult(name, concurrency, slots, case)
             model.runs.append(r)
+            watch.run = f"{model.name}: {describe_run(name, concurrency, slots)}"
             path = cls(concurrency=concurrency, slots=slots, session=session, **paths)
             stack.callback(path.teardown)
-            try:
-                _set_up(path, paths["reference"], config)
-                r.verified = True
-                active.append((r, path))
-            except SkipPath as exc:
-                r.skipped = str(exc)
-            except Exception as exc:
-                r.error = _describe(exc)
+
+            def set_up(r: RunResult = r, path: BenchPath = path) -> None:
+                try:
+                    _set_up(path, paths["reference"], config)
+                    r.verified = True
+                    active.append((r, path))
+                except SkipPath as exc:
+                    r.skipped = str(exc)
+
+            _guarded([r], watch, set_up)
             progress.advance(1 if r.verified else 1 + config.rounds)
         for r, path in active:
-            try:
-                key = (r.path, r.concurrency, r.slots)
-                path.warm_up(NODE_LOAD_WARMUP_S if key in _NODE_LOAD_KEYS else 0.0)
-            except Exception as exc:
-                r.error = _describe(exc)
+            key = (r.path, r.concurrency, r.slots)
+            warm_s = NODE_LOAD_WARMUP_S if key in _NODE_LOAD_KEYS else 0.0
+            watch.run = f"{model.name}: {describe_run(*key)}"
+            _guarded([r], watch, functools.partial(path.warm_up, warm_s))
         for index in range(config.rounds):
             # Rotate the order so no run always comes right after the same neighbour.
             shift = index % len(active) if active else 0
@@ -730,22 +791,24 @@ def _run_group(
                 if path.max_rounds is not None and index >= path.max_rounds:
                     progress.advance()
                     continue
-                try:
-                    if r.error is None:
-                        cpu, side = path.cpu_time(), path.side_cpu_time()
-                        churn = r.path in _CHURN_PATHS
-                        slice_s = config.churn_s / config.rounds if churn else config.slice_s
-                        slice_s *= path.slice_factor
-                        latencies, wall_s = path.run_slice(slice_s)
-                        after = path.side_cpu_time()
-                        spent = None if side is None or after is None else after - side
-                        r.add(wall_s, path.cpu_time() - cpu, spent, latencies)
-                except Exception as exc:
-                    r.error = _describe(exc)
+                if r.error is None:
+                    watch.run = f"{model.name}: {describe_run(r.path, r.concurrency, r.slots)}"
+                    _guarded([r], watch, functools.partial(_slice, r, path, config))
                 progress.advance()
         for r, path in active:
             with contextlib.suppress(Exception):
                 r.extra.update(path.stats())
+
+
+def _slice(r: RunResult, path: BenchPath, config: BenchConfig) -> None:
+    """One slice of ``r`` on ``path``, added to ``r``."""
+    cpu, side = path.cpu_time(), path.side_cpu_time()
+    churn = r.path in _CHURN_PATHS
+    slice_s = config.churn_s / config.rounds if churn else config.slice_s
+    latencies, wall_s = path.run_slice(slice_s * path.slice_factor)
+    after = path.side_cpu_time()
+    spent = None if side is None or after is None else after - side
+    r.add(wall_s, path.cpu_time() - cpu, spent, latencies)
 
 
 def rate_groups(config: BenchConfig) -> list[list[RunKey]]:
@@ -779,46 +842,52 @@ def _run_rates(
     config: BenchConfig,
     session: RayBenchSession | None,
     progress: Progress,
+    watch: TritonWatch,
 ) -> None:
     """The open loop at every ``--request-rate`` on ``model``: each path set up once, then
     every (path, rate) run measured in interleaved rounds, as :func:`_run_group` does."""
     assert model.case is not None
     specs = config.rates_on(model.name)
-    grpc = [r.numbers()["requests_per_s"] for r in model.runs if r.path == "grpc" and r.ok]
+    grpc = [r.numbers()["requests_per_s"] for r in model.runs if r.path == "grpc" and r.counts]
     with contextlib.ExitStack() as stack:
         _fresh_node_actor(stack, session, keys)
         active: list[tuple[BenchPath, RunResult]] = []
         for name, concurrency, slots in keys:
             runs = [RunResult(name, concurrency, slots, model.case, rate_spec=s) for s in specs]
             model.rate_runs += runs
+            watch.run = f"{model.name}: open loop, {describe_rate_path(name, concurrency, slots)}"
             path = PATHS[name](concurrency=concurrency, slots=slots, session=session, **paths)
             stack.callback(path.teardown)
-            try:
-                rates = [config.rate(spec, max(grpc, default=None)) for spec in specs]
-                _set_up(path, paths["reference"], config)
-                for r, rate in zip(runs, rates):
-                    r.rate, r.verified = rate, True
-                    active.append((path, r))
-            except SkipPath as exc:
-                for r in runs:
-                    r.skipped = str(exc)
-            except Exception as exc:
-                for r in runs:
-                    r.error = _describe(exc)
+
+            def set_up(runs: list[RunResult] = runs, path: BenchPath = path) -> None:
+                try:
+                    rates = [config.rate(spec, max(grpc, default=None)) for spec in specs]
+                    _set_up(path, paths["reference"], config)
+                    for r, rate in zip(runs, rates):
+                        r.rate, r.verified = rate, True
+                        active.append((path, r))
+                except SkipPath as exc:
+                    for r in runs:
+                        r.skipped = str(exc)
+
+            _guarded(runs, watch, set_up)
             progress.advance(len(runs) * (1 if runs[0].verified else 1 + config.rounds))
         for index in range(config.rounds):
             shift = index % len(active) if active else 0
             for path, r in active[shift:] + active[:shift]:
                 assert r.rate is not None
-                try:
-                    if r.error is None:
+                if r.error is None:
+                    watch.run = f"{model.name}: open loop, {r.rate_label} at {r.rate_spec}/s"
+
+                    def step(path: BenchPath = path, r: RunResult = r, index: int = index) -> None:
+                        assert r.rate is not None
                         planned_s = rate_slice_s(config, r.rate)
                         due = arrival_times(r.rate, planned_s, config.arrivals, seed=index)
                         cpu = path.cpu_time()
                         loop = path.run_rate(due, config.max_threads, give_up_s=planned_s)
                         r.add_open_loop(loop, planned_s, path.cpu_time() - cpu)
-                except Exception as exc:
-                    r.error = _describe(exc)
+
+                    _guarded([r], watch, step)
                 progress.advance()
 
 
@@ -837,40 +906,50 @@ def _units(config: BenchConfig, name: str) -> int:
 
 
 def _run_model(
-    spec: CaseSpec,
+    model: ModelResult,
     target: BenchTarget,
     config: BenchConfig,
     session: RayBenchSession | None,
     progress: Progress,
-) -> ModelResult:
-    model = ModelResult(spec.name)
+    watch: TritonWatch,
+) -> None:
+    spec = config.case(model.name)
     groups = run_groups(config)
     progress.stage(f"{spec.name}: reading the model configuration")
-    try:
-        model.case, inputs, reference = _prepare(spec, target)
-    except Exception as exc:
-        model.error = _describe(exc)
-        progress.advance(_units(config, spec.name))
-        return model
+    watch.run = f"{spec.name}: reading the model configuration"
+    for attempt in range(2):  # again if a crash of Triton was why it failed
+        start = time.time()
+        try:
+            model.case, inputs, reference = _prepare(spec, target)
+            break
+        except Exception as exc:
+            watch.wait_back()
+            if attempt or watch.disturbance(start, time.time()) is None:
+                model.error = _describe(exc)
+                progress.advance(_units(config, spec.name))
+                return
     paths = {"target": target, "case": model.case, "inputs": inputs, "reference": reference}
     for group in groups:
         progress.stage(f"{spec.name}: {', '.join(describe_run(*key) for key in group)}")
-        _run_group(group, model, paths, config, session, progress)
+        _run_group(group, model, paths, config, session, progress, watch)
     if config.rates_on(spec.name):
         rates = " ".join(config.rates_on(spec.name))
         for keys in rate_groups(config):
             runs = ", ".join(describe_rate_path(*key, detailed=True) for key in keys)
             progress.stage(f"{spec.name}: open loop at {rates} requests/s: {runs}")
-            _run_rates(keys, model, paths, config, session, progress)
+            _run_rates(keys, model, paths, config, session, progress, watch)
         _sort_rate_runs(model, config)
-    return model
 
 
 def run_bench(config: BenchConfig, *, progress: Progress | None = None) -> BenchResults:
     """Runs the benchmark, reporting to ``progress``; everything acquired (server, regions,
-    registrations, connections, Ray) is released before this returns or raises, even on
-    ``KeyboardInterrupt``. Raises ``KeyError`` for an unknown path, and ``LocalServerError``
-    if the embedded server does not start."""
+    registrations, connections, Ray) is released before this returns or raises.
+
+    The embedded Triton is restarted when it crashes (unless ``config.restart_on_crash`` is
+    off): the run in progress is marked disturbed and the bench goes on. When Triton will not
+    come back, or on ``KeyboardInterrupt``, the results of what ran are returned with
+    :attr:`BenchResults.stopped` saying why. Raises ``KeyError`` for an unknown path, and
+    ``LocalServerError`` if the embedded server does not start."""
     unknown = [name for name in config.paths if name not in PATHS]
     if unknown:
         raise KeyError(f"unknown path(s): {', '.join(unknown)}")
@@ -879,54 +958,93 @@ def run_bench(config: BenchConfig, *, progress: Progress | None = None) -> Bench
     start = time.perf_counter()
     progress.stage("starting the Triton server" if config.url is None else "connecting")
     local: LocalTritonServer | None = None
-    with contextlib.ExitStack() as stack:
-        if config.memory == "cuda":
-            _cuda.find_device(0)  # no GPU here: said before a server starts (CudaError)
-        if config.url is None:
-            local = _embedded_server(config)
-            stack.enter_context(contextlib.closing(local)).start()
-            target = BenchTarget(local.grpc_url, local.http_url, server_pid=local.pid)
-            server = "embedded"
-        else:
-            target, server = BenchTarget(config.url, config.http_url), config.url
-        session = None
-        if any(issubclass(PATHS[name], RayPath) for name in config.paths):
-            progress.stage("starting Ray")
-            session = stack.enter_context(RayBenchSession(target))
-        models = []
-        for name in config.models:
-            if local is not None and not local.is_running:
-                # It crashed under the last model (Triton's Python backend can): a fresh one
-                # on the same ports, so the models after it still run.
-                progress.stage("restarting the Triton server (it exited)")
-                local.restart()
-                target = dataclasses.replace(target, server_pid=local.pid)
-            models.append(_run_model(config.case(name), target, config, session, progress))
-            if local is not None and not local.is_running:
-                models[-1].server_exited = (
-                    "the embedded Triton exited while this model ran (restarted for the next "
-                    f"one); its log ends:\n{log_tail(local.log_path)}"
+    models: list[ModelResult] = []
+    watch = _watch(config, progress)
+    results = BenchResults(config, models, config.url or "embedded", outages=watch.outages)
+    try:
+        with contextlib.ExitStack() as stack:
+            if config.memory == "cuda":
+                _cuda.find_device(0)  # no GPU here: said before a server starts (CudaError)
+            if config.url is None:
+                local = _embedded_server(config, watch)
+                stack.enter_context(contextlib.closing(local)).start()
+                watch.follow(lambda: local is not None and local.is_running)
+                target = BenchTarget(
+                    local.grpc_url,
+                    local.http_url,
+                    server_pid=local.pid,
+                    reconnect_timeout_s=config.reconnect_timeout_s,
                 )
-        progress.stage("cleaning up")
-    update = None
-    if config.url is None and config.model_update_s > 0:  # alone: Ray and Triton are gone
-        progress.stage("a model's config reloaded under load")
-        update = run_model_update(
-            duration_s=config.model_update_s, startup_timeout_s=config.startup_timeout_s
-        )
-    return BenchResults(config, models, server, time.perf_counter() - start, update)
+            else:
+                target = BenchTarget(
+                    config.url, config.http_url, reconnect_timeout_s=config.reconnect_timeout_s
+                )
+            session = None
+            if any(issubclass(PATHS[name], RayPath) for name in config.paths):
+                progress.stage("starting Ray")
+                session = stack.enter_context(RayBenchSession(target))
+            for name in config.models:
+                models.append(ModelResult(name))
+                # A restart gives the embedded server a new process (its CPU is measured).
+                target = dataclasses.replace(target, server_pid=local.pid if local else None)
+                _run_model(models[-1], target, config, session, progress, watch)
+            progress.stage("cleaning up")
+        if config.url is None and config.model_update_s > 0:  # alone: Ray and Triton are gone
+            progress.stage("a model's config reloaded under load")
+            watch.run = "the model update under load"
+            results.model_update = run_model_update(
+                duration_s=config.model_update_s,
+                startup_timeout_s=config.startup_timeout_s,
+                server_options=_supervision(config, watch),
+            )
+            results.model_update.disturbed = watch.disturbance(
+                results.model_update.started_at, time.time()
+            )
+    except TritonGone as exc:
+        results.stopped = f"Triton is gone: {exc}"
+    except KeyboardInterrupt:
+        results.stopped = "interrupted (Ctrl-C)"
+    results.duration_s = time.perf_counter() - start
+    return results
 
 
-def _embedded_server(config: BenchConfig) -> LocalTritonServer:
-    """The embedded Triton: the example models, or ``identity_gpu`` on GPU 0 for
-    ``--memory cuda`` (with a CUDA memory pool for its 64 MiB tensors)."""
+def _watch(config: BenchConfig, progress: Progress) -> TritonWatch:
+    """The watch on the bench's Triton: the embedded server's process says whether it is up
+    (told by :meth:`TritonWatch.follow` once it runs), a remote one is asked."""
+    url = config.url
+    return TritonWatch(
+        (lambda: True) if url is None else (lambda: _is_live(url)),
+        supervised=url is None,
+        give_up_s=config.reconnect_timeout_s,
+        say=progress.say,
+    )
+
+
+def _is_live(url: str) -> bool:
+    client = tritonclient_for(url)
+    try:
+        return bool(client.is_server_live(client_timeout=1.0))
+    finally:
+        client.close()
+
+
+def _supervision(config: BenchConfig, watch: TritonWatch) -> dict[str, Any]:
+    """``LocalTritonServer``'s arguments that tie its supervisor to the bench."""
+    return {"restart_on_crash": config.restart_on_crash, "on_event": watch.on_event}
+
+
+def _embedded_server(config: BenchConfig, watch: TritonWatch) -> LocalTritonServer:
+    """The embedded Triton, its crashes told to ``watch``: the example models, or
+    ``identity_gpu`` on GPU 0 for ``--memory cuda`` (with a CUDA memory pool for its 64 MiB
+    tensors)."""
+    options: dict[str, Any] = {"startup_timeout_s": config.startup_timeout_s, "install": True}
+    options |= _supervision(config, watch)
     if config.memory != "cuda":
-        return LocalTritonServer(startup_timeout_s=config.startup_timeout_s, install=True)
+        return LocalTritonServer(**options)
     return LocalTritonServer(
         _gpu_paths.GPU_MODEL_REPOSITORY,
-        startup_timeout_s=config.startup_timeout_s,
-        install=True,
         extra_args=[f"--cuda-memory-pool-byte-size=0:{_CUDA_POOL_BYTES}"],
+        **options,
     )
 
 

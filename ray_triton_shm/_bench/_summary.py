@@ -158,7 +158,7 @@ def summary(results: BenchResults) -> dict[str, list[Cell]]:
     :data:`LOADS` order."""
     table: dict[str, list[Cell]] = {}
     for model in results.models:
-        if not any(r.ok for r in model.runs):
+        if not any(r.counts for r in model.runs):
             continue
         cells = []
         for choice in CHOICES:
@@ -167,7 +167,7 @@ def summary(results: BenchResults) -> dict[str, list[Cell]]:
                 for run_key, base_key in choice.pairs.get(load, ()):
                     run = model.run(*_resolve(run_key, results))
                     base = model.run(*_resolve(base_key, results))
-                    if run is not None and run.ok and base is not None and base.ok:
+                    if run is not None and run.counts and base is not None and base.counts:
                         goal = _goal(model, run, base)
                         speedup = mb_ratio(run, base)
                         met = goal.met(speedup) if goal is not None else None

@@ -20,6 +20,7 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -55,11 +56,15 @@ class UpdateResult:
     max_ms: float | None = None
     old_regions_left: int = 0
     error: str | None = None
+    #: When it began (``time.time()``), and what happened to Triton meanwhile, if anything.
+    started_at: float = dataclasses.field(default_factory=time.time)
+    disturbed: str | None = None
 
     @property
     def ok(self) -> bool:
-        """Whether the run met its promises: every answer right, nothing left behind."""
-        return (
+        """Whether the run met its promises: every answer right, nothing left behind (or Triton
+        crashed meanwhile, which says nothing of them)."""
+        return self.disturbed is not None or (
             self.error is None
             and self.wrong_answers == 0
             and self.old_regions_left == 0
@@ -76,10 +81,15 @@ def _expected(x: np.ndarray, width: int) -> np.ndarray:
 
 
 def run_model_update(
-    *, duration_s: float, startup_timeout_s: float = 180.0, callers: int = UPDATE_CALLERS
+    *,
+    duration_s: float,
+    startup_timeout_s: float = 180.0,
+    callers: int = UPDATE_CALLERS,
+    server_options: Mapping[str, Any] | None = None,
 ) -> UpdateResult:
     """Runs the model update for ``duration_s`` (the change at half of it); never raises for
-    what it measures (``UpdateResult.error`` says what went wrong)."""
+    what it measures (``UpdateResult.error`` says what went wrong). ``server_options``: more
+    arguments of its ``LocalTritonServer`` (its supervision)."""
     import tritonclient.grpc as grpcclient
 
     from ray_triton_shm._client import TritonSHMClient
@@ -97,6 +107,7 @@ def run_model_update(
             startup_timeout_s=startup_timeout_s,
             install=True,
             extra_args=["--model-control-mode=explicit", "--load-model=changing"],
+            **(server_options or {}),
         )
         try:
             stack.enter_context(contextlib.closing(server)).start()
