@@ -84,6 +84,8 @@ class RayBenchSession:
         self._undo: list[Callable[[], Any]] = []
         #: The port of Serve's HTTP proxy (once Serve runs).
         self.http_port = 0
+        #: Whether the session started Ray itself (and so ends everything in it at once).
+        self._owns_ray = False
 
     def __enter__(self) -> RayBenchSession:
         try:
@@ -106,6 +108,7 @@ class RayBenchSession:
                     log_to_driver=False,
                 )
                 self._undo.append(ray.shutdown)
+                self._owns_ray = True
             context = ray.data.DataContext.get_current()
             context.enable_progress_bars = context.print_on_execution_start = False
             logging.getLogger("ray.data").setLevel(logging.CRITICAL)  # its errors: the bench's
@@ -176,7 +179,8 @@ class RayBenchSession:
             http_options={"host": "127.0.0.1", "port": port},
             logging_config={"log_level": "WARNING"},
         )
-        self._undo.append(serve.shutdown)
+        if not self._owns_ray:  # else the Ray it ends takes Serve with it, seconds sooner
+            self._undo.append(serve.shutdown)
         self.http_port = port
 
     def node_actor(self) -> Any:
