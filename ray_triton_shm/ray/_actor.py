@@ -170,6 +170,10 @@ class NodeStats:
         shm_free: Bytes free in the node's ``/dev/shm`` (Ray's object store lives there too).
         shm_capacity: Size of the node's ``/dev/shm``.
         shm_budget: Bytes of ``/dev/shm`` the actor's pools may hold (``0``: no budget).
+        triton_up: Whether Triton answered the actor's last liveness check (every
+            ``sweep_interval_s``).
+        triton_restarts: How often the actor saw Triton answer again after it was down (a
+            crash and restart, or an outage between them).
         models: Per model, over every process of the node: ``slots`` (the pool's size now),
             ``min_slots`` and ``max_slots`` (its bounds: both its size if fixed),
             ``limited_by`` (what stops it growing while callers wait, ``""`` for nothing:
@@ -202,6 +206,8 @@ class NodeStats:
     shm_free: int = 0
     shm_capacity: int = 0
     shm_budget: int = 0
+    triton_up: bool = True
+    triton_restarts: int = 0
 
     @property
     def slots_total(self) -> int:
@@ -234,6 +240,9 @@ class TritonNodeActor:
         self._node_id = _current_node_id()
         self._incarnation = f"{os.getpid()}-{time.time_ns()}"
         self._started_s = time.time()
+        #: Triton's liveness as the housekeeping last saw it, and how often it came back.
+        self._triton_seen_up = True
+        self._triton_restarts = 0
         keys = Keys(config.headers, environ=True)
         # A restarted actor first takes back what its previous incarnation left behind.
         reclaim_regions(self._url, headers=keys)
@@ -415,6 +424,8 @@ class TritonNodeActor:
             free,
             capacity,
             self._budget or 0,
+            self._triton_seen_up,
+            self._triton_restarts,
         )
 
     @ray.method(concurrency_group="control")
@@ -506,8 +517,12 @@ class TritonNodeActor:
                 except Exception:  # the next round tries again; never end the thread
                     logger.exception("ray-triton-shm: housekeeping of model %r failed", name)
             try:
+                up = self._triton_up()
+                self._triton_restarts += up and not self._triton_seen_up
+                self._triton_seen_up = up
                 self._metrics.export_node(
-                    triton_up=self._triton_up(),
+                    triton_up=up,
+                    triton_restarts=self._triton_restarts,
                     started_s=self._started_s,
                     dead_regions=sum(r.owner_state == DEAD for r in list_local_regions()),
                 )
@@ -666,6 +681,13 @@ class _Metrics:
             "1 while the node's Triton answers the node actor's liveness check, else 0",
             tag_keys=node,
         )
+        self._triton_restarts = metrics.Counter(
+            "triton_shm_triton_restarts_total",
+            "Times the node's Triton answered the node actor again after it was down (a crash "
+            "and restart, or an outage between them)",
+            tag_keys=node,
+        )
+        self._triton_restarts_exported = 0
         self._started = metrics.Gauge(
             "triton_shm_node_actor_start_time_seconds",
             "When the node actor's process started (Unix time): it changes when it restarts",
@@ -678,10 +700,15 @@ class _Metrics:
             tag_keys=node,
         )
 
-    def export_node(self, *, triton_up: bool, started_s: float, dead_regions: int) -> None:
-        """Sets the node's gauges."""
+    def export_node(
+        self, *, triton_up: bool, triton_restarts: int, started_s: float, dead_regions: int
+    ) -> None:
+        """Sets the node's gauges, and adds the restarts of Triton seen since the last export."""
         tags = {"node_id": self._node_id}
         self._triton_up.set(int(triton_up), tags)
+        if triton_restarts > self._triton_restarts_exported:
+            self._triton_restarts.inc(triton_restarts - self._triton_restarts_exported, tags)
+            self._triton_restarts_exported = triton_restarts
         self._started.set(started_s, tags)
         self._dead_regions.set(dead_regions, tags)
 
