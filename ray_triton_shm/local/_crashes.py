@@ -45,6 +45,7 @@ def crash_reason(returncode: int, log: str) -> str:
     """
     how = _signal_name(-returncode) if returncode < 0 else f"exit code {returncode}"
     lines = log.splitlines()
+    # An uncaught exception says more than the SIGABRT it ends in, printed after it.
     for index in range(len(lines) - 1, -1, -1):
         thrown = _TERMINATE_RE.search(lines[index])
         if thrown:
@@ -53,9 +54,9 @@ def crash_reason(returncode: int, log: str) -> str:
             )
             detail = f"terminate called after throwing '{thrown.group(1)}'"
             return f"{how}: {detail}" + (f" ({what.strip()})" if what else "")
-        fatal = _SIGNAL_RE.search(lines[index])
-        if fatal:
-            return f"{how}: Triton received {_signal_name(int(fatal.group(1)))}"
+    fatal = [m.group(1) for line in lines if (m := _SIGNAL_RE.search(line))]
+    if fatal:
+        return f"{how}: Triton received {_signal_name(int(fatal[-1]))}"
     errors = [m.group(1).strip() for line in lines if (m := _ERROR_RE.match(line))]
     return f"{how}: {errors[-1]}" if errors else how
 
