@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._headers import Keys, KeysPlugin
+from ._reconnect import channel_options
 from ._tls import TlsFiles
 
 __all__ = ["tritonclient_for"]
@@ -14,8 +15,10 @@ __all__ = ["tritonclient_for"]
 
 def tritonclient_for(url: str, *, aio: bool = False) -> Any:
     """A plain tritonclient gRPC client set up as this node's callers are: the TLS files of
-    ``$RAY_TRITON_SHM_TLS_DIR`` and the keys of the key files and the environment on every
-    call (for the tools: reclaim, status, bench's baselines).
+    ``$RAY_TRITON_SHM_TLS_DIR``, the keys of the key files and the environment on every
+    call, and a channel that tries to reconnect at least every second once Triton is back
+    (gRPC's default backoff would fail calls for up to two minutes after a restart); for the
+    tools: reclaim, status, bench's baselines.
 
     Args:
         url: Triton's gRPC address.
@@ -26,7 +29,7 @@ def tritonclient_for(url: str, *, aio: bool = False) -> Any:
     else:
         import tritonclient.grpc as module  # type: ignore[no-redef]
     files = TlsFiles.from_options({}, None)
-    options: dict[str, Any] = {}
+    options: dict[str, Any] = {"channel_args": channel_options(None, None)}
     if files is not None:
         options["ssl"] = True
         for name in ("root_certificates", "private_key", "certificate_chain"):

@@ -407,12 +407,15 @@ def test_the_advice_under_load_is_the_elastic_pools_size_beside_the_best_fixed()
     }
 
 
-def test_bench_ctrl_c_cleans_up(triton: LocalTritonServer) -> None:
+def test_bench_ctrl_c_cleans_up_and_reports_what_ran(
+    triton: LocalTritonServer, tmp_path: Path
+) -> None:
     registered_before = registered_on(triton.grpc_url)
     proc = _bench(
         triton,
         *("--models", "classifier", "--paths", "shm-manual", "shm-client"),
-        *("--rounds", "1000", "--no-plot"),
+        *("--rounds", "1000", "--no-plot", "--json", str(tmp_path / "bench.json")),
+        *("--report", str(tmp_path / "report.html")),
     )
     try:
         deadline = time.monotonic() + 120
@@ -424,15 +427,22 @@ def test_bench_ctrl_c_cleans_up(triton: LocalTritonServer) -> None:
         assert any(n.startswith(bench_paths.SHM_KEY_PREFIX) for n in _regions_of(proc.pid))
         time.sleep(0.5)
         proc.send_signal(signal.SIGINT)
+        sent = time.monotonic()
         _, stderr = proc.communicate(timeout=60)
+        ended_s = time.monotonic() - sent
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
     assert proc.returncode == 130, stderr
-    assert "interrupted" in stderr
+    assert "interrupted" in stderr and "everything was cleaned up" in stderr
+    assert ended_s < 15, ended_s  # about a second here; generous for a busy machine
     assert _regions_of(proc.pid) == []
     assert registered_on(triton.grpc_url) - registered_before == set()
+    # What ran before is reported.
+    document = json.loads((tmp_path / "bench.json").read_text())
+    assert document["stopped"] == "interrupted (Ctrl-C)" and document["runs"]
+    assert "Stopped early" in (tmp_path / "report.html").read_text()
 
 
 class _WrongOutputs(BenchPath):
@@ -515,44 +525,99 @@ def test_a_path_runs_in_at_most_its_max_rounds(
     assert all(model.run(p).ok for p in ("grpc", _TwoRounds.name))  # type: ignore[union-attr]
 
 
-class _KillsTheServer(bench_paths.GrpcPath):
-    """Plain gRPC, but the first time it is set up it SIGKILLs the embedded Triton (a crash)."""
+class _CrashesTheServer(bench_paths.GrpcPath):
+    """Plain gRPC, but in the middle of its first run (its second slice) it crashes the
+    embedded Triton with SIGABRT, as Triton's Python backend can crash itself."""
 
-    name, killed = "test-kills-the-server", False
+    name, slices = "test-crashes-the-server", 0
 
-    def setup(self) -> None:
-        super().setup()
-        if not _KillsTheServer.killed and self.target.server_pid is not None:
-            _KillsTheServer.killed = True
-            os.kill(self.target.server_pid, signal.SIGKILL)
+    def run_slice(self, slice_s: float) -> tuple[list[np.ndarray], float]:
+        _CrashesTheServer.slices += 1
+        pid = self.target.server_pid
+        if _CrashesTheServer.slices == 2 and pid is not None:
+            os.kill(pid, signal.SIGABRT)
+            while _cmdline(pid):  # Triton's handler takes a moment to end it
+                time.sleep(0.01)
+        return super().run_slice(slice_s)
 
 
-def test_the_embedded_server_is_restarted_after_it_crashed(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setitem(_runner.PATHS, _KillsTheServer.name, _KillsTheServer)
-    pb_regions_before = set(SHM_DIR.glob("triton_pb*"))
+def _crash_bench(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, **options: Any
+) -> tuple[BenchResults, dict[str, Any], str]:
+    """Runs the bench whose Triton crashes in a run; returns its results, JSON and report."""
+    monkeypatch.setitem(_runner.PATHS, _CrashesTheServer.name, _CrashesTheServer)
+    monkeypatch.setattr(_CrashesTheServer, "slices", 0)
     config = BenchConfig(
         models=("identity", "classifier-1"),
-        paths=(_KillsTheServer.name, "grpc"),
+        paths=(_CrashesTheServer.name, "grpc", "shm-client"),
         concurrency=(1,),
-        rounds=1,
+        rounds=3,
         slice_s=0.05,
         warmup_requests=1,
         model_update_s=0,  # measured on its own below
+        **options,
     )
     results = run_bench(config)
+    from ray_triton_shm._bench import _html, _report
+
+    document = json.loads(_report.write_json(results, tmp_path / "bench.json").read_text())
+    report = _html.write_report(results, tmp_path / "report.html").read_text()
+    for outage in results.outages:  # the logs kept for the user; the test's own
+        assert outage.crash is not None and outage.crash.log_path.is_file()
+        outage.crash.log_path.unlink()
+    return results, document, report
+
+
+def test_the_bench_rides_through_a_crash_of_its_triton_and_says_so(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    pb_regions_before = set(SHM_DIR.glob("triton_pb*"))
+    results, document, report = _crash_bench(monkeypatch, tmp_path)
+    assert results.stopped is None and results.failures == []
+    (outage,) = results.outages
+    assert outage.crash is not None and outage.crash.reason.startswith("SIGABRT")
+    assert outage.end is not None  # restarted
+    assert outage.run == f"identity: {_CrashesTheServer.name} (1 caller)"
     crashed, after = results.models
-    assert (
-        crashed.server_exited is not None and "exited while this model ran" in crashed.server_exited
-    )
-    assert crashed.run(_KillsTheServer.name).error is not None  # type: ignore[union-attr]
-    assert after.server_exited is None and after.error is None
-    assert all(r.ok for r in after.runs), [r.error for r in after.runs]
-    assert [f for f in results.failures if f.startswith("identity: the embedded Triton")]
-    assert "restarted for the next one" in _printed(results)
-    # The crashed server's Python-backend regions went with the restart.
+    disturbed = crashed.run(_CrashesTheServer.name)
+    assert disturbed is not None and disturbed.disturbed and not disturbed.counts
+    assert disturbed.error is None  # it went on after the restart
+    assert not [r for r in crashed.runs if r is not disturbed and r.disturbed]
+    assert all(r.counts for r in after.runs), [r.error for r in after.runs]
+    # The terminal, the JSON and the report say what happened, and when.
+    printed = _printed(results)
+    assert "Triton crashed at" in printed and "SIGABRT" in printed
+    assert "disturbed (their numbers kept" in printed and _CrashesTheServer.name in printed
+    (crash,) = document["triton_crashes"]
+    assert crash["crash"]["reason"].startswith("SIGABRT") and crash["down_s"] > 0
+    assert "Signal (6) received" in crash["crash"]["log_tail"]
+    marked = [r for r in document["runs"] if r["disturbed"]]
+    assert [r["path"] for r in marked] == [_CrashesTheServer.name]
+    assert SECTIONS["crashes"] in report and "Signal (6) received" in report
+    # The crashed server's Python-backend regions went with its restart.
     assert set(SHM_DIR.glob("triton_pb*")) - pb_regions_before == set()
+
+
+def test_without_restarts_a_crash_ends_the_bench_with_what_ran(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    results, document, report = _crash_bench(monkeypatch, tmp_path, restart_on_crash=False)
+    assert results.stopped is not None and "restarts are off" in results.stopped
+    assert document["stopped"] == results.stopped and "Stopped early" in report
+    (crash,) = document["triton_crashes"]
+    assert crash["end"] is None and crash["crash"]["reason"].startswith("SIGABRT")
+    crashed = results.models[0]
+    assert crashed.run(_CrashesTheServer.name).disturbed  # type: ignore[union-attr]
+    assert len(results.models) == 1  # the next model never ran
+    # Within seconds of the crash, not a reconnect timeout per path.
+    assert results.duration_s < 60, results.duration_s
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def test_a_model_updated_under_load() -> None:

@@ -722,24 +722,26 @@ def _set_up(path: BenchPath, reference: Mapping[str, np.ndarray], config: BenchC
 
 
 def _guarded(
-    runs: list[RunResult], watch: TritonWatch, step: Callable[[], None], *, failed: bool = True
+    runs: list[RunResult], watch: TritonWatch, step: Callable[[], None], *, setup: bool = False
 ) -> None:
     """Runs ``step`` (a set-up, a warm-up or a slice of ``runs``). A crash or outage of
     Triton that touched it marks the runs disturbed; a failure it caused waits until Triton is
-    back and lets the runs go on (``failed``: the runs fail still, for a set-up); any other
-    failure fails them. Raises :class:`TritonGone` when Triton will not come back."""
+    back and lets the runs go on (but for a ``setup``: those runs have no path to go on with);
+    any other failure fails them. Raises :class:`TritonGone` when Triton will not come back."""
     start = time.time()
     try:
         step()
     except TritonGone:
         raise
     except Exception as exc:
-        watch.wait_back()
-        why = watch.disturbance(start, time.time())
-        for r in runs:
-            r.disturbed = why or r.disturbed
-            if why is None or failed:
-                r.error = _describe(exc)
+        try:
+            watch.wait_back()
+        finally:  # marked before the bench stops too, when Triton is gone
+            why = watch.disturbance(start, time.time(), failed=True)
+            for r in runs:
+                r.disturbed = why or r.disturbed
+                if why is None or setup:
+                    r.error = _describe(exc)
     else:
         why = watch.disturbance(start, time.time())
         for r in runs:
@@ -777,7 +779,7 @@ def _run_group(
                 except SkipPath as exc:
                     r.skipped = str(exc)
 
-            _guarded([r], watch, set_up)
+            _guarded([r], watch, set_up, setup=True)
             progress.advance(1 if r.verified else 1 + config.rounds)
         for r, path in active:
             key = (r.path, r.concurrency, r.slots)
@@ -870,7 +872,7 @@ def _run_rates(
                     for r in runs:
                         r.skipped = str(exc)
 
-            _guarded(runs, watch, set_up)
+            _guarded(runs, watch, set_up, setup=True)
             progress.advance(len(runs) * (1 if runs[0].verified else 1 + config.rounds))
         for index in range(config.rounds):
             shift = index % len(active) if active else 0
@@ -924,7 +926,7 @@ def _run_model(
             break
         except Exception as exc:
             watch.wait_back()
-            if attempt or watch.disturbance(start, time.time()) is None:
+            if attempt or watch.disturbance(start, time.time(), failed=True) is None:
                 model.error = _describe(exc)
                 progress.advance(_units(config, spec.name))
                 return
@@ -968,7 +970,9 @@ def run_bench(config: BenchConfig, *, progress: Progress | None = None) -> Bench
             if config.url is None:
                 local = _embedded_server(config, watch)
                 stack.enter_context(contextlib.closing(local)).start()
-                watch.follow(lambda: local is not None and local.is_running)
+                # Dying, it may still run a while (Triton's handler of fatal signals).
+                url = local.grpc_url
+                watch.follow(lambda: local is not None and local.is_running and _is_live(url))
                 target = BenchTarget(
                     local.grpc_url,
                     local.http_url,

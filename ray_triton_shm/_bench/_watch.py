@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from ray_triton_shm.local._crashes import ServerCrash, ServerEvent
 
-__all__ = ["Outage", "TritonGone", "TritonWatch"]
+__all__ = ["SETTLE_S", "Outage", "TritonGone", "TritonWatch"]
 
 #: How often an unreachable Triton is asked whether it is live again.
 _PROBE_S = 0.25
@@ -28,6 +28,9 @@ _PROBE_S = 0.25
 _CRASH_SEEN_S = 2.0
 #: How long a restart of the embedded server may take (its models loaded again) under load.
 _RESTART_WAIT_S = 180.0
+#: A failure this soon after Triton came back is still the outage's doing (gRPC channels
+#: reconnecting, pools registering again).
+SETTLE_S = 5.0
 
 
 class TritonGone(ConnectionError):
@@ -46,9 +49,9 @@ class Outage:
     reason: str
     crash: ServerCrash | None = None
 
-    def overlaps(self, start: float, end: float) -> bool:
-        """Whether the outage touched ``[start, end]``."""
-        return self.start <= end and (self.end is None or self.end >= start)
+    def overlaps(self, start: float, end: float, settle_s: float = 0.0) -> bool:
+        """Whether the outage, and ``settle_s`` after it, touched ``[start, end]``."""
+        return self.start <= end and (self.end is None or self.end + settle_s >= start)
 
     def describe(self) -> str:
         """One line: when, during which run, why, and how it ended."""
@@ -134,10 +137,12 @@ class TritonWatch:
 
     # ---- the runner ------------------------------------------------------------------------
 
-    def disturbance(self, start: float, end: float) -> str | None:
-        """The outages that touched ``[start, end]``, in words; ``None`` if none did."""
+    def disturbance(self, start: float, end: float, *, failed: bool = False) -> str | None:
+        """The outages that touched ``[start, end]`` (or just before it, for a step that
+        ``failed``: :data:`SETTLE_S`), in words; ``None`` if none did."""
+        settle_s = SETTLE_S if failed else 0.0
         with self._lock:
-            hit = [o.describe() for o in self.outages if o.overlaps(start, end)]
+            hit = [o.describe() for o in self.outages if o.overlaps(start, end, settle_s)]
         return "; ".join(hit) if hit else None
 
     def raise_if_gone(self) -> None:
