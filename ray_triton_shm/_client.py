@@ -141,8 +141,9 @@ def _release_pools(pools: dict[str, ModelPool], keepers: _Keepers) -> None:
 
 
 def _release_pool(pool: ModelPool, keepers: _Keepers, wait_s: float) -> None:
-    """Waits for the pool's callers (up to ``wait_s``), then unregisters and unlinks it, once
-    Triton is done with the requests given up on it (within the same wait)."""
+    """Waits for the pool's callers (up to ``wait_s``; not for arrays kept from a lease), then
+    unregisters and unlinks it, once Triton is done with the requests given up on it (within
+    the same wait). Memory a caller still holds stays mapped until the caller lets go."""
     stub, keys = keepers.stub, keepers.keys
     deadline = time.monotonic() + wait_s
     keepers.scaler.forget(pool)
@@ -1180,7 +1181,9 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         """Unregisters and frees every pool, then closes the channel; idempotent.
 
         Waits for the requests in flight (up to 30 s); a close called meanwhile, from another
-        thread, waits for the first one to end.
+        thread, waits for the first one to end. It does not wait for outputs of a lease kept
+        past its block (Triton is done with them): their slots are unregistered and unlinked
+        too, and their memory stays mapped, and readable, while they live.
         """
         # tritonclient's __del__ calls close() even when __init__ failed half-way.
         if not hasattr(self, "_close_lock"):

@@ -11,10 +11,12 @@ samples.
 **Views never show another request's bytes.** A slot goes back to the pool only once the lease
 ended *and* no array made from it is alive. Every array the lease gives out, and every view
 of those, keeps one buffer object alive, and a finalizer on that buffer gives the slot back.
-An output kept past the ``with`` block keeps its slot out of the pool until it is dropped. If
-the lease ends while its request is in Triton (an exception in the block, a deadline, a
-cancellation), the slot then follows the rules of a request given up: it comes back once
-Triton is proven done with it (see :mod:`._settle`).
+An output kept past the ``with`` block keeps its slot out of the pool until it is dropped.
+Such a slot, which Triton is done with, is *kept* (see :mod:`._pool`): closing the client does
+not wait for it (its memory stays mapped while the arrays live), and a caller left waiting for
+a slot is told where the lease keeping it was made. If the lease ends while its request is in
+Triton (an exception in the block, a deadline, a cancellation), the slot then follows the rules
+of a request given up: it comes back once Triton is proven done with it (see :mod:`._settle`).
 
 **BYTES tensors** are a length-prefixed serialization, not an array one can write in place,
 so a lease refuses a model with BYTES inputs (``infer_shm`` encodes them into the slot, which
@@ -30,6 +32,7 @@ import logging
 import math
 import os
 import queue
+import sys
 import threading
 import time
 import weakref
@@ -64,6 +67,8 @@ logger = logging.getLogger(__name__)
 
 #: Moves to a new layout of the model while taking a slot, before giving up.
 _MAX_MOVES = 2
+#: Frames in this folder are the library's: a lease's site is the first frame outside it.
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 class _Releaser:
@@ -120,11 +125,16 @@ class _Fate:
     Holds no reference to the slot's buffer: a finalizer of the buffer calls :meth:`end`.
     """
 
-    def __init__(self, pool: ModelPool, slot: int) -> None:
+    def __init__(self, pool: ModelPool, slot: int, site: str) -> None:
         self.pool = pool
         self.slot = slot
+        self.site = site
         self.chunk: Chunk | None = None
         self.answered = False
+
+    def keep(self) -> None:
+        """Triton is done with the slot (answered, or sent nothing): only arrays keep it."""
+        self.pool.slots.keep(self.slot, self.site)
 
     def end(self) -> None:
         """Gives the slot back: at once if no request of it may still be in Triton, else
@@ -176,6 +186,7 @@ class SlotLease:
         self._options = options
         self._slot_timeout_s = slot_timeout_s
         self._request_id = request_id
+        self._site = _caller_site()
         self._lock = threading.Lock()
         self._fate: _Fate | None = None
         self._buffer: Any = None
@@ -242,6 +253,9 @@ class SlotLease:
     def close(self) -> None:
         """Ends the lease: the slot goes back once no array of it is alive (idempotent)."""
         with self._lock:
+            fate = self._fate
+            if not self._closed and fate is not None and fate.chunk is None:
+                fate.keep()  # no request sent: kept by the arrays alone, if any
             self._closed = True
             self._inputs = {}
             self._buffer = None  # with the last array, its finalizer gives the slot back
@@ -308,7 +322,7 @@ class SlotLease:
         pool = self._calls.pool
         pool.header.count_take(slot, time.monotonic_ns() - self._started_ns)
         layout = pool.layout
-        fate = _Fate(pool, slot)
+        fate = _Fate(pool, slot, self._site)
         try:
             buffer = (ctypes.c_char * layout.slot_bytes).from_buffer(
                 pool.region.buffer, layout.slot_offset(slot)
@@ -364,6 +378,7 @@ class SlotLease:
         if mismatch is not None:
             pool.header.count_error(slot)
             self._fate.answered = True
+            self._fate.keep()
             error = TritonServerError(
                 f"model {pool.spec.name!r} answered outputs that do not fit the specs it was "
                 f"leased with: {mismatch}; lease again",
@@ -388,7 +403,16 @@ class SlotLease:
         latency_ns = time.monotonic_ns() - chunk.started_ns
         pool.header.count(slot, chunk.rows, chunk.bytes_in, used, latency_ns)
         self._fate.answered = True
+        self._fate.keep()
         return outputs
+
+
+def _caller_site() -> str:
+    """``file:line`` of the first caller outside this library: where a lease is made."""
+    frame = sys._getframe(1)
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame = frame.f_back
+    return f"{frame.f_code.co_filename}:{frame.f_lineno}"
 
 
 def _view(buffer: Any, tensor: TensorSpec, offset: int, shape: tuple[int, ...]) -> np.ndarray:

@@ -7,21 +7,31 @@ coroutine, so no waiter starves and no wake-up is lost. Waiting coroutines block
 The pool's size can change while it is used (:meth:`SlotPool.resize`, by the owner's scaler,
 see :mod:`._scaling`): slots ``0 .. size-1`` are handed out; a slot beyond the size is kept
 out of use (*parked*) as soon as nobody holds it, and comes back when the pool grows again.
+
+A slot whose holder is done with Triton, and which only arrays of a lease keep (see
+:mod:`._lease`), is *kept* (:meth:`SlotPool.keep`): closing the pool does not wait for it, and a
+caller that waits while slots are kept is warned after :data:`KEPT_WARNING_S`, naming where
+each kept slot's lease was made (as is a :class:`SlotTimeoutError`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
+import warnings
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
 from ._exceptions import ClientClosedError, ModelSpecError, SlotTimeoutError
 
-__all__ = ["PoolStats", "SlotPool", "SlotSource"]
+__all__ = ["KEPT_WARNING_S", "PoolStats", "SlotPool", "SlotSource", "kept_note", "warn_kept"]
+
+#: How long a caller waits for a slot while others are kept by arrays only, before a warning.
+KEPT_WARNING_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -72,6 +82,10 @@ class SlotSource(Protocol):
 
     def release(self, slot: int) -> None: ...
 
+    def keep(self, slot: int, site: str) -> None:
+        """The holder of ``slot`` is done with Triton: only arrays of a lease made at ``site``
+        (``file:line``) keep it, until :meth:`release`. Closing does not wait for it."""
+
     def abandon(self, slot: int) -> None:
         """Gives up a held slot whose request Triton may still run: nobody gets it before
         :meth:`settled` (its header says since when it waits, see :mod:`._settle`)."""
@@ -81,7 +95,9 @@ class SlotSource(Protocol):
 
     def stats(self) -> PoolStats: ...
 
-    def close(self, *, wait_s: float | None = None) -> bool: ...
+    def close(self, *, wait_s: float | None = None) -> bool:
+        """Refuses new callers and waits (up to ``wait_s``) for the slots held, but not for
+        kept ones; whether no slot is held any more (kept ones included)."""
 
     # The owner's scaler (see :mod:`._scaling`):
 
@@ -165,6 +181,7 @@ class SlotPool:
         self._size = size
         self._free = list(range(size - 1, -1, -1))  # pop() gives slot 0 first
         self._held: set[int] = set()
+        self._kept: dict[int, str] = {}  # slot -> where its lease was made
         self._abandoned: set[int] = set()
         self._parked = set(range(size, self.capacity))
         self._waiters: deque[_ThreadWaiter | _AsyncWaiter] = deque()
@@ -190,7 +207,12 @@ class SlotPool:
                 return self._hold(self._free.pop())
             waiter = _ThreadWaiter()
             self._waiters.append(waiter)
-        waiter.event.wait(timeout_s)
+        first_s = KEPT_WARNING_S if timeout_s is None else min(timeout_s, KEPT_WARNING_S)
+        if not waiter.event.wait(first_s):
+            if first_s == KEPT_WARNING_S:
+                self._warn_if_kept(KEPT_WARNING_S)
+            if timeout_s is None or timeout_s > first_s:
+                waiter.event.wait(None if timeout_s is None else timeout_s - first_s)
         with self._lock:
             if waiter.slot is not None:
                 return waiter.slot
@@ -219,12 +241,19 @@ class SlotPool:
                 return self._hold(self._free.pop())
             waiter = _AsyncWaiter(self, asyncio.get_running_loop())
             self._waiters.append(waiter)
+        started = time.monotonic()
         try:
-            return await asyncio.wait_for(waiter.future, timeout_s)
+            first_s = KEPT_WARNING_S if timeout_s is None else min(timeout_s, KEPT_WARNING_S)
+            await asyncio.wait({waiter.future}, timeout=first_s)  # leaves the future pending
+            if not waiter.future.done() and first_s == KEPT_WARNING_S:
+                self._warn_if_kept(KEPT_WARNING_S)
+            left_s = None if timeout_s is None else timeout_s - (time.monotonic() - started)
+            return await asyncio.wait_for(waiter.future, left_s)
         except asyncio.TimeoutError:
             self._forget(waiter)
             raise self._timeout(timeout_s) from None
         except asyncio.CancelledError:
+            waiter.future.cancel()  # a slot delivered later goes back (see _deliver)
             self._forget(waiter)
             raise
 
@@ -242,14 +271,22 @@ class SlotPool:
         """Returns a slot, handing it to the longest waiter if there is one."""
         with self._lock:
             self._held.discard(slot)
+            self._kept.pop(slot, None)
             self._put_back(slot)
+
+    def keep(self, slot: int, site: str) -> None:
+        """Marks a held slot as kept by a lease's arrays only (made at ``site``)."""
+        with self._lock:
+            if slot in self._held:
+                self._kept[slot] = site
+                self._all_back.notify_all()
 
     def abandon(self, slot: int) -> None:
         """Keeps a held slot out of use until :meth:`settled`."""
         with self._lock:
             self._held.discard(slot)
             self._abandoned.add(slot)
-            if not self._held:
+            if self._held <= self._kept.keys():
                 self._all_back.notify_all()
 
     def settled(self, slot: int) -> None:
@@ -268,17 +305,22 @@ class SlotPool:
         """Refuses new acquires, fails the waiters, and waits for the slots callers hold to
         come back (not for abandoned ones, which no caller reads any more).
 
+        Slots kept by a lease's arrays only (:meth:`keep`) are not waited for: Triton is done
+        with them, and their memory stays mapped while the arrays live.
+
         Args:
             wait_s: How long to wait for slots in use (``None``: forever).
 
         Returns:
-            Whether no caller holds a slot (so the memory behind them can be unmapped).
+            Whether no caller holds a slot, kept ones included (so the memory behind them can
+            be unmapped).
         """
         with self._lock:
             self._closed = True
             while self._waiters:
                 self._waiters.popleft().fail()
-            return self._all_back.wait_for(lambda: not self._held, wait_s)
+            self._all_back.wait_for(lambda: self._held <= self._kept.keys(), wait_s)
+            return not self._held
 
     # ---------------------------------------------------------------- the owner's scaler
 
@@ -328,7 +370,7 @@ class SlotPool:
             self._waiters.popleft().give(self._hold(slot))
         else:
             self._free.append(slot)
-        if not self._held:
+        if self._held <= self._kept.keys():
             self._all_back.notify_all()
 
     def _dequeue(self, waiter: _ThreadWaiter | _AsyncWaiter) -> bool:
@@ -341,10 +383,41 @@ class SlotPool:
         if self._closed:
             raise ClientClosedError(f"the slot pool of {self.name!r} is closed", model=self.name)
 
+    def _kept_now(self) -> dict[int, str]:
+        with self._lock:
+            return {slot: site for slot, site in self._kept.items() if slot < self._size}
+
+    def _warn_if_kept(self, waited_s: float) -> None:
+        warn_kept(self.name, waited_s, self._kept_now())
+
     def _timeout(self, timeout_s: float | None) -> SlotTimeoutError:
         return SlotTimeoutError(
             f"no free slot for model {self.name!r} within {timeout_s} s "
-            f"(all {self._size} slots busy)",
+            f"(all {self._size} slots busy){kept_note(self._kept_now())}",
             model=self.name,
             timeout_s=timeout_s,
+        )
+
+
+def kept_note(kept: Mapping[int, str]) -> str:
+    """What a caller waiting for a slot is told of slots kept by a lease's arrays only
+    (``""`` for none)."""
+    if not kept:
+        return ""
+    sites = sorted(set(kept.values()))
+    return (
+        f"; {len(kept)} of them held only by arrays kept from a lease made at "
+        f"{', '.join(sites)} (Triton is done with them): drop those arrays (del outputs), or "
+        "copy what you keep (np.array(view)), to give the slots back"
+    )
+
+
+def warn_kept(model: str, waited_s: float, kept: Mapping[int, str]) -> None:
+    """Warns a caller that waited ``waited_s`` for a slot of ``model`` while slots are kept by
+    a lease's arrays only (nothing if none are)."""
+    if kept:
+        warnings.warn(
+            f"ray_triton_shm: waited {waited_s:g} s for a slot of model {model!r}{kept_note(kept)}",
+            RuntimeWarning,
+            stacklevel=2,
         )

@@ -51,7 +51,7 @@ from functools import cache
 
 from ._exceptions import ClientClosedError, OverloadedError, SlotTimeoutError, StaleLeaseError
 from ._header import RegionHeader
-from ._pool import PoolStats
+from ._pool import KEPT_WARNING_S, PoolStats, kept_note, warn_kept
 from ._shm import DEAD, SHM_DIR, owner_state
 
 __all__ = ["NodeSlotStats", "SharedSlots"]
@@ -200,6 +200,7 @@ class SharedSlots:
         self._base_fd = os.open(SHM_DIR / region_name, os.O_RDWR | os.O_CLOEXEC)
         self._free_fds: list[int] = []
         self._held: dict[int, int] = {}  # slot -> the descriptor holding its lock
+        self._kept: dict[int, str] = {}  # held slots only a lease's arrays keep -> its site
         self._mutex = threading.Lock()
         self._all_back = threading.Condition(self._mutex)
         self._waiting = 0
@@ -225,14 +226,22 @@ class SharedSlots:
         fd, slot = self._fd_and_free_slot()
         if slot is not None:
             return slot
-        if timeout_s is None:
+        if timeout_s is None and not self._kept:
             slot = self._queue(fd, None)
             assert slot is not None  # only a wait given up returns none
             return slot
+        # On a thread: a wait in the kernel cannot be interrupted, to time out or to warn.
         wait = _Wait(fd)
         future = _threads.submit(lambda: self._queue_for(wait))
+        first_s = KEPT_WARNING_S if timeout_s is None else min(timeout_s, KEPT_WARNING_S)
         try:
-            return future.result(timeout_s)
+            try:
+                return future.result(first_s)
+            except concurrent.futures.TimeoutError:
+                if first_s != KEPT_WARNING_S:
+                    raise
+                self._warn_if_kept()
+            return future.result(None if timeout_s is None else timeout_s - first_s)
         except concurrent.futures.TimeoutError:
             self._abandon(wait, future)
             raise self._timeout(timeout_s) from None
@@ -259,8 +268,15 @@ class SharedSlots:
             return slot
         wait = _Wait(fd)
         future = _threads.submit(lambda: self._queue_for(wait))
+        started = time.monotonic()
         try:
-            return await asyncio.wait_for(asyncio.wrap_future(future), timeout_s)
+            waited = asyncio.wrap_future(future)
+            first_s = KEPT_WARNING_S if timeout_s is None else min(timeout_s, KEPT_WARNING_S)
+            await asyncio.wait({waited}, timeout=first_s)  # leaves it pending
+            if not waited.done() and first_s == KEPT_WARNING_S:
+                self._warn_if_kept()
+            left_s = None if timeout_s is None else timeout_s - (time.monotonic() - started)
+            return await asyncio.wait_for(waited, left_s)
         except asyncio.TimeoutError:
             self._abandon(wait, future)
             raise self._timeout(timeout_s) from None
@@ -277,9 +293,24 @@ class SharedSlots:
         with self._mutex:
             if self._held.get(slot) == fd:  # else another thread took the slot just now
                 del self._held[slot]
-            if not self._held:
+                self._kept.pop(slot, None)
+            if self._held.keys() <= self._kept.keys():
                 self._all_back.notify_all()
+            last = self._closed and not self._held and self._base_fd >= 0
+            if last:  # closed while slots were kept: the last one came back
+                base, self._base_fd = self._base_fd, -1
         self._put_fd(fd)
+        if last:
+            os.close(base)
+
+    def keep(self, slot: int, site: str) -> None:
+        """Marks a slot this process holds as kept by a lease's arrays only (made at
+        ``site``): Triton is done with it, its lock stays until :meth:`release`."""
+        self._header.set_busy_since(slot, 0)  # no request of it left in Triton
+        with self._mutex:
+            if slot in self._held:
+                self._kept[slot] = site
+                self._all_back.notify_all()
 
     def abandon(self, slot: int) -> None:
         """Gives a slot back whose header already says it is abandoned: it stays out of use
@@ -296,17 +327,19 @@ class SharedSlots:
         return PoolStats(self.size, held, waiting, len(self._header.abandoned_slots()))
 
     def close(self, *, wait_s: float | None = None) -> bool:
-        """Refuses new callers and waits for this process's slots to come back.
+        """Refuses new callers and waits for this process's slots to come back, but not for
+        those only a lease's arrays keep (:meth:`keep`): they come back when the arrays go.
 
         Callers already asleep in the kernel get :class:`ClientClosedError` once a slot
         reaches them.
 
         Returns:
-            Whether every slot this process held is back.
+            Whether every slot this process held is back, kept ones included.
         """
         with self._mutex:
             self._closed = True
-            all_back = self._all_back.wait_for(lambda: not self._held, wait_s)
+            self._all_back.wait_for(lambda: self._held.keys() <= self._kept.keys(), wait_s)
+            all_back = not self._held
             fds, self._free_fds = self._free_fds, []
             if all_back:
                 fds.append(self._base_fd)
@@ -621,7 +654,8 @@ class SharedSlots:
         with self._mutex:
             for slot in [s for s, held in self._held.items() if held == fd]:
                 del self._held[slot]
-            if not self._held:
+                self._kept.pop(slot, None)
+            if self._held.keys() <= self._kept.keys():
                 self._all_back.notify_all()
         os.close(fd)
 
@@ -637,7 +671,7 @@ class SharedSlots:
         fds = [self._base_fd, *self._free_fds, *self._held.values()]
         self._mutex = threading.Lock()
         self._all_back = threading.Condition(self._mutex)
-        self._base_fd, self._free_fds, self._held = -1, [], {}
+        self._base_fd, self._free_fds, self._held, self._kept = -1, [], {}, {}
         self._waiting, self._closed = 0, True
         for fd in set(fds):
             if fd >= 0:
@@ -646,10 +680,17 @@ class SharedSlots:
                 except OSError:
                     pass  # a wait thread's descriptor, already gone
 
+    def _kept_here(self) -> dict[int, str]:
+        with self._mutex:
+            return {slot: site for slot, site in self._kept.items() if slot < self.size}
+
+    def _warn_if_kept(self) -> None:
+        warn_kept(self.name, KEPT_WARNING_S, self._kept_here())
+
     def _timeout(self, timeout_s: float | None) -> SlotTimeoutError:
         return SlotTimeoutError(
             f"no free slot for model {self.name!r} within {timeout_s} s (all {self.size} slots "
-            "of this machine busy)",
+            f"of this machine busy){kept_note(self._kept_here())}",
             model=self.name,
             timeout_s=timeout_s,
         )

@@ -8,6 +8,9 @@ request's bytes.
   threads that keep views while others reuse the slots finds every kept view still its own.
 * A lease given up by a deadline or a cancellation mid-request: its slot stays out of use until
   Triton answered, then serves again.
+* Outputs kept past the block never stall the process: closing the client returns at once
+  (nothing left in ``/dev/shm`` or in Triton, the outputs still right), and a caller waiting
+  for a slot they keep is warned, and timed out, with where their lease was made.
 * Bad leases (a batch past ``max_batch_size``, a wrong shape, BYTES inputs) are refused before
   any slot is taken or any byte written; nothing is left in ``/dev/shm`` after.
 """
@@ -16,12 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import sys
 import threading
 import time
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from _helpers import registered_on
 
 from ray_triton_shm import (
     InvalidInputError,
@@ -29,6 +34,7 @@ from ray_triton_shm import (
     TritonServerError,
     TritonSHMClient,
 )
+from ray_triton_shm._pool import KEPT_WARNING_S
 from ray_triton_shm._shm import list_local_regions
 from ray_triton_shm._specs import REGION_HEADER_BYTES
 
@@ -222,16 +228,52 @@ def test_bad_leases_are_refused_before_anything_is_written(client: TritonSHMClie
     assert client._pools["classifier"].header.failures()["bad_input"] == 2
 
 
-def test_nothing_is_left_after_a_closed_client_even_with_a_view_alive(grpc_url: str) -> None:
-    with TritonSHMClient(url=grpc_url) as client:
-        client.register_shm_model(
-            "identity", pool_size=1, max_shapes={"INPUT0": (4,), "OUTPUT0": (4,)}
-        )
-        name = client._pools["identity"].region.name
-        with client.lease("identity", batch=1, shapes={"INPUT0": (4,)}) as lease:
-            lease.inputs["INPUT0"][:] = 3.0
-            kept = lease.infer()["OUTPUT0"]
-    assert name.lstrip("/") not in {r.name.lstrip("/") for r in list_local_regions()}
-    np.testing.assert_array_equal(kept, np.full((1, 4), 3.0, np.float32))  # still readable
-    del kept
+def test_close_with_outputs_kept_returns_at_once_and_leaves_nothing(grpc_url: str) -> None:
+    """The guide's own example keeps ``outputs`` past its block: closing does not wait for
+    them (Triton is done with them), yet they stay readable and right."""
+    client = TritonSHMClient(url=grpc_url)
+    client.register_shm_model("identity", pool_size=1, max_shapes={"INPUT0": (4,), "OUTPUT0": (4,)})
+    name = client._pools["identity"].region.name
+    with client.lease("identity", batch=1, shapes={"INPUT0": (4,)}) as lease:
+        lease.inputs["INPUT0"][:] = 3.0
+        outputs = lease.infer()
+    started = time.monotonic()
+    client.close()
+    assert time.monotonic() - started < 5  # it waited 30 s for the kept view before
+    assert name not in {r.name for r in list_local_regions()}
+    assert name not in registered_on(grpc_url)
+    np.testing.assert_array_equal(outputs["OUTPUT0"], np.full((1, 4), 3.0, np.float32))
+    del outputs
     gc.collect()
+
+
+def test_a_caller_waiting_on_kept_outputs_is_told_where_their_lease_was_made(
+    client: TritonSHMClient,
+) -> None:
+    """A loop that keeps each lease's outputs, on a pool of 1 slot: its second lease waits
+    for the first one's outputs, and is told so, with the line that made that lease."""
+    client.register_shm_model("identity", pool_size=1, max_shapes={"INPUT0": (4,), "OUTPUT0": (4,)})
+    shape = {"INPUT0": (4,)}
+    kept = []
+    made_at = f"{__file__}:{sys._getframe().f_lineno + 1}"
+    with client.lease("identity", batch=1, shapes=shape) as lease:
+        lease.inputs["INPUT0"][:] = 1.0
+        kept.append(lease.infer())
+    waited = KEPT_WARNING_S + 0.5
+    with (
+        pytest.warns(RuntimeWarning, match="held only by arrays kept") as caught,
+        pytest.raises(SlotTimeoutError) as error,
+        client.lease("identity", batch=1, shapes=shape, slot_timeout_s=waited),
+    ):
+        pass
+    assert made_at in str(caught[0].message)
+    assert (
+        f"all 1 slots busy); 1 of them held only by arrays kept from a lease made at "
+        f"{made_at}" in str(error.value)
+    )
+    assert "del outputs" in str(error.value)
+    kept.clear()  # the slot is back
+    assert all_back(client, "identity")
+    with client.lease("identity", batch=1, shapes=shape, slot_timeout_s=5) as lease:
+        lease.inputs["INPUT0"][:] = 2.0
+        np.testing.assert_array_equal(lease.infer()["OUTPUT0"], np.full((1, 4), 2.0, np.float32))
