@@ -11,6 +11,8 @@ request that meets it; :func:`check_node` finds them all before any traffic, eac
   from another ``/dev/shm`` (it opens neither);
 * ``keys``: each protocol the library calls is allowed with this machine's
   ``RAY_TRITON_SHM_HEADER_*`` keys (a refusal names the header, never a value);
+* ``models``: Triton serves each model named (``--model``); one it does not is named with the
+  models it does serve, and the nearest name;
 * ``dev_shm``: room in ``/dev/shm`` for the pools and for Ray's object store;
 * ``leftovers``: regions whose owner is gone;
 * ``versions``: Python, numpy, tritonclient, Ray, this library and Triton.
@@ -21,6 +23,7 @@ It leaves nothing behind, and an unreachable Triton fails within ``timeout_s``.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import os
 import platform
 import socket
@@ -68,7 +71,8 @@ class CheckResult:
     """The result of one check.
 
     Attributes:
-        name: ``triton``, ``region``, ``keys``, ``dev_shm``, ``leftovers`` or ``versions``.
+        name: ``tls``, ``triton``, ``region``, ``keys``, ``models``, ``dev_shm``,
+            ``leftovers`` or ``versions``.
         status: ``ok``, ``warn``, ``fail``, or ``skip`` (not tried: another check failed).
         summary: What was found, in one line.
         fix: What to do about it, in one line (empty when nothing is to be done).
@@ -187,6 +191,7 @@ def check_node(
             ("triton", triton.check),
             ("region", lambda: _check_region(triton)),
             ("keys", lambda: _check_keys(triton)),
+            ("models", lambda: _check_models(triton, list(models or {}))),
             ("dev_shm", lambda: _check_dev_shm(triton, models or {}, held or {}, store)),
             ("leftovers", lambda: _check_leftovers(triton)),
             ("versions", lambda: _check_versions(triton)),
@@ -516,6 +521,61 @@ def _check_keys(triton: _Triton) -> CheckResult:
     )
     fix = "; ".join(_key_fix(header, triton.headers, triton.keys_dir) for header in by_header)
     return CheckResult("keys", FAIL, f"{what} ({keys_set})", fix, details)
+
+
+# ---- models ---------------------------------------------------------------------------
+
+
+def _check_models(triton: _Triton, models: Sequence[str]) -> CheckResult:
+    if not models:
+        return CheckResult(
+            "models", OK, "no model named (doctor --model NAME checks that Triton serves it)"
+        )
+    skipped = _skipped("models", triton, "health")
+    if skipped:
+        return skipped
+    missing = [model for model in models if not _model_ready(triton, model)]
+    served = _served_models(triton)
+    details: dict[str, Any] = {"asked": list(models), "missing": missing, "served": served}
+    if not missing:
+        return CheckResult("models", OK, f"Triton serves {', '.join(models)}", "", details)
+    if served is None:
+        serves = (
+            "which models it serves it did not say (its model-repository protocol is restricted)"
+        )
+    else:
+        serves = f"it serves {', '.join(served) if served else 'no model'}"
+    nearest = {
+        model: close[0]
+        for model in missing
+        if (close := difflib.get_close_matches(model, served or [], n=1))
+    }
+    guesses = "".join(f"; {model!r}: did you mean {near!r}?" for model, near in nearest.items())
+    names = ", ".join(repr(model) for model in missing)
+    return CheckResult(
+        "models",
+        FAIL,
+        f"Triton at {triton.url} does not serve {names}: {serves}{guesses}",
+        "name a model Triton serves, or have it load the model (in its model repository; "
+        "with --model-control-mode=explicit, load it)",
+        {**details, "nearest": nearest},
+    )
+
+
+def _model_ready(triton: _Triton, model: str) -> bool:
+    try:
+        return bool(triton.call("ModelReady", service_pb2.ModelReadyRequest(name=model)).ready)
+    except grpc.RpcError:
+        return False
+
+
+def _served_models(triton: _Triton) -> list[str] | None:
+    """The models Triton serves (ready), sorted; ``None`` where it would not say."""
+    try:
+        index = triton.call("RepositoryIndex", service_pb2.RepositoryIndexRequest(ready=True))
+    except grpc.RpcError:
+        return None
+    return sorted({model.name for model in index.models})
 
 
 # ---- /dev/shm -------------------------------------------------------------------------

@@ -40,7 +40,7 @@ OTHER_UID = (
     "--inh-caps=+dac_read_search",
     "--ambient-caps=+dac_read_search",
 )
-CHECKS = ["tls", "triton", "region", "keys", "dev_shm", "leftovers", "versions"]
+CHECKS = ["tls", "triton", "region", "keys", "models", "dev_shm", "leftovers", "versions"]
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -136,6 +136,33 @@ def test_a_healthy_node_passes_every_check_and_leaves_nothing(
     versions = checks["versions"]["details"]
     assert versions["triton"] == "2.51.0" and versions["numpy"].startswith("2.")
     assert report["nodes"][0]["url_source"] == "--url"
+    assert checks["models"]["summary"] == "Triton serves classifier"
+
+
+def test_a_model_triton_does_not_serve_fails_naming_those_it_serves(
+    triton: LocalTritonServer,
+) -> None:
+    code, report, output = _doctor("--url", triton.grpc_url, "--model", "classifer:4")
+    models = _checks(report)["models"]
+    assert code == 1 and report["failed"]
+    assert models["status"] == "fail"
+    assert models["details"]["missing"] == ["classifer"]
+    served = models["details"]["served"]
+    assert {"classifier", "identity"} <= set(served)
+    assert f"it serves {', '.join(served)}" in models["summary"]
+    assert "'classifer': did you mean 'classifier'?" in models["summary"]
+    # The text report: a failing line, with its fix.
+    done = subprocess.run(
+        [sys.executable, "-m", "ray_triton_shm", "doctor", "--url", triton.grpc_url]
+        + ["--model", "nosuch"],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=120,
+    )
+    assert done.returncode == 1
+    line = next(line for line in done.stdout.splitlines() if line.split()[1:2] == ["models"])
+    assert line.split()[0] == "fail" and "does not serve 'nosuch'" in line, done.stdout
 
 
 def test_the_url_comes_from_the_environment_as_the_node_actor_reads_it(
