@@ -332,6 +332,7 @@ def _node_actor_reports(address: str | None, *, timeout_s: float) -> list[dict[s
 
 
 def _print_node_actors(address: str | None, *, timeout_s: float) -> int:
+    from ray_triton_shm._scaling import limit_text
     from ray_triton_shm.ray._actor import NAMESPACE
 
     try:
@@ -394,6 +395,9 @@ def _print_node_actors(address: str | None, *, timeout_s: float) -> int:
                     for i, (c, w) in enumerate(zip(row, widths, strict=True))
                 ).rstrip()
             )
+        for name, m in sorted(stats.models.items()):
+            if m.get("limited_by"):
+                print(f"    {name} did not grow: {limit_text(m['limited_by'])}")
     return status
 
 

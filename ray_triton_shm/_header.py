@@ -52,7 +52,7 @@ __all__ = [
 _MAX_WAITING, _RETIRED, _MEMORY = 0, 1, 3
 _SIZE, _MIN_SIZE, _LIMITED, _GROWS, _SHRINKS = 4, 5, 6, 7, 8
 #: Why a pool's growth stopped short of its callers, as the header word ``_LIMITED`` stores it.
-LIMITS = ("", "max_slots", "shm_budget", "shm_full")
+LIMITS = ("", "max_slots", "shm_budget", "shm_full", "upscale_delay_s")
 #: The kinds of memory a region's slots live in, as the header word ``_MEMORY`` stores them.
 _MEMORY_KINDS = ("system", "cuda")
 #: Failed calls by kind (see :func:`._exceptions.error_kind`), one word each from ``_FAILURES``:
@@ -185,8 +185,8 @@ class RegionHeader:
     @property
     def limited_by(self) -> str:
         """What stopped the pool growing while callers wait (``""``: nothing): its
-        ``"max_slots"``, the node's ``"shm_budget"``, or ``"shm_full"`` (``/dev/shm`` had no
-        room)."""
+        ``"max_slots"``, the node's ``"shm_budget"``, ``"shm_full"`` (``/dev/shm`` had no
+        room), or ``"upscale_delay_s"`` (callers waited, none that long on end)."""
         limit = self._word[_LIMITED]
         return LIMITS[limit] if 0 <= limit < len(LIMITS) else ""
 

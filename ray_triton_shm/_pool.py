@@ -45,7 +45,8 @@ class PoolStats:
         abandoned: Slots out of use until Triton is done with a request given up on them.
         min_size: The smallest size the pool shrinks to (``size`` for a fixed pool).
         max_size: The largest size the pool grows to (``size`` for a fixed pool).
-        limited_by: What stops the pool growing while callers wait (``""``: nothing):
+        limited_by: Why the pool did not grow although callers waited lately (``""``:
+            nothing): ``"upscale_delay_s"`` (their waits ended before that delay did),
             ``"max_slots"``, ``"shm_budget"`` (the client's or node's share of ``/dev/shm``)
             or ``"shm_full"`` (``/dev/shm`` itself had no room).
         shm_bytes: Bytes of ``/dev/shm`` the pool's region holds now (``0``: not known here).

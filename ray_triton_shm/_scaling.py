@@ -1,4 +1,5 @@
-"""Pools that follow their load: more slots while callers wait, fewer after a quiet spell.
+"""Pools that follow their load: more slots once callers have waited ``upscale_delay_s`` on end,
+fewer after a quiet spell.
 
 A pool's region has room for ``max_slots`` slots, but ``/dev/shm`` only holds the pages of the
 slots in use: the rest of the file is a hole (see :meth:`._shm.SharedMemoryRegion.back`). Every
@@ -19,6 +20,10 @@ callers have waited for ``upscale_delay_s`` it grows to what they all need at on
 waiting), and after ``downscale_delay_s`` with fewer needed than it has it shrinks to the most
 needed at once over that time. Growing is quick because a caller that waits loses time at once
 and a slot is cheap; shrinking is slow, against flapping, because a slot kept costs only memory.
+Waits that each end before ``upscale_delay_s`` (a caller queued at one sample, none at the
+next) never grow the pool, however many there are: the policy then says so
+(``limited_by == "upscale_delay_s"``), as it says ``"max_slots"`` at its bound, for
+:data:`REASON_KEPT_S` after the last caller it saw waiting.
 
 The :class:`Scaler` is a thread of the client that owns the regions (a plain
 ``TritonSHMClient``, or the Ray node actor's, whose pools every process of its node shares). It
@@ -45,11 +50,13 @@ if TYPE_CHECKING:
     from ._engine import ModelPool
 
 __all__ = [
+    "REASON_KEPT_S",
     "TICK_S",
     "Policy",
     "Scaler",
     "SlotAutoscaling",
     "default_shm_budget",
+    "limit_text",
     "pool_sizing",
 ]
 
@@ -57,6 +64,11 @@ logger = logging.getLogger(__name__)
 
 #: How often the scaler samples its pools.
 TICK_S = 0.1
+#: How long the policy keeps saying why the pool did not grow after the last caller it saw
+#: waiting: short waits come and go between samples, and a snapshot (``status``) falls between.
+REASON_KEPT_S = 5.0
+#: What stops growth for want of room (the scaler tells the policy, see Policy.short_of).
+_ROOM = ("shm_budget", "shm_full")
 #: The share of ``/dev/shm`` an owner's pools may hold by default (what Ray's object store
 #: reserves there is taken off first).
 SHM_SHARE = 0.9
@@ -177,8 +189,14 @@ class Policy:
 
     def __init__(self, config: SlotAutoscaling, now: float) -> None:
         self.config = config
+        #: Why the pool did not grow although callers waited lately (``""``: nothing held it
+        #: back): ``"upscale_delay_s"`` (their waits ended before the delay did),
+        #: ``"max_slots"`` (the pool is at its bound), or the room it ran short of
+        #: (:meth:`short_of`).
+        self.limited_by = ""
         self._resized_at = now
         self._waiting_since: float | None = None
+        self._waited_at = float("-inf")
         # (when, demand), demands decreasing: the first is the most needed in the window.
         self._peaks: deque[tuple[float, int]] = deque()
 
@@ -193,11 +211,20 @@ class Policy:
         while self._peaks[0][0] < now - config.downscale_delay_s:
             self._peaks.popleft()
         if waiting:
+            self._waited_at = now
             if self._waiting_since is None:
                 self._waiting_since = now
+            if size >= config.max_slots:
+                self.limited_by = "max_slots"
+                return size
             if now - self._waiting_since >= config.upscale_delay_s:
+                self.limited_by = ""
                 return min(config.max_slots, max(size + 1, demand))
-            return size
+            return size  # waiting out the delay: the reason stays what it was
+        if self._waiting_since is not None and size < config.max_slots and not self._short:
+            self.limited_by = "upscale_delay_s"  # the waits ended before the delay did
+        elif now - self._waited_at >= REASON_KEPT_S:
+            self.limited_by = ""
         self._waiting_since = None
         if size > config.min_slots and now - self._resized_at >= config.downscale_delay_s:
             peak = self._peaks[0][1]
@@ -209,6 +236,15 @@ class Policy:
         """The pool got a new size at ``now``."""
         self._resized_at = now
         self._waiting_since = None
+
+    def short_of(self, room: str) -> None:
+        """The pool's growth stopped short of what :meth:`want` said, for want of ``room``
+        (``"shm_budget"`` or ``"shm_full"``): that is why it did not grow, from now on."""
+        self.limited_by = room
+
+    @property
+    def _short(self) -> bool:
+        return self.limited_by in _ROOM
 
 
 class _Elastic:
@@ -289,9 +325,10 @@ class Scaler:
         size = slots.size
         in_use, waiting = slots.demand()
         want = state.policy.want(now, size, in_use, waiting)
-        limit = ""
         if want > size:
-            grown, limit = self._grow(pool, state, size, want)
+            grown, short = self._grow(pool, state, size, want)
+            if short:
+                state.policy.short_of(short)
             if grown > size:
                 header.set_size(grown)
                 slots.resize(grown)
@@ -302,17 +339,16 @@ class Scaler:
             slots.resize(want)
             state.policy.resized(now)
             logger.debug("ray-triton-shm: pool of %r shrank to %d slots", pool.spec.name, want)
-        elif waiting and size >= state.policy.config.max_slots:
-            limit = "max_slots"
-        elif waiting:
-            limit = header.limited_by  # still waiting out the delay: unchanged
+        limit = state.policy.limited_by
         if limit != header.limited_by:
             if limit:
-                logger.info(
+                # Short waits are the common case of a busy pool: not worth an info line.
+                log = logger.debug if limit == "upscale_delay_s" else logger.info
+                log(
                     "ray-triton-shm: the pool of %r stays at %d slots while callers wait: %s",
                     pool.spec.name,
                     slots.size,
-                    _LIMIT_TEXT[limit],
+                    limit_text(limit, state.policy.config),
                 )
             header.set_limited_by(limit)
         beyond = [slot for slot in state.backed if slot >= slots.size]
@@ -342,11 +378,18 @@ class Scaler:
         return want, ""
 
 
-_LIMIT_TEXT = {
-    "max_slots": "its max_slots",
-    "shm_budget": "the /dev/shm budget of its owner is spent (shm_budget_bytes)",
-    "shm_full": "/dev/shm is full",
-}
+def limit_text(limit: str, config: SlotAutoscaling | None = None) -> str:
+    """Why a pool with waiting callers did not grow, in words, for ``limited_by`` (the
+    policy's own reasons, or the room it ran out of); ``""`` for nothing."""
+    delay = f" ({config.upscale_delay_s:g} s)" if config is not None else ""
+    return {
+        "": "",
+        "upscale_delay_s": f"callers waited, but none for upscale_delay_s{delay} on end: "
+        "short waits do not grow a pool (lower upscale_delay_s, or raise min_slots)",
+        "max_slots": "it is at its max_slots",
+        "shm_budget": "the /dev/shm budget of its owner is spent (shm_budget_bytes)",
+        "shm_full": "/dev/shm is full",
+    }[limit]
 
 
 def _unback(pool: ModelPool, state: _Elastic, slot: int) -> None:

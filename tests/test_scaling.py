@@ -255,6 +255,29 @@ def test_a_node_pool_follows_the_load_of_every_process(ray_local: str, caller_cl
     _shutdown_node_actor(ray_local, before)
 
 
+def test_the_node_actor_says_why_a_pool_with_waiting_callers_did_not_grow(
+    ray_local: str, caller_class: Any
+) -> None:
+    """Callers waited, but the pool's upscale_delay_s is longer than any of their waits:
+    it stays at 2, and the node actor's stats say why."""
+    import ray
+
+    from ray_triton_shm.ray import ShmModel
+
+    before = registered_on(ray_local)
+    model = ShmModel(
+        "slow_identity", max_shapes=SHAPES, autoscaling={**QUICK, "upscale_delay_s": 60}
+    )
+    callers = caller_class.remote(model)
+    ray.get(callers.run.remote(4))
+    wait_for(lambda: _node_pool("slow_identity").get("wait_p99_us", 0) > 0)
+    answers, wrong, errors = ray.get(callers.totals.remote())  # the waits end
+    assert answers and not wrong and not errors
+    wait_for(lambda: _node_pool("slow_identity").get("limited_by") == "upscale_delay_s")
+    assert _node_pool("slow_identity")["slots"] == 2
+    _shutdown_node_actor(ray_local, before)
+
+
 def test_a_load_swinging_between_1_and_32_callers_gets_every_answer_right(
     ray_local: str, caller_class: Any, swing_s: float
 ) -> None:

@@ -176,7 +176,8 @@ class NodeStats:
             crash and restart, or an outage between them).
         models: Per model, over every process of the node: ``slots`` (the pool's size now),
             ``min_slots`` and ``max_slots`` (its bounds: both its size if fixed),
-            ``limited_by`` (what stops it growing while callers wait, ``""`` for nothing:
+            ``limited_by`` (why it did not grow although callers waited lately, ``""`` for
+            nothing: ``"upscale_delay_s"`` (their waits ended before that delay did),
             ``"max_slots"``, ``"shm_budget"`` or ``"shm_full"``), ``grows`` and ``shrinks``
             (how often it resized), ``in_use`` (slots held
             now), ``waiting`` (callers queued for a slot), ``abandoned`` (slots out of use

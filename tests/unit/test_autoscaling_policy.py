@@ -9,7 +9,7 @@ import pytest
 from ray_triton_shm import ModelSpecError, SlotAutoscaling
 from ray_triton_shm._header import MAX_SLOTS
 from ray_triton_shm._pool import SlotPool
-from ray_triton_shm._scaling import TICK_S, Policy, pool_sizing
+from ray_triton_shm._scaling import REASON_KEPT_S, TICK_S, Policy, pool_sizing
 
 CONFIG = SlotAutoscaling(min_slots=2, max_slots=16, upscale_delay_s=0.2, downscale_delay_s=30.0)
 
@@ -38,8 +38,49 @@ def test_it_grows_to_what_waiting_callers_need_once_they_waited_the_delay() -> N
     assert sizes[-1] == CONFIG.max_slots  # never past max_slots
 
 
+def test_it_says_why_short_waits_did_not_grow_it_and_forgets_it_when_quiet() -> None:
+    """16 callers on 2 slots, each wait shorter than upscale_delay_s: callers queue at one
+    sample and none at the next. The pool stays at 2, and the policy says why."""
+    policy = Policy(CONFIG, now=0.0)
+    assert policy.limited_by == ""
+    flicker = [(TICK_S, 2, 3), (TICK_S, 2, 0)] * 20
+    sizes = _run(policy, 2, flicker)
+    assert set(sizes) == {2}
+    assert policy.limited_by == "upscale_delay_s"
+    waited_until = 40 * TICK_S
+    # Still said between waits, until REASON_KEPT_S without a caller waiting.
+    assert policy.want(waited_until + REASON_KEPT_S / 2, 2, 2, 0) == 2
+    assert policy.limited_by == "upscale_delay_s"
+    policy.want(waited_until + REASON_KEPT_S, 2, 2, 0)
+    assert policy.limited_by == ""
+
+
+def test_a_pool_that_grows_in_time_or_is_at_its_bound_says_so() -> None:
+    policy = Policy(CONFIG, now=0.0)
+    _run(policy, 2, [(0.5, 2, 4)])  # waited the delay on end: it grew
+    assert policy.limited_by == ""
+    policy = Policy(CONFIG, now=0.0)
+    sizes = _run(policy, 2, [(2.0, 16, 40)])
+    assert sizes[-1] == CONFIG.max_slots and policy.limited_by == "max_slots"
+    _run(policy, 16, [(1.0, 16, 0)])  # quiet, but not yet for REASON_KEPT_S: kept
+    assert policy.limited_by == "max_slots"
+
+
+def test_the_room_it_ran_short_of_is_not_taken_for_short_waits() -> None:
+    policy = Policy(CONFIG, now=0.0)
+    assert policy.want(0.0, 2, 2, 4) == 2
+    assert policy.want(0.2, 2, 2, 4) == 6
+    policy.short_of("shm_budget")  # the scaler could reserve none of it
+    assert policy.want(0.3, 2, 2, 0) == 2
+    assert policy.limited_by == "shm_budget"
+    policy.want(0.3 + REASON_KEPT_S, 2, 2, 0)
+    assert policy.limited_by == ""
+
+
 def test_one_caller_never_makes_it_grow() -> None:
-    assert set(_run(Policy(CONFIG, 0.0), 2, [(60.0, 1, 0)])) == {2}
+    policy = Policy(CONFIG, 0.0)
+    assert set(_run(policy, 2, [(60.0, 1, 0)])) == {2}
+    assert policy.limited_by == ""
 
 
 def test_it_shrinks_after_the_delay_to_the_most_used_at_once_then_to_the_minimum() -> None:
