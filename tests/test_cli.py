@@ -67,7 +67,18 @@ def test_bad_arguments_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str
     assert "usage:" in capsys.readouterr().err
 
 
-def test_serve_local_answers_then_stops_on_sigint() -> None:
+def _identity_answers(grpc_port: int) -> None:
+    with grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}") as client:
+        assert client.is_server_ready()
+        assert client.is_model_ready("identity")
+        data = np.arange(16, dtype=np.float32).reshape(1, 16)
+        infer_input = grpcclient.InferInput("INPUT0", [1, 16], "FP32")
+        infer_input.set_data_from_numpy(data)
+        result = client.infer("identity", [infer_input])
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), data)
+
+
+def test_serve_local_answers_restarts_a_crashed_triton_then_stops_on_sigint() -> None:
     grpc_port, http_port = free_ports(2)
     proc = subprocess.Popen(
         [
@@ -103,14 +114,22 @@ def test_serve_local_answers_then_stops_on_sigint() -> None:
         for model in ("identity", "classifier", "my_model", "large_image"):
             assert model in text
 
-        with grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}") as client:
-            assert client.is_server_ready()
-            assert client.is_model_ready("identity")
-            data = np.arange(16, dtype=np.float32).reshape(1, 16)
-            infer_input = grpcclient.InferInput("INPUT0", [1, 16], "FP32")
-            infer_input.set_data_from_numpy(data)
-            result = client.infer("identity", [infer_input])
-            np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), data)
+        _identity_answers(grpc_port)
+
+        # A crash (as Triton's Python backend can abort): said as it happens, and Triton is
+        # back on the same ports.
+        os.kill(server_pid, signal.SIGABRT)
+        while not line.startswith("Triton is back"):
+            line = proc.stdout.readline()
+            assert line or proc.poll() is None, "".join(lines) + proc.stderr.read()
+            lines.append(line)
+            assert time.monotonic() < deadline
+        crashed = next(line for line in lines if line.startswith("Triton crash 1"))
+        assert f"(pid {server_pid}): SIGABRT" in crashed and "restarting it (log: " in crashed
+        kept = Path(crashed.rsplit("(log: ", 1)[1].rstrip(")\n"))
+        assert kept.is_file()  # the evidence is kept, though no --log-file was given
+        restarted_pid = int(re.search(r"pid (\d+)", line).group(1))  # type: ignore[union-attr]
+        _identity_answers(grpc_port)
 
         proc.send_signal(signal.SIGINT)
         _, stderr = proc.communicate(timeout=90)
@@ -120,8 +139,10 @@ def test_serve_local_answers_then_stops_on_sigint() -> None:
             proc.wait()
     assert proc.returncode == 0, stderr
     assert "Stopped." in stderr
-    with pytest.raises(ProcessLookupError):
-        os.kill(server_pid, 0)
+    for pid in (server_pid, restarted_pid):
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    kept.unlink()
     with (
         grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}") as client,
         pytest.raises(InferenceServerException),

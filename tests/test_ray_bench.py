@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 from _helpers import registered_on
 
 from ray_triton_shm._bench._config import (
@@ -353,3 +354,41 @@ def test_status_ray_lists_node_actors_with_stats(triton: LocalTritonServer, ray_
     finally:
         ray.get(actor.shutdown.remote())
         ray.kill(actor)
+
+
+def test_a_caller_s_error_reaches_the_driver_as_itself(ray_local: str) -> None:
+    """tritonclient's errors carry gRPC's, which Ray cannot send to the driver (it says
+    "Failed to deserialize exception"): a bench caller's reach it as a CallerError naming
+    them."""
+    import ray
+
+    from ray_triton_shm._bench._ray_paths import (
+        CallerError,
+        _Caller,
+        _ChurnCaller,
+        _errors_reach_the_driver,
+    )
+    from ray_triton_shm._plain_client import tritonclient_for
+
+    @ray.remote(num_cpus=0)
+    class Unreachable:
+        def call(self) -> None:
+            tritonclient_for("127.0.0.1:1").is_server_live(client_timeout=5.0)
+
+        @_errors_reach_the_driver
+        def carried(self) -> None:
+            self.call()
+
+    actor = Unreachable.remote()  # type: ignore[attr-defined]
+    with pytest.raises(ray.exceptions.RayError) as raw:
+        ray.get(actor.call.remote())
+    assert "InferenceServerException" in str(raw.value)
+    assert not isinstance(raw.value, CallerError)  # what Ray makes of it without the wrapper
+    with pytest.raises(CallerError) as carried:
+        ray.get(actor.carried.remote())
+    assert "tritonclient.utils.InferenceServerException: [StatusCode.UNAVAILABLE]" in str(
+        carried.value
+    )
+    for method in (_Caller.add, _Caller.once, _Caller.loop, _ChurnCaller.start):
+        assert method.__wrapped__  # type: ignore[attr-defined]
+    ray.kill(actor)
