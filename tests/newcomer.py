@@ -12,7 +12,8 @@ breaks:
    HTTP requests exactly as the model called directly does;
 6. ``ray-triton-shm doctor --ray --model iris:4``: every check ok;
 7. a short ``ray-triton-shm bench`` with its report;
-8. everything stopped, and nothing of ours left in ``/dev/shm``.
+8. everything stopped through its own processes (never ``ray stop``, which would stop every
+   Ray of the user's), and nothing of ours left in ``/dev/shm``.
 
 pip's download cache is shared with the machine's (``PIP_CACHE_DIR``): the newcomer's HOME is
 empty, the downloads need not be.
@@ -84,13 +85,15 @@ class Newcomer:
             raise SystemExit(f"FAILED (exit {done.returncode}): {shown}\n{output[-6000:]}")
         return output
 
-    def start(self, *command: str | Path, ready: str, log: Path, timeout: float = 300) -> None:
+    def start(
+        self, *command: str | Path, ready: str, log: Path, timeout: float = 300, **env: str
+    ) -> None:
         print(f"$ {' '.join(str(c) for c in command)} &", flush=True)
         with open(log, "w") as out:  # the child keeps its own descriptor
             process = subprocess.Popen(
                 [str(c) for c in command],
                 cwd=ROOT,
-                env=self.env,
+                env={**self.env, **env},
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 text=True,
@@ -114,6 +117,20 @@ class Newcomer:
         self.background = []
 
 
+def stop_processes_under(work: Path) -> None:
+    """SIGKILLs what is left of the processes started here: those whose command line names
+    ``work`` (Ray's daemons carry its --temp-dir there), and nothing else on the machine."""
+    mark = str(work).encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if mark in (entry / "cmdline").read_bytes():
+                os.kill(int(entry.name), signal.SIGKILL)
+        except OSError:
+            continue
+
+
 def page_python(url: str) -> str:
     """The page's runnable Python blocks, one script, at ``url``."""
     text = PAGE.read_text()
@@ -128,7 +145,6 @@ def main() -> int:
     python = user.venv / "bin" / "python"
     tool = user.venv / "bin" / "ray-triton-shm"
     started = time.monotonic()
-    ray_started = False
     before = {p.name for p in Path("/dev/shm").glob("rtshm_*")}
     try:
         step("1. a wheel of this checkout, installed in a fresh venv (empty HOME)")
@@ -158,11 +174,14 @@ def main() -> int:
 
         step("5. a local Ray, and the page's Serve app over HTTP")
         ray_port, serve_port = free_port(), free_port()
-        user.run(
-            user.venv / "bin" / "ray", "start", "--head", f"--port={ray_port}",
-            "--num-cpus=4", "--include-dashboard=false", RAY_TRITON_SHM_URL=url,
+        # In the foreground (--block) with a temp dir of its own: stopped through its own
+        # processes, never with `ray stop`, which stops every Ray of the user's.
+        ray_dir = work / "ray"
+        user.start(
+            user.venv / "bin" / "ray", "start", "--head", "--block", f"--port={ray_port}",
+            f"--temp-dir={ray_dir}", "--num-cpus=4", "--include-dashboard=false",
+            ready="Ray runtime started", log=work / "ray-start.out", RAY_TRITON_SHM_URL=url,
         )  # fmt: skip
-        ray_started = True
         address = f"127.0.0.1:{ray_port}"
         driver = f"""
 import json, sys, urllib.request
@@ -209,9 +228,8 @@ assert answer["species"][0] == "setosa"
         assert {r["path"] for r in results["runs"]} >= {"grpc", "http", "shm-client"}
     finally:
         step("8. everything stopped")
-        if ray_started:
-            user.run(user.venv / "bin" / "ray", "stop", "--force", timeout=120)
         user.stop()
+        stop_processes_under(work)
     shutil.rmtree(work, ignore_errors=True)
     leftovers = sorted({p.name for p in Path("/dev/shm").glob("rtshm_*")} - before)
     if leftovers:
