@@ -317,8 +317,9 @@ def test_a_log_that_failed_to_start_is_kept(tmp_path: Path) -> None:
     from ray_triton_shm import LocalServerError
 
     broken = tmp_path / "models" / "broken"
-    broken.mkdir(parents=True)
-    (broken / "config.pbtxt").write_text('name: "broken"\nbackend: "nosuchbackend"\n')
+    (broken / "1").mkdir(parents=True)
+    (broken / "config.pbtxt").write_text('name: "broken"\nbackend: "python"\n')
+    (broken / "1" / "model.py").write_text("raise RuntimeError('broken on purpose')\n")
     server = LocalTritonServer(broken.parent, startup_timeout_s=60)
     with pytest.raises(LocalServerError) as error:
         server.start()

@@ -292,6 +292,19 @@ class TritonServerInstall:
                 env.pop(var, None)
         return env
 
+    def python(self) -> Path | None:
+        """The Python the Python backend's stub runs with: the server environment's, else
+        the first ``python3`` on the server's ``PATH``; ``None`` if there is none."""
+        for directory in self.path_prepend:
+            if (directory / "python").is_file():
+                return directory / "python"
+        found = shutil.which("python3", path=self.environ().get("PATH"))
+        return Path(found) if found else None
+
+    def default_backend_directory(self) -> Path:
+        """Where a standard install keeps its backends (``/opt/tritonserver/backends``)."""
+        return self.executable.parent.parent / "backends"
+
     def prepare_backend_directory(self, dest: Path) -> Path | None:
         """Build a private backend directory with the Python backend and its stub.
 

@@ -31,6 +31,8 @@ from types import TracebackType
 from .._exceptions import LocalServerError
 from ._crashes import RestartPolicy, ServerCrash, ServerEvent, crash_reason
 from ._install import TritonServerInstall, find_tritonserver
+from ._onnx import onnx_via_python_repository
+from ._repository import available_backends, model_backends, unsupported_message
 
 __all__ = ["EXAMPLE_MODEL_REPOSITORY", "KEPT_LOG_DIR", "RESTRICTABLE_PROTOCOLS"]
 __all__ += ["LocalServerError", "LocalTritonServer", "ServerCrash", "ServerEvent", "log_tail"]
@@ -354,6 +356,16 @@ class LocalTritonServer:
         crash_window_s: The window in which crashes are counted.
         on_event: Called (from the supervisor's thread) when Triton crashed, was restarted,
             or the supervisor gave up: a :class:`ServerEvent`. It must not block for long.
+        onnx_via_python: Serve each ONNX model of the repositories through the Python
+            backend, running onnxruntime in the server environment (``ray-triton-shm
+            setup-server --with onnxruntime``): the embedded server has no ONNX backend.
+            Inputs, outputs and ``max_batch_size`` come from the model's ``config.pbtxt``
+            where it says them, else from the ONNX graph.
+
+    Before ``tritonserver`` starts, :meth:`start` reads each model's backend (its config's
+    ``backend:`` or ``platform:``, else its model file): a model whose backend the server
+    lacks (the embedded one has only the Python backend) fails at once, with the ways
+    forward.
     """
 
     def __init__(
@@ -380,6 +392,7 @@ class LocalTritonServer:
         max_crashes: int = 5,
         crash_window_s: float = 60.0,
         on_event: Callable[[ServerEvent], None] | None = None,
+        onnx_via_python: bool = False,
     ) -> None:
         if model_repository is None:
             repos = [EXAMPLE_MODEL_REPOSITORY]
@@ -390,6 +403,8 @@ class LocalTritonServer:
         if not repos:
             raise ValueError("model_repository must name at least one directory")
         self._model_repositories = tuple(p.expanduser().absolute() for p in repos)
+        self._served_repositories = self._model_repositories
+        self._onnx_via_python = bool(onnx_via_python)
         self._host = host
         self._ports_fixed = {
             "grpc": grpc_port is not None,
@@ -598,6 +613,55 @@ class LocalTritonServer:
                 Path(self._tmpdir) / "backends"
             )
             self._backend_prepared = True
+        self._served_repositories = self._repositories_to_serve()
+        self._check_backends()
+
+    def _repositories_to_serve(self) -> tuple[Path, ...]:
+        """The repositories as asked for, or with their ONNX models served through the
+        Python backend (``onnx_via_python``), generated in the temporary directory."""
+        if not self._onnx_via_python:
+            return self._model_repositories
+        assert self._install is not None
+        python = self._install.python()
+        if python is None:
+            raise LocalServerError(
+                f"onnx_via_python: no Python found for the server ({self._install.executable})"
+            )
+        generated = Path(self._tmpdir) / "onnx-via-python"
+        return tuple(
+            onnx_via_python_repository(
+                repo, generated / str(i), python=python, env=self._install.environ()
+            )
+            for i, repo in enumerate(self._model_repositories)
+        )
+
+    def _backend_directory(self) -> Path | None:
+        """The backend directory the server will load backends from; ``None``: unknown."""
+        for arg in reversed(self._extra_args):
+            if arg.startswith("--backend-directory="):
+                return Path(arg.partition("=")[2])
+        if self._backend_dir is not None:
+            return self._backend_dir
+        assert self._install is not None
+        default = self._install.default_backend_directory()
+        return default if default.is_dir() else None
+
+    def _check_backends(self) -> None:
+        """Fails, before Triton starts, for each model whose backend the server lacks."""
+        directory = self._backend_directory()
+        if directory is None:
+            return
+        available = available_backends(directory)
+        lacking = [
+            model
+            for repo in self._served_repositories
+            for model in model_backends(repo)
+            if model.backend is not None and model.backend not in available
+        ]
+        if lacking:
+            raise LocalServerError(
+                unsupported_message(lacking, available, self._model_repositories)
+            )
 
     def _start_process(self) -> subprocess.Popen[bytes]:
         """Spawns ``tritonserver`` and waits until it is ready (a taken port retried)."""
@@ -844,7 +908,7 @@ class LocalTritonServer:
     def _command(self) -> list[str]:
         assert self._install is not None
         args = [*self._launcher, str(self._install.executable)]
-        args += [f"--model-repository={repo}" for repo in self._model_repositories]
+        args += [f"--model-repository={repo}" for repo in self._served_repositories]
         if self._backend_dir is not None:
             args.append(f"--backend-directory={self._backend_dir}")
         args += [
