@@ -151,6 +151,7 @@ def _cmd_serve_local(args: argparse.Namespace) -> int:
         install=True,  # a command of its own: sets the server side up on first use
         restart_on_crash=not args.no_restart,
         on_event=_print_server_event,
+        onnx_via_python=args.onnx_via_python,
     )
     interrupted = False
     try:
@@ -564,6 +565,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="end when Triton crashes, instead of starting it again (its supervisor gives up "
         "after 5 crashes within a minute)",
+    )
+    p.add_argument(
+        "--onnx-via-python",
+        action="store_true",
+        help="serve each ONNX model of the repositories through the Python backend with "
+        "onnxruntime (the embedded server has no ONNX backend; needs `setup-server --with "
+        "onnxruntime`); inputs, outputs and batching from its config.pbtxt, else its graph",
     )
     p.set_defaults(func=_cmd_serve_local)
 
