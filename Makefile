@@ -3,7 +3,8 @@
 #   make test    - the test suite against a real Triton and a real local Ray
 # (and on a machine with an NVIDIA GPU, make test-gpu: the GPU tests that make test skips)
 # Both create .venv (library, numpy 2, Ray) and .triton-env (the server side: tritonserver
-# from nvidia-pytriton with numpy<2, which its Python backend needs).
+# from nvidia-pytriton with numpy<2, which its Python backend needs, and onnxruntime for the
+# ONNX models it serves through that backend: --onnx-via-python).
 PYTHON ?= python3
 VENV := .venv
 export RAY_TRITON_SHM_SERVER_ENV ?= $(CURDIR)/.triton-env
@@ -14,7 +15,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(VENV)/bin/python -m pip install --quiet -e ".[ray,bench,dev]"
-	$(VENV)/bin/ray-triton-shm setup-server
+	$(VENV)/bin/ray-triton-shm setup-server --with onnxruntime
 	touch $@
 
 # Every example model on every path, then the open loop on the online-serving case (one image
