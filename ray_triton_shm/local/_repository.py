@@ -206,14 +206,16 @@ def unsupported_message(
         f"{has} only, and"
     ]
     lines += [f"  {m.describe()}" for m in models]
+    onnx = [m.name for m in models if m.backend == "onnxruntime"]
+    others = [m.name for m in models if m.backend != "onnxruntime"]
+    ways = 1 + bool(onnx) + bool(others)
     lines += [
-        "Two ways forward:",
+        f"{('Two', 'Three')[ways - 2]} ways forward:",
         "  1. NVIDIA's Triton container, which has every backend (Triton 2.51, the embedded "
         "server's release), on this host's /dev/shm and as your user:",
         f"       {container_command(repositories)}",
         "     then point the clients at localhost:8001.",
     ]
-    onnx = [m.name for m in models if m.backend == "onnxruntime"]
     if onnx:
         lines += [
             f"  2. Serve the ONNX model(s) ({', '.join(onnx)}) through the Python backend with "
@@ -221,11 +223,9 @@ def unsupported_message(
             "then `ray-triton-shm serve-local --onnx-via-python` "
             "(LocalTritonServer(onnx_via_python=True)).",
         ]
-    others = [m.name for m in models if m.backend != "onnxruntime"]
     if others:
-        number = 3 if onnx else 2
         lines += [
-            f"  {number}. Serve {', '.join(others)} through the Python backend: a model.py that "
+            f"  {ways}. Serve {', '.join(others)} through the Python backend: a model.py that "
             "loads and runs it, with what it imports installed by `ray-triton-shm setup-server "
             "--with PACKAGE` (docs/guide/own-model.md).",
         ]

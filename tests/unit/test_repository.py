@@ -118,9 +118,11 @@ def test_the_message_names_each_model_what_the_server_has_and_the_ways_forward(
         in message
     )
     assert "model 'detector' (its file model.plan: backend 'tensorrt')" in message
-    assert "1. NVIDIA's Triton container" in message and "docker run" in message
+    assert "Three ways forward:\n  1. NVIDIA's Triton container" in message
+    assert "docker run" in message
     assert "2. Serve the ONNX model(s) (digits)" in message
     assert "setup-server --with onnxruntime" in message and "--onnx-via-python" in message
     assert "3. Serve detector through the Python backend" in message
     only_plan = unsupported_message([plan], ("python",), [tmp_path])
     assert "--onnx-via-python" not in only_plan and "2. Serve detector" in only_plan
+    assert "Two ways forward" in only_plan
