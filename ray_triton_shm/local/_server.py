@@ -311,6 +311,11 @@ class LocalTritonServer:
     names the log). Clients ride through the restart as through any Triton restart: they
     reconnect, register their regions again and resend.
 
+    Before ``tritonserver`` starts, :meth:`start` reads each model's backend (its config's
+    ``backend:`` or ``platform:``, else its model file): a model whose backend the server
+    lacks (the embedded one has only the Python backend) fails at once, with the ways
+    forward; ``onnx_via_python`` serves ONNX models through the Python backend instead.
+
     Args:
         model_repository: One model repository, several (each becomes a
             ``--model-repository`` flag), or ``None`` for :data:`EXAMPLE_MODEL_REPOSITORY`.
@@ -362,10 +367,6 @@ class LocalTritonServer:
             Inputs, outputs and ``max_batch_size`` come from the model's ``config.pbtxt``
             where it says them, else from the ONNX graph.
 
-    Before ``tritonserver`` starts, :meth:`start` reads each model's backend (its config's
-    ``backend:`` or ``platform:``, else its model file): a model whose backend the server
-    lacks (the embedded one has only the Python backend) fails at once, with the ways
-    forward.
     """
 
     def __init__(
@@ -584,7 +585,9 @@ class LocalTritonServer:
 
         Raises:
             LocalServerError: If the server exits or does not become ready within
-                ``startup_timeout_s``; the message includes the tail of the server log.
+                ``startup_timeout_s`` (the message includes the tail of the server log), or,
+                before any start, if a model needs a backend the server lacks (the message
+                names it and the ways forward).
         """
         with self._box.lock:
             if self.is_running:
