@@ -11,6 +11,8 @@ generated Python-backend model running onnxruntime. The ONNX models are made her
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -214,3 +216,23 @@ def test_a_server_environment_without_onnxruntime_says_how_to_install_it(tmp_pat
     env = {**install.environ(), "PYTHONPATH": str(shadow.parent)}
     with pytest.raises(LocalServerError, match=r"setup-server --with onnxruntime"):
         onnx_signature(tmp_path / "model.onnx", python=python, env=env)
+
+
+def test_the_guides_commands_are_the_command_lines() -> None:
+    """The own-model guide and the command-line page show commands the parser takes, and the
+    container of the error's command line."""
+    from ray_triton_shm._cli import build_parser
+
+    for page in ("docs/guide/own-model.md", "docs/cli.md"):
+        text = (REPO_ROOT / page).read_text()
+        lines = [
+            line
+            for block in re.findall(r"```bash\n(.*?)```", text, re.S)
+            if "--onnx-via-python" in block
+            for line in block.splitlines()
+        ]
+        commands = [shlex.split(line)[1:] for line in lines if line.startswith("ray-triton-shm ")]
+        parsed = [build_parser().parse_args(words) for words in commands]
+        assert [p.command for p in parsed] == ["setup-server", "serve-local"], page
+        assert parsed[0].packages == ["onnxruntime"] and parsed[1].onnx_via_python, page
+    assert TRITON_CONTAINER_IMAGE in (REPO_ROOT / "docs/guide/own-model.md").read_text()
