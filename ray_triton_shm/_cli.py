@@ -582,7 +582,9 @@ def build_parser() -> argparse.ArgumentParser:
         "example models on the embedded one) through plain gRPC and TritonSHMClient at each "
         "--concurrency level (with --ray: ShmModel from caller processes, Serve and Ray Data), "
         "beside HTTP, tritonclient's shm utilities by hand and a memcpy floor; print requests/s, "
-        "latency percentiles and CPU, the goals, and the pool_size recommended per model.",
+        "latency percentiles and CPU, the goals, a verdict per choice and caller count, and "
+        "per model the pool-size answers (pool_size_for_throughput, elastic_pool, "
+        "pool_size_for_rate).",
     )
     from ray_triton_shm._bench import add_arguments as add_bench_arguments
 

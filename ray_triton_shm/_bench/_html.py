@@ -12,8 +12,15 @@ from pathlib import Path
 from typing import Any
 
 from ray_triton_shm._bench._format import num, per_s
-from ray_triton_shm._bench._runner import BenchResults, host_info
-from ray_triton_shm._bench._summary import LOADS, best_cell, speedup_text, summary, verdict
+from ray_triton_shm._bench._runner import POOL_SIZE_FOR_THROUGHPUT, BenchResults, host_info
+from ray_triton_shm._bench._summary import (
+    LOADS,
+    best_cell,
+    speedup_text,
+    summary,
+    verdict,
+    verdicts,
+)
 
 __all__ = ["SECTIONS", "write_report"]
 
@@ -94,14 +101,16 @@ def _sustained(held: bool | None) -> str:
 
 
 def _summary(results: BenchResults, figure: Path | None) -> str:
-    from ray_triton_shm._bench._report import pool_cell
+    from ray_triton_shm._bench._report import pool_size_legend
 
     table = summary(results)
+    bound = results.config.latency_bound_ms
     rows = []
     for model in results.models:
         cells = table.get(model.name, [])
         best = best_cell(cells)
-        rec = model.recommendation()
+        rec = model.recommendation(bound)
+        advice = rec[POOL_SIZE_FOR_THROUGHPUT] if rec else None
         rows.append(
             (
                 _e(model.name),
@@ -109,7 +118,7 @@ def _summary(results: BenchResults, figure: Path | None) -> str:
                 _e(f"{best.choice.name} ({best.choice.api})") if best else "-",
                 _e(speedup_text(best)),
                 _e(best.where) if best else "-",
-                _e(pool_cell(rec)),
+                "-" if advice is None else str(advice["pool_size"]),
             )
         )
     text = (
@@ -119,65 +128,71 @@ def _summary(results: BenchResults, figure: Path | None) -> str:
         "choice ran with (for Ray tasks, 16 callers on ShmModel's default pool, which follows "
         "its load)."
     )
-    return _figure(figure, "speed-up over plain gRPC per model and choice", text) + _table(
-        ("model", "samples/request", "fastest choice", "speed-up", "run", "pool_size"),
-        rows,
-        (0, 2, 4, 5),
+    verdict_rows = [
+        (
+            _e(model),
+            _e(f"{cell.choice.name} ({cell.choice.api})"),
+            str(cell.callers),
+            f'<span class="{_VERDICT_CLASS.get(cell.verdict or "", "")}">{_e(cell.verdict)}</span>',
+            _e(speedup_text(cell)),
+            _e(cell.where),
+        )
+        for model, cells in verdicts(results).items()
+        for cell in cells
+    ]
+    return (
+        _figure(figure, "speed-up over plain gRPC per model and choice", text)
+        + _table(
+            (
+                "model",
+                "samples/request",
+                "fastest choice",
+                "speed-up",
+                "run",
+                POOL_SIZE_FOR_THROUGHPUT,
+            ),
+            rows,
+            (0, 2, 4),
+        )
+        + "<p>Each choice at each number of callers it ran with, against plain gRPC in the "
+        "same set-up: faster or slower only where every round says so, else no measurable "
+        f"difference. {_e(pool_size_legend(bound))}</p>"
+        + _table(
+            ("model", "choice", "callers", "verdict", "speed-up", "run"), verdict_rows, (0, 1, 3, 5)
+        )
     )
 
 
+#: How the report marks a verdict.
+_VERDICT_CLASS = {"faster": "met", "slower": "missed"}
+
+
 def _recommendations(results: BenchResults) -> str:
-    from ray_triton_shm._bench._report import elastic_lines, pool_size_text
+    from ray_triton_shm._bench._report import pool_size_legend, pool_size_lines
 
     items = []
     bound = results.config.latency_bound_ms
     table = summary(results)
     for model in results.models:
-        rec = model.recommendation()
-        if rec is None:
+        lines = pool_size_lines(model, bound)
+        if not lines:
             items.append(f"<li><b>{_e(model.name)}</b>: no shared-memory run posted numbers</li>")
             continue
-        text = f"<b>{_e(model.name)}</b>: "
-        if rec.get("elastic"):
-            text += f"pool_size: {_e(pool_size_text(rec))}. "
-            text += "".join(f"{_e(line[:1].upper() + line[1:])}. " for line in elastic_lines(model))
-        if rec["pool_size"] is not None:
-            shm_mb = num(rec["shm_bytes"] / 1e6, " MB") if rec["shm_bytes"] else "-"
-            text += "A fixed pool at the other loads: " if rec.get("elastic") else ""
-            text += (
-                f"<code>pool_size={rec['pool_size']}</code>: "
-                f"{num(rec['requests_per_s'])} requests/s with {_e(rec['path'])}, "
-                f"{rec['requests_per_s'] / rec['best_requests_per_s']:.0%} of the best "
-                f"measured; the core client at {num(rec['shm_vs_grpc'], 'x')} gRPC's MB/s "
-                f"there; {shm_mb} of /dev/shm."
-            )
+        text = f"<b>{_e(model.name)}</b>:<br>" + "<br>".join(f"{_e(line)}." for line in lines)
         best = best_cell(table.get(model.name, []))
         said = verdict(model.name, best)
         if said is not None:
             sentence = said.partition(": ")[2]
-            text += f" {_e(sentence[:1].upper() + sentence[1:])}."
+            text += f"<br>{_e(sentence[:1].upper() + sentence[1:])}."
         elif best is not None:
             text += (
-                f" Fastest against its gRPC twin: {_e(best.choice.name)} "
+                f"<br>Fastest against its gRPC twin: {_e(best.choice.name)} "
                 f"({_e(best.choice.api)}), {num(best.speedup, 'x')}."
-            )
-        for advice in model.pools_for_rates(bound):
-            pool = advice["pool_size"]
-            grpc = {True: "sustained", False: "not sustained", None: "not run"}
-            text += (
-                f"<br>At {per_s(advice['request_rate'])} requests/s (size the pool for the "
-                "highest rate you serve): "
-                + (f"<code>pool_size={pool}</code>" if pool else "no pool tried sustained it")
-                + f"; plain gRPC {grpc[advice['grpc_sustained']]}."
             )
         items.append(f"<li>{text}</li>")
     return (
-        "<p>pool_size: none needed by default: a pool registered without it follows its load. "
-        "Where that elastic pool ran (the node under load), the size it settled on, beside "
-        "the fixed pools measured at that load; elsewhere, the fewest slots whose "
-        "shared-memory throughput reaches 95% of the best measured, for a fixed pool. With "
-        "<code>--request-rate</code>: per rate, the smallest pool that "
-        f"sustained it{_bound_text(bound)}.</p><ul>{''.join(items)}</ul>"
+        "<p>A pool needs no pool_size by default: a pool registered without it follows its "
+        f"load. {_e(pool_size_legend(bound))}</p><ul>{''.join(items)}</ul>"
     )
 
 

@@ -33,6 +33,9 @@ from ray_triton_shm._bench._ray_paths import (
     POOL_SAMPLE_S,
 )
 from ray_triton_shm._bench._runner import (
+    ELASTIC_POOL,
+    POOL_SIZE_FOR_RATE,
+    POOL_SIZE_FOR_THROUGHPUT,
     RECOMMEND_SHARE,
     BenchResults,
     ModelResult,
@@ -47,13 +50,14 @@ from ray_triton_shm._bench._serve_http import REPLICAS
 from ray_triton_shm._bench._update import UpdateResult
 
 __all__ = ["extra_lines", "make_console", "make_progress", "model_rows", "print_results"]
-__all__ += ["elastic_lines", "pool_cell", "pool_growth", "pool_size_text", "write_json"]
+__all__ += ["elastic_lines", "pool_growth", "pool_size_legend", "pool_size_lines", "rate_text"]
+__all__ += ["throughput_text", "write_json"]
 
 #: The line width when the output is not a terminal (a log keeps long notes on one line).
 _PLAIN_WIDTH = 1000
 _GOAL_STATUS = {True: ("MET", "green"), False: ("MISS", "bold red"), None: ("n/a", "dim")}
 _TEXT_COLUMNS: tuple[str, ...] = ("", "model", "path", "run", "goal", "measured", "check")
-_TEXT_COLUMNS += ("rate", "sustained", "fastest choice", "pool_size")
+_TEXT_COLUMNS += ("rate", "sustained", "fastest choice")
 _STAGES = ("request", "body", "parse", "batched", "model", "top_k", "json")
 
 
@@ -258,44 +262,51 @@ def _held_back(numbers: Mapping[str, Any]) -> str:
     return f" (held back by {limits.replace(',', ', ')})" if limits else ""
 
 
-def pool_size_text(rec: Mapping[str, Any]) -> str:
-    """The pool_size advice in a line: ``"none needed (elastic: settled at 16 slots for 16
-    callers; best fixed measured: 16 slots)"`` where an elastic run ran, else the fewest
-    slots near the best (``"4"``)."""
-    elastic = rec.get("elastic")
-    if not elastic:
-        return "-" if rec["pool_size"] is None else str(rec["pool_size"])
-    loads = "; ".join(
-        f"elastic: settled at {a['settled_slots']} slots for {a['callers']} callers; best "
-        + (f"fixed measured: {a['best_fixed']} slots" if a["best_fixed"] else "fixed: none run")
-        for a in elastic
+def pool_size_legend(bound_ms: float | None) -> str:
+    """What each pool-size answer answers, by its name, as the terminal and the report say
+    it."""
+    return (
+        f"{POOL_SIZE_FOR_THROUGHPUT} = the fewest slots of a fixed pool whose shm throughput "
+        f"reaches {RECOMMEND_SHARE:.0%} of the best in the closed loop (as many callers as "
+        f"slots, at the --concurrency levels); {ELASTIC_POOL} under N callers = the size a "
+        f"pool without pool_size (the default) settled on under that load, beside the fixed "
+        f"pools measured there; {POOL_SIZE_FOR_RATE} = per open-loop request rate, the "
+        f"smallest fixed pool that sustained it{_bound(bound_ms)}."
     )
-    return f"none needed ({loads})"
 
 
-def pool_cell(rec: Mapping[str, Any] | None) -> str:
-    """The summary's pool_size column: ``"none (elastic: 16 for 16 callers)"``, or ``"4"``."""
-    if rec is None:
-        return "-"
-    elastic = rec.get("elastic")
-    if not elastic:
-        return pool_size_text(rec)
-    loads = ", ".join(f"{a['settled_slots']} for {a['callers']} callers" for a in elastic)
-    return f"none (elastic: {loads})"
+def throughput_text(rec: Mapping[str, Any] | None, *, detailed: bool = False) -> str | None:
+    """The closed-loop answer, e.g. ``"pool_size_for_throughput: 4"``; ``detailed``: with its
+    throughput, gRPC's and its /dev/shm (``None``: not measured)."""
+    advice = rec[POOL_SIZE_FOR_THROUGHPUT] if rec else None
+    if advice is None:
+        return None
+    text = f"{POOL_SIZE_FOR_THROUGHPUT}: {advice['pool_size']}"
+    if detailed:
+        share = advice["requests_per_s"] / advice["best_requests_per_s"]
+        shm_mb = num(advice["shm_bytes"] / 1e6, " MB") if advice["shm_bytes"] else "-"
+        text += (
+            f" ({num(advice['requests_per_s'])} req/s with {advice['path']}, {share:.0%} of the "
+            f"best; the core client at {num(advice['shm_vs_grpc'], 'x')} gRPC's MB/s there; "
+            f"{shm_mb} of /dev/shm)"
+        )
+    return text
 
 
 def elastic_lines(model: ModelResult) -> list[str]:
-    """Per load with an elastic run: its pool over time, and its throughput against the
-    fixed pools measured at that load, e.g. ``"16 callers: the elastic pool went 2 -> 16
-    slots within 0.40 s, 16 at the end: 1,234 req/s, 0.98x the best fixed pool (16 slots,
-    1,260 req/s), 1.37x 4 slots (900 req/s)"``."""
-    rec = model.recommendation() or {}
+    """Per load with an elastic run: the size it settled on, its pool over time, and its
+    throughput against the fixed pools measured at that load, e.g. ``"elastic_pool under 16
+    callers: settled at 16 slots (2 -> 16 slots within 0.4 s of load, 16 at the end): 1,234
+    req/s, 0.98x the best fixed pool (16 slots, 1,260 req/s), 1.37x 4 slots (900 req/s)"``."""
     lines = []
-    for advice in rec.get("elastic", ()):
+    for advice in model.elastic():
         run = model.run("shm-model", advice["callers"], ELASTIC)
         growth = pool_growth(run.numbers()) if run else None
-        text = f"{advice['callers']} callers: the elastic pool went {growth or '-'}: "
-        text += f"{num(advice['requests_per_s'])} req/s"
+        text = (
+            f"{ELASTIC_POOL} under {advice['callers']} callers: settled at "
+            f"{advice['settled_slots']} slots ({growth or '-'}): "
+            f"{num(advice['requests_per_s'])} req/s"
+        )
         best = advice["best_fixed"]
         for fixed in sorted(advice["fixed"], key=lambda f: f["slots"] != best):
             ratio = num(_ratio(advice["requests_per_s"], fixed["requests_per_s"]), "x")
@@ -308,24 +319,32 @@ def elastic_lines(model: ModelResult) -> list[str]:
     return lines
 
 
-def _recommendation(model: ModelResult) -> str:
-    rec = model.recommendation()
-    if rec is None:
-        return f"  {model.name}: no shm run posted numbers"
-    lines = []
-    if rec.get("elastic"):
-        lines.append(f"  {model.name}: pool_size: {pool_size_text(rec)}")
-        lines += [f"    {line}" for line in elastic_lines(model)]
-    if rec["pool_size"] is not None:
-        share = rec["requests_per_s"] / rec["best_requests_per_s"]
-        shm_mb = num(rec["shm_bytes"] / 1e6) if rec["shm_bytes"] else "-"
-        where = "    a fixed pool at the other loads:" if lines else f"  {model.name}:"
-        lines.append(
-            f"{where} pool_size {rec['pool_size']} - {num(rec['requests_per_s'])} req/s "
-            f"with {rec['path']} ({share:.0%} of the best); shm-client at "
-            f"{num(rec['shm_vs_grpc'], 'x')} gRPC's MB/s there; {shm_mb} MB of /dev/shm"
-        )
-    return "\n".join(lines)
+def rate_text(rec: Mapping[str, Any] | None, bound_ms: float | None) -> str | None:
+    """The open loop's answer, e.g. ``"pool_size_for_rate (p99 under 50 ms): 1 for 100/s
+    (plain gRPC sustained it too), 4 for 300/s (plain gRPC did not); size the pool for the
+    highest rate you serve"`` (``None``: no open loop ran)."""
+    advice = rec[POOL_SIZE_FOR_RATE] if rec else None
+    if not advice:
+        return None
+    grpc = {True: "plain gRPC sustained it too", False: "plain gRPC did not", None: ""}
+    parts = []
+    for a in advice:
+        rate = f"{per_s(a['request_rate'])}/s"
+        part = f"{a['pool_size']} for {rate}" if a["pool_size"] else f"none tried for {rate}"
+        said = grpc[a["grpc_sustained"]]
+        parts.append(part + (f" ({said})" if said else ""))
+    return (
+        f"{POOL_SIZE_FOR_RATE}{_bound(bound_ms)}: "
+        + ", ".join(parts)
+        + "; size the pool for the highest rate you serve"
+    )
+
+
+def pool_size_lines(model: ModelResult, bound_ms: float | None) -> list[str]:
+    """Every pool-size answer for ``model``, a line each, by its name (none: no shm run)."""
+    rec = model.recommendation(bound_ms)
+    lines = [throughput_text(rec, detailed=True), *elastic_lines(model), rate_text(rec, bound_ms)]
+    return [line for line in lines if line]
 
 
 def _node_load(model: ModelResult) -> str | None:
@@ -465,33 +484,42 @@ def _print_skipped(results: BenchResults, console: Console) -> None:
 
 
 def _print_summary(results: BenchResults, console: Console) -> None:
-    from ray_triton_shm._bench._summary import best_cell, speedup_text, summary, verdict
+    from ray_triton_shm._bench._summary import (
+        best_cell,
+        speedup_text,
+        summary,
+        verdict,
+        verdict_lines,
+    )
 
     table = summary(results)
     bound = results.config.latency_bound_ms
     rows = _table(
-        "model", "samples/request", "fastest choice", "speed-up", "run", "pool_size",
+        "model", "samples/request", "fastest choice", "speed-up", "run", POOL_SIZE_FOR_THROUGHPUT,
         title="Summary",
     )  # fmt: skip
     for model in results.models:
         best = best_cell(table.get(model.name, []))
-        rec = model.recommendation()
+        rec = model.recommendation(bound)
+        advice = rec[POOL_SIZE_FOR_THROUGHPUT] if rec else None
         rows.add_row(
             model.name,
             str(model.case.batch_size) if model.case else "-",
             f"{best.choice.name} ({best.choice.api})" if best else "-",
             speedup_text(best),
             best.where if best else (f"FAILED: {model.error}" if model.error else "-"),
-            pool_cell(rec),
+            "-" if advice is None else str(advice["pool_size"]),
         )
     console.print(
         "speed-up = MB/s over plain gRPC's in the same set-up, with the most callers each choice "
-        "ran with (in brackets: its lowest and highest in a round); pool_size = the fewest "
-        f"slots within {RECOMMEND_SHARE:.0%} of the best shm throughput, or none where an "
-        "elastic pool ran (no pool_size: it follows its load), with the size it settled on.",
+        "ran with (in brackets: its lowest and highest in a round); below the table, each "
+        "choice at each number of callers it ran with: faster or slower only where every round "
+        "says so, else no measurable difference. " + pool_size_legend(bound),
         markup=False,
     )
     _show(console, rows)
+    for line in verdict_lines(results):
+        console.print(line, markup=False)
     _print_skipped(results, console)
     for line in crash_lines(results):
         console.print(line, markup=False)
@@ -503,21 +531,9 @@ def _print_summary(results: BenchResults, console: Console) -> None:
         if said is not None:
             console.print(said, markup=False)
     for model in results.models:
-        advice = [
-            f"{per_s(a['request_rate'])}/s: "
-            + (f"pool_size {a['pool_size']}" if a["pool_size"] else "no pool tried")
-            for a in model.pools_for_rates(bound)
-        ]
-        if advice:
-            rec = model.recommendation()
-            fit = rec["pool_size"] if rec else None
-            most = f"; for the most throughput, pool_size {fit}" if fit else ""
-            console.print(
-                f"{model.name}, open loop{_bound(bound)}: "
-                + "; ".join(advice)
-                + f" (size the pool for the highest rate you serve{most})",
-                markup=False,
-            )
+        rates = rate_text(model.recommendation(bound), bound)
+        if rates is not None:
+            console.print(f"{model.name}, {rates}", markup=False)
     goals = results.goals()
     missed = [(goal, value) for goal, value in goals if goal.met(value) is False]
     if goals:
@@ -612,15 +628,11 @@ def _print_full(results: BenchResults, console: Console) -> None:
     if goals is not None:
         console.print("Goals:")
         _show(console, goals)
-    console.print(
-        f"Recommendation (pool_size: none needed where the elastic pool ran, i.e. no "
-        f"pool_size: the size it settled on beside the fixed pools measured at that load; "
-        f"elsewhere the smallest pool_size, i.e. slots, whose shm throughput reaches "
-        f"{RECOMMEND_SHARE:.0%} of the best measured):\n"
-        + "\n".join(_recommendation(model) for model in results.models)
-        + "\n",
-        markup=False,
-    )
+    console.print("Recommendation, " + pool_size_legend(cfg.latency_bound_ms), markup=False)
+    for model in results.models:
+        lines = pool_size_lines(model, cfg.latency_bound_ms) or ["no shm run posted numbers"]
+        console.print("\n".join(f"  {model.name}: {line}" for line in lines), markup=False)
+    console.print()
 
 
 def _update_lines(update: UpdateResult) -> str:

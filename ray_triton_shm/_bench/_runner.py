@@ -56,6 +56,7 @@ from ray_triton_shm.local._server import LocalTritonServer
 
 __all__ = ["GOALS", "PATHS", "BenchResults", "Goal", "ModelResult", "Progress", "RunResult"]
 __all__ += ["describe_rate_path", "describe_run", "rate_groups", "run_bench", "run_groups"]
+__all__ += ["ELASTIC_POOL", "POOL_SIZE_FOR_RATE", "POOL_SIZE_FOR_THROUGHPUT", "RECOMMEND_SHARE"]
 
 #: Every path, by name: those without Ray, then the Ray paths.
 _CLASSES = {
@@ -77,6 +78,13 @@ RunKey = tuple[str, int, "int | None"]
 _NODE_LOAD_KEYS = {*NODE_LOAD, *NODE_LOAD_FIXED}
 #: The shm throughput a recommended pool reaches, over the best one measured.
 RECOMMEND_SHARE = 0.95
+#: The three pool-size answers, each to a question of its own, by the one name the terminal,
+#: the report and the JSON give it: the fewest slots of a fixed pool near the most
+#: closed-loop throughput; the size the elastic pool (no pool_size) settled on under N
+#: callers; the smallest fixed pool that sustained each open-loop request rate.
+POOL_SIZE_FOR_THROUGHPUT = "pool_size_for_throughput"
+ELASTIC_POOL = "elastic_pool"
+POOL_SIZE_FOR_RATE = "pool_size_for_rate"
 
 
 class Progress:
@@ -367,14 +375,20 @@ class ModelResult:
             )
         return advice
 
-    def recommendation(self) -> dict[str, Any] | None:
-        """The pool_size advice. At the loads with an elastic run, none is needed: ``elastic``
-        (:meth:`elastic`) says what the pool settled on beside the best fixed pool measured.
-        At the other loads (the sweep's levels), ``pool_size``: the smallest whose shm
-        throughput (``shm-client`` or ``shm-model``, as many callers as slots) reaches
-        :data:`RECOMMEND_SHARE` of the best measured there; shm-client's MB/s over gRPC's
-        there, and the ``/dev/shm`` such a pool takes (``None`` for all of these without such
-        runs). ``None`` without any shm run."""
+    def recommendation(self, bound_ms: float | None) -> dict[str, Any] | None:
+        """The pool-size answers, by name (``None`` where none has any run to go on):
+
+        - :data:`POOL_SIZE_FOR_THROUGHPUT`: at the sweep's levels (the loads without an
+          elastic run), the smallest fixed pool whose shm throughput (``shm-client`` or
+          ``shm-model``, as many callers as slots) reaches :data:`RECOMMEND_SHARE` of the
+          best measured there (``pool_size``, ``path``, ``requests_per_s``,
+          ``best_requests_per_s``), shm-client's MB/s over gRPC's there and the ``/dev/shm``
+          such a pool takes; ``None`` without such runs.
+        - :data:`ELASTIC_POOL`: per load with an elastic run (:meth:`elastic`), the size the
+          pool without pool_size settled on, beside the fixed pools measured there.
+        - :data:`POOL_SIZE_FOR_RATE`: per open-loop rate, the smallest pool that sustained it
+          within ``bound_ms`` (:meth:`pools_for_rates`).
+        """
         elastic = self.elastic()
         loads = {advice["callers"] for advice in elastic}
         shm = [
@@ -383,12 +397,10 @@ class ModelResult:
             if r.path in ("shm-client", "shm-model") and r.counts and r.slots == r.concurrency
             if r.concurrency not in loads
         ]
-        if not shm and not elastic:
+        rates = self.pools_for_rates(bound_ms)
+        if not shm and not elastic and not rates:
             return None
-        rec: dict[str, Any] = dict.fromkeys(
-            ("pool_size", "shm_vs_grpc", "shm_bytes", "path", "requests_per_s")
-        )
-        rec["best_requests_per_s"] = None
+        throughput = None
         if shm:
             best = max(rate for rate, _ in shm)
             rate, fit = min(
@@ -396,17 +408,19 @@ class ModelResult:
                 key=lambda pair: (pair[1].concurrency, -pair[0]),
             )
             pool = fit.concurrency
-            rec |= {
+            throughput = {
                 "pool_size": pool,
-                "shm_vs_grpc": mb_ratio(self.run("shm-client", pool), self.run("grpc", pool)),
-                "shm_bytes": fit.extra.get("shm_bytes"),
                 "path": fit.path,
                 "requests_per_s": rate,
                 "best_requests_per_s": best,
+                "shm_vs_grpc": mb_ratio(self.run("shm-client", pool), self.run("grpc", pool)),
+                "shm_bytes": fit.extra.get("shm_bytes"),
             }
-        if elastic:
-            rec["elastic"] = elastic
-        return rec
+        return {
+            POOL_SIZE_FOR_THROUGHPUT: throughput,
+            ELASTIC_POOL: elastic,
+            POOL_SIZE_FOR_RATE: rates,
+        }
 
 
 _METRICS = {
@@ -583,17 +597,14 @@ class BenchResults:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready view: ``runs`` (those that posted numbers; ``disturbed``: what
-        happened to Triton meanwhile, which keeps them from every verdict) and
+        happened to Triton meanwhile, which keeps them from every verdict), ``verdicts`` and
         ``recommendations`` first."""
+        from ray_triton_shm._bench._summary import verdicts_json  # it imports this module
+
         bound = self.config.latency_bound_ms
-        recommendations = {}
-        for m in self.models:
-            rec = m.recommendation()
-            if rec is not None and m.rate_runs:
-                rec["for_rates"] = m.pools_for_rates(bound)
-            recommendations[m.name] = rec
+        recommendations = {m.name: m.recommendation(bound) for m in self.models}
         return {
-            "schema": "ray-triton-shm-bench/2",
+            "schema": "ray-triton-shm-bench/3",
             "runs": [
                 {"model": m.name, "path": r.path, "concurrency": r.concurrency, "slots": r.slots}
                 | r.numbers()
@@ -602,6 +613,7 @@ class BenchResults:
                 for r in m.runs
                 if r.ok
             ],
+            "verdicts": verdicts_json(self),
             "recommendations": {name: r for name, r in recommendations.items() if r},
             "rate_runs": [
                 {"model": m.name, "path": r.path, "slots": r.slots, "rate_spec": r.rate_spec}

@@ -1,5 +1,7 @@
 """The bench's answer in a few numbers: for each model, how much faster each choice a user
-makes is than plain gRPC in the same set-up, at low load and under load, beside the goals.
+makes is than plain gRPC in the same set-up, at every number of callers it ran with
+(:func:`verdicts`) and, in short, at low load and under load (:func:`summary`), beside the
+goals.
 
 The terminal summary, the summary figure (:mod:`._figures`) and the report (:mod:`._html`)
 all read it from here.
@@ -10,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ray_triton_shm._bench._config import NODE_LOAD, SERVE_HTTP_CLIENTS
+from ray_triton_shm._bench._config import ELASTIC
 from ray_triton_shm._bench._format import num
 from ray_triton_shm._bench._runner import (
     GOALS,
@@ -24,75 +26,44 @@ from ray_triton_shm._bench._runner import (
 )
 
 __all__ = ["CHOICES", "LOADS", "Cell", "Choice", "best_cell", "summary", "verdict"]
+__all__ += ["speedup_text", "verdict_lines", "verdict_text", "verdicts", "verdicts_json"]
 
 #: The two loads of the summary: one caller, and the most callers the choice ran with.
 LOADS = ("low load", "under load")
-#: A run by ``(path, concurrency, slots)``; ``None`` for a level filled in from the run.
-_Key = tuple[str, Any, Any]
+#: Slots as many as callers, for a run's ``slots`` in :attr:`Choice.runs`.
+_AS_MANY = "callers"
 
 
 @dataclasses.dataclass(frozen=True)
 class Choice:
-    """A way to use the library, and the plain gRPC set-up it replaces: per load, candidate
-    ``(run, baseline)`` pairs, the first that both ran taken (``"max"``: the highest
-    ``--concurrency`` level, ``"callers"``: ``--ray-callers``)."""
+    """A way to use the library, and the plain gRPC set-up it replaces: ``runs``, the
+    ``(path, baseline path, slots)`` of its runs, each against the baseline's run at the same
+    number of callers; where two fit one caller count, the first (slots ``"callers"``: as
+    many as callers, ``None``: any)."""
 
     name: str
     api: str
-    pairs: dict[str, tuple[tuple[_Key, _Key], ...]]
+    runs: tuple[tuple[str, str, Any], ...]
 
 
-_HTTP_LOW, _HTTP_LOAD = min(SERVE_HTTP_CLIENTS), max(SERVE_HTTP_CLIENTS)
-_NODE_SHM, _NODE_GRPC = NODE_LOAD
 CHOICES: tuple[Choice, ...] = (
-    Choice(
-        "core client",
-        "TritonSHMClient",
-        {
-            LOADS[0]: ((("shm-client", 1, 1), ("grpc", 1, None)),),
-            LOADS[1]: ((("shm-client", "max", "max"), ("grpc", "max", None)),),
-        },
-    ),
+    Choice("core client", "TritonSHMClient", (("shm-client", "grpc", _AS_MANY),)),
     Choice(
         "Ray tasks",
         "ShmModel",
-        {
-            LOADS[0]: ((("shm-model", 1, 1), ("grpc-procs", 1, None)),),
-            LOADS[1]: (
-                (_NODE_SHM, (_NODE_GRPC[0], _NODE_GRPC[1], None)),
-                (("shm-model", "max", "max"), ("grpc-procs", "max", None)),
-            ),
-        },
+        (("shm-model", "grpc-procs", ELASTIC), ("shm-model", "grpc-procs", _AS_MANY)),
     ),
-    Choice(
-        "Serve (handles)",
-        "ShmModel in a replica",
-        {LOADS[1]: ((("serve-shm", "callers", None), ("serve-grpc", "callers", None)),)},
-    ),
-    Choice(
-        "Serve over HTTP",
-        "the example app",
-        {
-            LOADS[0]: (
-                (("serve-http-shm", _HTTP_LOW, None), ("serve-http-grpc", _HTTP_LOW, None)),
-            ),
-            LOADS[1]: (
-                (("serve-http-shm", _HTTP_LOAD, None), ("serve-http-grpc", _HTTP_LOAD, None)),
-            ),
-        },
-    ),
-    Choice(
-        "Ray Data",
-        "ShmPredictor",
-        {LOADS[1]: ((("data-shm", "callers", None), ("data-grpc", "callers", None)),)},
-    ),
+    Choice("Serve (handles)", "ShmModel in a replica", (("serve-shm", "serve-grpc", None),)),
+    Choice("Serve over HTTP", "the example app", (("serve-http-shm", "serve-http-grpc", None),)),
+    Choice("Ray Data", "ShmPredictor", (("data-shm", "data-grpc", None),)),
 )
 
 
 @dataclasses.dataclass(frozen=True)
 class Cell:
     """One choice at one load on one model: its run and gRPC's, the speed-up (MB/s over
-    gRPC's, ``None``: not measured), and the goal on it, if any, with whether it was met."""
+    gRPC's, ``None``: not measured), and the goal on it, if any, with whether it was met
+    (``load``: one of :data:`LOADS` in :func:`summary`, ``""`` in :func:`verdicts`)."""
 
     choice: Choice
     load: str
@@ -103,6 +74,11 @@ class Cell:
     met: bool | None = None
     #: The lowest and highest speed-up of a round (``None``: fewer than two rounds).
     spread: tuple[float, float] | None = None
+
+    @property
+    def callers(self) -> int | None:
+        """The callers at once of its run (``None``: not measured)."""
+        return self.run.concurrency if self.run else None
 
     @property
     def verdict(self) -> str | None:
@@ -132,12 +108,6 @@ class Cell:
         return describe_run(self.run.path, self.run.concurrency, self.run.slots) if self.run else ""
 
 
-def _resolve(key: _Key, results: BenchResults) -> tuple[str, int | None, int | None]:
-    levels = {"max": max(results.config.concurrency), "callers": results.config.ray_callers}
-    path, concurrency, slots = key
-    return path, levels.get(concurrency, concurrency), levels.get(slots, slots)
-
-
 def _matches(goal_key: tuple[Any, ...], run: RunResult) -> bool:
     """Whether a goal's ``(path, concurrency, slots)`` (the last two optional) names ``run``."""
     mine = (run.path, run.concurrency, run.slots)
@@ -153,30 +123,93 @@ def _goal(model: ModelResult, run: RunResult, baseline: RunResult) -> Goal | Non
     return None
 
 
+def _cells(model: ModelResult, choice: Choice) -> list[Cell]:
+    """``choice`` on ``model``, a cell per number of callers it ran with (runs that count,
+    against a baseline that counts), by callers."""
+    cells: dict[int, Cell] = {}
+    for path, base_path, slots in choice.runs:
+        for run in model.runs:
+            if run.path != path or run.concurrency in cells or not run.counts:
+                continue
+            if slots is not None and run.slots != (run.concurrency if slots == _AS_MANY else slots):
+                continue
+            base = model.run(base_path, run.concurrency)
+            if base is None or not base.counts:
+                continue
+            goal = _goal(model, run, base)
+            speedup = mb_ratio(run, base)
+            met = goal.met(speedup) if goal is not None else None
+            spread = mb_ratio_spread(run, base)
+            cells[run.concurrency] = Cell(choice, "", run, base, speedup, goal, met, spread)
+    return [cells[callers] for callers in sorted(cells)]
+
+
+def verdicts(results: BenchResults) -> dict[str, list[Cell]]:
+    """Per model (those with numbers), a cell per choice and number of callers it ran with,
+    in :data:`CHOICES` order, then by callers: the verdict at every load."""
+    return {
+        model.name: [cell for choice in CHOICES for cell in _cells(model, choice)]
+        for model in results.models
+        if any(r.counts for r in model.runs)
+    }
+
+
 def summary(results: BenchResults) -> dict[str, list[Cell]]:
     """Per model (those with numbers), a cell per choice and load, in :data:`CHOICES` and
-    :data:`LOADS` order."""
+    :data:`LOADS` order: at one caller, and at the most callers the choice ran with."""
     table: dict[str, list[Cell]] = {}
-    for model in results.models:
-        if not any(r.counts for r in model.runs):
-            continue
-        cells = []
+    for name, cells in verdicts(results).items():
+        row = []
         for choice in CHOICES:
-            for load in LOADS:
-                cell = Cell(choice, load)
-                for run_key, base_key in choice.pairs.get(load, ()):
-                    run = model.run(*_resolve(run_key, results))
-                    base = model.run(*_resolve(base_key, results))
-                    if run is not None and run.counts and base is not None and base.counts:
-                        goal = _goal(model, run, base)
-                        speedup = mb_ratio(run, base)
-                        met = goal.met(speedup) if goal is not None else None
-                        spread = mb_ratio_spread(run, base)
-                        cell = Cell(choice, load, run, base, speedup, goal, met, spread)
-                        break
-                cells.append(cell)
-        table[model.name] = cells
+            mine = [cell for cell in cells if cell.choice == choice]
+            one = next((cell for cell in mine if cell.callers == 1), None)
+            for load, cell in zip(LOADS, (one, mine[-1] if mine else None)):
+                row.append(
+                    Cell(choice, load) if cell is None else dataclasses.replace(cell, load=load)
+                )
+        table[name] = row
     return table
+
+
+def verdict_text(cell: Cell) -> str:
+    """A cell's verdict at its callers, e.g. ``"slower at 1 caller, 0.89x (0.85-0.93x)"``."""
+    callers = f"{cell.callers} caller{'s' * (cell.callers != 1)}"
+    return f"{cell.verdict} at {callers}, {speedup_text(cell)}"
+
+
+def verdict_lines(results: BenchResults) -> list[str]:
+    """A line per model and choice: its verdict against plain gRPC at each number of callers
+    it ran with, e.g. ``"identity, core client vs plain gRPC: slower at 1 caller, 0.89x
+    (0.85-0.93x); faster at 4 callers, 1.30x (1.20-1.40x)"``."""
+    lines = []
+    for model, cells in verdicts(results).items():
+        for choice in CHOICES:
+            mine = [verdict_text(cell) for cell in cells if cell.choice == choice]
+            if mine:
+                lines.append(f"{model}, {choice.name} vs plain gRPC: " + "; ".join(mine))
+    return lines
+
+
+def verdicts_json(results: BenchResults) -> dict[str, list[dict[str, Any]]]:
+    """:func:`verdicts` for the JSON: per model, a dict per choice and number of callers."""
+    return {
+        model: [
+            {
+                "choice": cell.choice.name,
+                "api": cell.choice.api,
+                "callers": cell.callers,
+                "verdict": cell.verdict,
+                "speedup": cell.speedup,
+                "spread": list(cell.spread) if cell.spread else None,
+                "run": cell.where,
+                "baseline": describe_run(cell.baseline.path, cell.baseline.concurrency)
+                if cell.baseline
+                else None,
+            }
+            for cell in cells
+        ]
+        for model, cells in verdicts(results).items()
+    }
 
 
 def verdict(model: str, best: Cell | None) -> str | None:
@@ -187,13 +220,15 @@ def verdict(model: str, best: Cell | None) -> str | None:
     spread = f", {best.spread_text}" if best.spread_text else ""
     if best.verdict == "slower":
         return (
-            f"{model}: no choice beat plain gRPC ({num(best.speedup, 'x')} at best{spread}): "
-            "requests this small gain nothing from shared memory here"
+            f"{model}: no choice beat plain gRPC {best.load} ({num(best.speedup, 'x')} at "
+            f"best, {best.where}{spread}): requests this small gain nothing from shared memory "
+            "here"
         )
     return (
-        f"{model}: no measurable difference from plain gRPC: the fastest choice, "
-        f"{best.choice.name}, came out at {num(best.speedup, 'x')}{spread}, faster in some "
-        "rounds and slower in others; more --rounds tell them apart, if anything does"
+        f"{model}: no measurable difference from plain gRPC {best.load}: the fastest choice, "
+        f"{best.choice.name}, came out at {num(best.speedup, 'x')} ({best.where}{spread}), "
+        "faster in some rounds and slower in others; more --rounds tell them apart, if "
+        "anything does"
     )
 
 
