@@ -82,8 +82,8 @@ def _printed(results: BenchResults) -> str:
 
 
 def _check_contract(data: dict[str, Any], models: set[str]) -> None:
-    """The JSON contract of the issue: runs with throughput and ordered percentiles, and a
-    recommendation per model."""
+    """The JSON contract of the issue: runs with throughput and ordered percentiles, a
+    verdict per choice and caller count, and a recommendation per model."""
     assert {run["model"] for run in data["runs"]} == models
     for run in data["runs"]:
         where = f"{run['model']}/{run['path']}@{run['concurrency']}"
@@ -93,11 +93,20 @@ def _check_contract(data: dict[str, Any], models: set[str]) -> None:
             assert isinstance(run[key], float) and run[key] > 0, (where, key)
         latency = run["latency_ms"]
         assert 0 < latency["p50"] <= latency["p90"] <= latency["p99"], (where, latency)
+    assert set(data["verdicts"]) == models
+    for model, verdicts in data["verdicts"].items():
+        levels = {run["concurrency"] for run in data["runs"] if run["model"] == model}
+        core = [v for v in verdicts if v["choice"] == "core client"]
+        assert [v["callers"] for v in core] == sorted(levels & {1, 4}), model
+        for v in verdicts:
+            assert v["verdict"] in ("faster", "slower", "no measurable difference"), v
+            assert v["speedup"] > 0 and (v["spread"] is None or len(v["spread"]) == 2), v
     assert set(data["recommendations"]) == models
     for model, rec in data["recommendations"].items():
-        assert isinstance(rec["pool_size"], int) and rec["pool_size"] >= 1, model
-        assert isinstance(rec["shm_vs_grpc"], float) and rec["shm_vs_grpc"] > 0, model
-        assert isinstance(rec["shm_bytes"], int) and rec["shm_bytes"] > 0, model
+        fixed = rec["pool_size_for_throughput"]
+        assert isinstance(fixed["pool_size"], int) and fixed["pool_size"] >= 1, model
+        assert isinstance(fixed["shm_vs_grpc"], float) and fixed["shm_vs_grpc"] > 0, model
+        assert isinstance(fixed["shm_bytes"], int) and fixed["shm_bytes"] > 0, model
 
 
 def test_bench_quick_json_has_every_model_and_path(
@@ -161,7 +170,7 @@ def test_bench_quick_json_has_every_model_and_path(
         assert set(data["rate_limits"][model]) == {
             "grpc", "shm-client (pool 1)", "shm-client (pool 4)"
         }  # fmt: skip
-        advice = data["recommendations"][model]["for_rates"]
+        advice = data["recommendations"][model]["pool_size_for_rate"]
         assert [a["request_rate"] for a in advice] == sorted(a["request_rate"] for a in advice)
         assert all(a["pool_size"] in (None, 1, 4) for a in advice) and len(advice) == 2
     assert {r["model"] for r in data["rate_runs"]} == {"identity", "classifier"}
@@ -169,12 +178,13 @@ def test_bench_quick_json_has_every_model_and_path(
 
     # --full: every table, then the summary; the summary alone is a few lines.
     assert "shm-client (4 callers)" in stdout and "Goals" in stdout
-    assert "Recommendation" in stdout and "identity: pool_size" in stdout
+    assert "Recommendation" in stdout and "identity: pool_size_for_throughput: " in stdout
     assert "identity: open loop" in stdout and "shm-client (pool 4)" in stdout
     summary = stdout[stdout.index("speed-up = MB/s over plain gRPC") :]
-    assert len(summary.splitlines()) < 32, summary
+    assert len(summary.splitlines()) < 40, summary  # with a verdict line per model and choice
     assert re.search(r"\nclassifier +8 +core client \(TritonSHMClient\) +\d", summary), summary
-    assert "classifier, open loop (p99 under 100 ms): " in summary
+    assert "classifier, pool_size_for_rate (p99 under 100 ms): " in summary
+    assert "identity, core client vs plain gRPC: " in summary  # a verdict per caller count
     assert "skipped: memcpy on upper-short, upper-long: BYTES tensors have no fixed-size" in summary
     assert "Goals: " in summary
     page = report_path.read_text()
@@ -323,13 +333,14 @@ def test_the_recommendation_is_the_fewest_slots_near_the_best() -> None:
         _run("grpc", 4, None, 200), _run("shm-client", 4, 4, 392, shm_bytes=40),
         _run("shm-model", 8, 8, 400, shm_bytes=80), _run("shm-model", 16, 4, 1000),
     ])  # fmt: skip
-    rec = model.recommendation()
+    rec = model.recommendation(None)
     assert rec is not None
+    fixed = rec["pool_size_for_throughput"]
     # 392 is 98% of 400 (16 callers on 4 slots is not a pool of 16).
-    assert (rec["pool_size"], rec["path"], rec["shm_bytes"]) == (4, "shm-client", 40)
-    assert rec["shm_vs_grpc"] == pytest.approx(392 / 200)
-    assert "elastic" not in rec
-    assert ModelResult("m", runs=[_run("grpc", 1, None, 100)]).recommendation() is None
+    assert (fixed["pool_size"], fixed["path"], fixed["shm_bytes"]) == (4, "shm-client", 40)
+    assert fixed["shm_vs_grpc"] == pytest.approx(392 / 200)
+    assert rec["elastic_pool"] == [] and rec["pool_size_for_rate"] == []
+    assert ModelResult("m", runs=[_run("grpc", 1, None, 100)]).recommendation(None) is None
 
 
 #: An elastic run's own numbers: its pool grew from 2 to 16 slots 0.4 s into its load.
@@ -356,9 +367,9 @@ def test_the_advice_under_load_is_the_elastic_pools_size_beside_the_best_fixed()
     # The runs are found by their slots: a fixed pool of 4 is not the elastic run.
     assert model.run("shm-model", 16, 4) is model.runs[6]
     assert model.run("shm-model", 16, ELASTIC) is model.runs[4]
-    rec = model.recommendation()
+    rec = model.recommendation(None)
     assert rec is not None
-    assert rec["elastic"] == [
+    assert rec["elastic_pool"] == [
         {
             "callers": 16,
             "settled_slots": 16,
@@ -375,20 +386,16 @@ def test_the_advice_under_load_is_the_elastic_pools_size_beside_the_best_fixed()
         }
     ]
     # The sweep's levels keep their advice (the fixed pool of 16 ran at the elastic's load).
-    assert (rec["pool_size"], rec["path"]) == (4, "shm-client")
+    fixed = rec["pool_size_for_throughput"]
+    assert (fixed["pool_size"], fixed["path"]) == (4, "shm-client")
     printed = _printed(BenchResults(BenchConfig(models=("m",)), [model], "embedded", 1.0))
     assert (
-        "m: pool_size: none needed (elastic: settled at 16 slots for 16 callers; best fixed "
-        "measured: 16 slots)" in printed
-    )
-    assert (
-        "16 callers: the elastic pool went 2 -> 16 slots within 0.4 s of load, 16 at the end: "
-        "1,008 req/s, 0.984x the best fixed pool (16 slots, 1,024 req/s), 1.57x 4 slots (640 req/s)"
+        "m: elastic_pool under 16 callers: settled at 16 slots (2 -> 16 slots within 0.4 s of "
+        "load, 16 at the end): 1,008 req/s, 0.984x the best fixed pool (16 slots, 1,024 req/s), "
+        "1.57x 4 slots (640 req/s)"
     ) in printed
-    assert "a fixed pool at the other loads: pool_size 4 - 392 req/s with shm-client" in printed
-    summary_row = (
-        r"\nm +- +Ray tasks \(ShmModel\) .*elastic pool\) +none \(elastic: 16 for 16 callers\)"
-    )
+    assert "m: pool_size_for_throughput: 4 (392 req/s with shm-client, 100% of the best" in printed
+    summary_row = r"\nm +- +Ray tasks \(ShmModel\) .*elastic pool\) +4\n"
     assert re.search(summary_row, printed), printed
     assert "the elastic pool: 2 -> 16 slots within 0.4 s of load, 16 at the end" in printed
     # The goals of the node under load find each of the three runs by its slots.

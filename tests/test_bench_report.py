@@ -3,6 +3,9 @@ the HTML report (in headless Chromium, on a wide and a narrow window)."""
 
 from __future__ import annotations
 
+import io
+import json
+import re
 import threading
 import time
 from pathlib import Path
@@ -10,13 +13,23 @@ from pathlib import Path
 import numpy as np
 import pytest
 from _helpers import browse
+from rich.console import Console
 
 from ray_triton_shm._bench._cases import ModelCase
 from ray_triton_shm._bench._config import ELASTIC, BenchConfig
 from ray_triton_shm._bench._figures import curves_path, write_figures
 from ray_triton_shm._bench._html import SECTIONS, write_report
 from ray_triton_shm._bench._paths import OpenLoop, arrival_times, run_open_loop
-from ray_triton_shm._bench._runner import BenchResults, ModelResult, RunResult, rate_groups
+from ray_triton_shm._bench._report import print_results, write_json
+from ray_triton_shm._bench._runner import (
+    ELASTIC_POOL,
+    POOL_SIZE_FOR_RATE,
+    POOL_SIZE_FOR_THROUGHPUT,
+    BenchResults,
+    ModelResult,
+    RunResult,
+    rate_groups,
+)
 from ray_triton_shm._bench._summary import best_cell, summary
 from ray_triton_shm._cli import main
 from ray_triton_shm._specs import TensorSpec
@@ -203,12 +216,120 @@ def test_the_figures_and_the_report_read_well_wide_and_narrow(tmp_path: Path) ->
         # Nothing wider than the window: the figures shrink, wide tables scroll in their box.
         assert all(i["width"] <= seen["viewport"] for i in seen["images"]), seen
         assert seen["page_width"] <= seen["viewport"], seen
-    assert "pool_size=4" in page and "no such model" in page
+    assert "pool_size_for_throughput: 4 (800 req/s with shm-client" in page
+    assert "no such model" in page
     # Under load the pool needs no size: the one it settled on, beside the fixed pools.
     assert (
-        "pool_size: none needed (elastic: settled at 16 slots for 16 callers; best fixed "
-        "measured: 16 slots)" in page
-    )
-    assert "16 callers: the elastic pool went 2 -&gt; 16 slots within 0.4 s of load" in page
-    assert "none (elastic: 16 for 16 callers)" in page  # the summary's pool_size
+        "elastic_pool under 16 callers: settled at 16 slots (2 -&gt; 16 slots within 0.4 s of "
+        "load, 16 at the end): 960 req/s, 0.968x the best fixed pool (16 slots, 992 req/s)"
+    ) in page
     assert "shm-client (pool 4)" in page and "MISSED" not in page.split('id="goals"')[0]
+
+
+def _rounds(path: str, level: int, slots: int | None, rates: tuple[float, ...]) -> RunResult:
+    """A run of a second per round, at each of ``rates`` requests per second."""
+    run = RunResult(path, level, slots, _CASE, verified=True)
+    for rate in rates:
+        run.add(1.0, 0.1, None, [[0.001] * int(rate / level)] * level)
+    return run
+
+
+def _printed(results: BenchResults) -> tuple[str, str]:
+    """What ``bench --full`` prints for ``results`` when stdout is not a terminal: all of it,
+    and its summary."""
+    out = io.StringIO()
+    print_results(results, Console(file=out, width=1000), full=True)
+    printed = out.getvalue()
+    return printed, printed[printed.index("speed-up = MB/s over plain gRPC") :]
+
+
+def test_a_loss_at_one_caller_shows_in_the_summary_the_report_and_the_json(
+    tmp_path: Path,
+) -> None:
+    """The issue's case: no measurable difference under load, while at one caller plain gRPC
+    beat the core client in every round. Each caller count gets its verdict (a disturbed run
+    none), in the terminal's summary, the report's and the JSON."""
+    runs = [
+        _rounds("grpc", 1, None, (872, 880, 865, 870)),
+        _rounds("shm-client", 1, 1, (779, 770, 790, 781)),
+        _rounds("grpc", 2, None, (1000, 1000, 1000, 1000)),
+        _rounds("shm-client", 2, 2, (2000, 2000, 2000, 2000)),
+        _rounds("grpc", 4, None, (1500, 1520, 1480, 1500)),
+        _rounds("shm-client", 4, 4, (1560, 1440, 1540, 1480)),
+    ]
+    runs[3].disturbed = "Triton crashed (signal 6) during this run"
+    config = BenchConfig(models=("identity",), concurrency=(1, 2, 4))
+    results = BenchResults(config, [ModelResult("identity", _CASE, runs)], "embedded", 1.0)
+
+    full, summary_text = _printed(results)
+    loss = "slower at 1 caller, 0.895x (0.875-0.913x)"
+    even = "no measurable difference at 4 callers, 1.00x (0.947-1.04x)"
+    assert f"identity, core client vs plain gRPC: {loss}; {even}\n" in summary_text, full
+    assert "at 2 callers" not in full  # disturbed: no verdict
+    # The fastest choice under load still reads as it did, its load named.
+    assert "identity: no measurable difference from plain gRPC under load: " in summary_text
+
+    page = write_report(results, tmp_path / "report.html").read_text()
+    summary_html = page[page.index('id="summary"') : page.index('id="crashes"')]
+    assert re.search(
+        r"<td class=\"text\">identity</td><td class=\"text\">core client \(TritonSHMClient\)"
+        r"</td><td>1</td><td class=\"text\"><span class=\"missed\">slower</span></td>"
+        r"<td>0.895x \(0.875-0.913x\)</td>",
+        summary_html,
+    ), summary_html
+    assert "no measurable difference</span></td><td>1.00x (0.947-1.04x)</td>" in summary_html
+
+    data = json.loads(write_json(results, tmp_path / "bench.json").read_text())
+    verdicts = data["verdicts"]["identity"]
+    assert [(v["choice"], v["callers"], v["verdict"]) for v in verdicts] == [
+        ("core client", 1, "slower"),
+        ("core client", 4, "no measurable difference"),
+    ]
+    assert verdicts[0]["api"] == "TritonSHMClient"
+    assert verdicts[0]["speedup"] == pytest.approx(3120 / 3487)
+    assert verdicts[0]["spread"] == pytest.approx([770 / 880, 790 / 865])
+    assert (verdicts[0]["run"], verdicts[0]["baseline"]) == (
+        "shm-client (1 caller)",
+        "grpc (1 caller)",
+    )
+
+
+def test_each_pool_size_answer_has_one_name_in_the_terminal_the_report_and_the_json(
+    tmp_path: Path,
+) -> None:
+    """Three questions, three answers, each by its one name: the fixed pool for the most
+    closed-loop throughput, the elastic pool's size under 16 callers, the pool per rate."""
+    results = _results(tmp_path)
+    full, summary_text = _printed(results)
+    page = write_report(results, tmp_path / "report.html").read_text()
+    data = json.loads(write_json(results, tmp_path / "bench.json").read_text())
+
+    rec = data["recommendations"]["classifier"]
+    assert set(rec) == {POOL_SIZE_FOR_THROUGHPUT, ELASTIC_POOL, POOL_SIZE_FOR_RATE}
+    assert rec[POOL_SIZE_FOR_THROUGHPUT]["pool_size"] == 4
+    assert [(a["callers"], a["settled_slots"]) for a in rec[ELASTIC_POOL]] == [(16, 16)]
+    assert [(a["request_rate"], a["pool_size"]) for a in rec[POOL_SIZE_FOR_RATE]] == [
+        (100, 1),
+        (300, 4),
+    ]
+    assert data["recommendations"]["identity"][ELASTIC_POOL] == []  # no node under load
+    assert "broken" not in data["recommendations"]
+    answers = {
+        POOL_SIZE_FOR_THROUGHPUT: "pool_size_for_throughput: 4",
+        ELASTIC_POOL: "elastic_pool under 16 callers: settled at 16 slots",
+        POOL_SIZE_FOR_RATE: "pool_size_for_rate (p99 under 50 ms): 1 for 100/s (plain gRPC "
+        "sustained it too), 4 for 300/s (plain gRPC did not)",
+    }
+    recommendations = page[page.index('id="recommendations"') : page.index('id="request-rate"')]
+    for name, answer in answers.items():
+        assert answer.startswith(name)
+        assert f"classifier: {answer}" in full, (name, full)
+        assert answer in recommendations, (name, recommendations)
+        # Each name is said in the summaries too, where it is explained.
+        assert f"{name} " in summary_text and name in page[: page.index('id="crashes"')]
+    # The summary: the elastic pool's and the open loop's lines, and the fixed pool in its
+    # table, under the same name; no other name for a pool size.
+    assert f"classifier, {answers[ELASTIC_POOL]}" in summary_text
+    assert f"classifier, {answers[POOL_SIZE_FOR_RATE]}" in summary_text
+    assert re.search(r"\nclassifier +1 +Ray tasks .* 4\n", summary_text), summary_text
+    assert "none needed" not in full + page and "for_rates" not in json.dumps(data)

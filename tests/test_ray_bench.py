@@ -124,21 +124,24 @@ def test_bench_ray_quick_json_has_every_ray_path_verified(
         for path in ("serve-shm", "data-shm"):
             if (model, path, 4, None) in runs:
                 assert runs[(model, path, 4, None)]["node_actor_cpu_us"] is not None, path
-        # The advice: at the sweep's levels a fixed pool; under load, none needed: the size
-        # the elastic pool settled on, beside the best fixed pool measured there.
+        # The answers: pool_size_for_throughput at the sweep's levels; under load the
+        # elastic_pool, the size it settled on beside the best fixed pool measured there.
         rec = data["recommendations"][model]
-        assert rec["pool_size"] in (1, 4)
-        (advice,) = rec["elastic"]
+        assert rec["pool_size_for_throughput"]["pool_size"] in (1, 4)
+        (advice,) = rec["elastic_pool"]
         assert advice["callers"] == 16 and advice["settled_slots"] == sizes[-1][1]
         assert [f["slots"] for f in advice["fixed"]] == [4, 16]
         best = max(advice["fixed"], key=lambda f: f["requests_per_s"])
         assert advice["best_fixed"] == best["slots"]
         assert advice["vs_best_fixed"] == elastic["requests_per_s"] / best["requests_per_s"]
         assert (
-            f"{model}: pool_size: none needed (elastic: settled at {advice['settled_slots']} "
-            f"slots for 16 callers; best fixed measured: {best['slots']} slots)"
+            f"{model}, elastic_pool under 16 callers: settled at {advice['settled_slots']} "
+            f"slots (2 -> "
         ) in proc.stdout
-        assert f"{model}, 16 callers: the elastic pool went 2 -> " in proc.stdout
+        assert f"the best fixed pool ({best['slots']} slots, " in proc.stdout
+        # Ray tasks get a verdict at every caller count: the sweep's and the node's load.
+        ray_tasks = [v["callers"] for v in data["verdicts"][model] if v["choice"] == "Ray tasks"]
+        assert ray_tasks == [1, 4, 16], ray_tasks
     assert data["models"]["identity"]["skipped"] == {
         "http@1": "no HTTP endpoint given: pass Triton's as --http-url HOST:PORT",
         **{
