@@ -119,7 +119,9 @@ def test_bench_ray_quick_json_has_every_ray_path_verified(
         assert [t for t, _ in sizes] == sorted(t for t, _ in sizes)
         assert 2 < elastic["pool_size_max"] <= 16 and elastic["pool_grows"] >= 1, sizes
         assert [elastic["pool_size_max_s"], elastic["pool_size_max"]] in sizes
-        assert elastic["pool_size_settled"] == sizes[-1][1] and elastic["limited_by"] == ""
+        assert elastic["pool_size_settled"] == sizes[-1][1]
+        # Nothing held it back (waits shorter than upscale_delay_s may be said).
+        assert elastic["limited_by"] in ("", "upscale_delay_s"), elastic["limited_by"]
         assert elastic["shm_bytes"] > 0 and elastic["warmup_requests_per_s"] > 0
         for path in ("serve-shm", "data-shm"):
             if (model, path, 4, None) in runs:

@@ -995,6 +995,7 @@ def run_bench(config: BenchConfig, *, progress: Progress | None = None) -> Bench
                 target = BenchTarget(
                     config.url, config.http_url, reconnect_timeout_s=config.reconnect_timeout_s
                 )
+                watch.probe()
             session = None
             if any(issubclass(PATHS[name], RayPath) for name in config.paths):
                 progress.stage("starting Ray")

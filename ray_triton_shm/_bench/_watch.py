@@ -102,6 +102,14 @@ class TritonWatch:
         self.gone: str | None = None
         #: The run in progress, as the report names it.
         self.run = ""
+        #: Whether Triton was ever seen up (the embedded one is, once started).
+        self.reached = supervised
+
+    def probe(self) -> bool:
+        """Asks whether Triton is up now; once it was, a later failure to reach it is an
+        outage (:attr:`reached`)."""
+        self.reached = self.reached or self._is_live()
+        return self.reached
 
     def follow(self, live: Callable[[], bool]) -> None:
         """From now on, ``live`` says whether Triton is up (the embedded server's process,
@@ -166,8 +174,8 @@ class TritonWatch:
                     self.gone = f"Triton was not back within {_RESTART_WAIT_S:g} s of a crash"
             self.raise_if_gone()
             return
-        if self._is_live():
-            return
+        if not self.reached or self._is_live():
+            return  # never reached: the failure is the answer, not an outage
         outage = Outage(time.time(), None, self.run, "it did not answer ServerLive")
         with self._lock:
             self.outages.append(outage)
