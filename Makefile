@@ -9,7 +9,7 @@ PYTHON ?= python3
 VENV := .venv
 export RAY_TRITON_SHM_SERVER_ENV ?= $(CURDIR)/.triton-env
 
-.PHONY: bench test test-gpu newcomer serve lint docs browser prometheus grafana clean
+.PHONY: bench test test-quick test-gpu newcomer serve lint docs browser prometheus grafana clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,11 @@ bench: $(VENV)/.installed
 
 test: $(VENV)/.installed browser prometheus
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+# The quick tier, while editing (under a minute): tests/unit/, the logic and the files that
+# need no server. One test: make test PYTEST_ARGS="tests/test_client.py -k lease".
+test-quick: $(VENV)/.installed
+	$(VENV)/bin/python -m pytest tests/unit $(PYTEST_ARGS)
 
 # The GPU tests (tests/test_gpu.py, pools in GPU memory against a real Triton on the GPU, no
 # Ray), on a machine with an NVIDIA GPU and its driver; `make test` skips them elsewhere. The

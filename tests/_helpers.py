@@ -162,6 +162,33 @@ def classifier_expected(images: Any) -> Any:
     return images.reshape(b, -1)[:, :150000].reshape(b, 1000, 150).mean(axis=2)
 
 
+#: Where POSIX shared memory lives.
+SHM_DIR = Path("/dev/shm")
+
+
+def our_regions(pid: int | None = None) -> set[str]:
+    """The library's regions in ``/dev/shm``: every one, or those of process ``pid`` (a
+    slot's name counts as its region's)."""
+    from ray_triton_shm._shm import REGION_PREFIX, region_of
+
+    prefix = f"{REGION_PREFIX}_" if pid is None else f"{REGION_PREFIX}_{pid}-"
+    return {region_of(p.name) for p in SHM_DIR.iterdir() if p.name.startswith(prefix)}
+
+
+def wait_for(condition: Callable[[], T], *, timeout_s: float = 30.0, what: str = "it") -> T:
+    """Waits until ``condition()`` is truthy and returns it; fails the test, saying ``what``
+    it waited for, past ``timeout_s``. The one wait of the tests: for an event, never for
+    time standing in for it."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+        time.sleep(0.02)
+
+
 def registered_on(url: str) -> set[str]:
     """The regions with a shared-memory registration, system or CUDA, in the Triton at
     ``url`` (a region's slots are registered one by one, under names of their own)."""

@@ -14,8 +14,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from _helpers import ADMIN, INFER, READ, init_ray, model_repository
+from _helpers import ADMIN, INFER, READ, init_ray, model_repository, our_regions, registered_on
 
+from ray_triton_shm import TritonSHMClient
 from ray_triton_shm.local._server import EXAMPLE_MODEL_REPOSITORY, LocalTritonServer
 
 #: Test-only Python-backend models (slow_identity, fail_on_negative, strings,
@@ -28,9 +29,9 @@ MODEL_REPOSITORIES: tuple[Path, ...] = (EXAMPLE_MODEL_REPOSITORY, TEST_MODEL_REP
 FRESH_MODELS = ("classifier", "identity", "large_image", "delay_echo")
 
 #: How long the chaos soak (tests/test_soak.py) runs unless ``--soak-s`` says otherwise.
-DEFAULT_SOAK_S = 45.0
+DEFAULT_SOAK_S = 25.0
 #: How long the swinging load of tests/test_scaling.py runs unless ``--swing-s`` says otherwise.
-DEFAULT_SWING_S = 16.0
+DEFAULT_SWING_S = 12.0
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -50,6 +51,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="duration of the load swinging between 1 and 32 callers in tests/test_scaling.py "
         f"(default {DEFAULT_SWING_S:g})",
     )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A soak may run as long as it is told (``--soak-s``, ``--swing-s``): its timeout is that
+    much past the default one."""
+    longest = max(config.getoption("--soak-s"), config.getoption("--swing-s"))
+    default = float(config.getini("timeout") or 0)
+    for item in items:
+        if item.get_closest_marker("soak") is not None and default:
+            item.add_marker(pytest.mark.timeout(default + longest))
 
 
 @pytest.fixture
@@ -92,6 +103,7 @@ def fresh_triton(tmp_path: Path) -> Iterator[LocalTritonServer]:
     try:
         yield server
     finally:
+        server.kill()  # nobody waits on its graceful end: seconds sooner
         server.close()
 
 
@@ -135,6 +147,19 @@ def ray_local(triton: LocalTritonServer) -> Iterator[str]:
 def grpc_url(triton: LocalTritonServer) -> str:
     """The session server's gRPC endpoint, ``"127.0.0.1:PORT"``."""
     return triton.grpc_url
+
+
+@pytest.fixture
+def client(grpc_url: str) -> Iterator[TritonSHMClient]:
+    """A ``TritonSHMClient`` on the session server. After the test it is closed, and nothing
+    of it may be left: no region of this process in ``/dev/shm``, none registered in Triton
+    that was not before."""
+    registered = registered_on(grpc_url)
+    shm_client = TritonSHMClient(url=grpc_url)
+    yield shm_client
+    shm_client.close()
+    assert our_regions(os.getpid()) == set(), "a region of this process survived close()"
+    assert registered_on(grpc_url) - registered == set(), "a registration survived close()"
 
 
 @pytest.fixture

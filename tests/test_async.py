@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -12,12 +11,6 @@ import pytest
 from ray_triton_shm import SlotTimeoutError, TritonSHMClient
 
 SHAPES = {"INPUT0": (4,), "OUTPUT0": (4,)}
-
-
-@pytest.fixture
-def client(grpc_url: str) -> Iterator[TritonSHMClient]:
-    with TritonSHMClient(url=grpc_url) as shm_client:
-        yield shm_client
 
 
 def test_gather_many_calls_over_a_small_pool(client: TritonSHMClient) -> None:

@@ -39,12 +39,6 @@ def upper_expected(texts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return upper, np.array([[len(t)] for t in texts[:, 0]], dtype=np.int32)
 
 
-@pytest.fixture
-def client(grpc_url: str) -> Iterator[TritonSHMClient]:
-    with TritonSHMClient(url=grpc_url) as shm_client:
-        yield shm_client
-
-
 def test_serialization_matches_tritonclient_exactly() -> None:
     texts = random_texts(40)
     encoded = encode(texts, 40, model="m", tensor="t", max_element_bytes=70_000)

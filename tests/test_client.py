@@ -11,12 +11,12 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from _helpers import classifier_expected, registered_on
+from _helpers import classifier_expected, our_regions, registered_on, wait_for
 
 from ray_triton_shm import (
     ClientClosedError,
@@ -27,7 +27,6 @@ from ray_triton_shm import (
     TritonServerError,
     TritonSHMClient,
 )
-from ray_triton_shm._shm import list_local_regions
 
 rng = np.random.default_rng(0)
 
@@ -36,27 +35,6 @@ def my_model_expected(x0: np.ndarray, x1: np.ndarray) -> tuple[np.ndarray, np.nd
     b = x0.shape[0]
     out0 = x0.reshape(b, -1)[:, :512] + x1.sum(axis=1, keepdims=True).astype(np.float32)
     return out0, x1[:, :5] * 2
-
-
-def my_regions() -> list[str]:
-    return [r.name for r in list_local_regions() if r.owner.pid == os.getpid()]
-
-
-@pytest.fixture
-def client(grpc_url: str) -> Iterator[TritonSHMClient]:
-    shm_client = TritonSHMClient(url=grpc_url)
-    yield shm_client
-    shm_client.close()
-    assert my_regions() == [], "a region of this process survived close()"
-
-
-def wait_until(predicate, timeout_s: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return predicate()
 
 
 # ---------------------------------------------------------------- results
@@ -198,14 +176,14 @@ def test_plain_grpc_methods_still_work(client: TritonSHMClient) -> None:
 
 def test_registering_again_is_a_noop_unless_specs_differ(client: TritonSHMClient) -> None:
     client.register_shm_model("classifier", pool_size=2)
-    regions = my_regions()
+    regions = our_regions(os.getpid())
     client.register_shm_model("classifier", pool_size=2)
-    assert my_regions() == regions
+    assert our_regions(os.getpid()) == regions
     with pytest.raises(ModelSpecError, match="already registered"):
         client.register_shm_model("classifier", pool_size=3)
     client.unregister_shm_model("classifier")
     client.unregister_shm_model("classifier")
-    assert my_regions() == []
+    assert our_regions(os.getpid()) == set()
     with pytest.raises(ModelNotRegisteredError):
         client.infer_shm("classifier", {"INPUT0": np.zeros((1, 3, 224, 224), np.float32)})
 
@@ -214,16 +192,16 @@ def test_unknown_model_on_the_server(client: TritonSHMClient) -> None:
     with pytest.raises(TritonServerError) as info:
         client.register_shm_model("no_such_model")
     assert "no_such_model" in str(info.value) and info.value.status
-    assert my_regions() == []
+    assert our_regions(os.getpid()) == set()
 
 
 def test_close_unregisters_and_unlinks(grpc_url: str) -> None:
     with TritonSHMClient(url=grpc_url) as shm_client:
         shm_client.register_shm_model("classifier")
         shm_client.register_shm_model("my_model")
-        names = set(my_regions())
+        names = our_regions(os.getpid())
         assert len(names) == 2 and names <= registered_on(grpc_url)
-    assert my_regions() == []
+    assert our_regions(os.getpid()) == set()
     assert not names & registered_on(grpc_url)
     shm_client.close()  # idempotent
     with pytest.raises(ClientClosedError):
@@ -235,12 +213,12 @@ def test_close_unregisters_and_unlinks(grpc_url: str) -> None:
 def test_a_dropped_client_is_collected_and_cleaned_up(grpc_url: str) -> None:
     shm_client = TritonSHMClient(url=grpc_url)
     shm_client.register_shm_model("classifier")
-    names = set(my_regions())
+    names = our_regions(os.getpid())
     ref = weakref.ref(shm_client)
     del shm_client
     gc.collect()
     assert ref() is None, "the cleanup must not keep the client alive"
-    assert my_regions() == []
+    assert our_regions(os.getpid()) == set()
     assert not names & registered_on(grpc_url)
 
 
@@ -269,8 +247,8 @@ def test_killed_owner_is_cleaned_up_by_its_reaper(
     name = register_then_sigkill(grpc_url, crash_cleanup=True)
     assert name.startswith("rtshm_")
     # No other client involved: the killed process's watchdog unregisters and unlinks.
-    assert wait_until(lambda: name not in registered_on(grpc_url), timeout_s=30)
-    assert wait_until(lambda: not os.path.exists(f"/dev/shm/{name}"))
+    wait_for(lambda: name not in registered_on(grpc_url), timeout_s=30)
+    wait_for(lambda: not os.path.exists(f"/dev/shm/{name}"))
 
 
 def test_reaper_is_not_held_up_by_a_forked_child(grpc_url: str) -> None:
@@ -297,7 +275,7 @@ def test_reaper_is_not_held_up_by_a_forked_child(grpc_url: str) -> None:
         assert proc.wait(timeout=60) == -9
         # The child still runs, holding a copy of every fd it inherited but the reaper's pipe.
         assert os.path.exists(f"/proc/{child}")
-        assert wait_until(lambda: name not in registered_on(grpc_url), timeout_s=30)
+        wait_for(lambda: name not in registered_on(grpc_url), timeout_s=30)
     finally:
         os.kill(int(child), signal.SIGKILL)
 
@@ -311,7 +289,7 @@ def test_killed_owner_is_reclaimed_by_the_next_client(
         shm_client.register_shm_model("identity", max_shapes={"INPUT0": (4,), "OUTPUT0": (4,)})
         assert name not in registered_on(grpc_url)
     # The killed process's resource tracker unlinks its /dev/shm name once it notices.
-    assert wait_until(lambda: not os.path.exists(f"/dev/shm/{name}"))
+    wait_for(lambda: not os.path.exists(f"/dev/shm/{name}"))
 
 
 def test_server_restart_is_survived(fresh_triton) -> None:  # type: ignore[no-untyped-def]
@@ -323,7 +301,7 @@ def test_server_restart_is_survived(fresh_triton) -> None:  # type: ignore[no-un
         assert registered_on(fresh_triton.grpc_url) == set()
         out = shm_client.infer_shm("classifier", {"INPUT0": x})["OUTPUT0"]  # two chunks
         np.testing.assert_allclose(out, classifier_expected(x), rtol=1e-5)
-        assert set(my_regions()) == registered_on(fresh_triton.grpc_url)
+        assert our_regions(os.getpid()) == registered_on(fresh_triton.grpc_url)
         fresh_triton.restart()
         small = x[:3]
         out = shm_client.infer_shm("classifier", {"INPUT0": small})["OUTPUT0"]  # one chunk
@@ -348,7 +326,7 @@ def test_blocks_when_every_slot_is_busy(client: TritonSHMClient) -> None:
     holder = threading.Thread(target=hold_the_slot)
     holder.start()
     started.wait()
-    assert wait_until(lambda: client.shm_stats("slow_identity").in_use == 1)
+    wait_for(lambda: client.shm_stats("slow_identity").in_use == 1)
     with pytest.raises(SlotTimeoutError) as info:
         client.infer_shm("slow_identity", {"INPUT0": x}, slot_timeout_s=0.01)
     assert isinstance(info.value, TimeoutError)

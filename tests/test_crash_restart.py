@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _helpers import init_ray, model_repository, registered_on
+from _helpers import init_ray, model_repository, our_regions, registered_on
 
 from ray_triton_shm import TritonSHMClient
 from ray_triton_shm.local._crashes import RestartPolicy, ServerEvent, crash_reason
@@ -76,11 +76,6 @@ def test_restarts_back_off_and_give_up_after_max_crashes_within_the_window() -> 
 
 
 # ---- a real tritonserver, crashed under load ---------------------------------------------
-
-
-def _our_regions() -> set[str]:
-    """Regions of this library in /dev/shm (this process's, and the node actor's)."""
-    return {p.name for p in SHM_DIR.iterdir() if p.name.startswith("rtshm_")}
 
 
 def _group_alive(pgid: int) -> bool:
@@ -247,7 +242,7 @@ def test_a_crashed_triton_comes_back_under_load_and_every_answer_is_exact(
     ray.get(get_node_actor(url=server.grpc_url).shutdown.remote())
     # Nothing leaks: no region of ours registered; no process of a crashed server left; the
     # Python-backend regions of every server gone with them.
-    assert not _our_regions() & set(registered_on(server.grpc_url))
+    assert not our_regions() & set(registered_on(server.grpc_url))
     prefix = server._shm_prefix
     server.close()
     for crash in server.crashes:
@@ -327,3 +322,22 @@ def test_a_log_that_failed_to_start_is_kept(tmp_path: Path) -> None:
     log = server.log_path
     assert f"(log: {log})" in str(error.value) and log.is_file()
     log.unlink()
+
+
+def test_a_kill_ends_the_server_at_once_and_is_no_crash(tmp_path: Path) -> None:
+    events: list[ServerEvent] = []
+    server = LocalTritonServer(
+        model_repository(tmp_path / "models", "identity"), on_event=events.append
+    )
+    server.start()
+    try:
+        pid = server.pid
+        assert pid is not None
+        server.kill()
+        assert not server.is_running and not _group_alive(pid)
+        assert server.crashes == () and events == [] and server.failure is None
+        assert not [p for p in SHM_DIR.iterdir() if p.name.startswith(server._shm_prefix)]
+        server.start()  # and it starts again
+        assert server.is_running
+    finally:
+        server.close()

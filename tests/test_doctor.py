@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _helpers import ADMIN, INFER, READ, free_ports, registered_on, start_cluster
+from _helpers import ADMIN, INFER, READ, free_ports, our_regions, registered_on, start_cluster
 from conftest import MODEL_REPOSITORIES
 
 from ray_triton_shm._headers import env_var_for
@@ -86,16 +86,12 @@ def _unshare_reason(*flags: str) -> str | None:
     return None if done.returncode == 0 else f"`unshare {' '.join(flags)}` needs root here"
 
 
-def _shm_names() -> set[str]:
-    return {p.name for p in SHM_DIR.iterdir() if p.name.startswith("rtshm_")}
-
-
 @pytest.fixture
 def leaves_nothing(triton: LocalTritonServer) -> Iterator[None]:
     """Fails the test if anything of ours appeared in /dev/shm or in the shared Triton."""
-    shm, registered = _shm_names(), registered_on(triton.grpc_url)
+    shm, registered = our_regions(), registered_on(triton.grpc_url)
     yield
-    assert _shm_names() == shm
+    assert our_regions() == shm
     assert registered_on(triton.grpc_url) == registered
 
 
@@ -217,7 +213,7 @@ def test_a_host_that_does_not_resolve_is_told_apart() -> None:
 
 @pytest.mark.parametrize("odd_triton", [OWN_DEV_SHM], indirect=True)
 def test_a_triton_with_its_own_dev_shm_is_named(odd_triton: LocalTritonServer) -> None:
-    before = _shm_names()
+    before = our_regions()
     code, report, _ = _doctor("--url", odd_triton.grpc_url)
     checks = _checks(report)
     assert code == 1
@@ -226,7 +222,7 @@ def test_a_triton_with_its_own_dev_shm_is_named(odd_triton: LocalTritonServer) -
     assert region["details"]["cause"] == "dev_shm"
     assert "another /dev/shm" in region["summary"]
     assert "--ipc=container:" in region["fix"] and "medium: Memory" in region["fix"]
-    assert _shm_names() == before
+    assert our_regions() == before
     assert not registered_on(odd_triton.grpc_url)
 
 
@@ -234,7 +230,7 @@ def test_a_triton_with_its_own_dev_shm_is_named(odd_triton: LocalTritonServer) -
 def test_a_triton_running_as_another_uid_is_named(odd_triton: LocalTritonServer) -> None:
     status = Path(f"/proc/{odd_triton.pid}/status").read_text()
     assert "Uid:\t65534" in status  # the set-up really runs Triton as another user
-    before = _shm_names()
+    before = our_regions()
     code, report, _ = _doctor("--url", odd_triton.grpc_url)
     checks = _checks(report)
     assert code == 1
@@ -243,7 +239,7 @@ def test_a_triton_running_as_another_uid_is_named(odd_triton: LocalTritonServer)
     assert region["details"]["cause"] == "uid"
     assert "another user" in region["summary"] and "0600" in region["summary"]
     assert "runAsUser" in region["fix"] and "--user" in region["fix"]
-    assert _shm_names() == before
+    assert our_regions() == before
     assert not registered_on(odd_triton.grpc_url)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import pickle
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -38,10 +38,10 @@ GOOD = {
 
 
 @pytest.fixture
-def client(grpc_url: str) -> Iterator[TritonSHMClient]:
-    with TritonSHMClient(url=grpc_url) as shm_client:
-        shm_client.register_shm_model("my_model", pool_size=2)
-        yield shm_client
+def client(client: TritonSHMClient) -> TritonSHMClient:
+    """conftest's client, with ``my_model`` on 2 slots."""
+    client.register_shm_model("my_model", pool_size=2)
+    return client
 
 
 def region_bytes(client: TritonSHMClient) -> bytes:

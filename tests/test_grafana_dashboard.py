@@ -153,11 +153,13 @@ def test_the_checked_in_dashboard_and_configmap_are_what_the_generator_makes() -
     )
     assert _what_we_define(checked_in) == _what_we_define(made), f"{DEPLOYMENT_JSON} {changed}"
     if _ray_version(checked_in) != _ray_version(made):
-        # Ray's panel templates (and the tag) change with Ray: the panels were compared above.
-        pytest.skip(
-            f"{DEPLOYMENT_JSON} was made with {_ray_version(checked_in)}, this is "
-            f"{_ray_version(made)}: only the panels were compared; {REGENERATE} makes it anew"
-        )
+        # Ray's panel templates (and the tag) change with Ray, so the files cannot be equal
+        # byte for byte; what a reader sees must be: every panel where it was, of its kind.
+        def layout(dashboard: dict[str, Any]) -> list[Any]:
+            return [(p["id"], p["type"], p["gridPos"]) for p in _panels(dashboard)]
+
+        assert layout(checked_in) == layout(made), f"{DEPLOYMENT_JSON} {changed}"
+        return
     for relative, expected in files.items():
         assert (ROOT / relative).read_text() == expected, f"{relative} {changed}"
 

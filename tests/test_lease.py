@@ -22,7 +22,6 @@ import gc
 import sys
 import threading
 import time
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -50,12 +49,6 @@ def all_back(client: TritonSHMClient, model: str) -> bool:
             return False
         time.sleep(0.01)
     return True
-
-
-@pytest.fixture
-def client(grpc_url: str) -> Iterator[TritonSHMClient]:
-    with TritonSHMClient(url=grpc_url) as shm_client:
-        yield shm_client
 
 
 def test_a_lease_answers_as_infer_shm_does_sync_and_async(client: TritonSHMClient) -> None:

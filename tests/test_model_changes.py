@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _helpers import registered_on
+from _helpers import registered_on, wait_for
 
 from ray_triton_shm import (
     LocalTritonServer,
@@ -117,13 +117,6 @@ def changing(explicit: tuple[LocalTritonServer, Repository]) -> Iterator[Callabl
         admin.load_model("changing")
 
 
-def wait_for(predicate: Callable[[], bool], timeout_s: float = 40.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-
-
 def regions_left(url: str, names: set[str]) -> set[str]:
     """Which of the regions ``names`` still exist in /dev/shm or in Triton."""
     on_disk = {n for n in names if (SHM_DIR / n).exists()}
@@ -187,7 +180,11 @@ def test_a_pool_follows_the_model(
         x = inputs_for(CHANGES[case], rows=20, seed=3)  # chunked on the new layout
         check(infer(x), x, CHANGES[case])
         assert client._pools["changing"] is pool  # one new layout per change
-        wait_for(lambda: not regions_left(server.grpc_url, old))
+        wait_for(
+            lambda: not regions_left(server.grpc_url, old),
+            timeout_s=40,
+            what="the old regions gone",
+        )
     assert not regions_left(server.grpc_url, old | {pool.region.name})
 
 
@@ -260,7 +257,7 @@ def test_changes_no_request_runs_into_are_picked_up_by_the_check(
             client.infer_shm("changing", {"INPUT0": x})
             return client._pools["changing"].generation == 1
 
-        wait_for(followed)
+        wait_for(followed, timeout_s=40, what="the pool to follow the change")
         assert client._pools["changing"].spec.max_batch_size == 16
         check(client.infer_shm("changing", {"INPUT0": x}), x, added)
 
@@ -385,7 +382,11 @@ def test_the_ray_layer_follows_once_per_node(
         assert (pool["slots"], pool["max_slots"]) == (2, 4)  # the new layout kept the size
         registration = ray.get(actor.follow.remote("changing", stats.incarnation, 1))
         assert registration.generation == 1  # one layout per node, however many processes
-        wait_for(lambda: not regions_left(server.grpc_url, old))
+        wait_for(
+            lambda: not regions_left(server.grpc_url, old),
+            timeout_s=40,
+            what="the old regions gone",
+        )
         ray.get(actor.shutdown.remote())
     finally:
         ray.shutdown()
@@ -467,12 +468,8 @@ def test_a_rolling_update_under_load_through_serve(
         assert wrong == []
         assert all("StatusCode." in error for error in errors), errors[:3]
         assert len(errors) <= 8, errors[:3]  # at most one per caller, during Triton's reload
-        assert (
-            old
-            and not any((SHM_DIR / name).exists() for name in old)
-            or wait_for(lambda: not regions_left(url, old)) is None
-        )
-        wait_for(lambda: not regions_left(url, old))
+        assert old
+        wait_for(lambda: not regions_left(url, old), timeout_s=40, what="the old regions gone")
         serve.shutdown()
         ray.get(get_node_actor().shutdown.remote())
     finally:

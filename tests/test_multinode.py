@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import pytest
 import requests
-from _helpers import free_ports, registered_on
+from _helpers import free_ports, our_regions, registered_on
 
 ray = pytest.importorskip("ray")
 
@@ -95,10 +95,6 @@ def _reread_ray_config() -> None:
         loader.instance().reset_cache()
 
 
-def _here_regions() -> set[str]:
-    return {p.name for p in Path("/dev/shm").iterdir() if p.name.startswith("rtshm_")}
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """The head, ``node_a`` and ``node_b`` with their own Triton, and ``node_c`` whose
@@ -120,7 +116,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
     )  # fmt: skip
     address = f"127.0.0.1:{head_port}"
     hosts: dict[str, Host] = {}
-    here_before = _here_regions()
+    here_before = our_regions()
     saved = {name: os.environ.get(name) for name in RAY_ENV}
     try:
         os.environ.update(RAY_ENV)
@@ -199,7 +195,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
                 os.environ[name] = value
         _reread_ray_config()
     # Nothing of the nodes ever reached this machine's /dev/shm.
-    assert _here_regions() <= here_before
+    assert our_regions() <= here_before
 
 
 def _node_with(resource: str) -> str:
@@ -252,7 +248,7 @@ def test_tasks_on_each_node_use_its_own_triton_and_dev_shm(cluster: dict[str, An
         assert mine and mine <= host.regions(), (host.name, mine)
         assert all(f"rtshm_{answer['actor_pid']}-" in name for name in mine)
         others = [h for h in hosts.values() if h is not host]
-        assert not mine & (_here_regions() | {r for h in others for r in h.regions()})
+        assert not mine & (our_regions() | {r for h in others for r in h.regions()})
         assert {n.split("_")[1].split("-")[0] for n in registered_on(host.url)} <= {
             str(answer["actor_pid"])
         }

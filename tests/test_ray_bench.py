@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _helpers import registered_on
+from _helpers import our_regions, registered_on
 
 from ray_triton_shm._bench._config import (
     DEFAULT_PATHS,
@@ -38,10 +38,6 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _our_regions() -> set[str]:
-    return {p.name for p in SHM_DIR.iterdir() if p.name.startswith("rtshm_")}
-
-
 def _bench_json(
     triton: LocalTritonServer, json_path: Path, *args: str
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
@@ -66,18 +62,20 @@ def test_bench_ray_quick_json_has_every_ray_path_verified(
 ) -> None:
     json_path = tmp_path / "bench.json"
     registered_before = registered_on(triton.grpc_url)
-    regions_before = _our_regions()
+    regions_before = our_regions()
     proc, data = _bench_json(
         triton,
         json_path,
-        *("--ray", "--models", "identity", DATA_CASE, "--concurrency", "1", "4"),
+        # One model runs every Ray path (the Ray Data job, churn and the HTTP app are made for
+        # it); the skips of the others: test_the_paths_made_for_one_model_skip_the_others.
+        *("--ray", "--models", DATA_CASE, "--concurrency", "1", "4"),
         *("--rounds", "1"),  # every path once: what is checked here is that each runs right
-        *("--request-rate", "100", "--rate-models", "identity"),
+        *("--request-rate", "100", "--rate-models", DATA_CASE),
     )
     assert data["config"]["ray_callers"] == 4
     assert data["failures"] == []
     runs = {(r["model"], r["path"], r["concurrency"], r["slots"]): r for r in data["runs"]}
-    for model in ("identity", DATA_CASE):
+    for model in (DATA_CASE,):
         expected = {(p, level) for p in SWEEP_PATHS for level in (1, 4)}
         expected |= {(p, 1) for p in DEFAULT_PATHS if p != "http"}
         expected |= {(p, 4) for p in RAY_PATHS if p.startswith("serve") and "http" not in p}
@@ -144,25 +142,8 @@ def test_bench_ray_quick_json_has_every_ray_path_verified(
         # Ray tasks get a verdict at every caller count: the sweep's and the node's load.
         ray_tasks = [v["callers"] for v in data["verdicts"][model] if v["choice"] == "Ray tasks"]
         assert ray_tasks == [1, 4, 16], ray_tasks
-    assert data["models"]["identity"]["skipped"] == {
-        "http@1": "no HTTP endpoint given: pass Triton's as --http-url HOST:PORT",
-        **{
-            f"{path}@4": f"the bench's Ray Data job is made for the example {DATA_CASE!r} model "
-            "only; for yours, time your own job with ShmPredictor against a plain gRPC one"
-            for path in RAY_PATHS
-            if path.startswith("data")
-        },
-        **{
-            f"{path}@8": f"the churn runs on the example {CHURN_CASE!r} model only"
-            for path in ("shm-model-nokill", "shm-model-churn")
-        },
-        **{
-            f"{path}@{clients}": "the example HTTP app is made for the example classifier-1 and "
-            "classifier cases only; for your model, time your own Serve app on ShmModel against "
-            "plain gRPC"
-            for path in SERVE_HTTP_PATHS
-            for clients in SERVE_HTTP_CLIENTS
-        },
+    assert data["models"][DATA_CASE]["skipped"] == {
+        "http@1": "no HTTP endpoint given: pass Triton's as --http-url HOST:PORT"
     }
     for clients in SERVE_HTTP_CLIENTS:
         for path in SERVE_HTTP_PATHS:
@@ -174,8 +155,6 @@ def test_bench_ray_quick_json_has_every_ray_path_verified(
     core = ("shm-client", "shm-lease")  # the core client's goals: tests/test_bench.py
     ray_goals = [g for g in data["goals"] if not g["description"].startswith(core)]
     assert {(g["model"], g["description"]) for g in ray_goals} == {
-        ("identity", "serve-shm MB/s >= 1x serve-grpc"),
-        ("identity", "serve-shm MB/s >= 0.95x serve-inproc"),
         (DATA_CASE, "serve-shm MB/s >= 2.3x serve-grpc"),
         (DATA_CASE, "serve-shm MB/s >= 0.95x serve-inproc"),
         (DATA_CASE, "data-shm MB/s >= 0.95x data-noop"),
@@ -184,7 +163,7 @@ def test_bench_ray_quick_json_has_every_ray_path_verified(
         (DATA_CASE, "data-shm: node actor CPU us/request <= 58.5"),
         *(
             (model, f"shm-model (16 callers, elastic pool){goal}")
-            for model, target in (("identity", 0.85), (DATA_CASE, 4.5))
+            for model, target in ((DATA_CASE, 4.5),)
             for goal in (
                 " MB/s >= 1.25x shm-model (16 callers, 4 slots)",
                 " MB/s >= 0.95x shm-model (16 callers, 16 slots)",
@@ -207,19 +186,19 @@ def test_bench_ray_quick_json_has_every_ray_path_verified(
     assert set(rates) == {
         ("grpc", None), ("shm-client", 1), ("shm-client", 4), ("shm-model", 1), ("shm-model", 4)
     }  # fmt: skip
-    assert all(r["model"] == "identity" and r["requests"] > 0 for r in rates.values())
-    assert data["rate_limits"]["identity"]["shm-model (4 slots)"] in (None, 100)
+    assert all(r["model"] == DATA_CASE and r["requests"] > 0 for r in rates.values())
+    assert data["rate_limits"][DATA_CASE]["shm-model (4 slots)"] in (None, 100)
 
     assert "serve-shm (4 callers)" in proc.stdout and "Recommendation" in proc.stdout
     assert f"{DATA_CASE}, 16 clients: shm " in proc.stdout and "Serve over HTTP" in proc.stdout
     # Quiet: Ray's and Ray Data's logs stay out; a log gets a plain line per stage.
     assert "INFO" not in proc.stdout + proc.stderr and "(raylet)" not in proc.stdout + proc.stderr
     assert "deprecated" not in proc.stdout + proc.stderr
-    assert "bench 00:" in proc.stderr and "identity: serve-grpc (4 callers)" in proc.stderr
+    assert "bench 00:" in proc.stderr and f"{DATA_CASE}: serve-grpc (4 callers)" in proc.stderr
     # Ray, Serve, the callers and the node actor are gone, and so are their regions.
     assert registered_on(triton.grpc_url) - registered_before == set()
     # (Other processes on this machine may create regions meanwhile: only live owners.)
-    left = [name for name in _our_regions() - regions_before if owner_state(name) != ALIVE]
+    left = [name for name in our_regions() - regions_before if owner_state(name) != ALIVE]
     assert left == []
 
 
@@ -235,7 +214,7 @@ def test_bench_churn_kills_callers_mid_request_and_every_answer_is_right(
 ) -> None:
     json_path = tmp_path / "bench.json"
     registered_before = registered_on(triton.grpc_url)
-    regions_before = _our_regions()
+    regions_before = our_regions()
     proc, data = _bench_json(
         triton,
         json_path,
@@ -260,7 +239,7 @@ def test_bench_churn_kills_callers_mid_request_and_every_answer_is_right(
     # A killed caller's lost requests are not errors; Ray's reports of its death stay out.
     assert "Unhandled error" not in proc.stderr and "(raylet)" not in proc.stdout + proc.stderr
     assert registered_on(triton.grpc_url) - registered_before == set()
-    left = [name for name in _our_regions() - regions_before if owner_state(name) != ALIVE]
+    left = [name for name in our_regions() - regions_before if owner_state(name) != ALIVE]
     assert left == []
 
 
@@ -397,3 +376,39 @@ def test_a_caller_s_error_reaches_the_driver_as_itself(ray_local: str) -> None:
     for method in (_Caller.add, _Caller.once, _Caller.loop, _ChurnCaller.start):
         assert method.__wrapped__  # type: ignore[attr-defined]
     ray.kill(actor)
+
+
+def test_the_paths_made_for_one_model_skip_the_others(triton: LocalTritonServer) -> None:
+    """The Ray Data job, the churn runs and the example HTTP app are made for the example
+    classifier: on another model each says so at once (before any Ray is needed)."""
+    from ray_triton_shm._bench._config import BenchConfig
+    from ray_triton_shm._bench._paths import BenchTarget, SkipPath
+    from ray_triton_shm._bench._runner import PATHS, _prepare
+
+    target = BenchTarget(triton.grpc_url)
+    case, inputs, reference = _prepare(BenchConfig().case("identity"), target)
+    expected = {
+        **{
+            path: f"the bench's Ray Data job is made for the example {DATA_CASE!r} model only; "
+            "for yours, time your own job with ShmPredictor against a plain gRPC one"
+            for path in RAY_PATHS
+            if path.startswith("data")
+        },
+        **{
+            path: f"the churn runs on the example {CHURN_CASE!r} model only"
+            for path in ("shm-model-nokill", "shm-model-churn")
+        },
+        **{
+            path: "the example HTTP app is made for the example classifier-1 and classifier "
+            "cases only; for your model, time your own Serve app on ShmModel against plain gRPC"
+            for path in SERVE_HTTP_PATHS
+        },
+    }
+    for name, reason in expected.items():
+        path = PATHS[name](
+            concurrency=4, slots=4, session=None, target=target, case=case, inputs=inputs,
+            reference=reference,
+        )  # fmt: skip
+        with pytest.raises(SkipPath) as skipped:
+            path.setup()
+        assert str(skipped.value) == reason, name

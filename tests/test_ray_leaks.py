@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import ray
 import tritonclient.grpc as grpcclient
+from _helpers import our_regions, wait_for
 from ray import cloudpickle
 
 from ray_triton_shm import OverloadedError
@@ -30,23 +31,6 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 SHM_DIR = Path("/dev/shm")
 IDENTITY_SHAPES = {"INPUT0": (16,), "OUTPUT0": (16,)}
-
-
-def _wait_for(condition: Callable[[], Any], *, timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.1)
-
-
-def _regions_in_dev_shm(pid: int) -> list[str]:
-    """The regions of ``pid`` in /dev/shm (a name of one of their slots counts as its region)."""
-    names = (p.name for p in SHM_DIR.iterdir() if p.name.startswith(f"rtshm_{pid}-"))
-    return sorted({region_of(name) for name in names})
 
 
 def _registered(url: str, pid: int) -> list[str]:
@@ -76,9 +60,9 @@ def node_actor_factory(ray_local: str) -> Iterator[Callable[..., Any]]:
 
 def _shutdown_and_check_clean(actor: Any, url: str) -> None:
     pid = ray.get(actor.stats.remote()).pid
-    assert _regions_in_dev_shm(pid), "the actor had no regions to begin with"
+    assert our_regions(pid), "the actor had no regions to begin with"
     ray.get(actor.shutdown.remote())
-    assert _regions_in_dev_shm(pid) == []
+    assert our_regions(pid) == set()
     assert _registered(url, pid) == []
 
 
@@ -146,7 +130,7 @@ def test_many_callers_with_cancellations_and_a_killed_caller_leak_nothing(
         "cancelled": cancelled.run.remote(250, 4),
         "killed": killed.run.remote(250, 4),
     }
-    _wait_for(
+    wait_for(
         lambda: ray.get(cancelled.progress.remote()) >= 30,
         timeout_s=120,
         what="the caller to be cancelled to get going",
@@ -154,7 +138,7 @@ def test_many_callers_with_cancellations_and_a_killed_caller_leak_nothing(
     # CancelledError inside its coroutines, mid-call; recursive (the default, as Serve does),
     # which would cancel its calls on the node actor too, if it made any from the task.
     ray.cancel(runs["cancelled"])
-    _wait_for(
+    wait_for(
         lambda: ray.get(killed.progress.remote()) >= 30,
         timeout_s=120,
         what="the caller to be killed to get going",
@@ -180,7 +164,7 @@ def test_many_callers_with_cancellations_and_a_killed_caller_leak_nothing(
         idle = identity["in_use"] == identity["abandoned"] == identity["waiting"] == 0
         return idle and stats
 
-    stats = _wait_for(settled, timeout_s=30, what="every slot, the killed caller's too")
+    stats = wait_for(settled, timeout_s=30, what="every slot, the killed caller's too")
     identity = stats.models["identity"]
     # Only the cancelled caller's in-flight calls (at most its 4) may have ended in error.
     assert identity["errors"] <= 4
@@ -245,7 +229,7 @@ def test_killed_node_actor_restarts_reclaims_and_serves_the_same_handle(
     for model in (by_ref, by_value):
         np.testing.assert_array_equal(model.infer({"INPUT0": x})["OUTPUT0"], x)
     before = ray.get(actor.stats.remote())
-    old_regions = _regions_in_dev_shm(before.pid)
+    old_regions = our_regions(before.pid)
     assert len(old_regions) == 1  # one region: by-value and direct calls share its slots
     assert _registered(ray_local, before.pid) == old_regions
 
@@ -258,12 +242,12 @@ def test_killed_node_actor_restarts_reclaims_and_serves_the_same_handle(
             return None
         return stats if stats.pid != before.pid else None
 
-    after = _wait_for(restarted, timeout_s=60, what="the node actor to restart")
+    after = wait_for(restarted, timeout_s=60, what="the node actor to restart")
     assert after.incarnation != before.incarnation
     assert after.node_id == before.node_id and after.url == before.url
     # The new incarnation took back what the killed one left behind.
     assert _registered(ray_local, before.pid) == []
-    assert _regions_in_dev_shm(before.pid) == []
+    assert our_regions(before.pid) == set()
 
     # The same handles rebind (new registration, new region) and serve again.
     for model in (by_ref, by_value):
@@ -316,7 +300,7 @@ def test_callers_ending_mid_call_never_restart_the_node_actor(
         graceful, killed = callers
         for caller in callers:
             caller.run.remote()
-        _wait_for(
+        wait_for(
             lambda callers=callers: min(ray.get([c.progress.remote() for c in callers])) >= 5,
             timeout_s=60,
             what="both callers to get going",
@@ -339,7 +323,7 @@ def test_callers_ending_mid_call_never_restart_the_node_actor(
         assert ray.get(actor.stats.remote()).incarnation == incarnation
     for caller in ended:  # a terminate waits behind the endless call: end them for good
         ray.kill(caller)
-    stats = _wait_for(
+    stats = wait_for(
         lambda: (s := ray.get(actor.stats.remote())).models["identity"]["in_use"] == 0 and s,
         timeout_s=60,
         what="every slot of the ended callers to come back",

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 import ray
-from _helpers import classifier_expected, registered_on
+from _helpers import classifier_expected, our_regions, registered_on
 from ray import cloudpickle
 
 from ray_triton_shm import (
@@ -31,7 +31,6 @@ from ray_triton_shm import (
     TritonServerError,
     TritonSHMClient,
 )
-from ray_triton_shm._shm import list_local_regions
 from ray_triton_shm.local._server import LocalTritonServer
 from ray_triton_shm.ray import ShmModel, get_node_actor
 
@@ -39,10 +38,6 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 SHM_DIR = Path("/dev/shm")
 IDENTITY_SHAPES = {"INPUT0": (16,), "OUTPUT0": (16,)}
-
-
-def regions_of(pid: int) -> list[str]:
-    return [r.name for r in list_local_regions() if r.owner.pid == pid]
 
 
 @dataclass(frozen=True)
@@ -141,7 +136,7 @@ def test_core_requests_wait_out_a_triton_restart(fresh_triton: LocalTritonServer
     assert client.shm_stats("classifier").in_use == 0
     client.close()
     assert registered_on(url) == set()
-    assert regions_of(os.getpid()) == []
+    assert our_regions(os.getpid()) == set()
 
 
 def test_past_reconnect_timeout_a_clear_error_and_every_slot_free(
@@ -174,13 +169,13 @@ def test_past_reconnect_timeout_a_clear_error_and_every_slot_free(
             )
         assert client.shm_stats("classifier").in_use == 0
 
-        before = regions_of(os.getpid())
+        before = our_regions(os.getpid())
         with (
             TritonSHMClient(url=url, reconnect_timeout_s=0.5) as other,
             pytest.raises(ServerUnreachableError),
         ):
             other.register_shm_model("identity", max_shapes=IDENTITY_SHAPES)
-        assert regions_of(os.getpid()) == before  # nothing was created
+        assert our_regions(os.getpid()) == before  # nothing was created
 
         fresh_triton.start()
         # The channel may still be backing off (up to a second and its jitter) from the
@@ -240,7 +235,7 @@ def test_ray_callers_wait_out_a_triton_restart(ray_on_fresh_triton: LocalTritonS
     ray.get(actor.shutdown.remote())
     ray.kill(actor)
     assert registered_on(url) == set()
-    assert regions_of(stats.pid) == []
+    assert our_regions(stats.pid) == set()
 
 
 # --------------------------------------------------------------------------------------

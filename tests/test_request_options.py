@@ -7,19 +7,12 @@ import json
 import multiprocessing
 import threading
 import time
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
 
 from ray_triton_shm import InvalidInputError, TritonServerError, TritonSHMClient
 from ray_triton_shm._specs import REGION_HEADER_BYTES
-
-
-@pytest.fixture
-def client(grpc_url: str) -> Iterator[TritonSHMClient]:
-    with TritonSHMClient(grpc_url) as c:
-        yield c
 
 
 def _drive_sequences(url: str, first_id: int, steps: int) -> list[str]:

@@ -7,12 +7,12 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
-from _helpers import Load, registered_on
+from _helpers import Load, our_regions, registered_on, wait_for
 
 from ray_triton_shm import SlotAutoscaling, TritonSHMClient
 from ray_triton_shm._shm import list_local_regions
@@ -20,27 +20,6 @@ from ray_triton_shm._specs import SlotLayout
 
 SHAPES = {"INPUT0": (16,), "OUTPUT0": (16,)}
 QUICK = {"min_slots": 2, "max_slots": 8, "upscale_delay_s": 0.1, "downscale_delay_s": 1.0}
-
-
-def wait_for(predicate: Callable[[], bool], timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
-
-
-def _ours() -> set[str]:
-    return {r.name for r in list_local_regions() if r.owner.pid == os.getpid()}
-
-
-@pytest.fixture
-def client(grpc_url: str) -> Iterator[TritonSHMClient]:
-    before = registered_on(grpc_url)
-    shm_client = TritonSHMClient(url=grpc_url)
-    yield shm_client
-    shm_client.close()
-    assert _ours() == set(), "a region survived close()"
-    assert registered_on(grpc_url) == before
 
 
 _running: list[Load] = []
@@ -132,7 +111,7 @@ def test_the_shm_budget_stops_growth_and_says_so(grpc_url: str) -> None:
         stats = client.shm_stats("slow_identity")
         assert stats.size == 3 and stats.shm_bytes <= budget
         _checked(load)
-    assert _ours() == set()
+    assert our_regions(os.getpid()) == set()
 
 
 def test_a_fixed_pool_stays_fixed(client: TritonSHMClient) -> None:
@@ -278,6 +257,7 @@ def test_the_node_actor_says_why_a_pool_with_waiting_callers_did_not_grow(
     _shutdown_node_actor(ray_local, before)
 
 
+@pytest.mark.soak
 def test_a_load_swinging_between_1_and_32_callers_gets_every_answer_right(
     ray_local: str, caller_class: Any, swing_s: float
 ) -> None:

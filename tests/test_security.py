@@ -26,7 +26,7 @@ import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from _helpers import ADMIN, INFER, READ, model_repository, self_signed_certificate
+from _helpers import ADMIN, INFER, READ, model_repository, our_regions, self_signed_certificate
 from tritonclient.utils import InferenceServerException
 
 from ray_triton_shm import (
@@ -41,7 +41,6 @@ from ray_triton_shm._headers import env_var_for
 from ray_triton_shm._shm import (
     SHM_DIR,
     SharedMemoryRegion,
-    list_local_regions,
     region_of,
     unlink_region,
 )
@@ -67,10 +66,6 @@ def registrations(server: LocalTritonServer) -> set[str]:
             headers=server.grpc_headers("shared-memory"), as_json=True
         )
     return {region_of(name) for name in status.get("regions", {})}
-
-
-def our_regions() -> set[str]:
-    return {region.name for region in list_local_regions() if region.owner.pid == os.getpid()}
 
 
 def refused_at_once(call: Callable[[], Any], header: str) -> AccessDeniedError:
@@ -107,7 +102,7 @@ def test_with_every_key_registration_and_inference_work(
         )
         assert client.shm_stats("classifier").in_use == 0
     assert region not in registrations(restricted)
-    assert region not in our_regions()
+    assert region not in our_regions(os.getpid())
 
 
 @pytest.mark.parametrize("given", ["missing", "wrong"])
@@ -117,13 +112,13 @@ def test_without_the_shared_memory_key_registration_is_refused_at_once_leaving_n
     headers = only(keys, INFER, READ)
     if given == "wrong":
         headers[ADMIN] = "not-" + keys[ADMIN]
-    before = our_regions()
+    before = our_regions(os.getpid())
     with TritonSHMClient(restricted.grpc_url, headers=headers) as client:
         error = refused_at_once(lambda: client.register_shm_model("classifier"), ADMIN)
         assert error.model == "classifier"
         assert isinstance(error.__cause__, grpc.RpcError)  # the registration's own call
         assert client.registered_models == {}
-    assert our_regions() == before
+    assert our_regions(os.getpid()) == before
     assert not registrations(restricted)
     for secret in keys.values():
         assert secret not in str(error) and secret not in repr(error)
@@ -314,7 +309,7 @@ def test_a_region_triton_cannot_open_is_an_error_that_says_why(
             return region
 
     monkeypatch.setattr(client_module, "SharedMemoryRegion", ElsewhereRegion)
-    before = our_regions()
+    before = our_regions(os.getpid())
     with TritonSHMClient(restricted.grpc_url, headers=keys) as client:
         with pytest.raises(TritonServerError) as info:
             client.register_shm_model("classifier", pool_size=1)
@@ -323,7 +318,7 @@ def test_a_region_triton_cannot_open_is_an_error_that_says_why(
         for words in ("another user", "another /dev/shm", "same uid", "--ipc=host"):
             assert words in message, words
         assert client.registered_models == {}
-    assert our_regions() == before
+    assert our_regions(os.getpid()) == before
     assert not registrations(restricted)
 
 

@@ -680,6 +680,7 @@ class Soak:
             self.client.close()
 
 
+@pytest.mark.soak
 def test_chaos_soak_never_answers_with_another_requests_data(
     ray_on_fresh_triton: LocalTritonServer,
     soak_s: float,

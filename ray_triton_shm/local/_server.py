@@ -140,14 +140,19 @@ def _group_alive(pgid: int) -> bool:
 
 
 def _terminate(
-    proc: subprocess.Popen[bytes], grace_s: float, shm_prefix: str | None = None
+    proc: subprocess.Popen[bytes],
+    grace_s: float,
+    shm_prefix: str | None = None,
+    *,
+    graceful: bool = True,
 ) -> None:
-    """Stop a server process and its process group (SIGINT, then SIGTERM, then SIGKILL).
+    """Stop a server process and its process group (SIGINT, then SIGTERM, then SIGKILL; only
+    SIGKILL if not ``graceful``).
 
     Module-level so that ``weakref.finalize`` does not capture the server object.
     """
     pgid = proc.pid  # started with start_new_session=True: pid == pgid
-    if proc.poll() is None:
+    if proc.poll() is None and graceful:
         for sig, wait_s in (
             (signal.SIGINT, grace_s),
             (signal.SIGTERM, 5.0),
@@ -813,6 +818,14 @@ class LocalTritonServer:
         proc = self._box.stop()
         if proc is not None:
             _terminate(proc, self._stop_grace_s, self._shm_prefix)
+
+    def kill(self) -> None:
+        """Stop the server at once (SIGKILL to its process group), without Triton's graceful
+        shutdown: for a server whose end nobody waits on (a test's own). Idempotent; its
+        Python-backend regions are removed as by :meth:`stop`, and it can be started again."""
+        proc = self._box.stop()
+        if proc is not None:
+            _terminate(proc, 0.0, self._shm_prefix, graceful=False)
 
     def restart(
         self, *, restricted_protocols: Mapping[str, tuple[str, str]] | None = None
