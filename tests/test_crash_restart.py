@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _helpers import init_ray, model_repository, our_regions, registered_on
+from _helpers import init_ray, model_repository, our_regions, registered_on, wait_for
 
 from ray_triton_shm import TritonSHMClient
 from ray_triton_shm.local._crashes import RestartPolicy, ServerEvent, crash_reason
@@ -266,10 +266,7 @@ def test_repeated_crashes_past_the_limit_give_up_naming_the_log(tmp_path: Path) 
         second = server.pid
         assert second is not None
         os.kill(second, signal.SIGABRT)
-        deadline = time.monotonic() + BACK_WITHIN_S
-        while server.failure is None:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        wait_for(lambda: server.failure, timeout_s=BACK_WITHIN_S, what="the supervisor to give up")
         assert [e.kind for e in events] == ["crashed", "restarted", "gave_up"]
         log = server.crashes[-1].log_path
         assert "crashed 2 times within 60 s; the supervisor gave up" in server.failure
@@ -295,10 +292,7 @@ def test_restarts_off_leave_the_server_down_with_its_reason(tmp_path: Path) -> N
         pid = server.pid
         assert pid is not None
         os.kill(pid, signal.SIGSEGV)
-        deadline = time.monotonic() + BACK_WITHIN_S
-        while server.failure is None:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        wait_for(lambda: server.failure, timeout_s=BACK_WITHIN_S, what="the supervisor to give up")
         assert server.failure.startswith("tritonserver crashed (restarts are off)")
         assert "SIGSEGV" in server.failure and not server.is_running
         server.start()  # a start by hand brings it back

@@ -20,7 +20,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
@@ -94,32 +94,34 @@ def _as_caller_error(exc: Exception) -> Exception:
     return CallerError(f"{kind.__module__}.{kind.__qualname__}: {exc}")
 
 
+@contextlib.contextmanager
+def _carried_to_the_driver() -> Iterator[None]:
+    """Lets an error through as itself where Ray can carry it to the driver, else as a
+    :class:`CallerError` naming it."""
+    try:
+        yield
+    except Exception as exc:
+        carried = _as_caller_error(exc)
+        if carried is exc:
+            raise
+        raise carried from None
+
+
 def _errors_reach_the_driver(method: _F) -> _F:
-    """Raises what ``method`` (of a caller actor, sync or async) raises as itself where Ray
-    can carry it to the driver, else as a :class:`CallerError` naming it."""
+    """``method`` (of a caller actor, sync or async) with :func:`_carried_to_the_driver`."""
     if inspect.iscoroutinefunction(method):
 
         @functools.wraps(method)
         async def wrapper_async(*args: Any, **kwargs: Any) -> Any:
-            try:
+            with _carried_to_the_driver():
                 return await method(*args, **kwargs)
-            except Exception as exc:
-                carried = _as_caller_error(exc)
-                if carried is exc:
-                    raise
-                raise carried from None
 
         return wrapper_async  # type: ignore[return-value]
 
     @functools.wraps(method)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
+        with _carried_to_the_driver():
             return method(*args, **kwargs)
-        except Exception as exc:
-            carried = _as_caller_error(exc)
-            if carried is exc:
-                raise
-            raise carried from None
 
     return wrapper  # type: ignore[return-value]
 
