@@ -168,8 +168,13 @@ class TritonWatch:
         """
         if self._supervised:
             # The failure may be the first sign of a crash its supervisor is about to record.
+            # Triton is asked outside the lock: the supervisor's events need it meanwhile.
+            deadline = time.monotonic() + _CRASH_SEEN_S
+            while not self._outage_seen() and not self._is_live():
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
             with self._lock:
-                self._back.wait_for(self._open, timeout=_CRASH_SEEN_S)
                 if not self._back.wait_for(self._settled, timeout=_RESTART_WAIT_S):
                     self.gone = f"Triton was not back within {_RESTART_WAIT_S:g} s of a crash"
             self.raise_if_gone()
@@ -190,9 +195,10 @@ class TritonWatch:
         self.gone = f"Triton stayed unreachable for {self._give_up_s:g} s"
         raise TritonGone(self.gone)
 
-    def _open(self) -> bool:
-        """Whether an outage is under way, or over before it could be seen (under the lock)."""
-        return self.gone is not None or any(o.end is None for o in self.outages) or self._is_live()
+    def _outage_seen(self) -> bool:
+        """Whether an outage is under way, or Triton is gone for good."""
+        with self._lock:
+            return self.gone is not None or any(o.end is None for o in self.outages)
 
     def _settled(self) -> bool:
         """Whether Triton is back or gone for good (under the lock)."""
