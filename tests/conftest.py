@@ -6,6 +6,7 @@ need it fail with the server's error (including its log tail).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import subprocess
@@ -14,7 +15,16 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from _helpers import ADMIN, INFER, READ, init_ray, model_repository, our_regions, registered_on
+from _helpers import (
+    ADMIN,
+    INFER,
+    READ,
+    init_ray,
+    model_repository,
+    our_regions,
+    registered_on,
+    wait_for,
+)
 
 from ray_triton_shm import TritonSHMClient
 from ray_triton_shm.local._server import EXAMPLE_MODEL_REPOSITORY, LocalTritonServer
@@ -54,8 +64,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """A soak may run as long as it is told (``--soak-s``, ``--swing-s``): its timeout is that
-    much past the default one."""
+    """The modules on the shared Ray (``ray_local``) run one after another, after the rest,
+    each in its own order. A soak may run as long as it is told (``--soak-s``,
+    ``--swing-s``): its timeout is that much past the default one."""
+    on_shared_ray = {item.module for item in items if "ray_local" in item.fixturenames}
+    items.sort(key=lambda item: item.module in on_shared_ray)  # stable: nothing else moves
     longest = max(config.getoption("--soak-s"), config.getoption("--swing-s"))
     default = float(config.getini("timeout") or 0)
     for item in items:
@@ -87,6 +100,7 @@ def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalTritonServ
     try:
         yield server
     finally:
+        server.kill()  # its graceful end is tests/test_server.py's: seconds sooner
         server.close()
 
 
@@ -121,26 +135,90 @@ def ray_on_fresh_triton(fresh_triton: LocalTritonServer) -> Iterator[LocalTriton
         ray.shutdown()
 
 
+class _SharedRay:
+    """The local Ray of the modules that need one as it comes (``ray_local``): started by
+    the first of them and kept for the next (they run one after another, see
+    :func:`pytest_collection_modifyitems`), unless a module in between started a Ray of its
+    own or one of them left it busy."""
+
+    gcs_address: str | None = None
+
+    @classmethod
+    def connected(cls) -> bool:
+        import ray
+
+        return (
+            cls.gcs_address is not None
+            and ray.is_initialized()
+            and ray.get_runtime_context().gcs_address == cls.gcs_address
+        )
+
+    @classmethod
+    def left_clean(cls) -> bool:
+        """Leaves nothing of a module for the next: the node actor shut down, Serve too, and
+        every CPU free again (else the next module gets a Ray of its own)."""
+        import ray
+
+        from ray_triton_shm.ray._actor import NAMESPACE, actor_name
+
+        with contextlib.suppress(ValueError):  # no node actor
+            actor = ray.get_actor(actor_name(ray.get_runtime_context().get_node_id()), NAMESPACE)
+            with contextlib.suppress(Exception):
+                ray.get(actor.shutdown.remote(), timeout=30)
+            ray.kill(actor)
+        with contextlib.suppress(ValueError):
+            ray.get_actor("SERVE_CONTROLLER_ACTOR", namespace="serve")
+            from ray import serve
+
+            serve.shutdown()
+        try:
+            wait_for(
+                lambda: ray.available_resources().get("CPU") == ray.cluster_resources()["CPU"],
+                timeout_s=10,
+                what="every CPU of the shared Ray free",
+            )
+        except AssertionError:
+            return False
+        return True
+
+
 @pytest.fixture(scope="module")
 def ray_local(triton: LocalTritonServer) -> Iterator[str]:
-    """A private local Ray whose processes see the session server's URL; yields the URL."""
+    """A private local Ray whose processes see the session server's URL; yields the URL.
+
+    Shared by the modules that use it (a Ray start costs seconds): each gets it with no node
+    actor, no Serve and every CPU free."""
     import ray
 
     from ray_triton_shm.ray import URL_ENV_VAR
 
-    if ray.is_initialized():
-        ray.shutdown()
     old = os.environ.get(URL_ENV_VAR)
-    os.environ[URL_ENV_VAR] = triton.grpc_url
-    init_ray(address="local", num_cpus=4, include_dashboard=False)
+    os.environ[URL_ENV_VAR] = triton.grpc_url  # before the start: Ray's processes inherit it
+    if not _SharedRay.connected():
+        if ray.is_initialized():
+            ray.shutdown()
+        init_ray(address="local", num_cpus=4, include_dashboard=False)
+        _SharedRay.gcs_address = ray.get_runtime_context().gcs_address
     try:
         yield triton.grpc_url
     finally:
-        ray.shutdown()
+        if not (_SharedRay.connected() and _SharedRay.left_clean()):
+            ray.shutdown()
+            _SharedRay.gcs_address = None
         if old is None:
             os.environ.pop(URL_ENV_VAR, None)
         else:
             os.environ[URL_ENV_VAR] = old
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _shared_ray_ends() -> Iterator[None]:
+    """The shared Ray ends with the session."""
+    yield
+    if _SharedRay.connected():
+        import ray
+
+        ray.shutdown()
 
 
 @pytest.fixture
@@ -213,4 +291,5 @@ def restricted(
     try:
         yield server
     finally:
+        server.kill()
         server.close()

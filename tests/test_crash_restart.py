@@ -237,8 +237,9 @@ def test_a_crashed_triton_comes_back_under_load_and_every_answer_is_exact(
     assert "Signal (6) received" in abort.log_tail and "Signal (11) received" in segv.log_tail
     assert [e.kind for e in events] == ["crashed", "restarted"] * 2
     assert server.failure is None
-    stats = ray.get(get_node_actor(url=server.grpc_url).stats.remote())
-    assert stats.triton_up
+    actor = get_node_actor(url=server.grpc_url)
+    # The actor sees Triton live again at its next look, which may come after the answers.
+    wait_for(lambda: ray.get(actor.stats.remote()).triton_up, what="the node actor seeing Triton")
     ray.get(get_node_actor(url=server.grpc_url).shutdown.remote())
     # Nothing leaks: no region of ours registered; no process of a crashed server left; the
     # Python-backend regions of every server gone with them.
