@@ -156,6 +156,22 @@ def _kill_ray_children() -> None:
                 os.kill(pid, signal.SIGKILL)
 
 
+def end_node_actor() -> None:
+    """Shuts down and kills this node's actor of the connected Ray, if it has one (a later
+    ``get_node_actor`` then makes a new one)."""
+    import ray
+
+    from ray_triton_shm.ray._actor import NAMESPACE, actor_name
+
+    try:
+        actor = ray.get_actor(actor_name(ray.get_runtime_context().get_node_id()), NAMESPACE)
+    except ValueError:
+        return
+    with contextlib.suppress(Exception):
+        ray.get(actor.shutdown.remote(), timeout=30)
+    ray.kill(actor)
+
+
 def classifier_expected(images: Any) -> Any:
     """The example ``classifier`` model's formula, in numpy."""
     b = images.shape[0]

@@ -19,6 +19,7 @@ from _helpers import (
     ADMIN,
     INFER,
     READ,
+    end_node_actor,
     init_ray,
     model_repository,
     our_regions,
@@ -29,6 +30,8 @@ from _helpers import (
 from ray_triton_shm import TritonSHMClient
 from ray_triton_shm.local._server import EXAMPLE_MODEL_REPOSITORY, LocalTritonServer
 
+#: The repository's root.
+ROOT = Path(__file__).resolve().parent.parent
 #: Test-only Python-backend models (slow_identity, fail_on_negative, strings,
 #: variable_output, mixed_io, delay_echo, sequence_sum, queued, echo_parameters, whoami).
 TEST_MODEL_REPOSITORY: Path = Path(__file__).resolve().parent / "models"
@@ -159,13 +162,7 @@ class _SharedRay:
         every CPU free again (else the next module gets a Ray of its own)."""
         import ray
 
-        from ray_triton_shm.ray._actor import NAMESPACE, actor_name
-
-        with contextlib.suppress(ValueError):  # no node actor
-            actor = ray.get_actor(actor_name(ray.get_runtime_context().get_node_id()), NAMESPACE)
-            with contextlib.suppress(Exception):
-                ray.get(actor.shutdown.remote(), timeout=30)
-            ray.kill(actor)
+        end_node_actor()
         with contextlib.suppress(ValueError):
             ray.get_actor("SERVE_CONTROLLER_ACTOR", namespace="serve")
             from ray import serve
@@ -192,8 +189,11 @@ def ray_local(triton: LocalTritonServer) -> Iterator[str]:
 
     from ray_triton_shm.ray import URL_ENV_VAR
 
-    old = os.environ.get(URL_ENV_VAR)
-    os.environ[URL_ENV_VAR] = triton.grpc_url  # before the start: Ray's processes inherit it
+    saved = {name: os.environ.get(name) for name in (URL_ENV_VAR, "PYTHONPATH")}
+    # Before the start: Ray's processes inherit them (PYTHONPATH for deployments/, which
+    # Serve replicas unpickle by reference).
+    os.environ[URL_ENV_VAR] = triton.grpc_url
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), saved["PYTHONPATH"]]))
     if not _SharedRay.connected():
         if ray.is_initialized():
             ray.shutdown()
@@ -205,10 +205,11 @@ def ray_local(triton: LocalTritonServer) -> Iterator[str]:
         if not (_SharedRay.connected() and _SharedRay.left_clean()):
             ray.shutdown()
             _SharedRay.gcs_address = None
-        if old is None:
-            os.environ.pop(URL_ENV_VAR, None)
-        else:
-            os.environ[URL_ENV_VAR] = old
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 @pytest.fixture(scope="session", autouse=True)

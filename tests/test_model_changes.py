@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _helpers import registered_on, wait_for
+from _helpers import end_node_actor, registered_on, wait_for
 
 from ray_triton_shm import (
     LocalTritonServer,
@@ -345,17 +345,15 @@ def test_the_repository_edited_on_disk_under_poll(tmp_path: Path) -> None:
 
 
 def test_the_ray_layer_follows_once_per_node(
-    explicit: tuple[LocalTritonServer, Repository], changing: Callable[[str], None]
+    explicit: tuple[LocalTritonServer, Repository],
+    changing: Callable[[str], None],
+    ray_local: str,
 ) -> None:
     import ray
-    from _helpers import init_ray
 
     from ray_triton_shm.ray import ShmModel, get_node_actor
 
     server, _ = explicit
-    if ray.is_initialized():
-        ray.shutdown()
-    init_ray(address="local", num_cpus=4, include_dashboard=False)
     try:
         model = ShmModel("changing", url=server.grpc_url, actor_options={"slots": 4})
 
@@ -387,29 +385,25 @@ def test_the_ray_layer_follows_once_per_node(
             timeout_s=40,
             what="the old regions gone",
         )
-        ray.get(actor.shutdown.remote())
     finally:
-        ray.shutdown()
+        end_node_actor()  # it talks to this module's Triton, not the session's
 
 
 def test_a_rolling_update_under_load_through_serve(
-    explicit: tuple[LocalTritonServer, Repository], changing: Callable[[str], None]
+    explicit: tuple[LocalTritonServer, Repository],
+    changing: Callable[[str], None],
+    ray_local: str,
 ) -> None:
     """8 callers keep calling a Serve app while the model's config changes: every answer is
     exact for its own request under the old or the new config, the only errors carry Triton's
     status, and no region of the old layout is left."""
-    import ray
-    from _helpers import init_ray
     from ray import serve
 
-    from ray_triton_shm.ray import ShmModel, get_node_actor
+    from ray_triton_shm.ray import ShmModel
 
     server, _ = explicit
     url = server.grpc_url
     grown = CHANGES["output grown past the slot"]
-    if ray.is_initialized():
-        ray.shutdown()
-    init_ray(address="local", num_cpus=4, include_dashboard=False)
     try:
 
         @serve.deployment(num_replicas=2, ray_actor_options={"num_cpus": 0.5})
@@ -470,7 +464,6 @@ def test_a_rolling_update_under_load_through_serve(
         assert len(errors) <= 8, errors[:3]  # at most one per caller, during Triton's reload
         assert old
         wait_for(lambda: not regions_left(url, old), timeout_s=40, what="the old regions gone")
-        serve.shutdown()
-        ray.get(get_node_actor().shutdown.remote())
     finally:
-        ray.shutdown()
+        serve.shutdown()
+        end_node_actor()  # it talks to this module's Triton, not the session's

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import os
 import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -22,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from _helpers import classifier_expected, free_ports, init_ray  # noqa: E402
+from _helpers import classifier_expected, free_ports  # noqa: E402
 
 from deployments.classifier import (  # noqa: E402
     BadRequest,
@@ -30,35 +29,14 @@ from deployments.classifier import (  # noqa: E402
     _parse_npy,
     synthetic_images,
 )
-from ray_triton_shm.local._server import LocalTritonServer  # noqa: E402
-from ray_triton_shm.ray import URL_ENV_VAR, get_node_actor  # noqa: E402
+from ray_triton_shm.ray import get_node_actor  # noqa: E402
 
 ROUTE = "/classify"
 
 
 @pytest.fixture(scope="module")
-def ray_cluster(triton: LocalTritonServer) -> Iterator[None]:
-    """A local Ray whose node actor talks to the session's Triton; torn down with its actor."""
-    # Set before ray.init so the raylet, and every worker and actor it starts, inherit it.
-    # PYTHONPATH too: replicas unpickle deployments.classifier by reference.
-    saved = {name: os.environ.get(name) for name in (URL_ENV_VAR, "PYTHONPATH")}
-    os.environ[URL_ENV_VAR] = triton.grpc_url
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), saved["PYTHONPATH"]]))
-    init_ray(num_cpus=4, include_dashboard=False)
-    try:
-        yield
-    finally:
-        try:
-            actor = get_node_actor()
-            ray.get(actor.shutdown.remote())
-            ray.kill(actor)
-        finally:
-            ray.shutdown()
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
+def ray_cluster(ray_local: str) -> None:
+    """The shared local Ray, whose node actor talks to the session's Triton."""
 
 
 @pytest.fixture(scope="module")
