@@ -370,6 +370,16 @@ class Load:
             if isinstance(outcome.error, ClientClosedError):
                 return  # nothing more can come (a test that failed left its load running)
 
+    def wait_for_answers(self, n: int, *, timeout_s: float = 60.0) -> None:
+        """Waits until the callers got ``n`` answers more than they had (an error is no
+        answer; a wrong one is, for the test to count)."""
+        start = len(self.outcomes)
+        wait_for(
+            lambda: sum(o.error is None for o in self.outcomes[start:]) >= n,
+            timeout_s=timeout_s,
+            what=f"{n} more answers",
+        )
+
     def stop(self) -> list[Outcome]:
         self._stop.set()
         for thread in self._threads:

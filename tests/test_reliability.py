@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 import ray
-from _helpers import classifier_expected, our_regions, registered_on
+from _helpers import classifier_expected, our_regions, registered_on, wait_for
 from ray import cloudpickle
 
 from ray_triton_shm import (
@@ -31,6 +31,7 @@ from ray_triton_shm import (
     TritonServerError,
     TritonSHMClient,
 )
+from ray_triton_shm._shm import DEAD, owner_state
 from ray_triton_shm.local._server import LocalTritonServer
 from ray_triton_shm.ray import ShmModel, get_node_actor
 
@@ -45,6 +46,11 @@ class Call:
     started: float  # time.time(), comparable across processes
     ended: float
     error: str | None
+
+
+def _answered(calls: list[Call], since: float = 0.0) -> int:
+    """The calls started after ``since`` that were answered."""
+    return sum(c.error is None and c.started > since for c in calls)
 
 
 # --------------------------------------------------------------------------------------
@@ -129,9 +135,9 @@ def test_core_requests_wait_out_a_triton_restart(fresh_triton: LocalTritonServer
     client = TritonSHMClient(url=url)
     client.register_shm_model("classifier", pool_size=2)
     with _CoreCallers(client) as callers:
-        time.sleep(1.0)
-        down, ready = _restart(fresh_triton, down_s=3.0)
-        time.sleep(2.0)
+        wait_for(lambda: _answered(callers.calls) >= 3, what="answers before the restart")
+        down, ready = _restart(fresh_triton, down_s=1.0)
+        wait_for(lambda: _answered(callers.calls, ready) >= 3, what="answers after the restart")
     _check_restart_survived(callers.calls, down, ready)
     assert client.shm_stats("classifier").in_use == 0
     client.close()
@@ -192,12 +198,17 @@ class _RayCaller:
     def __init__(self, url: str, zero_copy: bool) -> None:
         self.model = ShmModel("identity", url=url, max_shapes=IDENTITY_SHAPES, zero_copy=zero_copy)
         self.stopped = threading.Event()
+        self.calls: list[Call] = []
 
     def zero_copy(self) -> bool:
         return self.model.zero_copy
 
+    def answered(self, since: float = 0.0) -> int:
+        """The calls so far started after ``since`` that were answered (while it runs)."""
+        return _answered(self.calls, since)
+
     def run(self) -> list[Call]:
-        calls = []
+        calls = self.calls
         rng = np.random.default_rng(os.getpid())
         while not self.stopped.is_set():
             x = rng.standard_normal((int(rng.integers(1, 9)), 16)).astype(np.float32)
@@ -221,9 +232,13 @@ def test_ray_callers_wait_out_a_triton_restart(ray_on_fresh_triton: LocalTritonS
     callers = [_RayCaller.remote(url, zero_copy) for zero_copy in (True, False)]
     assert ray.get([c.zero_copy.remote() for c in callers]) == [True, False]
     runs = [c.run.remote() for c in callers]
-    time.sleep(2.0)
-    down, ready = _restart(triton, down_s=3.0)
-    time.sleep(2.0)
+
+    def answered(since: float = 0.0) -> int:  # by the caller that has fewer
+        return min(ray.get([c.answered.remote(since) for c in callers]))
+
+    wait_for(lambda: answered() >= 3, timeout_s=60, what="answers of both callers")
+    down, ready = _restart(triton, down_s=1.0)
+    wait_for(lambda: answered(ready) >= 3, timeout_s=60, what="answers of both after the restart")
     ray.get([c.stop.remote() for c in callers])
     direct, by_value = ray.get(runs, timeout=120)
     _check_restart_survived(direct, down, ready)
@@ -313,6 +328,15 @@ def _tenant(role: str, url: str, flag: Path, *, pid: int = 2) -> subprocess.Pope
     )
 
 
+def _answered_by_triton(url: str, model: str) -> int:
+    """The requests for ``model`` that the Triton at ``url`` answered."""
+    import tritonclient.grpc as grpcclient
+
+    with grpcclient.InferenceServerClient(url) as triton:
+        stats = triton.get_inference_statistics(model, as_json=True)["model_stats"]
+    return sum(int(s.get("inference_stats", {}).get("success", {}).get("count", 0)) for s in stats)
+
+
 def test_a_tenant_in_another_pid_namespace_never_reclaims_live_regions(
     grpc_url: str, tmp_path: Path
 ) -> None:
@@ -328,12 +352,18 @@ def test_a_tenant_in_another_pid_namespace_never_reclaims_live_regions(
 
     worker = _tenant("worker", grpc_url, flag)
     worker_region = json.loads(worker.stdout.readline())["region"]  # type: ignore[union-attr]
-    time.sleep(5.5)  # the crashed region is past the grace of a region being created
+    # The crashed region is past the grace of a region being created: provably dead to anyone.
+    wait_for(lambda: owner_state(crashed_region) == DEAD, what="the crashed region proven dead")
     other = _tenant("other", grpc_url, flag, pid=3)
     out, err = other.communicate(timeout=60)
     assert other.returncode == 0, err
     report = json.loads(out)
-    time.sleep(1.0)  # the worker goes on inferring after the other tenant closed
+    # The worker goes on inferring after the other tenant closed (Triton's only caller now).
+    answered = _answered_by_triton(grpc_url, "identity")
+    wait_for(
+        lambda: _answered_by_triton(grpc_url, "identity") >= answered + 3,
+        what="the worker's answers after the other tenant closed",
+    )
     flag.touch()
     out, err = worker.communicate(timeout=60)
     assert worker.returncode == 0, err

@@ -11,6 +11,7 @@ The module's Triton also wants mutual TLS, with the client's files found as the 
 
 from __future__ import annotations
 
+import inspect
 import os
 import secrets
 import time
@@ -30,10 +31,12 @@ from _helpers import (
     figures,
     init_ray,
     model_repository,
+    wait_for,
     write_secret,
 )
 
 from ray_triton_shm import AccessDeniedError, TritonSHMClient
+from ray_triton_shm._headers import Keys
 from ray_triton_shm._shm import list_local_regions, region_of
 from ray_triton_shm.local import LocalTritonServer
 
@@ -44,6 +47,11 @@ GROUPS = {
     "inference": INFER,
     "health,metadata,model-config,statistics": READ,
 }
+#: Answers every caller gets at each step of a rotation: before it, between the files' change
+#: and Triton's restart, and after the restart.
+ANSWERS = 20
+#: How soon a process's calls read changed key files (every process checks them this often).
+KEYS_CHECK_S: float = inspect.signature(Keys).parameters["check_interval_s"].default
 
 
 def new_keys() -> dict[str, str]:
@@ -125,8 +133,10 @@ def rotation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rotation]:
     try:
         yield rotation
     finally:
+        server.kill()  # nobody waits on its graceful end: seconds sooner
         server.close()
     log = server.log_path.read_text()
+    assert "Started GRPCInferenceService" in log  # the log outlived the kill: the check reads it
     assert not [value for value in rotation.seen if value in log]
 
 
@@ -147,13 +157,19 @@ def test_core_callers_ride_a_rotation_under_load(
     with client:
         client.register_shm_model("identity", pool_size=2, max_shapes=SHAPES)  # 4 callers
         load = Load(4, lambda x: client.infer_shm("identity", {"INPUT0": x})["OUTPUT0"])
-        time.sleep(1.0)
+        load.wait_for_answers(ANSWERS)
         # The kubelet swaps the files first: Triton still wants the old keys, and gets them.
+        old = rotation.keys
         keys = rotation.rotate_files()
-        time.sleep(1.5)
+        # A call reads the new files; Triton refuses them, and the client turns back to the old.
+        wait_for(
+            lambda: client._keys._older is not None and dict(client._keys.metadata()) == old,
+            what="the client back on the old keys after reading the new files",
+        )
+        load.wait_for_answers(ANSWERS)
         # Then Triton restarts with the new keys: callers wait for it, then use the new keys.
         down, up = rotation.restart_triton(keys)
-        time.sleep(2.0)
+        load.wait_for_answers(ANSWERS)
         outcomes = load.stop()
         result = figures(outcomes, down, up)
         assert result["wrong"] == 0
@@ -241,14 +257,19 @@ def test_ray_tasks_and_a_serve_app_ride_a_rotation_under_load(
     def caller(seed: int, stop: str) -> list[tuple[float, float, str]]:
         model = ShmModel("identity", max_shapes={"INPUT0": (16,), "OUTPUT0": (16,)})
         rng, outcomes = np.random.default_rng(seed), []
-        while not os.path.exists(stop):
-            x = rng.standard_normal((int(rng.integers(1, 12)), 16), dtype=np.float32)
-            started = time.time()
-            try:
-                what = "ok" if np.array_equal(model.infer({"INPUT0": x})["OUTPUT0"], x) else "wrong"
-            except Exception as exc:
-                what = f"{type(exc).__name__}: {exc}"
-            outcomes.append((started, time.time(), what))
+        # A byte per answer: what the test sees of the task's progress before it returns.
+        with open(f"{stop}-{seed}", "ab", buffering=0) as answered:
+            while not os.path.exists(stop):
+                x = rng.standard_normal((int(rng.integers(1, 12)), 16), dtype=np.float32)
+                started = time.time()
+                try:
+                    out = model.infer({"INPUT0": x})["OUTPUT0"]
+                    what = "ok" if np.array_equal(out, x) else "wrong"
+                except Exception as exc:
+                    what = f"{type(exc).__name__}: {exc}"
+                outcomes.append((started, time.time(), what))
+                if what == "ok":
+                    answered.write(b".")
         assert model.zero_copy
         model.close()
         return outcomes
@@ -266,11 +287,25 @@ def test_ray_tasks_and_a_serve_app_ride_a_rotation_under_load(
     handle = serve.run(Echo.bind(), name="echo", route_prefix=None)
     tasks = [caller.remote(seed, str(stop)) for seed in range(2)]
     served = Load(2, lambda x: handle.remote(x).result(timeout_s=120))
-    time.sleep(3.0)  # the tasks bind meanwhile
+    progress = [Path(f"{stop}-{seed}") for seed in range(len(tasks))]
+
+    def answering(timeout_s: float = 60.0) -> None:
+        """Waits until every task and the Serve app got :data:`ANSWERS` answers more."""
+        sizes = lambda: [p.stat().st_size if p.exists() else 0 for p in progress]  # noqa: E731
+        start = sizes()
+        served.wait_for_answers(ANSWERS, timeout_s=timeout_s)
+        wait_for(
+            lambda: all(now >= then + ANSWERS for now, then in zip(sizes(), start, strict=True)),
+            timeout_s=timeout_s,
+            what=f"{ANSWERS} more answers of each task",
+        )
+
+    answering(timeout_s=120)  # the tasks bind meanwhile
     keys = rotation.rotate_files()
-    time.sleep(2.0)
+    time.sleep(KEYS_CHECK_S)  # every process's next call reads the new files
+    answering()
     down, up = rotation.restart_triton(keys)
-    time.sleep(3.0)
+    answering()
     stop.touch()
     by_task = []
     for start, end, what in (o for task in ray.get(tasks, timeout=120) for o in task):

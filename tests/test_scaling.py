@@ -15,11 +15,15 @@ import pytest
 from _helpers import Load, our_regions, registered_on, wait_for
 
 from ray_triton_shm import SlotAutoscaling, TritonSHMClient
+from ray_triton_shm._scaling import TICK_S
 from ray_triton_shm._shm import list_local_regions
 from ray_triton_shm._specs import SlotLayout
 
 SHAPES = {"INPUT0": (16,), "OUTPUT0": (16,)}
 QUICK = {"min_slots": 2, "max_slots": 8, "upscale_delay_s": 0.1, "downscale_delay_s": 1.0}
+#: What a test that a pool does not grow gives its scaler: rounds enough past the default
+#: upscale_delay_s to grow it, were it to (no event marks that nothing happened).
+NO_GROWTH_S = SlotAutoscaling().upscale_delay_s + 8 * TICK_S
 
 
 _running: list[Load] = []
@@ -80,7 +84,8 @@ def test_a_pool_grows_while_callers_wait_and_gives_its_memory_back_when_idle(
 def test_one_caller_never_makes_a_pool_grow(client: TritonSHMClient) -> None:
     client.register_shm_model("identity", max_shapes=SHAPES)  # the defaults: 2 to 64 slots
     load = _load(client, "identity", 1)
-    time.sleep(2.0)
+    load.wait_for_answers(11)
+    time.sleep(NO_GROWTH_S)
     assert _checked(load) > 10
     stats = client.shm_stats("identity")
     assert (stats.size, stats.min_size, stats.max_size, stats.limited_by) == (2, 2, 64, "")
@@ -118,7 +123,7 @@ def test_a_fixed_pool_stays_fixed(client: TritonSHMClient) -> None:
     spec = client.register_shm_model("slow_identity", max_shapes=SHAPES, pool_size=2)
     load = _load(client, "slow_identity", 6)
     wait_for(lambda: client.shm_stats("slow_identity").waiting >= 3)
-    time.sleep(1.0)
+    time.sleep(NO_GROWTH_S)
     stats = client.shm_stats("slow_identity")
     assert (stats.size, stats.min_size, stats.max_size) == (2, 2, 2)
     assert _allocated(client, "slow_identity") == SlotLayout.for_model(spec).region_bytes(2)
@@ -274,7 +279,7 @@ def test_a_load_swinging_between_1_and_32_callers_gets_every_answer_right(
     while time.monotonic() < deadline:
         per_process = (1, 0, 0, 0) if swing % 2 == 0 else (8, 8, 8, 8)  # 1, then 32 callers
         ray.get([c.run.remote(n) for c, n in zip(callers, per_process, strict=True)])
-        time.sleep(2.0)
+        time.sleep(2.0)  # the swing's period: the shape of the load, not a wait for a state
         sizes.append(_node_pool("identity")["slots"])
         swing += 1
     totals = ray.get([c.totals.remote() for c in callers])

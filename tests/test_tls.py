@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from _helpers import CertificateAuthority as CA
-from _helpers import Load, figures, model_repository, write_secret
+from _helpers import Load, figures, model_repository, wait_for, write_secret
 
 from ray_triton_shm import CheckResult, TlsFiles, TLSHandshakeError, TritonSHMClient, check_node
 from ray_triton_shm._shm import list_local_regions
@@ -25,6 +25,9 @@ from ray_triton_shm.local import LocalTritonServer
 SHAPES = {"INPUT0": (16,), "OUTPUT0": (16,)}
 #: A refusal is one handshake; this bounds it far from reconnect_timeout_s (60 s).
 REFUSED_WITHIN_S = 5.0
+#: Answers the callers get at each step of a rotation: before it, between the client's new
+#: certificate and Triton's restart, and after the restart.
+ANSWERS = 20
 
 
 @dataclass
@@ -74,6 +77,7 @@ def mtls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MutualTLS]:
     try:
         yield setup
     finally:
+        setup.server.kill()  # nobody waits on its graceful end: seconds sooner
         setup.server.close()
 
 
@@ -166,14 +170,20 @@ def test_certificates_rotated_under_load_keep_calls_working(
     with client:
         client.register_shm_model("identity", pool_size=2, max_shapes=SHAPES)  # 4 callers
         load = Load(4, lambda x: client.infer_shm("identity", {"INPUT0": x})["OUTPUT0"])
-        time.sleep(1.0)
+        load.wait_for_answers(ANSWERS)
+        channel = client._channel._channel  # read, not current(): the callers are to reload
         write_secret(mtls.tls_dir, mtls.client_files(new_ca, "client-new", [mtls.ca, new_ca]))
-        time.sleep(1.5)
+        # A call reads the new files and makes a new channel: the calls after it go on it.
+        wait_for(
+            lambda: client._channel._channel is not channel,
+            what="the client's new channel, with its new certificate",
+        )
+        load.wait_for_answers(ANSWERS)
         mtls.server_trusts(new_ca, [new_ca])
         down = time.time()
         mtls.server.restart()
         up = time.time()
-        time.sleep(2.0)
+        load.wait_for_answers(ANSWERS)
         result = figures(load.stop(), down, up)
     assert result["wrong"] == 0 and result["answers"] > 0
     assert not result["errors_while_up"], result["errors"]
