@@ -125,17 +125,15 @@ def fresh_triton(tmp_path: Path) -> Iterator[LocalTritonServer]:
 
 
 @pytest.fixture
-def ray_on_fresh_triton(fresh_triton: LocalTritonServer) -> Iterator[LocalTritonServer]:
-    """A private local Ray beside a Triton of the test's own (free to be restarted)."""
-    import ray
-
-    if ray.is_initialized():
-        ray.shutdown()
-    init_ray(address="local", num_cpus=4, include_dashboard=False)
+def ray_on_fresh_triton(
+    fresh_triton: LocalTritonServer, ray_local: str
+) -> Iterator[LocalTritonServer]:
+    """The shared local Ray beside a Triton of the test's own (free to be restarted), which
+    the test names by its URL; the node actor it made there ends with it."""
     try:
         yield fresh_triton
     finally:
-        ray.shutdown()
+        end_node_actor()
 
 
 class _SharedRay:

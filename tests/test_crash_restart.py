@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _helpers import init_ray, model_repository, our_regions, registered_on, wait_for
+from _helpers import end_node_actor, model_repository, our_regions, registered_on, wait_for
 
 from ray_triton_shm import TritonSHMClient
 from ray_triton_shm.local._crashes import RestartPolicy, ServerEvent, crash_reason
@@ -162,16 +162,14 @@ class _Load:
 
 
 @pytest.fixture
-def ray_beside(supervised: tuple[LocalTritonServer, list[ServerEvent]]) -> Iterator[None]:
-    import ray
-
-    if ray.is_initialized():
-        ray.shutdown()
-    init_ray(address="local", num_cpus=4, include_dashboard=False)
+def ray_beside(
+    supervised: tuple[LocalTritonServer, list[ServerEvent]], ray_local: str
+) -> Iterator[None]:
+    """The shared local Ray; the node actor the test made on its Triton ends with it."""
     try:
         yield
     finally:
-        ray.shutdown()
+        end_node_actor()
 
 
 def test_a_crashed_triton_comes_back_under_load_and_every_answer_is_exact(

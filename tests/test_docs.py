@@ -308,6 +308,7 @@ def _served_repository(page: Path) -> Path | None:
 
 
 @pytest.mark.parametrize("page", PYTHON_PAGES, ids=_page_id)
+@pytest.mark.usefixtures("ray_local")  # the shared Ray, which the Ray pages join as drivers
 def test_python_examples_run(
     page: Path, grpc_url: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:

@@ -114,6 +114,7 @@ def odd_triton(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Local
     try:
         yield server
     finally:
+        server.kill()  # its graceful end is test_server.py's
         server.close()
 
 

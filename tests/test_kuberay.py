@@ -543,6 +543,7 @@ def test_the_triton_container_args_run_and_the_ray_env_is_enough(
         with urllib.request.urlopen(f"http://{server.http_url}{probe}", timeout=5) as answer:
             assert answer.status == 200
     finally:
+        server.kill()  # its graceful end is test_server.py's
         server.close()
 
 
@@ -758,6 +759,7 @@ def test_the_mtls_triton_args_run_and_the_ray_env_is_enough(
         expected = x.reshape(2, -1)[:, :150000].reshape(2, 1000, 150).mean(axis=2)
         np.testing.assert_allclose(out, expected, rtol=1e-5)
     finally:
+        server.kill()  # its graceful end is test_server.py's
         server.close()
 
 

@@ -97,6 +97,7 @@ def explicit(
     try:
         yield server, repository
     finally:
+        server.kill()  # its graceful end is test_server.py's
         server.close()
 
 

@@ -202,6 +202,7 @@ def test_onnx_models_answer_through_the_python_backend(
         assert configs["scale"].get("max_batch_size", 0) == 0  # the graph's: no batch dimension
         assert [i["dims"] for i in configs["scale"]["input"]] == [["2", "3"]]
     finally:
+        server.kill()  # its graceful end is test_server.py's
         server.close()
 
 

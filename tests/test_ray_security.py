@@ -82,6 +82,7 @@ def test_tls_through_the_node_actor_and_shm_model(ray_local: str, tmp_path: Path
             model.close()
     finally:
         _end(actor)
+        server.kill()  # its graceful end is test_server.py's
         server.close()
 
 

@@ -368,4 +368,5 @@ def test_tls_round_trip_with_every_call_keyed_across_a_restart(tmp_path: Path) -
         assert region not in status.get("regions", {})
         assert secret not in server.log_path.read_text()
     finally:
+        server.kill()  # its graceful end is test_server.py's
         server.close()
