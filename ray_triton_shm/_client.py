@@ -73,9 +73,10 @@ from ._pool import PoolStats, SlotPool, SlotSource
 from ._reaper import watch
 from ._reclaim import reclaim_dead_registrations
 from ._reconnect import Reconnect, channel_options
-from ._scaling import Scaler, SlotAutoscaling, default_shm_budget, pool_sizing
+from ._scaling import Scaler, default_shm_budget
 from ._settle import Settler, unregister_slots
 from ._shm import SharedMemoryRegion, ensure_room, mib, new_region_name, slot_key
+from ._sizing import SlotAutoscaling, pool_sizing
 from ._specs import ModelSpec, SlotLayout, SpecLike
 from ._tls import ReloadingChannel, TlsFiles, diagnose
 from ._transport import status_and_message, translate_error

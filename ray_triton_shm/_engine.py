@@ -48,8 +48,8 @@ from ._options import RequestOptions
 from ._outputs import OutputAssembler, empty_outputs, overflow_message, overflowed_output
 from ._pool import SlotSource
 from ._reconnect import is_restart_symptom
-from ._scaling import SlotAutoscaling
 from ._shm import SharedMemoryRegion, slot_key
+from ._sizing import SlotAutoscaling
 from ._specs import ModelSpec, SlotLayout
 from ._transport import (
     SlotRequests,

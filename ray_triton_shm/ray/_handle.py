@@ -35,9 +35,9 @@ from .._inputs import InputValue
 from .._lease import SlotLease
 from .._memory import CUDA, SYSTEM, check_memory_options, open_memory
 from .._options import ParameterValue, request_options
-from .._scaling import SlotAutoscaling
 from .._shared_slots import SharedSlots
 from .._shm import SharedMemoryRegion
+from .._sizing import SlotAutoscaling
 from .._specs import ModelSpec, SlotLayout, SpecLike
 from ._actor import ModelRegistration, get_node_actor
 from ._control import control_call, get
