@@ -79,7 +79,7 @@ from ._shm import SharedMemoryRegion, ensure_room, mib, new_region_name, slot_ke
 from ._sizing import SlotAutoscaling, pool_sizing
 from ._specs import ModelSpec, SlotLayout, SpecLike
 from ._tls import ReloadingChannel, TlsFiles, diagnose
-from ._transport import status_and_message, translate_error
+from ._triton_errors import status_and_message, translate_error
 
 __all__ = ["TritonSHMClient"]
 

@@ -44,7 +44,7 @@ from ._shm import DEAD, SHM_DIR, SharedMemoryRegion, mib, new_region_name, shm_s
 from ._sizing import SlotAutoscaling
 from ._specs import SlotLayout, resolve_model_spec
 from ._tls import TLS_DIR_ENV_VAR, TlsFiles, diagnose
-from ._transport import expected_header, never_reached, status_and_message, translate_error
+from ._triton_errors import expected_header, never_reached, status_and_message, translate_error
 
 __all__ = [
     "FAIL",

@@ -35,7 +35,7 @@ from ._shm import (
     region_owner,
     unlink_region,
 )
-from ._transport import is_in_use, translate_error
+from ._triton_errors import is_in_use, translate_error
 
 __all__ = [
     "ReclaimReport",

@@ -19,7 +19,7 @@ from ._shm import (
     region_of,
     region_owner,
 )
-from ._transport import translate_error
+from ._triton_errors import translate_error
 
 __all__ = ["RegionStatus", "StatusReport", "region_status"]
 
