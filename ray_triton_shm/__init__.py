@@ -49,12 +49,12 @@ _EXPORTS = {
     "headers_from_env": "._headers",
     "TlsFiles": "._tls",
     "PoolStats": "._pool",
-    "SlotAutoscaling": "._scaling",
+    "SlotAutoscaling": "._sizing",
     "ReclaimReport": "._reclaim",
-    "RegionStatus": "._reclaim",
-    "StatusReport": "._reclaim",
+    "RegionStatus": "._region_status",
+    "StatusReport": "._region_status",
     "reclaim_regions": "._reclaim",
-    "region_status": "._reclaim",
+    "region_status": "._region_status",
     "ModelSpec": "._specs",
     "TensorSpec": "._specs",
     "LocalTritonServer": ".local",
@@ -128,8 +128,9 @@ if typing.TYPE_CHECKING:  # what type checkers and IDEs see: the names, typed, a
     from ._headers import Keys, headers_from_dir, headers_from_env
     from ._lease import SlotLease
     from ._pool import PoolStats
-    from ._reclaim import ReclaimReport, RegionStatus, StatusReport, reclaim_regions, region_status
-    from ._scaling import SlotAutoscaling
+    from ._reclaim import ReclaimReport, reclaim_regions
+    from ._region_status import RegionStatus, StatusReport, region_status
+    from ._sizing import SlotAutoscaling
     from ._specs import ModelSpec, TensorSpec
     from ._tls import TlsFiles
     from .local import LocalTritonServer

@@ -10,17 +10,43 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import grpc
 
 from ._engine import ModelPool, Step
+from ._headers import Keys, Metadata
+from ._options import RequestOptions
+from ._reconnect import Reconnect
 from ._transport import as_asyncio_future
 
-if TYPE_CHECKING:
-    from ._client import TritonSHMClient
+__all__ = ["CallHost", "Calls"]
 
-__all__ = ["Calls"]
+
+class CallHost(Protocol):
+    """What a call needs of the client it runs on: the client's internal API for
+    :class:`Calls` and :mod:`._lease` (:class:`~._client.TritonSHMClient` is the one host)."""
+
+    _keys: Keys
+    _client_stub: Any
+
+    def _get_metadata(
+        self, headers: Mapping[str, str] | None, keys: Metadata | None = None
+    ) -> Metadata:
+        """The metadata of one gRPC call: the client's keys with ``headers`` over them."""
+
+    def _reconnect(
+        self, model: str | None, timeout_s: float | None = None, metadata: Metadata | None = None
+    ) -> Reconnect:
+        """A reconnect budget for one request."""
+
+    def _reregister(self, pool: ModelPool, epoch: int, reconnect: Reconnect) -> None:
+        """Registers ``pool`` again after Triton lost it (once per ``epoch``)."""
+
+    def _next_pool(
+        self, pool: ModelPool, exc: BaseException, options: RequestOptions | None, started: float
+    ) -> ModelPool:
+        """The pool a call that failed on ``pool`` with ``exc`` goes on with, or raises."""
 
 
 class Calls:
@@ -38,7 +64,7 @@ class Calls:
 
     def __init__(
         self,
-        client: TritonSHMClient,
+        client: CallHost,
         model_name: str,
         pool: ModelPool,
         *,

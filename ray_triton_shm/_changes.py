@@ -19,48 +19,20 @@ follows`) moves to a new layout; one registered with specs given by hand gets a
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import grpc
-
 from ._exceptions import ModelChangedError, ModelSpecError
 from ._specs import ModelSpec, SpecLike, TensorSpec, resolve_model_spec
-from ._transport import status_and_message
+from ._triton_errors import status_and_message
 
 __all__ = [
     "Registration",
     "answer_mismatch",
     "changed_error",
     "differences",
-    "is_change_symptom",
 ]
-
-#: Triton's refusals of a request laid out for another config of the model (2.51's wording).
-_REFUSALS = re.compile(
-    "|".join(
-        (
-            r"unexpected shape for input",
-            r"batch-size must be <=",
-            r"data-type is '[^']*', but model '[^']*' expects",
-            r"unexpected datatype",
-            r"unexpected inference (input|output)",
-            r"missing required input",
-            r"expected \d+ inputs but got",
-            r"should be at least \d+ bytes to hold the results",
-        )
-    )
-)
-
-
-def is_change_symptom(exc: BaseException) -> bool:
-    """Whether Triton refused a request in a way a change of the model's config explains."""
-    status, message = status_and_message(exc)
-    if status not in (str(grpc.StatusCode.INVALID_ARGUMENT), str(grpc.StatusCode.INTERNAL)):
-        return False
-    return _REFUSALS.search(message) is not None
 
 
 def answer_mismatch(

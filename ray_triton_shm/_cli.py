@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any
 from ray_triton_shm._defaults import DEFAULT_URL
 
 if TYPE_CHECKING:
-    from ray_triton_shm._reclaim import ReclaimReport, StatusReport
+    from ray_triton_shm._reclaim import ReclaimReport
+    from ray_triton_shm._region_status import StatusReport
     from ray_triton_shm.local._crashes import ServerEvent
 
 __all__ = ["build_parser", "main"]
@@ -303,7 +304,7 @@ def _node_actor_reports(address: str | None, *, timeout_s: float) -> list[dict[s
 
     import ray
 
-    from ray_triton_shm.ray._actor import NAMESPACE, actor_name
+    from ray_triton_shm.ray._actor import NAMESPACE, node_actor_names
 
     ray.init(
         address=address or "auto",
@@ -312,14 +313,8 @@ def _node_actor_reports(address: str | None, *, timeout_s: float) -> list[dict[s
         log_to_driver=False,
     )
     try:
-        prefix = actor_name("")
-        names = sorted(
-            a["name"]
-            for a in ray.util.list_named_actors(all_namespaces=True)
-            if a.get("namespace") == NAMESPACE and a["name"].startswith(prefix)
-        )
         reports: list[dict[str, Any]] = []
-        for name in names:
+        for name in node_actor_names():
             try:
                 actor = ray.get_actor(name, namespace=NAMESPACE)
                 reports.append(
@@ -403,13 +398,15 @@ def _print_node_actors(address: str | None, *, timeout_s: float) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from ray_triton_shm import _reclaim
+    from ray_triton_shm import _region_status
 
     status = 0
     if args.ray or args.address:
         status = _print_node_actors(args.address, timeout_s=args.timeout_s)
         print()
-    return max(status, _print_status(_reclaim.region_status(url=None if args.local else args.url)))
+    return max(
+        status, _print_status(_region_status.region_status(url=None if args.local else args.url))
+    )
 
 
 def _cmd_reclaim(args: argparse.Namespace) -> int:

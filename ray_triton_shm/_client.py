@@ -17,7 +17,6 @@ given up is used again exactly when Triton is done with it (:mod:`._settle`).
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import os
@@ -68,17 +67,19 @@ from ._memory import (
     check_numeric,
     region_bytes,
 )
+from ._moves import Moves
 from ._options import ParameterValue, RequestOptions, request_options, select_outputs
 from ._pool import PoolStats, SlotPool, SlotSource
 from ._reaper import watch
 from ._reclaim import reclaim_dead_registrations
 from ._reconnect import Reconnect, channel_options
-from ._scaling import Scaler, SlotAutoscaling, default_shm_budget, pool_sizing
+from ._scaling import Scaler, default_shm_budget
 from ._settle import Settler, unregister_slots
 from ._shm import SharedMemoryRegion, ensure_room, mib, new_region_name, slot_key
+from ._sizing import SlotAutoscaling, pool_sizing
 from ._specs import ModelSpec, SlotLayout, SpecLike
 from ._tls import ReloadingChannel, TlsFiles, diagnose
-from ._transport import status_and_message, translate_error
+from ._triton_errors import status_and_message, translate_error
 
 __all__ = ["TritonSHMClient"]
 
@@ -101,8 +102,6 @@ _CLOSE_WAIT_S = 30.0
 #: from a refusal or an answer, or from inputs the pool's spec refuses), or its pool was
 #: replaced meanwhile.
 _MOVED = (SuspectedChange, PoolRetired, ClientClosedError, InvalidInputError)
-#: How many times one call may move to a newer pool.
-_MAX_MOVES = 2
 #: Inputs the spec refuses make Triton's config be read again at most this often (per pool).
 _INPUT_RECHECK_S = 1.0
 #: An answer that does not fit its pool (or a fixed-size output refused as too large) proves
@@ -702,6 +701,36 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
                 return newer
         return None
 
+    def _call(
+        self,
+        pool: ModelPool,
+        options: RequestOptions | None,
+        headers: Mapping[str, str] | None,
+        client_timeout_s: float | None,
+        reconnect_timeout_s: float | None,
+    ) -> tuple[Calls, Moves[ModelPool]]:
+        """One call's gRPC side, and where it goes on when its keys are refused (read them
+        again, once) or its pool stops it (the model's newer pool)."""
+        calls = Calls(
+            self,
+            pool.spec.name,
+            pool,
+            headers=headers,
+            client_timeout_s=client_timeout_s,
+            reconnect_timeout_s=reconnect_timeout_s,
+        )
+        started = time.monotonic()
+
+        def recover(pool: ModelPool, exc: BaseException) -> ModelPool:
+            if isinstance(exc, AccessDeniedError):
+                if not calls.rotate():
+                    raise exc
+                return pool
+            calls.pool = self._next_pool(pool, exc, options, started)
+            return calls.pool
+
+        return calls, Moves(pool, (AccessDeniedError, *_MOVED), recover)
+
     def _next_pool(
         self,
         pool: ModelPool,
@@ -999,33 +1028,16 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             parameters=parameters,
             outputs=outputs,
         )
-        calls = Calls(
-            self,
-            model_name,
-            pool,
-            headers=headers,
-            client_timeout_s=client_timeout_s,
-            reconnect_timeout_s=reconnect_timeout_s,
-        )
-        started = time.monotonic()
-        moves = 0
+        calls, moves = self._call(pool, options, headers, client_timeout_s, reconnect_timeout_s)
         try:
-            while True:
-                try:
-                    steps = self._steps(
-                        pool, inputs, options, slot_timeout_s, request_id, outputs_as
-                    )
-                    return drive(steps, calls.do)
-                except AccessDeniedError:
-                    if not calls.rotate():
-                        raise
-                except _MOVED as exc:
-                    if moves == _MAX_MOVES:
-                        raise exc.error if isinstance(exc, SuspectedChange) else exc from None
-                    moves += 1
-                    pool = calls.pool = self._next_pool(pool, exc, options, started)
+            return moves.run(
+                lambda pool: drive(
+                    self._steps(pool, inputs, options, slot_timeout_s, request_id, outputs_as),
+                    calls.do,
+                )
+            )
         except TritonSHMError as exc:
-            pool.count_failure(exc)
+            moves.target.count_failure(exc)
             raise
 
     def lease(
@@ -1145,34 +1157,16 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             parameters=parameters,
             outputs=outputs,
         )
-        calls = Calls(
-            self,
-            model_name,
-            pool,
-            headers=headers,
-            client_timeout_s=client_timeout_s,
-            reconnect_timeout_s=reconnect_timeout_s,
-        )
-        started = time.monotonic()
-        moves = 0
+        calls, moves = self._call(pool, options, headers, client_timeout_s, reconnect_timeout_s)
         try:
-            while True:
-                try:
-                    steps = self._steps(
-                        pool, inputs, options, slot_timeout_s, request_id, outputs_as
-                    )
-                    return await drive_async(steps, calls.do_async)
-                except AccessDeniedError:
-                    if not calls.rotate():
-                        raise
-                except _MOVED as exc:
-                    if moves == _MAX_MOVES:
-                        raise exc.error if isinstance(exc, SuspectedChange) else exc from None
-                    moves += 1
-                    pool = await asyncio.to_thread(self._next_pool, pool, exc, options, started)
-                    calls.pool = pool
+            return await moves.run_async(
+                lambda pool: drive_async(
+                    self._steps(pool, inputs, options, slot_timeout_s, request_id, outputs_as),
+                    calls.do_async,
+                )
+            )
         except TritonSHMError as exc:
-            pool.count_failure(exc)
+            moves.target.count_failure(exc)
             raise
 
     # ------------------------------------------------------------------ lifecycle

@@ -39,12 +39,12 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from ._defaults import DEFAULT_URL, URL_ENV_VAR
 from ._headers import KEYS_DIR_ENV_VAR, Keys, env_var_for, headers_from_env
-from ._reclaim import region_status
-from ._scaling import SlotAutoscaling
+from ._region_status import region_status
 from ._shm import DEAD, SHM_DIR, SharedMemoryRegion, mib, new_region_name, shm_space
+from ._sizing import SlotAutoscaling
 from ._specs import SlotLayout, resolve_model_spec
 from ._tls import TLS_DIR_ENV_VAR, TlsFiles, diagnose
-from ._transport import expected_header, never_reached, status_and_message, translate_error
+from ._triton_errors import expected_header, never_reached, status_and_message, translate_error
 
 __all__ = [
     "FAIL",

@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 import grpc
 from tritonclient.grpc import service_pb2
 
-from ._changes import Registration, answer_mismatch, is_change_symptom
+from ._changes import Registration, answer_mismatch
 from ._exceptions import ClientClosedError, TritonServerError, TritonSHMError, error_kind
 from ._gpu_tensors import DeviceOutputs
 from ._header import RegionHeader
@@ -47,16 +47,15 @@ from ._memory import SlotIO, SlotMemory
 from ._options import RequestOptions
 from ._outputs import OutputAssembler, empty_outputs, overflow_message, overflowed_output
 from ._pool import SlotSource
-from ._reconnect import is_restart_symptom
-from ._scaling import SlotAutoscaling
 from ._shm import SharedMemoryRegion, slot_key
+from ._sizing import SlotAutoscaling
 from ._specs import ModelSpec, SlotLayout
-from ._transport import (
-    SlotRequests,
-    expected_header,
+from ._transport import SlotRequests
+from ._triton_errors import (
+    answered_or_never_sent,
+    is_change_symptom,
     is_missing_region,
-    is_queue_refusal,
-    never_reached,
+    is_restart_symptom,
     translate_error,
 )
 
@@ -298,7 +297,7 @@ class Chunk:
     def answered(self, exc: grpc.RpcError | None = None) -> None:
         """Notes how the request's call ended: with Triton's answer (a response, or an error
         Triton sent), or without it (``exc`` from the connection: Triton may still run it)."""
-        self.in_triton = exc is not None and not _from_triton(exc)
+        self.in_triton = exc is not None and not answered_or_never_sent(exc)
 
     def abandon(self) -> None:
         """Gives the slot up: freed once Triton is done with the request (at once if it is).
@@ -530,26 +529,12 @@ async def drive_async(
         steps.close()
 
 
-def _from_triton(exc: grpc.RpcError) -> bool:
-    """Whether a failed call was answered by Triton, or never reached it: either way Triton
-    does not run it. A call cut off on the way (a lost connection, a cancellation) may still
-    run there."""
-    code = exc.code() if hasattr(exc, "code") else None
-    if code is None:
-        return False
-    if code in (grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED):
-        return False
-    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN):
-        return never_reached(exc) or expected_header(exc) is not None or is_queue_refusal(exc)
-    return True
-
-
 def _call_answered(call: grpc.Future) -> bool:
     """Whether a finished gRPC call ended with Triton's answer."""
     if call.cancelled():
         return False
     error = call.exception()
-    return error is None or (isinstance(error, grpc.RpcError) and _from_triton(error))
+    return error is None or (isinstance(error, grpc.RpcError) and answered_or_never_sent(error))
 
 
 def _answered(

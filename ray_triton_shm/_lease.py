@@ -57,6 +57,7 @@ from ._engine import (
     drive_async,
 )
 from ._exceptions import ClientClosedError, InvalidInputError, TritonServerError, TritonSHMError
+from ._moves import Moves
 from ._options import RequestOptions
 from ._outputs import check_room, read_bytes
 from ._specs import TensorSpec
@@ -65,8 +66,6 @@ __all__ = ["SlotLease"]
 
 logger = logging.getLogger(__name__)
 
-#: Moves to a new layout of the model while taking a slot, before giving up.
-_MAX_MOVES = 2
 #: Frames in this folder are the library's: a lease's site is the first frame outside it.
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
@@ -303,20 +302,22 @@ class SlotLease:
 
     def _taking(self) -> Generator[tuple[Step, Any], Any, int]:
         """The steps that take a slot, following the model to a new layout if it moved."""
-        calls, client = self._calls, self._calls.client
+        calls = self._calls
         started = time.monotonic()
-        for moves in range(_MAX_MOVES + 1):
-            pool = calls.pool
+
+        def recover(pool: ModelPool, exc: BaseException) -> ModelPool:
+            calls.pool = calls.client._next_pool(pool, exc, self._options, started)
+            self._sample_shapes = _sample_shapes(calls.pool, self._rows, self._given)
+            return calls.pool
+
+        moves = Moves(calls.pool, (PoolRetired, ClientClosedError), recover)
+        while True:
             self._started_ns = time.monotonic_ns()
             try:
                 slot = yield Step.SLOT, self._slot_timeout_s
-                return pool.take(slot)
-            except (PoolRetired, ClientClosedError) as exc:
-                if moves == _MAX_MOVES:
-                    raise
-                calls.pool = client._next_pool(pool, exc, self._options, started)
-                self._sample_shapes = _sample_shapes(calls.pool, self._rows, self._given)
-        raise AssertionError("unreachable")
+                return moves.target.take(slot)
+            except moves.handled as exc:
+                moves.after(exc)
 
     def _take(self, slot: int) -> None:
         pool = self._calls.pool

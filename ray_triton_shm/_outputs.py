@@ -8,7 +8,6 @@ place in the caller's arrays. BYTES outputs become object arrays of ``bytes``.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable
 
 import numpy as np
@@ -17,6 +16,7 @@ from ._bytes import decode
 from ._exceptions import TritonServerError
 from ._memory import SlotIO
 from ._specs import ModelSpec, TensorSpec
+from ._triton_errors import output_overflow
 
 __all__ = [
     "OutputAssembler",
@@ -26,9 +26,6 @@ __all__ = [
     "overflowed_output",
     "read_bytes",
 ]
-
-# Triton's answer when an output does not fit the shared memory the request gave it.
-_OVERFLOW = re.compile(r"for output '([^']+)' \((\d+) bytes\) should be at least (\d+) bytes")
 
 
 class OutputAssembler:
@@ -165,14 +162,14 @@ def empty_outputs(spec: ModelSpec, names: tuple[str, ...] | None = None) -> dict
 def overflowed_output(spec: ModelSpec, server_message: str) -> TensorSpec | None:
     """The output Triton answered did not fit its place in the slot, if that is what
     ``server_message`` says and the pool knows the output."""
-    match = _OVERFLOW.search(server_message)
+    match = output_overflow(server_message)
     return None if match is None else spec.outputs_by_name.get(match.group(1))
 
 
 def overflow_message(spec: ModelSpec, server_message: str) -> str | None:
     """A message that says which maximum to raise, when Triton answered that an output did not
     fit its place in the slot; ``None`` for any other answer."""
-    match = _OVERFLOW.search(server_message)
+    match = output_overflow(server_message)
     if match is None:
         return None
     name, given, needed = match.group(1), int(match.group(2)), int(match.group(3))

@@ -1,10 +1,15 @@
-"""Finding and reclaiming regions whose owner process is gone.
+"""Taking back the regions whose owner process is gone: their registrations in Triton and
+their files in ``/dev/shm``.
 
 A process killed with SIGKILL runs no cleanup: its regions stay registered in Triton (which
 keeps them mapped), and on some paths stay in ``/dev/shm``. Our region names carry their owner
 (see :mod:`._shm`), so anything of ours whose owner is proven dead can be reclaimed. Regions of
 owners in other pid namespaces (other containers sharing ``/dev/shm`` and Triton) are taken back
 only when their file's lock proves the owner gone; otherwise they are left alone.
+
+A client takes back dead owners' registrations before it registers a region of its own, its
+watchdog (:mod:`._reaper`) what its owner left, a node actor what its previous incarnation
+left; the ``reclaim`` command all of them (:mod:`._region_status` lists them).
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
@@ -30,54 +35,16 @@ from ._shm import (
     region_owner,
     unlink_region,
 )
-from ._transport import is_in_use, translate_error
+from ._triton_errors import is_in_use, translate_error
 
 __all__ = [
     "ReclaimReport",
-    "RegionStatus",
-    "StatusReport",
+    "headers_for_tool",
+    "may_take",
     "reclaim_dead_registrations",
     "reclaim_regions",
-    "region_status",
+    "registrations",
 ]
-
-
-@dataclass(frozen=True)
-class RegionStatus:
-    """One region: ours (by name) or, for registrations, anybody's.
-
-    Attributes:
-        name: Region name.
-        size: Size in bytes (from ``/dev/shm`` or from Triton).
-        owner_pid: The owner's pid (in its own pid namespace), ``None`` for regions that are not
-            ours.
-        owner: ``"alive"``, ``"dead"`` (proven), ``"other namespace"`` (left alone), or
-            ``None`` for regions that are not ours.
-        in_dev_shm: Whether the name exists in ``/dev/shm``.
-        registered: Whether Triton has it registered (``None`` when no server was asked).
-    """
-
-    name: str
-    size: int
-    owner_pid: int | None
-    owner: str | None
-    in_dev_shm: bool
-    registered: bool | None
-
-
-@dataclass(frozen=True)
-class StatusReport:
-    """What :func:`region_status` found.
-
-    Attributes:
-        url: The server asked, or ``None``.
-        server_error: Why the server could not be asked, if it could not.
-        regions: Every region of ours on this machine and every registration on the server.
-    """
-
-    url: str | None
-    server_error: str | None
-    regions: list[RegionStatus] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -95,7 +62,7 @@ class ReclaimReport:
     server_error: str | None = None
 
 
-def _registrations(
+def registrations(
     client: grpcclient.InferenceServerClient, headers: Mapping[str, str] | None = None
 ) -> dict[str, tuple[int, bool]]:
     """Triton's registrations by name (a region's slots are registered one by one, see
@@ -113,48 +80,6 @@ def _registrations(
     for name, info in cuda.get("regions", {}).items():
         found[name] = (int(info.get("byte_size", 0)), True)
     return found
-
-
-def region_status(
-    url: str | None = DEFAULT_URL, *, headers: Mapping[str, str] | Keys | None = None
-) -> StatusReport:
-    """Lists our regions in ``/dev/shm`` and the shared-memory registrations (system and
-    CUDA) of a server.
-
-    Args:
-        url: Triton's gRPC address; ``None`` to look at this machine only.
-        headers: gRPC headers (Triton's access keys), or :class:`Keys`; ``None`` reads them
-            from the environment (``RAY_TRITON_SHM_HEADER_*``) and the key files of
-            ``$RAY_TRITON_SHM_KEYS_DIR``, now.
-    """
-    local = {r.name: r for r in list_local_regions()}
-    registered: dict[str, int] | None = None
-    server_error = None
-    if url is not None:
-        try:
-            with tritonclient_for(url) as client:
-                registered = {
-                    region_of(name): size
-                    for name, (size, _) in _registrations(client, _headers(headers)).items()
-                }
-        except InferenceServerException as exc:
-            server_error = str(translate_error(exc, action="reading shared memory status"))
-    names = sorted(set(local) | set(registered or {}))
-    regions = []
-    for name in names:
-        owner = region_owner(name)
-        region = local.get(name)
-        regions.append(
-            RegionStatus(
-                name=name,
-                size=region.size if region else (registered or {}).get(name, 0),
-                owner_pid=None if owner is None else owner.pid,
-                owner=region.owner_state if region else owner_state(name),
-                in_dev_shm=region is not None,
-                registered=None if registered is None else name in registered,
-            )
-        )
-    return StatusReport(url=url, server_error=server_error, regions=regions)
 
 
 def reclaim_dead_registrations(
@@ -179,14 +104,14 @@ def reclaim_dead_registrations(
         InferenceServerException: when the server cannot be asked.
     """
     reclaimed: set[str] = set()
-    registrations = _registrations(client, headers)
-    names = [name for name in registrations if _reclaimable(name, owner)]
+    found = registrations(client, headers)
+    names = [name for name in found if _reclaimable(name, owner)]
     deadline = time.monotonic() + in_use_wait_s
     while names:
         in_use = []
         for name in names:
             try:
-                if registrations[name][1]:
+                if found[name][1]:
                     client.unregister_cuda_shared_memory(name, headers=headers)
                 else:
                     client.unregister_system_shared_memory(name, headers=headers)
@@ -230,19 +155,22 @@ def reclaim_regions(
         try:
             with tritonclient_for(url) as client:
                 unregistered = reclaim_dead_registrations(
-                    client, owner=owner, headers=_headers(headers), in_use_wait_s=in_use_wait_s
+                    client,
+                    owner=owner,
+                    headers=headers_for_tool(headers),
+                    in_use_wait_s=in_use_wait_s,
                 )
         except InferenceServerException as exc:
             server_error = str(translate_error(exc, action="reclaiming registrations"))
     unlinked = [
         r.name
         for r in list_local_regions()  # which judged each owner already
-        if r.owner_state == DEAD and _may_take(r.owner, owner) and unlink_region(r.name)
+        if r.owner_state == DEAD and may_take(r.owner, owner) and unlink_region(r.name)
     ]
     return ReclaimReport(unregistered=unregistered, unlinked=unlinked, server_error=server_error)
 
 
-def _headers(headers: Mapping[str, str] | Keys | None) -> dict[str, str]:
+def headers_for_tool(headers: Mapping[str, str] | Keys | None) -> dict[str, str]:
     """The headers given for a tool's calls (``None``: none, and the client's plugin puts the
     key files' and the environment's on each call: see :func:`tritonclient_for`)."""
     if headers is None:
@@ -251,10 +179,10 @@ def _headers(headers: Mapping[str, str] | Keys | None) -> dict[str, str]:
 
 
 def _reclaimable(name: str, only: int | None) -> bool:
-    return _may_take(region_owner(name), only) and owner_state(name) == DEAD
+    return may_take(region_owner(name), only) and owner_state(name) == DEAD
 
 
-def _may_take(owner: Owner | None, only: int | None) -> bool:
+def may_take(owner: Owner | None, only: int | None) -> bool:
     """Whether a region of ``owner`` is one to take back if its owner is dead: ours, not this
     process's, and of process ``only`` of our namespace when given."""
     if owner is None or owner == Owner(os.getpid(), pid_namespace()):

@@ -30,11 +30,12 @@ from tritonclient.grpc import MAX_GRPC_MESSAGE_SIZE, KeepAliveOptions, service_p
 
 from ._exceptions import ServerUnreachableError, TLSHandshakeError
 from ._tls import may_be_tls
-from ._transport import (
-    as_asyncio_future,
+from ._transport import as_asyncio_future
+from ._triton_errors import (
     expected_header,
-    is_queue_refusal,
+    is_restart_symptom,
     is_unknown_model,
+    is_unreachable,
     status_and_message,
     translate_error,
 )
@@ -42,8 +43,6 @@ from ._transport import (
 __all__ = [
     "Reconnect",
     "channel_options",
-    "is_restart_symptom",
-    "is_unreachable",
 ]
 
 #: The longest pause between two connection attempts while Triton is down.
@@ -83,26 +82,6 @@ def channel_options(
     if not any(name == "grpc.max_reconnect_backoff_ms" for name, _ in options):
         options.append(("grpc.max_reconnect_backoff_ms", _MAX_BACKOFF_MS))
     return options
-
-
-def is_unreachable(exc: BaseException) -> bool:
-    """Whether a gRPC or tritonclient error means Triton could not be reached (and not that
-    it refused a restricted protocol, which it also answers ``UNAVAILABLE``)."""
-    status, _ = status_and_message(exc)
-    return (
-        status == str(grpc.StatusCode.UNAVAILABLE)
-        and expected_header(exc) is None
-        and not is_queue_refusal(exc)
-    )
-
-
-def is_restart_symptom(exc: BaseException) -> bool:
-    """Whether an error may come from Triton restarting: it was unreachable, or its model had
-    no versions loaded (what a server shutting down answers)."""
-    if is_unreachable(exc):
-        return True
-    status, message = status_and_message(exc)
-    return status == str(grpc.StatusCode.NOT_FOUND) and "no available versions" in message
 
 
 class Reconnect:

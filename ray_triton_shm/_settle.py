@@ -41,7 +41,7 @@ from ._exceptions import ClientClosedError
 from ._headers import Keys, Metadata
 from ._memory import SlotMemory
 from ._shared_slots import SharedSlots
-from ._transport import expected_header, is_in_use, never_reached
+from ._triton_errors import expected_header, is_in_use, never_reached
 
 __all__ = ["POLL_S", "SWEEP_S", "Settler", "unregister_slots"]
 

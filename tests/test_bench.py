@@ -38,8 +38,9 @@ from ray_triton_shm._bench._figures import curves_path, write_figures
 from ray_triton_shm._bench._format import num
 from ray_triton_shm._bench._html import SECTIONS
 from ray_triton_shm._bench._paths import BenchPath, SkipPath
-from ray_triton_shm._bench._report import print_results
-from ray_triton_shm._bench._runner import BenchResults, ModelResult, RunResult, run_bench
+from ray_triton_shm._bench._report import bench_json, print_results
+from ray_triton_shm._bench._results import GOALS, BenchResults, ModelResult, RunResult
+from ray_triton_shm._bench._runner import run_bench
 from ray_triton_shm._bench._update import run_model_update
 from ray_triton_shm._cli import main
 from ray_triton_shm._specs import TensorSpec
@@ -407,7 +408,7 @@ def test_the_advice_under_load_is_the_elastic_pools_size_beside_the_best_fixed()
     elastic = "shm-model (16 callers, elastic pool)"
     measured = {
         goal.description: goal.measure(identity)
-        for goal in _runner.GOALS
+        for goal in GOALS
         if goal.model == "identity" and goal.run == ("shm-model", 16, ELASTIC)
     }
     assert measured == {
@@ -498,7 +499,7 @@ def test_a_wrong_path_posts_no_numbers(
     assert unavailable.skipped == "not here"
     assert all(model.run(p).ok for p in ("grpc", "memcpy"))  # type: ignore[union-attr]
     assert results.failures == [f"classifier/{_WrongOutputs.name} (1 caller): {wrong.error}"]
-    assert {run["path"] for run in results.to_dict()["runs"]} == {"grpc", "memcpy"}
+    assert {run["path"] for run in bench_json(results)["runs"]} == {"grpc", "memcpy"}
     printed = _printed(results)
     assert f"FAILED: {wrong.error}" in printed and "skipped: not here" in printed
     # No goal is about these paths: none is listed.
@@ -644,7 +645,7 @@ def test_a_model_updated_under_load() -> None:
     assert update.old_regions_left == 0 and update.ok
     assert set(SHM_DIR.iterdir()) - before == set()
     results = BenchResults(BenchConfig(models=()), [], "embedded", 1.0, update)
-    assert json.loads(json.dumps(results.to_dict()))["model_update"]["wrong_answers"] == 0
+    assert json.loads(json.dumps(bench_json(results)))["model_update"]["wrong_answers"] == 0
     printed = _printed(results)
     assert "A model's config reloaded under load" in printed
     assert f"{update.new_config_answers} from the new" in printed

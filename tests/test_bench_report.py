@@ -21,15 +21,15 @@ from ray_triton_shm._bench._figures import curves_path, write_figures
 from ray_triton_shm._bench._html import SECTIONS, write_report
 from ray_triton_shm._bench._paths import OpenLoop, arrival_times, run_open_loop
 from ray_triton_shm._bench._report import print_results, write_json
-from ray_triton_shm._bench._runner import (
+from ray_triton_shm._bench._results import (
     ELASTIC_POOL,
     POOL_SIZE_FOR_RATE,
     POOL_SIZE_FOR_THROUGHPUT,
     BenchResults,
     ModelResult,
     RunResult,
-    rate_groups,
 )
+from ray_triton_shm._bench._runner import rate_groups
 from ray_triton_shm._bench._summary import best_cell, summary
 from ray_triton_shm._cli import main
 from ray_triton_shm._specs import TensorSpec

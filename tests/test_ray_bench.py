@@ -23,6 +23,7 @@ from ray_triton_shm._bench._config import (
     BenchConfig,
 )
 from ray_triton_shm._bench._ray_paths import CHURN_CASE, DATA_CASE
+from ray_triton_shm._bench._report import bench_json
 from ray_triton_shm._bench._runner import run_bench
 from ray_triton_shm._shm import ALIVE, owner_state
 from ray_triton_shm.local._server import LocalTritonServer
@@ -244,7 +245,7 @@ def test_bench_without_ray_has_no_ray_paths_or_goals(triton: LocalTritonServer) 
             url=triton.grpc_url,
         )
     )
-    data = results.to_dict()
+    data = bench_json(results)
     assert {(r["path"], r["concurrency"]) for r in data["runs"]} == {
         ("grpc", 1),
         ("shm-client", 1),

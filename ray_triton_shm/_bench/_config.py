@@ -11,6 +11,8 @@ from typing import Any, TypeVar
 
 __all__ = ["CASE_NAMES", "CHURN", "DEFAULT_PATHS", "EXAMPLE_CASES", "NODE_LOAD", "RAY_PATHS"]
 __all__ += ["ELASTIC", "GPU_CASES", "GPU_PATHS", "NODE_LOAD_FIXED", "NODE_LOAD_WARMUP_S"]
+__all__ += ["APP_CASES", "CHURN_CASE", "CHURN_KILL_EVERY_S", "DATA_CASE", "DATA_JOB_BATCHES"]
+__all__ += ["DATA_JOB_ROUNDS", "POOL_SAMPLE_S", "REPLICAS"]
 __all__ += [
     "SERVE_HTTP_CLIENTS",
     "SERVE_HTTP_PATHS",
@@ -108,6 +110,22 @@ ARRIVALS: tuple[str, ...] = ("constant", "poisson")
 #: once of their runs (one, and more than the node's slots).
 SERVE_HTTP_PATHS: tuple[str, ...] = ("serve-http-grpc", "serve-http-shm", "serve-http-noop")
 SERVE_HTTP_CLIENTS: tuple[int, ...] = (1, 16)
+#: The cases the example app runs on (1 and 8 images per request).
+APP_CASES = ("classifier-1", "classifier")
+#: The case the Ray Data job runs on, and the one the churn runs run on (the example
+#: classifier: the job and the churn are made for it).
+DATA_CASE = "classifier"
+CHURN_CASE = "classifier"
+#: Replicas of each example app behind Serve's HTTP proxy.
+REPLICAS = 2
+#: The Ray Data job's size in batches.
+DATA_JOB_BATCHES = 64
+#: The most rounds the Ray Data paths take part in (each slice of theirs is a job).
+DATA_JOB_ROUNDS = 2
+#: How often (in run time) the churn kills a caller.
+CHURN_KILL_EVERY_S = 2.0
+#: How often an elastic run reads its pool's size from the node actor.
+POOL_SAMPLE_S = 0.2
 #: A run's slots when its pool follows its load (registered without ``pool_size``; for
 #: ``shm-model``, on a node actor with its default ``slots``). ``None`` is a path without slots.
 ELASTIC = 0

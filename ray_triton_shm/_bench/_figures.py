@@ -18,7 +18,7 @@ import numpy as np
 
 from ray_triton_shm._bench._config import ELASTIC
 from ray_triton_shm._bench._format import num
-from ray_triton_shm._bench._runner import BenchResults, ModelResult, RunResult, describe_run
+from ray_triton_shm._bench._results import BenchResults, ModelResult, RunResult, describe_run
 from ray_triton_shm._bench._summary import CHOICES, LOADS, summary
 
 __all__ = ["CURVE_GROUPS", "curves_path", "write_curves", "write_figures", "write_summary"]

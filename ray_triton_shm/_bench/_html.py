@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ray_triton_shm._bench._format import num, per_s
-from ray_triton_shm._bench._runner import POOL_SIZE_FOR_THROUGHPUT, BenchResults, host_info
+from ray_triton_shm._bench._results import POOL_SIZE_FOR_THROUGHPUT, BenchResults, host_info
 from ray_triton_shm._bench._summary import (
     LOADS,
     best_cell,

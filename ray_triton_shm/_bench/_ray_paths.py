@@ -27,7 +27,15 @@ import numpy as np
 
 from ray_triton_shm import TritonSHMClient
 from ray_triton_shm._bench._cases import ModelCase
-from ray_triton_shm._bench._config import ELASTIC
+from ray_triton_shm._bench._config import (
+    CHURN_CASE,
+    CHURN_KILL_EVERY_S,
+    DATA_CASE,
+    DATA_JOB_BATCHES,
+    DATA_JOB_ROUNDS,
+    ELASTIC,
+    POOL_SAMPLE_S,
+)
 from ray_triton_shm._bench._paths import (
     OpenLoop,
     SkipPath,
@@ -64,16 +72,6 @@ __all__ = [
     "POOL_SAMPLE_S",
 ]
 
-#: The case the Ray Data job runs on, and its size in batches.
-DATA_CASE = "classifier"
-DATA_JOB_BATCHES = 64
-#: The most rounds the Ray Data paths take part in (each slice of theirs is a job).
-DATA_JOB_ROUNDS = 2
-#: The case the churn runs run on, and how often (in run time) the churn kills a caller.
-CHURN_CASE = "classifier"
-CHURN_KILL_EVERY_S = 2.0
-#: How often an elastic run reads its pool's size from the node actor.
-POOL_SAMPLE_S = 0.2
 #: The column in which the predictor reports its call's latency (on a batch's first row).
 _LATENCY = "__bench_latency_s"
 

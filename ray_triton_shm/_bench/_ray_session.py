@@ -20,7 +20,7 @@ try:
     from ray._private import worker
 
     from ray_triton_shm.ray import URL_ENV_VAR
-    from ray_triton_shm.ray._actor import NAMESPACE, actor_name
+    from ray_triton_shm.ray._actor import find_node_actor
 except ImportError as exc:  # without the ray extra: the session says so, and the paths skip
     _NO_RAY: ImportError | None = exc
 else:
@@ -185,8 +185,10 @@ class RayBenchSession:
 
     def node_actor(self) -> Any:
         """This node's actor (``ValueError`` if there is none)."""
-        node = ray.get_runtime_context().get_node_id()
-        return ray.get_actor(actor_name(node), namespace=NAMESPACE)
+        actor = find_node_actor()
+        if actor is None:
+            raise ValueError("this node has no node actor")
+        return actor
 
     def end_node_actor(self) -> None:
         """Shuts the node actor down and kills it, so that the next run starts a fresh one."""

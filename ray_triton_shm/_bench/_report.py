@@ -3,6 +3,7 @@ plot."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Mapping
@@ -18,21 +19,20 @@ from rich.text import Text
 
 from ray_triton_shm._bench._config import (
     CHURN,
+    CHURN_KILL_EVERY_S,
+    DATA_JOB_BATCHES,
+    DATA_JOB_ROUNDS,
     ELASTIC,
     NODE_LOAD,
     NODE_LOAD_FIXED,
     NODE_LOAD_WARMUP_S,
+    POOL_SAMPLE_S,
+    REPLICAS,
     SERVE_HTTP_CLIENTS,
     SERVE_HTTP_PATHS,
 )
 from ray_triton_shm._bench._format import num, per_s
-from ray_triton_shm._bench._ray_paths import (
-    CHURN_KILL_EVERY_S,
-    DATA_JOB_BATCHES,
-    DATA_JOB_ROUNDS,
-    POOL_SAMPLE_S,
-)
-from ray_triton_shm._bench._runner import (
+from ray_triton_shm._bench._results import (
     ELASTIC_POOL,
     POOL_SIZE_FOR_RATE,
     POOL_SIZE_FOR_THROUGHPUT,
@@ -41,17 +41,25 @@ from ray_triton_shm._bench._runner import (
     ModelResult,
     Progress,
     RunResult,
-    _ratio,
+    UpdateResult,
     describe_run,
     describe_slots,
+    host_info,
     mb_ratio,
+    ratio,
 )
-from ray_triton_shm._bench._serve_http import REPLICAS
-from ray_triton_shm._bench._update import UpdateResult
+from ray_triton_shm._bench._summary import (
+    best_cell,
+    speedup_text,
+    summary,
+    verdict,
+    verdict_lines,
+    verdicts_json,
+)
 
 __all__ = ["extra_lines", "make_console", "make_progress", "model_rows", "print_results"]
 __all__ += ["elastic_lines", "pool_growth", "pool_size_legend", "pool_size_lines", "rate_text"]
-__all__ += ["throughput_text", "write_json"]
+__all__ += ["bench_json", "throughput_text", "write_json"]
 
 #: The line width when the output is not a terminal (a log keeps long notes on one line).
 _PLAIN_WIDTH = 1000
@@ -309,12 +317,12 @@ def elastic_lines(model: ModelResult) -> list[str]:
         )
         best = advice["best_fixed"]
         for fixed in sorted(advice["fixed"], key=lambda f: f["slots"] != best):
-            ratio = num(_ratio(advice["requests_per_s"], fixed["requests_per_s"]), "x")
+            times = num(ratio(advice["requests_per_s"], fixed["requests_per_s"]), "x")
             rate = num(fixed["requests_per_s"])
             if fixed["slots"] == best:
-                text += f", {ratio} the best fixed pool ({best} slots, {rate} req/s)"
+                text += f", {times} the best fixed pool ({best} slots, {rate} req/s)"
             else:
-                text += f", {ratio} {fixed['slots']} slots ({rate} req/s)"
+                text += f", {times} {fixed['slots']} slots ({rate} req/s)"
         lines.append(text)
     return lines
 
@@ -405,8 +413,8 @@ def _serve_http_lines(model: ModelResult) -> list[str]:
         )
         lines.append(
             f"  {model.name}, {clients} client{'s' * (clients > 1)}: shm {num(rate['shm'])} req/s"
-            f" = {num(_ratio(rate['shm'], rate['grpc']), 'x')} gRPC's {num(rate['grpc'])}, "
-            f"{num(_ratio(rate['shm'], rate['noop']), 'x')} no-op's {num(rate['noop'])}; "
+            f" = {num(ratio(rate['shm'], rate['grpc']), 'x')} gRPC's {num(rate['grpc'])}, "
+            f"{num(ratio(rate['shm'], rate['noop']), 'x')} no-op's {num(rate['noop'])}; "
             f"p50 {p50} ms (shm/gRPC/no-op)"
         )
         for backend, r in runs.items():
@@ -484,14 +492,6 @@ def _print_skipped(results: BenchResults, console: Console) -> None:
 
 
 def _print_summary(results: BenchResults, console: Console) -> None:
-    from ray_triton_shm._bench._summary import (
-        best_cell,
-        speedup_text,
-        summary,
-        verdict,
-        verdict_lines,
-    )
-
     table = summary(results)
     bound = results.config.latency_bound_ms
     rows = _table(
@@ -657,9 +657,56 @@ def _update_lines(update: UpdateResult) -> str:
     return head + "\n".join(lines)
 
 
+def bench_json(results: BenchResults) -> dict[str, Any]:
+    """A JSON-ready view: ``runs`` (those that posted numbers; ``disturbed``: what
+    happened to Triton meanwhile, which keeps them from every verdict), ``verdicts`` and
+    ``recommendations`` first."""
+    bound = results.config.latency_bound_ms
+    recommendations = {m.name: m.recommendation(bound) for m in results.models}
+    return {
+        "schema": "ray-triton-shm-bench/3",
+        "runs": [
+            {"model": m.name, "path": r.path, "concurrency": r.concurrency, "slots": r.slots}
+            | r.numbers()
+            | {"disturbed": r.disturbed}
+            for m in results.models
+            for r in m.runs
+            if r.ok
+        ],
+        "verdicts": verdicts_json(results),
+        "recommendations": {name: r for name, r in recommendations.items() if r},
+        "rate_runs": [
+            {"model": m.name, "path": r.path, "slots": r.slots, "rate_spec": r.rate_spec}
+            | {"arrivals": results.config.arrivals, "max_threads": results.config.max_threads}
+            | r.numbers()
+            | {"sustained": r.sustained(bound), "disturbed": r.disturbed}
+            for m in results.models
+            for r in m.rate_runs
+            if r.ok
+        ],
+        "rate_limits": {m.name: m.rate_limits(bound) for m in results.models if m.rate_runs},
+        "models": {m.name: {"error": m.error, "skipped": m.skipped()} for m in results.models},
+        "goals": [
+            {"model": g.model, "description": g.description, "target": g.target}
+            | {"value": value, "met": g.met(value)}
+            for g, value in results.goals()
+        ],
+        "failures": results.failures,
+        "stopped": results.stopped,
+        "triton_crashes": [outage.to_dict() for outage in results.outages],
+        "disturbed": results.disturbed(),
+        "units": {"mb": "1e6 bytes of input", "gb": "1e9 bytes of input"},
+        "config": dataclasses.asdict(results.config),
+        "server": results.server,
+        "host": host_info(),
+        "duration_s": results.duration_s,
+        "model_update": None if results.model_update is None else results.model_update.to_dict(),
+    }
+
+
 def write_json(results: BenchResults, path: str | Path) -> Path:
     """Write the machine-readable results; returns the path written."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(json.dumps(results.to_dict(), indent=2) + "\n")
+    target.write_text(json.dumps(bench_json(results), indent=2) + "\n")
     return target

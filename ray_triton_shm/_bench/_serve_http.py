@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from ray_triton_shm._bench._config import APP_CASES, REPLICAS
 from ray_triton_shm._bench._paths import SkipPath, infer
 from ray_triton_shm._bench._ray_session import (
     SERVE_APP,
@@ -38,10 +39,6 @@ from ray_triton_shm.local._server import _proc_stats
 
 __all__ = ["APP_CASES", "BODIES", "PATHS", "REPLICAS", "app_stage_times", "deploy_app", "drop_app"]
 
-#: The cases the example app runs on (1 and 8 images per request).
-APP_CASES = ("classifier-1", "classifier")
-#: Replicas of each app.
-REPLICAS = 2
 #: Distinct request bodies per run.
 BODIES = 4
 #: The top-k the app answers (its default).

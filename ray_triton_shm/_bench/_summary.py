@@ -14,7 +14,7 @@ from typing import Any
 
 from ray_triton_shm._bench._config import ELASTIC
 from ray_triton_shm._bench._format import num
-from ray_triton_shm._bench._runner import (
+from ray_triton_shm._bench._results import (
     GOALS,
     BenchResults,
     Goal,

@@ -15,7 +15,6 @@ of the old layout was left.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import shutil
 import tempfile
 import threading
@@ -26,53 +25,15 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MODEL_TEMPLATE", "UpdateResult", "run_model_update"]
+from ray_triton_shm._bench._results import UPDATE_CALLERS, UPDATE_SLOTS, UpdateResult
+
+__all__ = ["MODEL_TEMPLATE", "run_model_update"]
 
 #: The ``changing`` model's repository entry.
 MODEL_TEMPLATE = Path(__file__).resolve().parent / "models" / "changing"
-UPDATE_CALLERS = 8
-UPDATE_SLOTS = 4
 _OLD_WIDTH, _NEW_WIDTH = 16, 32
 #: How long the old region may take to go once the run ends (Triton done with it, then gone).
 _RETIRE_WAIT_S = 30.0
-
-
-@dataclasses.dataclass
-class UpdateResult:
-    """What one model update under load measured (see the module docstring)."""
-
-    callers: int = UPDATE_CALLERS
-    slots: int = UPDATE_SLOTS
-    duration_s: float = 0.0
-    old_config_answers: int = 0
-    new_config_answers: int = 0
-    failed: int = 0
-    wrong_answers: int = 0
-    errors: list[str] = dataclasses.field(default_factory=list)
-    reload_s: float | None = None
-    first_new_answer_s: float | None = None
-    p50_ms: float | None = None
-    p99_ms: float | None = None
-    max_ms: float | None = None
-    old_regions_left: int = 0
-    error: str | None = None
-    #: When it began (``time.time()``), and what happened to Triton meanwhile, if anything.
-    started_at: float = dataclasses.field(default_factory=time.time)
-    disturbed: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        """Whether the run met its promises: every answer right, nothing left behind (or Triton
-        crashed meanwhile, which says nothing of them)."""
-        return self.disturbed is not None or (
-            self.error is None
-            and self.wrong_answers == 0
-            and self.old_regions_left == 0
-            and self.new_config_answers > 0
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 def _expected(x: np.ndarray, width: int) -> np.ndarray:

@@ -45,14 +45,15 @@ from tritonclient.utils import InferenceServerException
 from .._client import TritonSHMClient
 from .._defaults import DEFAULT_RECONNECT_TIMEOUT_S, DEFAULT_URL, URL_ENV_VAR
 from .._engine import ModelPool
-from .._exceptions import ERROR_KINDS, ModelSpecError, StaleLeaseError, TritonSHMError
-from .._header import BUCKET_BOUNDS_S, LIMITS
+from .._exceptions import ModelSpecError, StaleLeaseError, TritonSHMError
 from .._headers import Keys
 from .._reclaim import reclaim_regions
-from .._scaling import SlotAutoscaling, default_shm_budget
+from .._scaling import default_shm_budget
 from .._shared_slots import NodeSlotStats, SharedSlots
 from .._shm import DEAD, list_local_regions, shm_space
+from .._sizing import SlotAutoscaling
 from .._specs import ModelSpec
+from ._metrics import NodeMetrics, pool_counters
 
 __all__ = [
     "NAMESPACE",
@@ -64,7 +65,9 @@ __all__ = [
     "NodeStats",
     "TritonNodeActor",
     "actor_name",
+    "find_node_actor",
     "get_node_actor",
+    "node_actor_names",
 ]
 
 logger = logging.getLogger(__name__)
@@ -261,7 +264,7 @@ class TritonNodeActor:
         self._client._on_new_pool = self._share
         self._lock = threading.Lock()
         self._by_value: dict[str, int] = {}
-        self._metrics = _Metrics(self._node_id)
+        self._metrics = NodeMetrics(self._node_id)
         self._stop = threading.Event()
         threading.Thread(target=self._housekeeping, name="housekeeping", daemon=True).start()
 
@@ -413,7 +416,7 @@ class TritonNodeActor:
                 "latency_p99_us": round(pool.header.latency_quantile_s(0.99) * 1e6),
                 "failures": pool.header.failures(),
                 "generation": pool.generation,
-                **_counters(pool),
+                **pool_counters(pool),
             }
         free, capacity = shm_space() or (0, 0)
         return NodeStats(
@@ -546,13 +549,6 @@ def _node_slot_stats(pool: ModelPool) -> NodeSlotStats:
     return slots.node_stats()
 
 
-def _counters(pool: ModelPool) -> dict[str, int]:
-    """The counters of a pool's header, under the names of :class:`NodeStats`."""
-    counters = vars(pool.header.totals())
-    counters["abandoned_requests"] = counters.pop("abandoned")
-    return counters
-
-
 def _object_store_in_shm(node_id: str) -> int:
     """The bytes Ray's object store on ``node_id`` may take of ``/dev/shm``: all of its
     ``object_store_memory`` where that fits there (Ray then keeps it there), else none."""
@@ -572,216 +568,24 @@ def _current_node_id() -> str:
         return "local"
 
 
-class _Metrics:
-    """The node's regions as Ray metrics, named and shaped as Prometheus expects.
+def find_node_actor(node_id: str | None = None) -> Any | None:
+    """The actor of node ``node_id`` (this process's node by default), or ``None`` if it has
+    none (the one way the library finds a node's actor)."""
+    node = node_id or ray.get_runtime_context().get_node_id()
+    try:
+        return ray.get_actor(actor_name(node), namespace=NAMESPACE)
+    except ValueError:
+        return None
 
-    Exported from the housekeeping thread, not per request: requests only count into their
-    regions' headers (see :mod:`.._header`). Ray prefixes application metrics with ``ray_``,
-    so ``triton_shm_requests`` here is ``ray_triton_shm_requests_total`` in Prometheus.
 
-    Histograms are replayed from the headers' buckets: each request counted since the last
-    export is observed once, at the middle of its bucket. So their buckets are exact (every
-    other bucket of the header, a factor of 2 apart) and their ``_sum`` is within a bucket's
-    width (about 19%) of the truth.
-    """
-
-    _COUNTERS = (
-        (
-            "requests",
-            "requests",
-            "Inference requests Triton answered (a call larger than a slot makes several)",
-        ),
-        ("samples", "samples", "Samples in the requests Triton answered"),
-        ("input_bytes", "bytes_in", "Input bytes written into slots for Triton"),
-        ("output_bytes", "bytes_out", "Output bytes read from slots"),
-        (
-            "abandoned_requests",
-            "abandoned_requests",
-            "Requests given up (deadline, cancellation, caller death) while Triton ran them",
-        ),
+def node_actor_names() -> list[str]:
+    """The names of the node actors of the connected cluster, sorted."""
+    prefix = actor_name("")
+    return sorted(
+        a["name"]
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a.get("namespace") == NAMESPACE and a["name"].startswith(prefix)
     )
-    _HISTOGRAMS = (
-        (
-            "request_duration_seconds",
-            "latency",
-            "Latency of requests Triton answered, from the caller's first wait for a slot to "
-            "its answer",
-        ),
-        ("slot_wait_seconds", "wait", "How long each request waited for a slot (0: one was free)"),
-        (
-            "abandoned_settle_seconds",
-            "settle",
-            "How long slots of abandoned requests stayed out of use until Triton was done",
-        ),
-    )
-
-    def __init__(self, node_id: str) -> None:
-        from ray.util import metrics
-
-        tags = ("model", "node_id")
-        self._node_id = node_id
-        self._exported: dict[str, dict[str, Any]] = {}
-        self._counters = {
-            key: metrics.Counter(f"triton_shm_{name}", text, tag_keys=tags)
-            for name, key, text in self._COUNTERS
-        }
-        self._errors = metrics.Counter(
-            "triton_shm_errors",
-            "Failed calls by kind: " + ", ".join(ERROR_KINDS),
-            tag_keys=(*tags, "kind"),
-        )
-        self._layouts = metrics.Counter(
-            "triton_shm_layout_changes",
-            "New layouts of a model's pool: the model changed on Triton",
-            tag_keys=tags,
-        )
-        self._resizes = metrics.Counter(
-            "triton_shm_pool_resizes",
-            "Times a pool grew or shrank",
-            tag_keys=(*tags, "direction"),
-        )
-        # Every other bucket of the header's: a factor of 2 apart, 16 us to 8.4 s.
-        bounds = [float(b) for b in BUCKET_BOUNDS_S[0:-1:2]]
-        self._histograms = {
-            key: metrics.Histogram(f"triton_shm_{name}", text, boundaries=bounds, tag_keys=tags)
-            for name, key, text in self._HISTOGRAMS
-        }
-        # Where each of the header's buckets is observed: its middle (geometric).
-        self._middles = [
-            BUCKET_BOUNDS_S[0] / 2,
-            *(
-                (BUCKET_BOUNDS_S[b - 1] * BUCKET_BOUNDS_S[b]) ** 0.5
-                for b in range(1, len(BUCKET_BOUNDS_S) - 1)
-            ),
-            BUCKET_BOUNDS_S[-2] * 2**0.25,
-        ]
-        self._gauges = {
-            "slots": metrics.Gauge("triton_shm_slots", "Slots in the pool now", tag_keys=tags),
-            "max_slots": metrics.Gauge(
-                "triton_shm_slots_max", "Slots the pool may grow to", tag_keys=tags
-            ),
-            "in_use": metrics.Gauge("triton_shm_slots_in_use", "Slots held now", tag_keys=tags),
-            "waiting": metrics.Gauge(
-                "triton_shm_callers_waiting", "Callers waiting for a slot now", tag_keys=tags
-            ),
-            "abandoned": metrics.Gauge(
-                "triton_shm_slots_abandoned",
-                "Slots out of use until Triton finishes a request whose caller gave up or died",
-                tag_keys=tags,
-            ),
-        }
-        self._limited = metrics.Gauge(
-            "triton_shm_growth_limited",
-            "1 while callers wait and the pool cannot grow, by reason (max_slots, shm_budget, "
-            "shm_full)",
-            tag_keys=(*tags, "reason"),
-        )
-        node = ("node_id",)
-        self._triton_up = metrics.Gauge(
-            "triton_shm_triton_up",
-            "1 while the node's Triton answers the node actor's liveness check, else 0",
-            tag_keys=node,
-        )
-        self._triton_restarts = metrics.Counter(
-            "triton_shm_triton_restarts_total",
-            "Times the node's Triton answered the node actor again after it was down (a crash "
-            "and restart, or an outage between them)",
-            tag_keys=node,
-        )
-        self._triton_restarts_exported = 0
-        self._started = metrics.Gauge(
-            "triton_shm_node_actor_start_time_seconds",
-            "When the node actor's process started (Unix time): it changes when it restarts",
-            tag_keys=node,
-        )
-        self._dead_regions = metrics.Gauge(
-            "triton_shm_dead_owner_regions",
-            "Regions of this library in the node's /dev/shm whose owner died (reclaim removes "
-            "them)",
-            tag_keys=node,
-        )
-
-    def export_node(
-        self, *, triton_up: bool, triton_restarts: int, started_s: float, dead_regions: int
-    ) -> None:
-        """Sets the node's gauges, and adds the restarts of Triton seen since the last export."""
-        tags = {"node_id": self._node_id}
-        self._triton_up.set(int(triton_up), tags)
-        if triton_restarts > self._triton_restarts_exported:
-            self._triton_restarts.inc(triton_restarts - self._triton_restarts_exported, tags)
-            self._triton_restarts_exported = triton_restarts
-        self._started.set(started_s, tags)
-        self._dead_regions.set(dead_regions, tags)
-
-    def export(self, model: str, pool: ModelPool, now: NodeSlotStats) -> None:
-        """Adds what the counters and histograms gained since the last export; sets the
-        gauges."""
-        tags = {"model": model, "node_id": self._node_id}
-        header = pool.header
-        grows, shrinks = header.resizes
-        totals: dict[str, Any] = {
-            **_counters(pool),
-            "failures": header.failures(),
-            "generation": pool.generation,
-            "grows": grows,
-            "shrinks": shrinks,
-            "histograms": header.histograms(),
-        }
-        last = self._exported.get(model)
-        if last is None:
-            self._zero(tags)
-        if last is None or last["region"] != pool.region.name:
-            # A new region (registered anew, or a new layout): its counts start at zero.
-            last = {"region": pool.region.name, "failures": {}, "histograms": {}}
-            if model in self._exported:
-                last["generation"] = self._exported[model].get("generation", 0)
-        totals["region"] = pool.region.name
-        for key, metric in self._counters.items():
-            _inc(metric, totals[key] - last.get(key, 0), tags)
-        for kind, count in totals["failures"].items():
-            _inc(self._errors, count - last["failures"].get(kind, 0), {**tags, "kind": kind})
-        _inc(self._layouts, totals["generation"] - last.get("generation", 0), tags)
-        for direction, key in (("grow", "grows"), ("shrink", "shrinks")):
-            _inc(self._resizes, totals[key] - last.get(key, 0), {**tags, "direction": direction})
-        for key, histogram in self._histograms.items():
-            counts = totals["histograms"][key]
-            before = last["histograms"].get(key)
-            new = counts if before is None else counts - before
-            for bucket in np.flatnonzero(new > 0):
-                value = self._middles[bucket]
-                for _ in range(int(new[bucket])):
-                    histogram.observe(value, tags)
-        self._exported[model] = totals
-        gauges = {
-            "slots": header.size,
-            "max_slots": header.slot_count,
-            "in_use": now.in_use,
-            "waiting": now.waiting,
-            "abandoned": now.abandoned,
-        }
-        for name, value in gauges.items():
-            self._gauges[name].set(value, tags)
-        limited_by = header.limited_by
-        for reason in LIMITS[1:]:
-            self._limited.set(int(reason == limited_by), {**tags, "reason": reason})
-
-    def _zero(self, tags: dict[str, str]) -> None:
-        """Makes a model's counters exist at zero, every label of them, before their first
-        event: ``rate()`` and ``increase()`` over a series that does not exist yet say
-        nothing, not zero (Prometheus' own advice). Ray's public ``inc`` refuses zero."""
-        zeros = [(metric, tags) for metric in self._counters.values()]
-        zeros += [(self._errors, {**tags, "kind": kind}) for kind in ERROR_KINDS]
-        zeros += [(self._layouts, tags)]
-        zeros += [(self._resizes, {**tags, "direction": d}) for d in ("grow", "shrink")]
-        for metric, labels in zeros:
-            record = getattr(metric, "_record", None)
-            if record is not None:
-                record(0.0, labels)
-
-
-def _inc(counter: Any, delta: int, tags: dict[str, str]) -> None:
-    if delta > 0:
-        counter.inc(delta, tags)
 
 
 def get_node_actor(
@@ -822,11 +626,9 @@ def get_node_actor(
             (``None``: 90% of it, less Ray's object store where it lives there).
     """
     node = node_id or ray.get_runtime_context().get_node_id()
-    name = actor_name(node)
-    try:
-        return ray.get_actor(name, namespace=NAMESPACE)
-    except ValueError:
-        pass
+    actor = find_node_actor(node)
+    if actor is not None:
+        return actor
     config = NodeActorConfig(
         url=url,
         slots=slots,
@@ -844,7 +646,7 @@ def get_node_actor(
         allow_out_of_order_execution=False,  # see the module docstring
     )(TritonNodeActor)
     return actor_class.options(
-        name=name,
+        name=actor_name(node),
         namespace=NAMESPACE,
         get_if_exists=True,
         lifetime="detached",

@@ -27,6 +27,29 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from ._metrics import (
+    ABANDONED_REQUESTS,
+    ABANDONED_SETTLE,
+    CALLERS_WAITING,
+    DEAD_OWNER_REGIONS,
+    ERRORS,
+    GROWTH_LIMITED,
+    INPUT_BYTES,
+    LAYOUT_CHANGES,
+    NODE_ACTOR_START_TIME,
+    OUTPUT_BYTES,
+    POOL_RESIZES,
+    REQUEST_DURATION,
+    REQUESTS,
+    SAMPLES,
+    SLOT_WAIT,
+    SLOTS,
+    SLOTS_ABANDONED,
+    SLOTS_IN_USE,
+    SLOTS_MAX,
+    TRITON_UP,
+)
+
 __all__ = ["grafana_dashboard", "install_grafana_dashboard"]
 
 #: The name Ray's environment overrides are keyed by (``RAY_GRAFANA_<NAME>_DASHBOARD_UID``, ...).
@@ -102,7 +125,7 @@ def _dashboard_config() -> Any:
             unit="reqps",
             targets=[
                 Target(
-                    expr=f"sum({_rate('ray_triton_shm_requests_total')}) by (model)",
+                    expr=f"sum({_rate(REQUESTS.prometheus)}) by (model)",
                     legend="{{model}}",
                 )
             ],
@@ -116,7 +139,7 @@ def _dashboard_config() -> Any:
             unit="s",
             targets=[
                 Target(
-                    expr=_quantile(q, "ray_triton_shm_request_duration_seconds"),
+                    expr=_quantile(q, REQUEST_DURATION.prometheus),
                     legend=f"{{{{model}}}} p{round(q * 100)}",
                 )
                 for q in (0.5, 0.9, 0.99)
@@ -131,7 +154,7 @@ def _dashboard_config() -> Any:
             unit="s",
             targets=[
                 Target(
-                    expr=_quantile(0.99, "ray_triton_shm_slot_wait_seconds"),
+                    expr=_quantile(0.99, SLOT_WAIT.prometheus),
                     legend="{{model}}",
                 )
             ],
@@ -144,11 +167,11 @@ def _dashboard_config() -> Any:
             unit="Bps",
             targets=[
                 Target(
-                    expr=f"sum({_rate('ray_triton_shm_input_bytes_total')}) by (model)",
+                    expr=f"sum({_rate(INPUT_BYTES.prometheus)}) by (model)",
                     legend="{{model}} in",
                 ),
                 Target(
-                    expr=f"sum({_rate('ray_triton_shm_output_bytes_total')}) by (model)",
+                    expr=f"sum({_rate(OUTPUT_BYTES.prometheus)}) by (model)",
                     legend="{{model}} out",
                 ),
             ],
@@ -162,8 +185,8 @@ def _dashboard_config() -> Any:
             unit="short",
             targets=[
                 Target(
-                    expr=f"sum({_rate('ray_triton_shm_samples_total')}) by (model) / "
-                    f"sum({_rate('ray_triton_shm_requests_total')}) by (model)",
+                    expr=f"sum({_rate(SAMPLES.prometheus)}) by (model) / "
+                    f"sum({_rate(REQUESTS.prometheus)}) by (model)",
                     legend="{{model}}",
                 )
             ],
@@ -180,15 +203,15 @@ def _dashboard_config() -> Any:
             unit="short",
             targets=[
                 Target(
-                    expr=f"sum({_series('ray_triton_shm_slots_in_use', _BY_MODEL)}) by (model)",
+                    expr=f"sum({_series(SLOTS_IN_USE.prometheus, _BY_MODEL)}) by (model)",
                     legend="{{model}} in use",
                 ),
                 Target(
-                    expr=f"sum({_series('ray_triton_shm_slots', _BY_MODEL)}) by (model)",
+                    expr=f"sum({_series(SLOTS.prometheus, _BY_MODEL)}) by (model)",
                     legend="{{model}} slots",
                 ),
                 Target(
-                    expr=f"sum({_series('ray_triton_shm_slots_max', _BY_MODEL)})",
+                    expr=f"sum({_series(SLOTS_MAX.prometheus, _BY_MODEL)})",
                     legend="MAX",
                 ),
             ],
@@ -202,7 +225,7 @@ def _dashboard_config() -> Any:
             unit="short",
             targets=[
                 Target(
-                    expr=f"sum({_series('ray_triton_shm_callers_waiting', _BY_MODEL)}) by (model)",
+                    expr=f"sum({_series(CALLERS_WAITING.prometheus, _BY_MODEL)}) by (model)",
                     legend="{{model}}",
                 )
             ],
@@ -217,7 +240,7 @@ def _dashboard_config() -> Any:
             targets=[
                 Target(
                     expr="max("
-                    + _series("ray_triton_shm_growth_limited", _BY_MODEL)
+                    + _series(GROWTH_LIMITED.prometheus, _BY_MODEL)
                     + ") by (model, reason)",
                     legend="{{model}} {{reason}}",
                 )
@@ -232,7 +255,7 @@ def _dashboard_config() -> Any:
             unit="short",
             targets=[
                 Target(
-                    expr=f"sum({_series('ray_triton_shm_slots_abandoned', _BY_MODEL)}) by (model)",
+                    expr=f"sum({_series(SLOTS_ABANDONED.prometheus, _BY_MODEL)}) by (model)",
                     legend="{{model}}",
                 )
             ],
@@ -245,7 +268,7 @@ def _dashboard_config() -> Any:
             unit="s",
             targets=[
                 Target(
-                    expr=_quantile(0.99, "ray_triton_shm_abandoned_settle_seconds"),
+                    expr=_quantile(0.99, ABANDONED_SETTLE.prometheus),
                     legend="{{model}}",
                 )
             ],
@@ -262,7 +285,7 @@ def _dashboard_config() -> Any:
             targets=[
                 Target(
                     expr="sum("
-                    + _rate("ray_triton_shm_errors_total", _BY_MODEL, 'kind="overloaded"')
+                    + _rate(ERRORS.prometheus, _BY_MODEL, 'kind="overloaded"')
                     + ") by (model)",
                     legend="{{model}}",
                 )
@@ -277,7 +300,7 @@ def _dashboard_config() -> Any:
             unit="reqps",
             targets=[
                 Target(
-                    expr=f"sum({_rate('ray_triton_shm_errors_total')}) by (model, kind)",
+                    expr=f"sum({_rate(ERRORS.prometheus)}) by (model, kind)",
                     legend="{{model}} {{kind}}",
                 )
             ],
@@ -291,7 +314,7 @@ def _dashboard_config() -> Any:
             unit="reqps",
             targets=[
                 Target(
-                    expr=f"sum({_rate('ray_triton_shm_abandoned_requests_total')}) by (model)",
+                    expr=f"sum({_rate(ABANDONED_REQUESTS.prometheus)}) by (model)",
                     legend="{{model}}",
                 )
             ],
@@ -308,13 +331,13 @@ def _dashboard_config() -> Any:
             targets=[
                 Target(
                     expr="sum(increase("
-                    + _series("ray_triton_shm_layout_changes_total", _BY_MODEL)
+                    + _series(LAYOUT_CHANGES.prometheus, _BY_MODEL)
                     + "[$__range])) by (model)",
                     legend="{{model}} layout changes",
                 ),
                 Target(
                     expr="sum(increase("
-                    + _series("ray_triton_shm_pool_resizes_total", _BY_MODEL)
+                    + _series(POOL_RESIZES.prometheus, _BY_MODEL)
                     + "[$__range])) by (model, direction)",
                     legend="{{model}} {{direction}}",
                 ),
@@ -349,7 +372,7 @@ def _dashboard_config() -> Any:
             unit="short",
             targets=[
                 Target(
-                    expr=f"min({_series('ray_triton_shm_triton_up', _BY_NODE)}) by (node_id)",
+                    expr=f"min({_series(TRITON_UP.prometheus, _BY_NODE)}) by (node_id)",
                     legend="{{node_id}}",
                 )
             ],
@@ -368,7 +391,7 @@ def _dashboard_config() -> Any:
                     # max by node: a restarted actor may export a new series (a new pid or
                     # worker label); the node's latest start time changes either way.
                     expr="changes((max("
-                    + _series("ray_triton_shm_node_actor_start_time_seconds", _BY_NODE)
+                    + _series(NODE_ACTOR_START_TIME.prometheus, _BY_NODE)
                     + ") by (node_id))[$__range:])",
                     legend="{{node_id}}",
                 )
@@ -383,8 +406,7 @@ def _dashboard_config() -> Any:
             unit="short",
             targets=[
                 Target(
-                    expr=f"max({_series('ray_triton_shm_dead_owner_regions', _BY_NODE)}) "
-                    "by (node_id)",
+                    expr=f"max({_series(DEAD_OWNER_REGIONS.prometheus, _BY_NODE)}) by (node_id)",
                     legend="{{node_id}}",
                 )
             ],

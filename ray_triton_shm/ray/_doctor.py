@@ -17,7 +17,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from .._doctor import FAIL, SKIP, CheckResult, NodeReport, check_node
-from ._actor import NAMESPACE, actor_name
+from ._actor import NAMESPACE, find_node_actor
 
 __all__ = ["check_cluster"]
 
@@ -114,10 +114,12 @@ def _check_here(options: dict[str, Any]) -> NodeReport:
 def _node_actor(node_id: str, timeout_s: float) -> tuple[str | None, dict[str, int]]:
     """The address the node's actor uses and the bytes of its pools at their largest; nothing
     if it has none (none is created)."""
+    actor = find_node_actor(node_id)
     try:
-        actor = ray.get_actor(actor_name(node_id), namespace=NAMESPACE)
-        stats = ray.get(actor.stats.remote(), timeout=timeout_s)
+        stats = ray.get(actor.stats.remote(), timeout=timeout_s) if actor is not None else None
     except Exception:
+        stats = None
+    if stats is None:
         return None, {}
     return stats.url, {name: int(m["shm_max_bytes"]) for name, m in stats.models.items()}
 

@@ -34,10 +34,11 @@ from .._headers import Keys, normalize
 from .._inputs import InputValue
 from .._lease import SlotLease
 from .._memory import CUDA, SYSTEM, check_memory_options, open_memory
+from .._moves import Moves, surfaced
 from .._options import ParameterValue, request_options
-from .._scaling import SlotAutoscaling
 from .._shared_slots import SharedSlots
 from .._shm import SharedMemoryRegion
+from .._sizing import SlotAutoscaling
 from .._specs import ModelSpec, SlotLayout, SpecLike
 from ._actor import ModelRegistration, get_node_actor
 from ._control import control_call, get
@@ -51,8 +52,6 @@ _REBIND_PAUSE_S = 1.0
 #: What sends a call to the model's newer layout: the model changed on Triton (suspected from
 #: a refusal or an answer, or from inputs the old spec refuses), or the layout was replaced.
 _MOVED = (SuspectedChange, PoolRetired, InvalidInputError)
-#: How many times one call may bind again or move to a newer layout.
-_MAX_RETRIES = 2
 #: Inputs the spec refuses make this process ask the node actor to check the model's config at
 #: most this often.
 _INPUT_RECHECK_S = 1.0
@@ -395,6 +394,25 @@ class ShmModel:
         # Other calls may still finish on it: close it without holding anyone up.
         threading.Thread(target=stale.close, daemon=True).start()
 
+    def _moves(
+        self, binding: _Binding, moved: tuple[type[BaseException], ...], options: Mapping[str, Any]
+    ) -> Moves[_Binding]:
+        """Where a call on ``binding`` goes on: a new binding after its node actor restarted
+        or another call replaced it, the model's new layout after one of ``moved``."""
+
+        def recover(binding: _Binding, exc: BaseException) -> _Binding:
+            if isinstance(exc, _REBIND_ON):
+                self._rebind(binding)  # the node actor restarted: a new region
+            elif isinstance(exc, ClientClosedError):
+                if self._binding is binding:
+                    raise exc
+                # Another call rebound meanwhile and closed the binding this one waited on.
+            else:
+                self._move(binding, exc, options)
+            return self._bind()
+
+        return Moves(binding, (*_REBIND_ON, ClientClosedError, *moved), recover)
+
     def _move(self, binding: _Binding, exc: BaseException, options: Mapping[str, Any]) -> None:
         """After ``exc`` stopped a call on ``binding``'s layout, asks the node actor for the
         model's current one (it reads Triton's config once per node and change), and binds
@@ -413,7 +431,7 @@ class ShmModel:
         registration: ModelRegistration = control_call(
             lambda: get(actor.follow.remote(name, incarnation, generation))
         )
-        plain = exc.error if isinstance(exc, SuspectedChange) else exc
+        plain = surfaced(exc)
         if registration.generation == generation:
             raise plain
         if isinstance(exc, SuspectedChange) and exc.executed and options.get("sequence_id"):
@@ -516,24 +534,8 @@ class ShmModel:
             outputs,
             outputs_as,
         )
-        binding = self._bind()
-        for retry in range(_MAX_RETRIES + 1):
-            try:
-                return binding.infer(inputs, self._slot_timeout_s, options)  # type: ignore[no-any-return]
-            except _REBIND_ON:
-                if retry == _MAX_RETRIES:
-                    raise
-                self._rebind(binding)  # the node actor restarted: a new region
-            except ClientClosedError:
-                if self._binding is binding or retry == _MAX_RETRIES:
-                    raise
-                # Another call rebound meanwhile and closed the binding this one waited on.
-            except _MOVED as exc:
-                if retry == _MAX_RETRIES:
-                    raise exc.error if isinstance(exc, SuspectedChange) else exc from None
-                self._move(binding, exc, options)
-            binding = self._bind()
-        raise AssertionError("unreachable")
+        moves = self._moves(self._bind(), _MOVED, options)
+        return moves.run(lambda binding: binding.infer(inputs, self._slot_timeout_s, options))
 
     async def infer_async(
         self,
@@ -562,23 +564,10 @@ class ShmModel:
             outputs,
             outputs_as,
         )
-        binding = await self._bind_async()
-        for retry in range(_MAX_RETRIES + 1):
-            try:
-                return await binding.infer_async(inputs, self._slot_timeout_s, options)  # type: ignore[no-any-return]
-            except _REBIND_ON:
-                if retry == _MAX_RETRIES:
-                    raise
-                self._rebind(binding)
-            except ClientClosedError:
-                if self._binding is binding or retry == _MAX_RETRIES:
-                    raise
-            except _MOVED as exc:
-                if retry == _MAX_RETRIES:
-                    raise exc.error if isinstance(exc, SuspectedChange) else exc from None
-                await asyncio.to_thread(self._move, binding, exc, options)
-            binding = await self._bind_async()
-        raise AssertionError("unreachable")
+        moves = self._moves(await self._bind_async(), _MOVED, options)
+        return await moves.run_async(
+            lambda binding: binding.infer_async(inputs, self._slot_timeout_s, options)
+        )
 
     def lease(
         self,
@@ -703,46 +692,14 @@ class _ModelLease:
         )
 
     def __enter__(self) -> SlotLease:
-        model = self._model
-        binding = model._bind()
-        for retry in range(_MAX_RETRIES + 1):
-            try:
-                self._lease = self._new_lease(binding).__enter__()
-                return self._lease
-            except _REBIND_ON:
-                if retry == _MAX_RETRIES:
-                    raise
-                model._rebind(binding)
-            except ClientClosedError:
-                if model._binding is binding or retry == _MAX_RETRIES:
-                    raise
-            except PoolRetired as exc:
-                if retry == _MAX_RETRIES:
-                    raise
-                model._move(binding, exc, {})
-            binding = model._bind()
-        raise AssertionError("unreachable")
+        moves = self._model._moves(self._model._bind(), (PoolRetired,), {})
+        self._lease = moves.run(lambda binding: self._new_lease(binding).__enter__())
+        return self._lease
 
     async def __aenter__(self) -> SlotLease:
-        model = self._model
-        binding = await model._bind_async()
-        for retry in range(_MAX_RETRIES + 1):
-            try:
-                self._lease = await self._new_lease(binding).__aenter__()
-                return self._lease
-            except _REBIND_ON:
-                if retry == _MAX_RETRIES:
-                    raise
-                model._rebind(binding)
-            except ClientClosedError:
-                if model._binding is binding or retry == _MAX_RETRIES:
-                    raise
-            except PoolRetired as exc:
-                if retry == _MAX_RETRIES:
-                    raise
-                await asyncio.to_thread(model._move, binding, exc, {})
-            binding = await model._bind_async()
-        raise AssertionError("unreachable")
+        moves = self._model._moves(await self._model._bind_async(), (PoolRetired,), {})
+        self._lease = await moves.run_async(lambda binding: self._new_lease(binding).__aenter__())
+        return self._lease
 
     def __exit__(self, *exc_info: object) -> None:
         if self._lease is not None:

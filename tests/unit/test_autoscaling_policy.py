@@ -9,7 +9,8 @@ import pytest
 from ray_triton_shm import ModelSpecError, SlotAutoscaling
 from ray_triton_shm._header import MAX_SLOTS
 from ray_triton_shm._pool import SlotPool
-from ray_triton_shm._scaling import REASON_KEPT_S, TICK_S, Policy, pool_sizing
+from ray_triton_shm._scaling import REASON_KEPT_S, TICK_S, Policy
+from ray_triton_shm._sizing import pool_sizing
 
 CONFIG = SlotAutoscaling(min_slots=2, max_slots=16, upscale_delay_s=0.2, downscale_delay_s=30.0)
 

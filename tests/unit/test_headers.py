@@ -23,8 +23,12 @@ from ray_triton_shm._headers import (
     normalize,
     redact,
 )
-from ray_triton_shm._reconnect import is_restart_symptom, is_unreachable
-from ray_triton_shm._transport import expected_header, translate_error
+from ray_triton_shm._triton_errors import (
+    expected_header,
+    is_restart_symptom,
+    is_unreachable,
+    translate_error,
+)
 from ray_triton_shm.local import LocalTritonServer
 from ray_triton_shm.local._server import _shown
 

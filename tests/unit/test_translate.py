@@ -7,9 +7,13 @@ from tritonclient.utils import InferenceServerException
 
 from ray_triton_shm import SharedMemoryNotAllowedError, TritonServerError
 from ray_triton_shm._outputs import overflow_message
-from ray_triton_shm._reconnect import is_restart_symptom, is_unreachable
 from ray_triton_shm._specs import ModelSpec, TensorSpec
-from ray_triton_shm._transport import is_missing_region, translate_error
+from ray_triton_shm._triton_errors import (
+    is_missing_region,
+    is_restart_symptom,
+    is_unreachable,
+    translate_error,
+)
 
 
 def answer(status: str, message: str) -> InferenceServerException:

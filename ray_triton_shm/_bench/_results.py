@@ -1,0 +1,624 @@
+"""What a bench run measured: each run's numbers, each model's, the goals and the pool-size
+answers, as the runner collects them and the reports render them (no path, no Ray: reading a
+run's results imports neither)."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from ray_triton_shm._bench._cases import ModelCase
+from ray_triton_shm._bench._config import (
+    APP_CASES,
+    CHURN,
+    CHURN_CASE,
+    ELASTIC,
+    NODE_LOAD,
+    NODE_LOAD_FIXED,
+    SERVE_HTTP_CLIENTS,
+    SERVE_HTTP_PATHS,
+    BenchConfig,
+)
+from ray_triton_shm._bench._paths import OpenLoop
+from ray_triton_shm._bench._watch import Outage
+
+__all__ = ["GOALS", "BenchResults", "Goal", "ModelResult", "Progress", "RunResult"]
+__all__ += ["ELASTIC_POOL", "POOL_SIZE_FOR_RATE", "POOL_SIZE_FOR_THROUGHPUT", "RECOMMEND_SHARE"]
+__all__ += ["UPDATE_CALLERS", "UPDATE_SLOTS", "UpdateResult", "describe_rate_path", "describe_run"]
+__all__ += ["describe_slots", "host_info", "mb_ratio", "mb_ratio_spread", "ratio"]
+
+#: The shm throughput a recommended pool reaches, over the best one measured.
+RECOMMEND_SHARE = 0.95
+#: The three pool-size answers, each to a question of its own, by the one name the terminal,
+#: the report and the JSON give it: the fewest slots of a fixed pool near the most
+#: closed-loop throughput; the size the elastic pool (no pool_size) settled on under N
+#: callers; the smallest fixed pool that sustained each open-loop request rate.
+POOL_SIZE_FOR_THROUGHPUT = "pool_size_for_throughput"
+ELASTIC_POOL = "elastic_pool"
+POOL_SIZE_FOR_RATE = "pool_size_for_rate"
+
+
+class Progress:
+    """Where the runner reports progress, here nowhere: ``start(total)`` units of work, a new
+    ``stage(text)``, ``advance(units)`` done, and ``stop()`` when the run is over; and where
+    it says what happened to Triton as it happens (``say(text)``, on stderr here)."""
+
+    def start(self, total: int) -> None: ...
+    def stage(self, text: str) -> None: ...
+    def advance(self, units: int = 1) -> None: ...
+    def stop(self) -> None: ...
+
+    def say(self, text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+
+def describe_slots(slots: int | None) -> str:
+    """``"4 slots"``, or ``"elastic pool"`` for :data:`~._config.ELASTIC`."""
+    return "elastic pool" if slots == ELASTIC else f"{slots} slot{'s' * (slots != 1)}"
+
+
+def describe_run(path: str, concurrency: int | None = None, slots: int | None = None) -> str:
+    """E.g. ``"shm-model (16 callers, 4 slots)"``, ``"shm-model (16 callers, elastic pool)"``,
+    ``"shm-client (4 callers)"`` (its slots said where they differ from the callers, and
+    always for ``shm-model``, whose default pool is elastic); ``path`` alone without a
+    concurrency."""
+    if concurrency is None:
+        return path
+    callers = f"{concurrency} caller{'s' * (concurrency > 1)}"
+    shown = slots is not None and (slots != concurrency or path == "shm-model")
+    return f"{path} ({callers}{f', {describe_slots(slots)}' if shown else ''})"
+
+
+def describe_rate_path(
+    path: str, concurrency: int, slots: int | None, *, detailed: bool = False
+) -> str:
+    """An open-loop run's path and slots: ``"grpc"`` (``detailed``: ``"grpc (16 threads)"``),
+    ``"shm-client (pool 4)"``, ``"shm-model (4 slots)"`` (``"elastic pool"`` for either on
+    :data:`~._config.ELASTIC`)."""
+    if path == "shm-client":
+        return f"shm-client ({'elastic pool' if slots == ELASTIC else f'pool {slots}'})"
+    if path == "shm-model":
+        return f"shm-model ({describe_slots(slots)})"
+    return f"{path} ({concurrency} threads)" if detailed else path
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    return numerator / denominator if numerator is not None and denominator else None
+
+
+@dataclasses.dataclass
+class RunResult:
+    """One path at one concurrency (on ``slots`` slots, for the shm paths) on one model: its
+    time, client CPU time (every thread of every client process) and the node actor's
+    (``None``: not used) over the slices, every request's latency per caller, why it was
+    ``skipped`` or failed (``error``), and the path's own numbers (``extra``); see
+    :meth:`numbers`."""
+
+    path: str
+    concurrency: int
+    slots: int | None
+    case: ModelCase
+    wall_s: float = 0.0
+    cpu_s: float = 0.0
+    side_cpu_s: float | None = 0.0
+    latencies_s: list[list[float]] = dataclasses.field(default_factory=list)
+    verified: bool = False
+    skipped: str | None = None
+    error: str | None = None
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: An open-loop run's: its ``--request-rate`` value and requests per second.
+    rate_spec: str | None = None
+    rate: float | None = None
+    #: An open-loop run's: requests due, dropped, and the seconds it was meant to last and
+    #: took until its last request was sent (:meth:`add_open_loop`).
+    due: int = 0
+    dropped: int = 0
+    planned_s: float = 0.0
+    paced_s: float = 0.0
+    #: Each slice's seconds and requests, in the order of the rounds.
+    rounds: list[tuple[float, int]] = dataclasses.field(default_factory=list)
+    #: What happened to Triton while one of its slices ran (a crash, an outage): its numbers
+    #: are kept, but count for no verdict, goal or advice (:attr:`counts`).
+    disturbed: str | None = None
+
+    def add_open_loop(self, loop: OpenLoop, planned_s: float, cpu_s: float) -> None:
+        """Adds one open-loop slice of ``planned_s`` seconds of arrivals."""
+        latencies = loop.latencies
+        self.add(max(loop.wall_s, planned_s), cpu_s, None, [list(latencies)])
+        self.due += len(latencies) + loop.dropped
+        self.dropped += loop.dropped
+        self.planned_s += planned_s
+        # Until the last request went out, about, had no queue built up: the last answer,
+        # less the latency of the first requests (a queue that grew shows as time past it).
+        self.paced_s += max(loop.wall_s - loop.first_s, 1e-9)
+
+    @property
+    def rate_label(self) -> str:
+        """An open-loop run's path and slots (:func:`describe_rate_path`)."""
+        return describe_rate_path(self.path, self.concurrency, self.slots)
+
+    def sustained(self, bound_ms: float | None) -> bool | None:
+        """Whether an open-loop run kept up with its arrivals: none dropped, answers at 90%
+        of the rate they came at or more, and the p99 latency under ``bound_ms`` if given
+        (``None``: no numbers)."""
+        numbers = self.numbers()
+        if not numbers or self.rate is None or self.disturbed is not None:
+            return None
+        kept_up = numbers["answered_per_s"] >= 0.9 * numbers["offered_per_s"]
+        under = bound_ms is None or numbers["latency_ms"]["p99"] <= bound_ms
+        return self.dropped == 0 and kept_up and under
+
+    def add(self, wall_s: float, cpu_s: float, side_cpu_s: float | None, latencies: list) -> None:
+        """Adds one slice: its times, and each caller's latencies."""
+        self.rounds.append((wall_s, sum(map(len, latencies))))
+        self.wall_s += wall_s
+        self.cpu_s += cpu_s
+        if self.side_cpu_s is not None:
+            self.side_cpu_s = None if side_cpu_s is None else self.side_cpu_s + side_cpu_s
+        self.latencies_s = self.latencies_s or [[] for _ in latencies]
+        for mine, more in zip(self.latencies_s, latencies):
+            mine.extend(more)
+
+    @property
+    def ok(self) -> bool:
+        """Whether the run produced valid numbers (an open-loop run that dropped every
+        request did not)."""
+        done = self.verified and not self.error and not self.skipped
+        return done and self.wall_s > 0 and any(self.latencies_s)
+
+    @property
+    def counts(self) -> bool:
+        """Whether its numbers count for verdicts, goals and advice: valid, and no crash or
+        outage of Triton touched them."""
+        return self.ok and self.disturbed is None
+
+    def numbers(self) -> dict[str, Any]:
+        """Requests, samples and input MB (1e6 B) per second, ``latency_ms`` (p50, p90 and
+        p99 of a request's), client CPU s per GB (1e9 B) of input, ``fairness`` (the fewest
+        requests a caller completed over the mean, with several callers), the node actor's
+        CPU us per request, and the path's own numbers; empty for a run without numbers."""
+        if not self.ok:
+            return {}
+        requests = sum(map(len, self.latencies_s))
+        every = np.concatenate([np.array(caller) for caller in self.latencies_s]) * 1e3
+        done = [len(caller) for caller in self.latencies_s]
+        gigabytes = requests * self.case.input_nbytes / 1e9
+        return {
+            "requests_per_s": requests / self.wall_s,
+            "samples_per_s": requests * self.case.batch_size / self.wall_s,
+            "mb_per_s": gigabytes * 1e3 / self.wall_s,
+            "latency_ms": dict(
+                zip(("p50", "p90", "p99"), np.percentile(every, [50, 90, 99]).tolist())
+            ),
+            "cpu_s_per_gb": self.cpu_s / gigabytes if gigabytes else None,
+            "fairness": min(done) / (requests / len(done)) if len(done) > 1 else None,
+            "node_actor_cpu_us": ratio(self.side_cpu_s, requests / 1e6),
+            **self.extra,
+            **(
+                {
+                    "request_rate": self.rate,
+                    "offered_per_s": self.due / self.planned_s,
+                    # Over the arrivals' window at least: a run that keeps pace answers at
+                    # the offered rate, never above it.
+                    "answered_per_s": requests / max(self.paced_s, self.planned_s),
+                    "dropped": self.dropped,
+                }
+                if self.rate is not None
+                else {}
+            ),
+            "requests": requests,
+            "wall_s": self.wall_s,
+            "cpu_s": self.cpu_s,
+            "mb_per_s_rounds": self.round_mb_per_s(),
+        }
+
+    def round_mb_per_s(self) -> list[float]:
+        """Input MB (1e6 B) per second of each round's slice."""
+        megabytes = self.case.input_nbytes / 1e6
+        return [requests * megabytes / wall for wall, requests in self.rounds if wall > 0]
+
+
+def mb_ratio(run: RunResult | None, baseline: RunResult | None) -> float | None:
+    """``run``'s MB/s over ``baseline``'s (``None`` if either has none)."""
+    value = run.numbers().get("mb_per_s") if run else None
+    return ratio(value, baseline.numbers().get("mb_per_s") if baseline else None)
+
+
+def mb_ratio_spread(run: RunResult, baseline: RunResult) -> tuple[float, float] | None:
+    """The lowest and highest of ``run``'s MB/s over ``baseline``'s, round by round (the
+    rounds interleave the runs, so round ``i`` of each ran side by side); ``None`` with fewer
+    than two rounds of both."""
+    ratios = [
+        mine / theirs
+        for mine, theirs in zip(run.round_mb_per_s(), baseline.round_mb_per_s())
+        if theirs > 0
+    ]
+    return (min(ratios), max(ratios)) if len(ratios) >= 2 else None
+
+
+@dataclasses.dataclass
+class ModelResult:
+    """Every run on one model, in the order they ran (``case``: ``None`` if it could not be
+    made, ``error`` says why)."""
+
+    name: str
+    case: ModelCase | None = None
+    runs: list[RunResult] = dataclasses.field(default_factory=list)
+    error: str | None = None
+    #: The open-loop runs (``--request-rate``), by rate then path.
+    rate_runs: list[RunResult] = dataclasses.field(default_factory=list)
+
+    def rate_limits(self, bound_ms: float | None) -> dict[str, float | None]:
+        """The highest rate each open-loop path sustained (:meth:`RunResult.sustained`),
+        by :attr:`RunResult.rate_label` (``None``: not even the lowest tried)."""
+        limits: dict[str, float | None] = {}
+        for r in self.rate_runs:
+            if r.rate is None or not r.counts:
+                continue
+            label = r.rate_label
+            best = limits.setdefault(label, None)
+            if r.sustained(bound_ms) and (best is None or r.rate > best):
+                limits[label] = r.rate
+        return limits
+
+    def pools_for_rates(self, bound_ms: float | None) -> list[dict[str, Any]]:
+        """Per rate tried, the smallest pool (``shm-client``'s slots) that sustained it, or
+        ``None``; gRPC's verdict at that rate beside it."""
+        rates = sorted({r.rate for r in self.rate_runs if r.rate is not None})
+        advice = []
+        for rate in rates:
+            at = [r for r in self.rate_runs if r.rate == rate]
+            pools = sorted(
+                r.slots for r in at if r.path == "shm-client" and r.slots and r.sustained(bound_ms)
+            )
+            grpc = next((r for r in at if r.path == "grpc"), None)
+            advice.append(
+                {
+                    "request_rate": rate,
+                    "pool_size": pools[0] if pools else None,
+                    "grpc_sustained": grpc.sustained(bound_ms) if grpc else None,
+                }
+            )
+        return advice
+
+    def run(
+        self, path: str, concurrency: int | None = None, slots: int | None = None
+    ) -> RunResult | None:
+        """The run of ``path``, at ``concurrency`` and on ``slots`` slots when given."""
+        for r in self.runs:
+            if r.path == path and concurrency in (None, r.concurrency) and slots in (None, r.slots):
+                return r
+        return None
+
+    def skipped(self) -> dict[str, str]:
+        """Why the runs that did not run did not: by ``"path@concurrency"``."""
+        return {f"{r.path}@{r.concurrency}": r.skipped for r in self.runs if r.skipped}
+
+    def elastic(self) -> list[dict[str, Any]]:
+        """Per load (callers) with an elastic ``shm-model`` run: the size its pool settled on
+        and the most it reached, what held it back (``limited_by``), its requests per second,
+        and the fixed pools measured at that load (``fixed``: slots and requests per second,
+        by slots), the best of them (``best_fixed``) and the elastic run's ratio to it."""
+        advice = []
+        for r in self.runs:
+            if r.path != "shm-model" or r.slots != ELASTIC or not r.counts:
+                continue
+            rate = r.numbers()["requests_per_s"]
+            fixed = sorted(
+                (f.slots, f.numbers()["requests_per_s"])
+                for f in self.runs
+                if f.path == r.path and f.concurrency == r.concurrency and f.counts
+                if f.slots not in (None, ELASTIC)
+            )
+            best = max(fixed, key=lambda pair: pair[1], default=(None, None))
+            advice.append(
+                {
+                    "callers": r.concurrency,
+                    "settled_slots": r.extra.get("pool_size_settled"),
+                    "max_slots_reached": r.extra.get("pool_size_max"),
+                    "limited_by": r.extra.get("limited_by", ""),
+                    "requests_per_s": rate,
+                    "fixed": [{"slots": s, "requests_per_s": v} for s, v in fixed],
+                    "best_fixed": best[0],
+                    "best_fixed_requests_per_s": best[1],
+                    "vs_best_fixed": ratio(rate, best[1]),
+                }
+            )
+        return advice
+
+    def recommendation(self, bound_ms: float | None) -> dict[str, Any] | None:
+        """The pool-size answers, by name (``None`` where none has any run to go on):
+
+        - :data:`POOL_SIZE_FOR_THROUGHPUT`: at the sweep's levels (the loads without an
+          elastic run), the smallest fixed pool whose shm throughput (``shm-client`` or
+          ``shm-model``, as many callers as slots) reaches :data:`RECOMMEND_SHARE` of the
+          best measured there (``pool_size``, ``path``, ``requests_per_s``,
+          ``best_requests_per_s``), shm-client's MB/s over gRPC's there and the ``/dev/shm``
+          such a pool takes; ``None`` without such runs.
+        - :data:`ELASTIC_POOL`: per load with an elastic run (:meth:`elastic`), the size the
+          pool without pool_size settled on, beside the fixed pools measured there.
+        - :data:`POOL_SIZE_FOR_RATE`: per open-loop rate, the smallest pool that sustained it
+          within ``bound_ms`` (:meth:`pools_for_rates`).
+        """
+        elastic = self.elastic()
+        loads = {advice["callers"] for advice in elastic}
+        shm = [
+            (r.numbers()["requests_per_s"], r)
+            for r in self.runs
+            if r.path in ("shm-client", "shm-model") and r.counts and r.slots == r.concurrency
+            if r.concurrency not in loads
+        ]
+        rates = self.pools_for_rates(bound_ms)
+        if not shm and not elastic and not rates:
+            return None
+        throughput = None
+        if shm:
+            best = max(rate for rate, _ in shm)
+            rate, fit = min(
+                ((rate, r) for rate, r in shm if rate >= RECOMMEND_SHARE * best),
+                key=lambda pair: (pair[1].concurrency, -pair[0]),
+            )
+            pool = fit.concurrency
+            throughput = {
+                "pool_size": pool,
+                "path": fit.path,
+                "requests_per_s": rate,
+                "best_requests_per_s": best,
+                "shm_vs_grpc": mb_ratio(self.run("shm-client", pool), self.run("grpc", pool)),
+                "shm_bytes": fit.extra.get("shm_bytes"),
+            }
+        return {
+            POOL_SIZE_FOR_THROUGHPUT: throughput,
+            ELASTIC_POOL: elastic,
+            POOL_SIZE_FOR_RATE: rates,
+        }
+
+
+_METRICS = {
+    "mb_per_s": "MB/s",
+    "requests_per_s": "req/s",
+    "cpu_s_per_gb": "CPU s/GB",
+    "fairness": "fewest requests of a caller / mean",
+    "node_actor_cpu_us": "node actor CPU us/request",
+    "wrong_answers": "wrong answers",
+}
+#: The metrics whose goals are at most, not at least.
+_AT_MOST = ("cpu_s_per_gb", "node_actor_cpu_us", "wrong_answers")
+
+
+@dataclasses.dataclass(frozen=True)
+class Goal:
+    """A target on one ``model``: ``metric`` (a key of :meth:`RunResult.numbers`) of ``run``
+    (``(path, concurrency, slots)``, the last two optional), or its ratio to ``baseline``'s,
+    at least ``target`` (at most, for CPU and wrong answers)."""
+
+    model: str
+    run: tuple[Any, ...]
+    target: float
+    baseline: tuple[Any, ...] = ()
+    metric: str = "mb_per_s"
+
+    @property
+    def description(self) -> str:
+        """E.g. ``"shm-client (1 caller) MB/s >= 3x grpc (1 caller)"``."""
+        run, metric = describe_run(*self.run), _METRICS[self.metric]
+        sign = "<=" if self.metric in _AT_MOST else ">="
+        if not self.baseline:
+            return f"{run}: {metric} {sign} {self.target:g}"
+        return f"{run} {metric} {sign} {self.target:g}x {describe_run(*self.baseline)}"
+
+    def measure(self, model: ModelResult) -> float | None:
+        """The value this goal is about, or ``None`` if not measured (or disturbed)."""
+        run = model.run(*self.run)
+        value = run.numbers().get(self.metric) if run and run.counts else None
+        if not self.baseline:
+            return value
+        base = model.run(*self.baseline)
+        return ratio(value, base.numbers().get(self.metric) if base and base.counts else None)
+
+    def met(self, value: float | None) -> bool | None:
+        """Whether ``value`` meets the goal (``None``: not measured)."""
+        if value is None:
+            return None
+        return value <= self.target if self.metric in _AT_MOST else value >= self.target
+
+
+_LOAD, _LOAD_CASES = NODE_LOAD[0], ("identity", "classifier-1", "classifier")
+_FIXED_4, _FIXED_16 = NODE_LOAD_FIXED
+_HTTP_LOAD = max(SERVE_HTTP_CLIENTS)
+# fmt: off
+#: The project's performance goals: ``Goal``'s arguments (model, run, target, baseline, metric).
+_GOALS: tuple[tuple[Any, ...], ...] = (
+    # One caller, one request at a time: the client alone.
+    ("identity", ("shm-client", 1), 1.0, ("grpc", 1)),
+    ("classifier", ("shm-client", 1), 3.0, ("grpc", 1)),
+    ("my_model", ("shm-client", 1), 3.0, ("grpc", 1)),
+    ("large_image", ("shm-client", 1), 8.0, ("grpc", 1)),
+    ("upper-short", ("shm-client", 1), 1.0, ("grpc", 1)),
+    ("upper-long", ("shm-client", 1), 1.5, ("grpc", 1)),
+    ("classifier", ("shm-client", 1), 1.5, ("memcpy", 1), "cpu_s_per_gb"),
+    ("large_image", ("shm-client", 1), 1.5, ("memcpy", 1), "cpu_s_per_gb"),
+    # A slot lease: the batch preprocessed into the slot, the outputs read there, against the
+    # same preprocessing into the caller's arrays, then infer_shm.
+    ("large_image", ("shm-lease", 1), 0.6, ("shm-client-prep", 1), "cpu_s_per_gb"),
+    ("classifier", ("shm-lease", 1), 0.9, ("shm-client-prep", 1), "cpu_s_per_gb"),
+    *((case, ("shm-lease", callers), 1.0, ("shm-client-prep", callers), "requests_per_s")
+      for case in ("classifier", "my_model", "large_image") for callers in (1, 4)),
+    # bench --ray: the same Serve deployment with its replica on each client, and the same
+    # Ray Data job with each predictor.
+    ("identity", ("serve-shm",), 1.0, ("serve-grpc",)),
+    ("classifier-1", ("serve-shm",), 1.0, ("serve-grpc",)),
+    ("classifier", ("serve-shm",), 2.3, ("serve-grpc",)),
+    ("large_image", ("serve-shm",), 3.5, ("serve-grpc",)),
+    *((case, ("serve-shm",), 0.95, ("serve-inproc",))
+      for case in ("identity", "classifier-1", "classifier", "my_model", "large_image")),
+    ("classifier", ("data-shm",), 0.95, ("data-noop",)),
+    ("classifier", ("data-shm",), 1.0, ("data-grpc",)),
+    # bench --ray: the example app behind Serve's HTTP proxy, under load, against the same app
+    # on plain gRPC and with a no-op model (its ceiling); every answer checked.
+    *((case, ("serve-http-shm", _HTTP_LOAD), target, ("serve-http-grpc", _HTTP_LOAD))
+      for case, target in (("classifier-1", 1.0), ("classifier", 1.2))),
+    *((case, ("serve-http-shm", _HTTP_LOAD), 0.9, ("serve-http-noop", _HTTP_LOAD))
+      for case in APP_CASES),
+    *((case, (path, clients), 0, (), "wrong_answers") for case in APP_CASES
+      for path in SERVE_HTTP_PATHS for clients in SERVE_HTTP_CLIENTS),
+    # The node actor before it left the request path: about 1.17 ms of CPU per request.
+    ("classifier", ("serve-shm",), 0.05 * 1170, (), "node_actor_cpu_us"),
+    ("classifier", ("data-shm",), 0.05 * 1170, (), "node_actor_cpu_us"),
+    # bench --ray, the node under load: ShmModel as it comes (its pool following its load)
+    # against fixed pools of 4 and of 16 node slots, and against plain gRPC.
+    *((case, _LOAD, 1.25, _FIXED_4) for case in _LOAD_CASES),
+    *((case, _LOAD, 0.95, _FIXED_16) for case in _LOAD_CASES),
+    ("identity", _LOAD, 0.85, NODE_LOAD[1]),
+    ("classifier-1", _LOAD, 2.5, NODE_LOAD[1]),
+    ("classifier", _LOAD, 4.5, NODE_LOAD[1]),
+    *((case, _LOAD, 0.5, (), "fairness") for case in _LOAD_CASES),
+    # bench --ray, churn: a caller killed mid-request and replaced every 2 s.
+    (CHURN_CASE, CHURN[1], 0.8, CHURN[0], "requests_per_s"),
+    *((CHURN_CASE, run, 0, (), "wrong_answers") for run in CHURN),
+    # bench --memory cuda: tensors on the GPU, against tritonclient's CUDA utilities by hand
+    # and against system shared memory (through the host).
+    *((case, ("cuda-client-torch", 1), 0.9, ("cuda-manual-torch", 1))
+      for case in ("gpu-16MiB", "gpu-64MiB")),
+    ("gpu-64MiB", ("cuda-client-torch", 1), 30.0, ("shm-client-torch", 1)),
+    ("gpu-64MiB", ("cuda-client", 1), 2.0, ("cuda-manual", 1)),
+    ("gpu-1MiB", ("cuda-client-torch", 1), 1.0, ("shm-client-torch", 1)),
+)
+# fmt: on
+GOALS = tuple(Goal(*goal) for goal in _GOALS)
+
+
+@dataclasses.dataclass
+class BenchResults:
+    """Everything one run of ``config`` measured, on the ``server`` (``"embedded"`` or its URL)."""
+
+    config: BenchConfig
+    models: list[ModelResult]
+    server: str
+    duration_s: float = 0.0
+    #: The model update under load (:mod:`._update`), when it ran.
+    model_update: UpdateResult | None = None
+    #: Every crash of Triton (or outage of a remote one) while the bench ran.
+    outages: list[Outage] = dataclasses.field(default_factory=list)
+    #: Why the bench stopped before the end (Triton gone for good, Ctrl-C), if it did.
+    stopped: str | None = None
+
+    def goals(self) -> list[tuple[Goal, float | None]]:
+        """Every goal whose model and paths were run, with its measured value."""
+        by_model = {m.name: m for m in self.models}
+        return [
+            (goal, goal.measure(by_model[goal.model]))
+            for goal in GOALS
+            if goal.model in by_model and {goal.run[0], *goal.baseline[:1]} <= {*self.config.paths}
+        ]
+
+    @property
+    def failures(self) -> list[str]:
+        """``"model: error"`` or ``"model/run: error"`` for every failure."""
+        return (
+            [f"{m.name}: {m.error}" for m in self.models if m.error]
+            + [
+                f"{m.name}/{describe_run(r.path, r.concurrency, r.slots)}: {r.error}"
+                for m in self.models
+                for r in m.runs
+                if r.error is not None and r.disturbed is None
+            ]
+            + [
+                f"{m.name}/{r.rate_label} at {r.rate_spec} requests/s: {r.error}"
+                for m in self.models
+                for r in m.rate_runs
+                if r.error is not None and r.disturbed is None
+            ]
+            + (
+                [f"model update: {update_failure(self.model_update)}"]
+                if self.model_update is not None and not self.model_update.ok
+                else []
+            )
+        )
+
+    def disturbed(self) -> list[str]:
+        """``"model/run"`` for every run a crash or outage of Triton touched."""
+        return [
+            f"{m.name}/{describe_run(r.path, r.concurrency, r.slots)}"
+            + (f" at {r.rate_spec} requests/s" if r.rate_spec else "")
+            for m in self.models
+            for r in (*m.runs, *m.rate_runs)
+            if r.disturbed is not None
+        ]
+
+
+def host_info() -> dict[str, Any]:
+    """The machine and the versions that matter to the numbers."""
+    import os
+    import platform
+    from importlib import metadata
+
+    versions = {}
+    for package in ("ray-triton-shm", "tritonclient", "numpy", "ray", "grpcio"):
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            continue
+    return {
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "versions": versions,
+    }
+
+
+def update_failure(update: UpdateResult) -> str:
+    if update.error is not None:
+        return update.error
+    return (
+        f"{update.wrong_answers} wrong answer(s), {update.new_config_answers} from the new "
+        f"config, {update.old_regions_left} old region(s) left"
+    )
+
+
+#: The model update under load (:mod:`._update`): its callers and their slots.
+UPDATE_CALLERS = 8
+UPDATE_SLOTS = 4
+
+
+@dataclasses.dataclass
+class UpdateResult:
+    """What one model update under load measured (see the module docstring)."""
+
+    callers: int = UPDATE_CALLERS
+    slots: int = UPDATE_SLOTS
+    duration_s: float = 0.0
+    old_config_answers: int = 0
+    new_config_answers: int = 0
+    failed: int = 0
+    wrong_answers: int = 0
+    errors: list[str] = dataclasses.field(default_factory=list)
+    reload_s: float | None = None
+    first_new_answer_s: float | None = None
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+    max_ms: float | None = None
+    old_regions_left: int = 0
+    error: str | None = None
+    #: When it began (``time.time()``), and what happened to Triton meanwhile, if anything.
+    started_at: float = dataclasses.field(default_factory=time.time)
+    disturbed: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Whether the run met its promises: every answer right, nothing left behind (or Triton
+        crashed meanwhile, which says nothing of them)."""
+        return self.disturbed is not None or (
+            self.error is None
+            and self.wrong_answers == 0
+            and self.old_regions_left == 0
+            and self.new_config_answers > 0
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

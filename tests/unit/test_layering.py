@@ -1,0 +1,117 @@
+"""Which way the package's imports flow (docs/architecture.md): no module imports one that
+imports it back, however indirectly, counting imports under ``TYPE_CHECKING`` and inside
+functions; the core imports no tool, no Ray and no bench; the bench's reports import no Ray."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "ray_triton_shm"
+#: The modules of the package root that are no part of the core: the public facade, and the
+#: tools (the command line, the doctor, the regions report).
+NOT_CORE = {"ray_triton_shm", "ray_triton_shm.__main__"} | {
+    f"ray_triton_shm.{name}" for name in ("_cli", "_doctor", "_region_status")
+}
+#: What the core never imports: Ray, the Ray layer, the bench, the embedded server, the tools.
+OUTSIDE_CORE = ("ray", "ray_triton_shm.ray", "ray_triton_shm._bench", "ray_triton_shm.local")
+#: The bench's results and their renderings: a report is drawn without Ray.
+REPORTS = ("_results", "_summary", "_report", "_html", "_figures", "_format", "_config")
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _imports(name: str) -> set[str]:
+    """Every module ``name`` imports, wherever the import is: the package's own modules, and
+    other packages by their top-level name."""
+    path = MODULES[name]
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                found.add(alias.name if alias.name in MODULES else alias.name.split(".")[0])
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                module = node.module or ""
+            submodules = {f"{module}.{a.name}" for a in node.names} & MODULES.keys()
+            found |= submodules
+            if len(submodules) < len(node.names):
+                found.add(module if module in MODULES else module.split(".")[0])
+    found.discard(name)
+    return found
+
+
+GRAPH = {name: _imports(name) for name in MODULES}
+
+
+def _closure(name: str) -> set[str]:
+    seen, todo = set(), [name]
+    while todo:
+        for imported in GRAPH.get(todo.pop(), ()):
+            if imported not in seen:
+                seen.add(imported)
+                todo.append(imported)
+    return seen
+
+
+def test_no_module_imports_one_that_imports_it_back() -> None:
+    circles = sorted(
+        (name, imported)
+        for name in MODULES
+        for imported in GRAPH[name]
+        if imported in MODULES and name in _closure(imported)
+    )
+    assert circles == []
+
+
+def test_the_core_imports_no_tool_no_ray_no_bench_and_no_embedded_server() -> None:
+    core = [
+        name
+        for name in MODULES
+        # ray_triton_shm.<module>, not a subpackage
+        if name.count(".") == 1 and name not in NOT_CORE and MODULES[name].name != "__init__.py"
+    ]
+    assert "ray_triton_shm._client" in core and len(core) > 20
+    wrong = {
+        name: sorted(
+            m
+            for m in _closure(name)
+            if m in NOT_CORE or any(m == o or m.startswith(f"{o}.") for o in OUTSIDE_CORE)
+        )
+        for name in core
+    }
+    assert {name: imported for name, imported in wrong.items() if imported} == {}
+
+
+def test_the_bench_reports_are_drawn_without_ray() -> None:
+    for report in REPORTS:
+        name = f"ray_triton_shm._bench.{report}"
+        imported = _closure(name)
+        assert "ray" not in imported, name
+        assert not {
+            m
+            for m in imported
+            if m.startswith(("ray_triton_shm.ray", "ray_triton_shm._bench._ray"))
+        }, name
+
+
+def test_the_checks_see_a_circle_and_a_forbidden_import() -> None:
+    """The graph is read right: a known import is in it (else every check above passes on
+    an empty graph)."""
+    assert "ray_triton_shm._engine" in GRAPH["ray_triton_shm._client"]
+    assert "ray" in GRAPH["ray_triton_shm.ray._actor"]
+    assert "ray_triton_shm._client" in _closure("ray_triton_shm.ray._handle")
