@@ -161,11 +161,10 @@ def end_node_actor() -> None:
     ``get_node_actor`` then makes a new one)."""
     import ray
 
-    from ray_triton_shm.ray._actor import NAMESPACE, actor_name
+    from ray_triton_shm.ray._actor import find_node_actor
 
-    try:
-        actor = ray.get_actor(actor_name(ray.get_runtime_context().get_node_id()), NAMESPACE)
-    except ValueError:
+    actor = find_node_actor()
+    if actor is None:
         return
     with contextlib.suppress(Exception):
         ray.get(actor.shutdown.remote(), timeout=30)
