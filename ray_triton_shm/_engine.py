@@ -165,6 +165,12 @@ class ModelPool:
     next_check: float = 0.0
 
     @property
+    def owned(self) -> bool:
+        """Whether its client created and registered the region (and unregisters and unlinks
+        it), rather than attached a region somebody else owns."""
+        return self.registration is not None
+
+    @property
     def follows(self) -> bool:
         """Whether the pool is laid out again when the model changes on Triton (its client
         owns it, and its specs came from Triton's config)."""

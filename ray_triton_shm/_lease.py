@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import service_pb2
 
-from ._calls import Calls
+from ._calls import Call
 from ._changes import answer_mismatch
 from ._engine import (
     Chunk,
@@ -169,7 +169,7 @@ class SlotLease:
 
     def __init__(
         self,
-        calls: Calls,
+        call: Call,
         *,
         batch: int | None,
         shapes: Mapping[str, Sequence[int]] | None,
@@ -177,8 +177,8 @@ class SlotLease:
         slot_timeout_s: float | None,
         request_id: str,
     ) -> None:
-        pool = calls.pool
-        self._calls = calls
+        pool = call.pool
+        self._call = call
         self._rows = _check_batch(pool, batch)
         self._given = dict(shapes or {})
         self._sample_shapes = _sample_shapes(pool, self._rows, self._given)
@@ -199,7 +199,7 @@ class SlotLease:
     @property
     def model_name(self) -> str:
         """The model leased."""
-        return self._calls.pool.spec.name
+        return self._call.pool.spec.name
 
     @property
     def batch(self) -> int | None:
@@ -217,18 +217,18 @@ class SlotLease:
 
     def __enter__(self) -> SlotLease:
         try:
-            slot = drive(self._taking(), self._calls.do)
+            slot = drive(self._taking(), self._call.do)
         except TritonSHMError as exc:  # no slot: counted as infer_shm counts it
-            self._calls.pool.count_failure(exc)
+            self._call.pool.count_failure(exc)
             raise
         self._take(slot)
         return self
 
     async def __aenter__(self) -> SlotLease:
         try:
-            slot = await drive_async(self._taking(), self._calls.do_async)
+            slot = await drive_async(self._taking(), self._call.do_async)
         except TritonSHMError as exc:
-            self._calls.pool.count_failure(exc)
+            self._call.pool.count_failure(exc)
             raise
         self._take(slot)
         return self
@@ -278,7 +278,7 @@ class SlotLease:
         """
         chunk = self._request()
         try:
-            response = drive(_answer(chunk), self._calls.do)
+            response = drive(_answer(chunk), self._call.do)
         except BaseException as exc:
             error = self._failed(exc)
             if error is exc:
@@ -290,7 +290,7 @@ class SlotLease:
         """:meth:`infer` for coroutines; cancelling it leaves the slot to Triton's answer."""
         chunk = self._request()
         try:
-            response = await drive_async(_answer(chunk), self._calls.do_async)
+            response = await drive_async(_answer(chunk), self._call.do_async)
         except BaseException as exc:
             error = self._failed(exc)
             if error is exc:
@@ -302,15 +302,15 @@ class SlotLease:
 
     def _taking(self) -> Generator[tuple[Step, Any], Any, int]:
         """The steps that take a slot, following the model to a new layout if it moved."""
-        calls = self._calls
-        started = time.monotonic()
+        call = self._call
+        call.started = time.monotonic()
 
         def recover(pool: ModelPool, exc: BaseException) -> ModelPool:
-            calls.pool = calls.client._next_pool(pool, exc, self._options, started)
-            self._sample_shapes = _sample_shapes(calls.pool, self._rows, self._given)
-            return calls.pool
+            moved = call.moved(exc, self._options)
+            self._sample_shapes = _sample_shapes(moved, self._rows, self._given)
+            return moved
 
-        moves = Moves(calls.pool, (PoolRetired, ClientClosedError), recover)
+        moves = Moves(call.pool, (PoolRetired, ClientClosedError), recover)
         while True:
             self._started_ns = time.monotonic_ns()
             try:
@@ -320,7 +320,7 @@ class SlotLease:
                 moves.after(exc)
 
     def _take(self, slot: int) -> None:
-        pool = self._calls.pool
+        pool = self._call.pool
         pool.header.count_take(slot, time.monotonic_ns() - self._started_ns)
         layout = pool.layout
         fate = _Fate(pool, slot, self._site)
@@ -368,7 +368,7 @@ class SlotLease:
         if isinstance(exc, SuspectedChange):
             exc = exc.error
         if isinstance(exc, TritonSHMError):
-            self._calls.pool.count_failure(exc)
+            self._call.pool.count_failure(exc)
         return exc
 
     def _outputs(self, chunk: Chunk, response: service_pb2.ModelInferResponse) -> dict[str, Any]:

@@ -262,7 +262,7 @@ class Scaler:
         slot_bytes = pool.layout.slot_bytes
         room = None
         if self.budget_bytes is not None:
-            owned = [p for p in list(self._all_pools.values()) if p.region.owner]
+            owned = [p for p in list(self._all_pools.values()) if p.owned]
             room = self.budget_bytes - sum(p.region.allocated for p in owned)
         for slot in range(size, want):
             if slot in state.backed:

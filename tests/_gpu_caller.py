@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from ray_triton_shm import TritonSHMClient
+from ray_triton_shm._client import registry_of
 from ray_triton_shm._header import RegionHeader
 from ray_triton_shm._memory import open_memory
 from ray_triton_shm._shared_slots import SharedSlots
@@ -44,7 +45,7 @@ def main(argv: list[str]) -> int:
     header = RegionHeader(region.buffer, slots)
     shared = SharedSlots(region.name, header, slots, model=SPEC.name)
     client = TritonSHMClient(url=url, crash_cleanup=False)
-    client._attach_pool(SPEC, memory, shared, lambda: None)
+    registry_of(client).attach(SPEC, memory, shared, lambda: None)
     rng = np.random.default_rng(seed)
     device = memory.device
     assert device is not None

@@ -253,9 +253,10 @@ def _register_then_sigkill(url: str, *, crash_cleanup: bool) -> str:
     script = (
         "import os, signal\n"
         "from ray_triton_shm import TritonSHMClient\n"
+        "from ray_triton_shm._client import registry_of\n"
         f"c = TritonSHMClient(url={url!r}, crash_cleanup={crash_cleanup})\n"
         "c.register_shm_model('classifier', pool_size=1)\n"
-        "print(next(iter(c._pools.values())).region.name, flush=True)\n"
+        "print(registry_of(c).get('classifier').region.name, flush=True)\n"
         "os.kill(os.getpid(), signal.SIGKILL)\n"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)

@@ -20,6 +20,7 @@ import pytest
 from _helpers import registered_on
 
 from ray_triton_shm import TritonServerError, TritonSHMClient
+from ray_triton_shm._client import registry_of
 
 ECHO_SHAPES = {"DATA": (64,), "ECHO": (64,)}
 
@@ -86,7 +87,7 @@ def test_an_interrupted_blocking_call_is_abandoned_until_triton_is_done(
     assert time.monotonic() - started >= 1.0
     np.testing.assert_array_equal(out, np.full(64, 2.0, np.float32))
     assert one_slot.shm_stats("delay_echo").abandoned == 0
-    header = one_slot._pools["delay_echo"].header
+    header = registry_of(one_slot).get("delay_echo").header
     assert header.totals().abandoned == 1 and header.settle_quantile_s(0.99) >= 0.5
 
 
@@ -157,7 +158,7 @@ def test_close_waits_for_a_request_triton_still_runs_then_unregisters(grpc_url: 
     the registration behind."""
     with TritonSHMClient(url=grpc_url) as client:
         client.register_shm_model("delay_echo", max_shapes=ECHO_SHAPES, pool_size=1)
-        name = client._pools["delay_echo"].region.name
+        name = registry_of(client).get("delay_echo").region.name
         with pytest.raises(TritonServerError, match="client_timeout_s"):
             client.infer_shm("delay_echo", _inputs(1000, 1.0), client_timeout_s=0.2)
         assert name in registered_on(grpc_url)
@@ -173,7 +174,7 @@ def test_a_close_from_another_thread_meanwhile_waits_for_the_first(
     request, which gets its own answer."""
     client = TritonSHMClient(url=grpc_url)
     client.register_shm_model("delay_echo", max_shapes=ECHO_SHAPES, pool_size=2)
-    name = client._pools["delay_echo"].region.name
+    name = registry_of(client).get("delay_echo").region.name
     answers: list[np.ndarray] = []
     errors: list[BaseException] = []
 

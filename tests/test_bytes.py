@@ -15,6 +15,7 @@ from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
 
 from ray_triton_shm import InvalidInputError, ModelSpecError, TritonServerError, TritonSHMClient
 from ray_triton_shm._bytes import decode, encode
+from ray_triton_shm._client import registry_of
 from ray_triton_shm._specs import REGION_HEADER_BYTES
 from ray_triton_shm.ray import ShmModel, ShmPredictor, get_node_actor
 
@@ -100,7 +101,7 @@ def test_too_long_an_element_is_refused_before_anything_is_written(
     client: TritonSHMClient,
 ) -> None:
     client.register_shm_model("upper", pool_size=1, max_element_bytes={"TEXT": 8, "UPPER": 8})
-    pool = client._pools["upper"]
+    pool = registry_of(client).get("upper")
     slots = slice(REGION_HEADER_BYTES, pool.region.size)  # the header counts the failures
     pool.region.buffer[slots] = b"\xab" * (pool.region.size - REGION_HEADER_BYTES)
     before = bytes(pool.region.buffer[slots])

@@ -226,10 +226,11 @@ def test_cleanup_at_interpreter_exit(grpc_url: str) -> None:
     script = (
         "import sys, numpy as np\n"
         "from ray_triton_shm import TritonSHMClient\n"
+        "from ray_triton_shm._client import registry_of\n"
         f"c = TritonSHMClient(url={grpc_url!r})\n"
         "c.register_shm_model('classifier')\n"
         "c.infer_shm('classifier', {'INPUT0': np.zeros((2, 3, 224, 224), np.float32)})\n"
-        "print(next(iter(c._pools.values())).region.name)\n"
+        "print(registry_of(c).get('classifier').region.name)\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, check=True
@@ -255,6 +256,7 @@ def test_reaper_is_not_held_up_by_a_forked_child(grpc_url: str) -> None:
     script = (
         "import os, signal, time\n"
         "from ray_triton_shm import TritonSHMClient\n"
+        "from ray_triton_shm._client import registry_of\n"
         f"c = TritonSHMClient(url={grpc_url!r})\n"
         "c.register_shm_model('classifier', pool_size=1)\n"
         "child = os.fork()\n"
@@ -262,7 +264,7 @@ def test_reaper_is_not_held_up_by_a_forked_child(grpc_url: str) -> None:
         "    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)\n"
         "    time.sleep(120)\n"
         "    os._exit(0)\n"
-        "print(next(iter(c._pools.values())).region.name, child, flush=True)\n"
+        "print(registry_of(c).get('classifier').region.name, child, flush=True)\n"
         "os.kill(os.getpid(), signal.SIGKILL)\n"
     )
     # Not waiting for stderr: the resource tracker holds it until the child exits.

@@ -23,6 +23,7 @@ from ray_triton_shm import (
     TritonSHMClient,
     _cuda,
 )
+from ray_triton_shm._client import registry_of
 from ray_triton_shm._header import RegionHeader
 from ray_triton_shm._memory import (
     CUDA_PREVIEW,
@@ -170,7 +171,7 @@ def test_triton_refusing_gpu_memory_names_the_causes_and_nothing_stays(grpc_url:
             keys = [slot_key(name, slot) for slot in range(2)]
             reconnect = Reconnect(client._channel, grpc_url, 1.0, "identity")
             with pytest.raises(CudaError) as caught:
-                client._register_slots(memory, keys, reconnect, model="identity")
+                registry_of(client).register_slots(memory, keys, reconnect, model="identity")
         finally:
             region.unlink()
             region.close()

@@ -27,6 +27,7 @@ from ray_triton_shm import (
     TritonSHMClient,
     TritonSHMError,
 )
+from ray_triton_shm._client import registry_of
 from ray_triton_shm._exceptions import StaleLeaseError
 from ray_triton_shm._specs import REGION_HEADER_BYTES
 from ray_triton_shm._triton_errors import translate_error
@@ -45,7 +46,7 @@ def client(client: TritonSHMClient) -> TritonSHMClient:
 
 
 def region_bytes(client: TritonSHMClient) -> bytes:
-    return bytes(client._pools["my_model"].region.buffer[REGION_HEADER_BYTES:])
+    return bytes(registry_of(client).get("my_model").region.buffer[REGION_HEADER_BYTES:])
 
 
 def with_input(name: str, value: Any) -> dict[str, Any]:
@@ -92,7 +93,7 @@ def test_bad_input_is_refused_before_anything_is_written(
     pattern: str,
 ) -> None:
     client.infer_shm("my_model", GOOD)
-    pool = client._pools["my_model"]
+    pool = registry_of(client).get("my_model")
     # A sentinel every write into the slots would disturb (the header holds live state).
     pool.region.buffer[REGION_HEADER_BYTES:] = b"\xab" * (pool.region.size - REGION_HEADER_BYTES)
     before = region_bytes(client)
@@ -237,7 +238,7 @@ def test_failed_calls_are_counted_by_kind_and_answers_by_latency(grpc_url: str) 
         client.register_shm_model(
             "delay_echo", pool_size=1, max_shapes={"DATA": (4,), "ECHO": (4,)}
         )
-        header = client._pools["delay_echo"].header
+        header = registry_of(client).get("delay_echo").header
         data = np.arange(4, dtype=np.float32)
 
         def call(delay_ms: int, **options: Any) -> Any:

@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 
 from ray_triton_shm import CudaError, GPUMemoryFullError, TritonSHMClient, _cuda
+from ray_triton_shm._client import registry_of
 from ray_triton_shm._memory import CudaMemory
 from ray_triton_shm._shared_slots import SharedSlots
 from ray_triton_shm._shm import list_local_regions
@@ -153,13 +154,11 @@ def test_bad_gpu_input_is_refused_before_any_byte(client: TritonSHMClient) -> No
 def _share(client: TritonSHMClient) -> None:
     """Makes the client's new pools shared with other processes, as the node actor does."""
 
-    def share(pool: Any) -> None:
-        pool.header.configure(max_waiting=64)
-        pool.slots = SharedSlots(
-            pool.region.name, pool.header, pool.slots.size, model=pool.spec.name
-        )
+    def share(region: str, header: Any, model: str, size: int, capacity: int) -> SharedSlots:
+        header.configure(max_waiting=64)
+        return SharedSlots(region, header, capacity, model=model)
 
-    client._on_new_pool = share
+    registry_of(client).make_slots = share
 
 
 def _caller(url: str, region: str, *args: int) -> subprocess.Popen[str]:
@@ -180,7 +179,7 @@ def test_callers_in_other_processes_open_the_owners_gpu_memory(
     with TritonSHMClient(url=url) as owner:
         _share(owner)
         owner.register_shm_model("gpu_affine", pool_size=3, max_shapes=SHAPES, memory="cuda")
-        region = owner._pools["gpu_affine"].region.name
+        region = registry_of(owner).get("gpu_affine").region.name
         callers = [
             _caller(url, region, 3, rows, 40, seed) for seed, rows in enumerate((1, 5, 8, 13))
         ]
@@ -188,7 +187,7 @@ def test_callers_in_other_processes_open_the_owners_gpu_memory(
             out, err = caller.communicate(timeout=300)
             assert caller.returncode == 0, err
             assert out.strip().endswith("ok 40"), out
-        pool = owner._pools["gpu_affine"]
+        pool = registry_of(owner).get("gpu_affine")
         assert pool.header.totals().requests >= 4 * 40
     assert _registered(url) == set()
 
@@ -200,7 +199,7 @@ def test_a_caller_killed_mid_request_leaves_its_slot_out_until_triton_is_done(
     with TritonSHMClient(url=url) as owner:
         _share(owner)
         owner.register_shm_model("gpu_affine", pool_size=1, max_shapes=SHAPES, memory="cuda")
-        pool = owner._pools["gpu_affine"]
+        pool = registry_of(owner).get("gpu_affine")
         victim = _caller(url, pool.region.name, 1, 4, 1, 0, 1500)  # a 1.5 s request
         deadline = time.monotonic() + 60
         while not pool.header.busy_since(0):
@@ -271,9 +270,10 @@ def test_a_sigkilled_owners_registrations_are_taken_back(gpu_triton: LocalTriton
     script = (
         "import os, signal\n"
         "from ray_triton_shm import TritonSHMClient\n"
+        "from ray_triton_shm._client import registry_of\n"
         f"c = TritonSHMClient(url={url!r})\n"
         f"c.register_shm_model('gpu_affine', pool_size=2, max_shapes={SHAPES!r}, memory='cuda')\n"
-        "print(next(iter(c._pools.values())).region.name, flush=True)\n"
+        "print(registry_of(c).get('gpu_affine').region.name, flush=True)\n"
         "os.kill(os.getpid(), signal.SIGKILL)\n"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
@@ -292,7 +292,7 @@ def test_a_caller_that_does_not_see_the_gpu_says_which(gpu_triton: LocalTritonSe
     with TritonSHMClient(url=gpu_triton.grpc_url) as owner:
         _share(owner)
         owner.register_shm_model("gpu_affine", pool_size=1, max_shapes=SHAPES, memory="cuda")
-        memory = owner._pools["gpu_affine"].memory
+        memory = registry_of(owner).get("gpu_affine").memory
         assert isinstance(memory, CudaMemory)
         caller = subprocess.run(
             [

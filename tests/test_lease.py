@@ -33,6 +33,7 @@ from ray_triton_shm import (
     TritonServerError,
     TritonSHMClient,
 )
+from ray_triton_shm._client import registry_of
 from ray_triton_shm._pool import KEPT_WARNING_S
 from ray_triton_shm._shm import list_local_regions
 from ray_triton_shm._specs import REGION_HEADER_BYTES
@@ -99,7 +100,7 @@ def test_a_view_kept_past_its_block_keeps_its_slot(client: TritonSHMClient) -> N
     with pytest.raises(SlotTimeoutError):
         client.infer_shm("identity", {"INPUT0": x}, slot_timeout_s=0.2)
     np.testing.assert_array_equal(kept, np.ones((1, 4), np.float32))
-    assert client._pools["identity"].header.failures()["deadline"] == 2  # each, counted
+    assert registry_of(client).get("identity").header.failures()["deadline"] == 2  # each, counted
     del kept  # the last array of the lease: its slot is back
     assert all_back(client, "identity")
     np.testing.assert_array_equal(client.infer_shm("identity", {"INPUT0": x})["OUTPUT0"], x)
@@ -201,7 +202,7 @@ def test_bad_leases_are_refused_before_anything_is_written(client: TritonSHMClie
     client.register_shm_model("classifier", pool_size=2)
     client.register_shm_model("identity", pool_size=1, max_shapes={"INPUT0": (4,), "OUTPUT0": (4,)})
     client.register_shm_model("strings", pool_size=1, max_element_bytes={"INPUT0": 8, "OUTPUT0": 8})
-    pool = client._pools["classifier"]
+    pool = registry_of(client).get("classifier")
     pool.region.buffer[REGION_HEADER_BYTES:] = b"\xab" * (pool.region.size - REGION_HEADER_BYTES)
     before = bytes(pool.region.buffer[REGION_HEADER_BYTES:])
     with pytest.raises(InvalidInputError, match=r"1 to 8 samples.*batch=9") as info:
@@ -218,7 +219,7 @@ def test_bad_leases_are_refused_before_anything_is_written(client: TritonSHMClie
         client.lease("strings", batch=1)
     assert bytes(pool.region.buffer[REGION_HEADER_BYTES:]) == before
     assert client.shm_stats("classifier").in_use == 0
-    assert client._pools["classifier"].header.failures()["bad_input"] == 2
+    assert registry_of(client).get("classifier").header.failures()["bad_input"] == 2
 
 
 def test_close_with_outputs_kept_returns_at_once_and_leaves_nothing(grpc_url: str) -> None:
@@ -226,7 +227,7 @@ def test_close_with_outputs_kept_returns_at_once_and_leaves_nothing(grpc_url: st
     them (Triton is done with them), yet they stay readable and right."""
     client = TritonSHMClient(url=grpc_url)
     client.register_shm_model("identity", pool_size=1, max_shapes={"INPUT0": (4,), "OUTPUT0": (4,)})
-    name = client._pools["identity"].region.name
+    name = registry_of(client).get("identity").region.name
     with client.lease("identity", batch=1, shapes={"INPUT0": (4,)}) as lease:
         lease.inputs["INPUT0"][:] = 3.0
         outputs = lease.infer()

@@ -24,6 +24,7 @@ from ray_triton_shm import (
     TritonSHMClient,
 )
 from ray_triton_shm._bench._update import MODEL_TEMPLATE
+from ray_triton_shm._client import registry_of
 from ray_triton_shm._shm import SHM_DIR
 
 TEMPLATE = MODEL_TEMPLATE
@@ -172,15 +173,15 @@ def test_a_pool_follows_the_model(
 
         x = inputs_for(BASE, seed=1)
         check(infer(x), x, BASE)
-        old = {client._pools["changing"].region.name}
+        old = {registry_of(client).get("changing").region.name}
         changing(CHANGES[case])
         x = inputs_for(CHANGES[case], seed=2)
         check(infer(x), x, CHANGES[case])  # the first call after the change is answered
-        pool = client._pools["changing"]
+        pool = registry_of(client).get("changing")
         assert pool.generation == 1
         x = inputs_for(CHANGES[case], rows=20, seed=3)  # chunked on the new layout
         check(infer(x), x, CHANGES[case])
-        assert client._pools["changing"] is pool  # one new layout per change
+        assert registry_of(client).get("changing") is pool  # one new layout per change
         wait_for(
             lambda: not regions_left(server.grpc_url, old),
             timeout_s=40,
@@ -211,18 +212,19 @@ def test_what_proves_a_change_waits_for_the_config_to_catch_up(
         client.register_shm_model("changing", pool_size=2)
         x = inputs_for(BASE, seed=1)
         check(client.infer_shm("changing", {"INPUT0": x}), x, BASE)
-        load, reads = client._load_config, []
+        triton = client._triton
+        load, reads = triton.model_config, []
         stale = load("changing", "")
 
         def lagging(name: str, version: str) -> Any:
             reads.append(name)
             return stale if len(reads) <= 3 else load(name, version)
 
-        monkeypatch.setattr(client, "_load_config", lagging)
+        monkeypatch.setattr(triton, "model_config", lagging)
         changing(CHANGES[case])
         x = inputs_for(CHANGES[case], seed=2)
         check(client.infer_shm("changing", {"INPUT0": x}), x, CHANGES[case])
-        assert len(reads) == 4 and client._pools["changing"].generation == 1
+        assert len(reads) == 4 and registry_of(client).get("changing").generation == 1
 
 
 def test_a_new_version_with_the_same_io_works_at_once(
@@ -236,7 +238,7 @@ def test_a_new_version_with_the_same_io_works_at_once(
         shutil.copytree(repository.model / "1", repository.model / "2")
         changing(BASE)
         check(client.infer_shm("changing", {"INPUT0": x}), x, BASE, version=2)
-        assert client._pools["changing"].generation == 0  # nothing to lay out anew
+        assert registry_of(client).get("changing").generation == 0  # nothing to lay out anew
 
 
 def test_changes_no_request_runs_into_are_picked_up_by_the_check(
@@ -256,10 +258,10 @@ def test_changes_no_request_runs_into_are_picked_up_by_the_check(
 
         def followed() -> bool:
             client.infer_shm("changing", {"INPUT0": x})
-            return client._pools["changing"].generation == 1
+            return registry_of(client).get("changing").generation == 1
 
         wait_for(followed, timeout_s=40, what="the pool to follow the change")
-        assert client._pools["changing"].spec.max_batch_size == 16
+        assert registry_of(client).get("changing").spec.max_batch_size == 16
         check(client.infer_shm("changing", {"INPUT0": x}), x, added)
 
 
@@ -342,7 +344,7 @@ def test_the_repository_edited_on_disk_under_poll(tmp_path: Path) -> None:
             return True
 
         wait_for(answers_new_config, timeout_s=60)
-        assert client._pools["changing"].generation == 1
+        assert registry_of(client).get("changing").generation == 1
 
 
 def test_the_ray_layer_follows_once_per_node(

@@ -30,6 +30,7 @@ import numpy as np
 import pytest
 from _helpers import init_ray
 
+from ray_triton_shm._client import registry_of
 from ray_triton_shm._shm import pid_alive
 from ray_triton_shm.local import LocalTritonServer
 
@@ -226,7 +227,7 @@ class Caller:
         binding = next((m._binding for m in self.models.values()), None)
         if binding is None or binding.client is None:
             return False  # not bound yet
-        header = binding.client._pools["delay_echo"].header
+        header = registry_of(binding.client).get("delay_echo").header
         return any(header.busy_since(slot) for slot in range(header.slot_count))
 
     def pid(self) -> int:

@@ -16,6 +16,7 @@ import ray
 from _helpers import classifier_expected, wait_for
 
 from ray_triton_shm import CudaError, InvalidInputError, ModelSpecError, TritonServerError
+from ray_triton_shm._client import registry_of
 from ray_triton_shm._shm import list_local_regions, pid_alive
 from ray_triton_shm.ray import URL_ENV_VAR, ShmModel, get_node_actor
 from ray_triton_shm.ray._actor import NAMESPACE, actor_name
@@ -276,7 +277,7 @@ def test_a_caller_killed_mid_request_frees_its_slot_once_triton_is_done_with_it(
 
         def sent(self) -> float:
             """When the slow request was sent, once its slot says so (zero before)."""
-            header = self.model._binding.client._pools["delay_echo"].header
+            header = registry_of(self.model._binding.client).get("delay_echo").header
             busy = any(header.busy_since(slot) for slot in range(header.slot_count))
             return self.sent_at if busy else 0.0
 

@@ -282,13 +282,14 @@ _TENANT = r"""
 import json, os, signal, sys, time
 import numpy as np
 from ray_triton_shm import TritonSHMClient, reclaim_regions, region_status
+from ray_triton_shm._client import registry_of
 
 role, url, flag = sys.argv[1], sys.argv[2], sys.argv[3]
 shapes = {"INPUT0": (16,), "OUTPUT0": (16,)}
 if role == "worker":  # infers until the flag file appears
     client = TritonSHMClient(url=url)
     client.register_shm_model("identity", max_shapes=shapes)
-    print(json.dumps({"region": client._pools["identity"].region.name}), flush=True)
+    print(json.dumps({"region": registry_of(client).get("identity").region.name}), flush=True)
     calls, errors, first = 0, [], None
     while not os.path.exists(flag):
         x = np.random.standard_normal((4, 16)).astype(np.float32)
@@ -305,7 +306,7 @@ elif role == "crasher":  # registers, then dies with no cleanup at all
     client.register_shm_model("identity", max_shapes=shapes)
     # Python's resource tracker would unlink the region's names once its owner is gone.
     os.kill(resource_tracker._resource_tracker._pid, signal.SIGKILL)
-    print(json.dumps({"region": client._pools["identity"].region.name}), flush=True)
+    print(json.dumps({"region": registry_of(client).get("identity").region.name}), flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
 else:  # the other tenant: registers (which reclaims), reclaims, reports, closes
     with TritonSHMClient(url=url) as client:

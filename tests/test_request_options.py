@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from ray_triton_shm import InvalidInputError, TritonServerError, TritonSHMClient
+from ray_triton_shm._client import registry_of
 from ray_triton_shm._specs import REGION_HEADER_BYTES
 
 
@@ -49,7 +50,7 @@ def test_interleaved_sequences_from_several_processes_are_exact(grpc_url: str) -
 
 def test_a_sequence_step_is_never_split(client: TritonSHMClient) -> None:
     client.register_shm_model("sequence_sum", pool_size=2)
-    pool = client._pools["sequence_sum"]
+    pool = registry_of(client).get("sequence_sum")
     pool.region.buffer[REGION_HEADER_BYTES:] = b"\xab" * (pool.region.size - REGION_HEADER_BYTES)
     before = bytes(pool.region.buffer[REGION_HEADER_BYTES:])
     with pytest.raises(InvalidInputError, match=r"sequence 7.*5 samples.*max_batch_size 4") as info:

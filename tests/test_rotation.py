@@ -163,7 +163,10 @@ def test_core_callers_ride_a_rotation_under_load(
         keys = rotation.rotate_files()
         # A call reads the new files; Triton refuses them, and the client turns back to the old.
         wait_for(
-            lambda: client._keys._older is not None and dict(client._keys.metadata()) == old,
+            lambda: (
+                client._triton.keys._older is not None
+                and dict(client._triton.keys.metadata()) == old
+            ),
             what="the client back on the old keys after reading the new files",
         )
         load.wait_for_answers(ANSWERS)
@@ -175,7 +178,7 @@ def test_core_callers_ride_a_rotation_under_load(
         assert result["wrong"] == 0
         assert not result["errors_while_up"], result["errors"]
         assert result["first_answer_after_s"] < 5.0, result
-        assert dict(client._keys.metadata()) == keys  # the new keys are the ones in use
+        assert dict(client._triton.keys.metadata()) == keys  # the new keys are the ones in use
         assert rotation.registered() == ours()
 
         # Triton restarts with newer keys before the files change: refused, named, at once

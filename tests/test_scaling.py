@@ -15,6 +15,7 @@ import pytest
 from _helpers import Load, our_regions, registered_on, wait_for
 
 from ray_triton_shm import SlotAutoscaling, TritonSHMClient
+from ray_triton_shm._client import registry_of
 from ray_triton_shm._scaling import TICK_S
 from ray_triton_shm._shm import list_local_regions
 from ray_triton_shm._specs import SlotLayout
@@ -54,7 +55,7 @@ def _checked(load: Load) -> int:
 
 
 def _allocated(client: TritonSHMClient, model: str) -> int:
-    pool = client._pool(model)
+    pool = registry_of(client).get(model)
     return os.stat(f"/dev/shm/{pool.region.name}").st_blocks * 512
 
 
@@ -74,7 +75,7 @@ def test_a_pool_grows_while_callers_wait_and_gives_its_memory_back_when_idle(
     wait_for(lambda: client.shm_stats("slow_identity").size == 2)
     wait_for(lambda: _allocated(client, "slow_identity") == layout.region_bytes(2))
     assert client.shm_stats("slow_identity").shm_bytes == layout.region_bytes(2)
-    assert client._pool("slow_identity").header.resizes[0] >= 1
+    assert registry_of(client).get("slow_identity").header.resizes[0] >= 1
     # It grows again, on the slots it gave back, and every answer is still right.
     load = _load(client, "slow_identity", 4)
     wait_for(lambda: client.shm_stats("slow_identity").size == 4)
@@ -89,7 +90,7 @@ def test_one_caller_never_makes_a_pool_grow(client: TritonSHMClient) -> None:
     assert _checked(load) > 10
     stats = client.shm_stats("identity")
     assert (stats.size, stats.min_size, stats.max_size, stats.limited_by) == (2, 2, 64, "")
-    assert client._pool("identity").header.resizes == (0, 0)
+    assert registry_of(client).get("identity").header.resizes == (0, 0)
 
 
 def test_max_slots_bounds_the_pool_and_says_so(client: TritonSHMClient) -> None:
@@ -128,7 +129,7 @@ def test_a_fixed_pool_stays_fixed(client: TritonSHMClient) -> None:
     assert (stats.size, stats.min_size, stats.max_size) == (2, 2, 2)
     assert _allocated(client, "slow_identity") == SlotLayout.for_model(spec).region_bytes(2)
     _checked(load)
-    assert client._pool("slow_identity").header.resizes == (0, 0)
+    assert registry_of(client).get("slow_identity").header.resizes == (0, 0)
 
 
 def test_a_model_registered_again_with_another_sizing_is_refused(client: TritonSHMClient) -> None:

@@ -35,8 +35,9 @@ from ray_triton_shm import (
     TritonServerError,
     TritonSHMClient,
     TritonSHMError,
+    _registry,
 )
-from ray_triton_shm import _client as client_module
+from ray_triton_shm._client import registry_of
 from ray_triton_shm._headers import env_var_for
 from ray_triton_shm._shm import (
     SHM_DIR,
@@ -89,7 +90,7 @@ def test_with_every_key_registration_and_inference_work(
 ) -> None:
     with TritonSHMClient(restricted.grpc_url, headers=keys) as client:
         client.register_shm_model("classifier", pool_size=2)  # max_batch_size 8, from Triton
-        region = next(iter(client._pools.values())).region.name
+        region = registry_of(client).get("classifier").region.name
         assert region in registrations(restricted)
         one = client.infer_shm("classifier", {"INPUT0": IMAGES})
         np.testing.assert_allclose(one["OUTPUT0"], classifier_expected(IMAGES), rtol=1e-5)
@@ -148,7 +149,7 @@ def test_without_the_inference_key_inference_is_refused_and_the_pool_stays_whole
             client.infer_shm_async("classifier", {"INPUT0": IMAGES}, headers=only(keys, INFER))
         )
         np.testing.assert_allclose(out["OUTPUT0"], classifier_expected(IMAGES), rtol=1e-5)
-        region = next(iter(client._pools.values())).region.name
+        region = registry_of(client).get("classifier").region.name
         client.unregister_shm_model("classifier")
     assert region not in registrations(restricted)
 
@@ -205,12 +206,12 @@ def test_a_refused_readiness_question_is_an_error_at_once(
     )
     with TritonSHMClient(restricted.grpc_url, headers=only(keys, ADMIN, INFER)) as client:
         for symptom in (outage, vanished):
-            reconnect = client._reconnect("classifier")
+            reconnect = client._triton.reconnect("classifier")
             refused_at_once(lambda r=reconnect, s=symptom: r.wait(s), READ)
-            reconnect = client._reconnect("classifier")
+            reconnect = client._triton.reconnect("classifier")
             refused_at_once(lambda r=reconnect, s=symptom: asyncio.run(_wait_async(r, s)), READ)
     with TritonSHMClient(restricted.grpc_url, headers=keys) as client:
-        client._reconnect("classifier").wait(outage)  # with the key: Triton is ready
+        client._triton.reconnect("classifier").wait(outage)  # with the key: Triton is ready
 
 
 async def _wait_async(reconnect: Any, symptom: BaseException) -> None:
@@ -226,10 +227,11 @@ def test_keys_from_the_environment_and_the_sweep_of_a_killed_owner(
     script = (
         "import os, signal\n"
         "from ray_triton_shm import TritonSHMClient, headers_from_env\n"
+        "from ray_triton_shm._client import registry_of\n"
         f"c = TritonSHMClient({restricted.grpc_url!r}, headers=headers_from_env(), "
         "crash_cleanup=False)\n"
         "c.register_shm_model('classifier', pool_size=1)\n"
-        "print(next(iter(c._pools.values())).region.name, flush=True)\n"
+        "print(registry_of(c).get('classifier').region.name, flush=True)\n"
         "os.kill(os.getpid(), signal.SIGKILL)\n"
     )
     env = {**os.environ, **{env_var_for(name): value for name, value in keys.items()}}
@@ -289,7 +291,7 @@ def test_regions_are_created_owner_only(
 ) -> None:
     with TritonSHMClient(restricted.grpc_url, headers=keys) as client:
         client.register_shm_model("classifier", pool_size=1)
-        region = next(iter(client._pools.values())).region.name
+        region = registry_of(client).get("classifier").region.name
         mode = os.stat(SHM_DIR / region).st_mode
         assert stat.S_IMODE(mode) == 0o600
 
@@ -308,7 +310,7 @@ def test_a_region_triton_cannot_open_is_an_error_that_says_why(
             unlink_region(name)
             return region
 
-    monkeypatch.setattr(client_module, "SharedMemoryRegion", ElsewhereRegion)
+    monkeypatch.setattr(_registry, "SharedMemoryRegion", ElsewhereRegion)
     before = our_regions(os.getpid())
     with TritonSHMClient(restricted.grpc_url, headers=keys) as client:
         with pytest.raises(TritonServerError) as info:
@@ -358,7 +360,7 @@ def test_tls_round_trip_with_every_call_keyed_across_a_restart(tmp_path: Path) -
             np.testing.assert_allclose(out["OUTPUT0"], classifier_expected(IMAGES), rtol=1e-5)
             out = asyncio.run(client.infer_shm_async("classifier", {"INPUT0": many}))
             np.testing.assert_allclose(out["OUTPUT0"], classifier_expected(many), rtol=1e-5)
-            region = next(iter(client._pools.values())).region.name
+            region = registry_of(client).get("classifier").region.name
             status = client.get_system_shared_memory_status(as_json=True)
             assert region in {region_of(name) for name in status["regions"]}
         with grpcclient.InferenceServerClient(

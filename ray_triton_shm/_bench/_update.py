@@ -53,7 +53,7 @@ def run_model_update(
     arguments of its ``LocalTritonServer`` (its supervision)."""
     import tritonclient.grpc as grpcclient
 
-    from ray_triton_shm._client import TritonSHMClient
+    from ray_triton_shm._client import TritonSHMClient, registry_of
     from ray_triton_shm._shm import SHM_DIR, region_of
     from ray_triton_shm.local import LocalTritonServer
 
@@ -80,7 +80,7 @@ def run_model_update(
         except Exception as exc:
             result.error = f"{type(exc).__name__}: {exc}"
             return result
-        old_region = client._pools["changing"].region.name
+        old_region = registry_of(client).get("changing").region.name
         stop = threading.Event()
         lock = threading.Lock()
         latencies: list[float] = []

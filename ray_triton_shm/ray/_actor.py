@@ -42,10 +42,11 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from tritonclient.utils import InferenceServerException
 
-from .._client import TritonSHMClient
+from .._client import TritonSHMClient, registry_of
 from .._defaults import DEFAULT_RECONNECT_TIMEOUT_S, DEFAULT_URL, URL_ENV_VAR
 from .._engine import ModelPool
 from .._exceptions import ModelSpecError, StaleLeaseError, TritonSHMError
+from .._header import RegionHeader
 from .._headers import Keys
 from .._reclaim import reclaim_regions
 from .._scaling import default_shm_budget
@@ -261,7 +262,8 @@ class TritonNodeActor:
             shm_budget_bytes=self._budget,
             **(config.client_options or {}),
         )
-        self._client._on_new_pool = self._share
+        self._pools = registry_of(self._client)
+        self._pools.make_slots = self._shared_slots
         self._lock = threading.Lock()
         self._by_value: dict[str, int] = {}
         self._metrics = NodeMetrics(self._node_id)
@@ -337,7 +339,7 @@ class TritonNodeActor:
             triton_device_id=triton_device_id,
         )
         del spec  # the pool's own spec: another caller may have laid it out anew meanwhile
-        return self._registration(self._client._pool(model_name))
+        return self._registration(self._pools.get(model_name))
 
     @ray.method(concurrency_group="control")
     def follow(self, model_name: str, incarnation: str, generation: int) -> ModelRegistration:
@@ -355,10 +357,10 @@ class TritonNodeActor:
                 longer match.
         """
         self._check_incarnation(incarnation)
-        pool = self._client._pool(model_name)
+        pool = self._pools.get(model_name)
         if pool.generation == generation:
             # Read now, whenever the last check was: the caller's refusal may be newer.
-            pool = self._client._follow(pool, since=time.monotonic()) or pool
+            pool = self._pools.follow(pool, since=time.monotonic()) or pool
         return self._registration(pool)
 
     @ray.method(concurrency_group="control")
@@ -373,7 +375,7 @@ class TritonNodeActor:
             TritonServerError: Triton refused.
         """
         self._check_incarnation(incarnation)
-        pool = self._client._pool(model_name)
+        pool = self._pools.get(model_name)
         if generation is not None and generation != pool.generation:
             raise StaleLeaseError(
                 f"model {model_name!r} was laid out anew (generation {pool.generation}, the "
@@ -381,8 +383,7 @@ class TritonNodeActor:
                 model=model_name,
                 incarnation=incarnation,
             )
-        reconnect = self._client._reconnect(model_name)
-        self._client._register_slots(pool.memory, pool.slot_keys, reconnect, model=model_name)
+        self._pools.register_slots(pool.memory, pool.slot_keys, model=model_name)
 
     @ray.method(concurrency_group="control")
     def stats(self) -> NodeStats:
@@ -391,7 +392,7 @@ class TritonNodeActor:
         models = {}
         for name in self._client.registered_models:
             try:
-                pool = self._client._pool(name)
+                pool = self._pools.get(name)
             except TritonSHMError:
                 continue  # unregistered meanwhile
             now = _node_slot_stats(pool)
@@ -489,13 +490,12 @@ class TritonNodeActor:
             generation=pool.generation,
         )
 
-    def _share(self, pool: ModelPool) -> None:
-        """Shares a new pool's slots with every process of the node through its region
-        (before anybody uses it)."""
-        pool.header.configure(max_waiting=self._config.max_waiting)
-        pool.slots = SharedSlots(
-            pool.region.name, pool.header, pool.memory.slot_count, model=pool.spec.name
-        )
+    def _shared_slots(
+        self, region: str, header: RegionHeader, model: str, size: int, capacity: int
+    ) -> SharedSlots:
+        """A new pool's slots, shared with every process of the node through its region."""
+        header.configure(max_waiting=self._config.max_waiting)
+        return SharedSlots(region, header, capacity, model=model)
 
     def _check_incarnation(self, incarnation: str) -> None:
         if incarnation != self._incarnation:
@@ -512,10 +512,10 @@ class TritonNodeActor:
         while not self._stop.wait(self._config.sweep_interval_s):
             for name in self._client.registered_models:
                 try:
-                    pool = self._client._pool(name)
+                    pool = self._pools.get(name)
                     self._metrics.export(name, pool, _node_slot_stats(pool))
                     if interval is not None and pool.follows:
-                        self._client._follow(pool, since=time.monotonic() - interval)
+                        self._pools.follow(pool, since=time.monotonic() - interval)
                 except TritonSHMError:
                     continue  # unregistered meanwhile
                 except Exception:  # the next round tries again; never end the thread

@@ -25,7 +25,7 @@ import ray
 from ray.exceptions import RayActorError
 
 from .. import _cuda
-from .._client import TritonSHMClient
+from .._client import TritonSHMClient, registry_of
 from .._defaults import DEFAULT_RECONNECT_TIMEOUT_S
 from .._engine import PoolRetired, SuspectedChange
 from .._exceptions import ClientClosedError, InvalidInputError, StaleLeaseError
@@ -107,7 +107,7 @@ class _Binding:
                     headers=keys,
                     **client_options,
                 )
-                client._attach_pool(
+                registry_of(client).attach(
                     self.spec, memory, slots, self._ensure_registered, registration.generation
                 )
             except BaseException:

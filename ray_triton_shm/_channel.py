@@ -1,0 +1,170 @@
+"""A client's way to Triton: its gRPC channel and stub, its keys and TLS files, the metadata of
+each call, and each request's budget for waiting out a Triton that is away.
+
+:class:`~._client.TritonSHMClient` opens one (tritonclient builds the channel; a channel that
+reads its TLS files again replaces it, see :mod:`._tls`); the client's pools (:mod:`._registry`)
+and its calls (:mod:`._calls`) reach Triton only through it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import grpc
+from google.protobuf.json_format import MessageToJson
+from tritonclient._request import Request
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from ._exceptions import AccessDeniedError
+from ._headers import Keys, Metadata, normalize
+from ._reconnect import Reconnect, channel_options
+from ._tls import ReloadingChannel, TlsFiles, diagnose
+from ._triton_errors import translate_error
+
+__all__ = ["Channel", "tritonclient_options"]
+
+T = TypeVar("T")
+
+#: tritonclient's positional arguments after ``url`` and ``verbose``.
+_TRITONCLIENT_OPTIONS = (
+    "ssl",
+    "root_certificates",
+    "private_key",
+    "certificate_chain",
+    "creds",
+    "keepalive_options",
+    "channel_args",
+)
+_TLS_OPTIONS = ("ssl", "root_certificates", "private_key", "certificate_chain")
+
+
+def tritonclient_options(
+    args: Sequence[Any], kwargs: Mapping[str, Any], tls_dir: str | Any | None
+) -> tuple[dict[str, Any], TlsFiles | None]:
+    """tritonclient's options from its positional and keyword arguments, with our channel
+    options (keepalive, message sizes), and the TLS files to read again (``None``: no TLS, or
+    credentials tritonclient handles); those files' own options are taken out."""
+    options = dict(zip(_TRITONCLIENT_OPTIONS, args, strict=False)) | dict(kwargs)
+    options["channel_args"] = channel_options(
+        options.get("channel_args"), options.pop("keepalive_options", None)
+    )
+    tls = TlsFiles.from_options(options, tls_dir)
+    if tls is not None:  # tritonclient's plain channel never connects: ours replaces it
+        for name in _TLS_OPTIONS:
+            options.pop(name, None)
+    return options, tls
+
+
+class Channel:
+    """The gRPC channel to one Triton, with the keys of every call.
+
+    Args:
+        url: Triton's gRPC address.
+        channel: The gRPC channel (a :class:`~._tls.ReloadingChannel` for TLS files).
+        stub: Triton's gRPC stub over ``channel``.
+        keys: The keys sent on every call.
+        plain: Whether the channel is plain text (an unreachable Triton may then be one that
+            speaks TLS: :func:`._tls.diagnose` says so).
+        reconnect_timeout_s: How long a request waits for an unreachable Triton by default.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        channel: grpc.Channel,
+        stub: service_pb2_grpc.GRPCInferenceServiceStub,
+        keys: Keys,
+        *,
+        plain: bool,
+        reconnect_timeout_s: float,
+    ) -> None:
+        self.url = url
+        self.channel = channel
+        self.stub = stub
+        self.keys = keys
+        self.plain = plain
+        self.reconnect_timeout_s = reconnect_timeout_s
+        #: tritonclient's plugin, which sees every call's headers last (``register_plugin``).
+        self.plugin: Callable[[Request], None] | None = None
+
+    @classmethod
+    def replacing(
+        cls, url: str, tls: TlsFiles, channel_args: Any, keys: Keys, *, reconnect_timeout_s: float
+    ) -> Channel:
+        """A channel that reads ``tls``'s files again when they change (a renewed
+        certificate), for the next connections."""
+        channel = ReloadingChannel(url, tls, channel_args)
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        return cls(url, channel, stub, keys, plain=False, reconnect_timeout_s=reconnect_timeout_s)
+
+    def metadata(
+        self, headers: Mapping[str, str] | None = None, keys: Metadata | None = None
+    ) -> Metadata:
+        """The metadata of one gRPC call: the keys (``keys``: those in use now) with ``headers``
+        merged over them, after the plugin (if any) had its say."""
+        metadata = self.keys.metadata() if keys is None else keys
+        if not headers and self.plugin is None:
+            return metadata
+        request = Request({**dict(metadata), **normalize(headers)})
+        if self.plugin is not None:
+            self.plugin(request)
+        return Metadata((request.headers or {}).items())
+
+    def reconnect(
+        self,
+        model: str | None,
+        timeout_s: float | None = None,
+        metadata: Metadata | None = None,
+    ) -> Reconnect:
+        """A reconnect budget for one request (``timeout_s``: the client's by default), whose
+        readiness questions carry ``metadata`` (the keys by default)."""
+        return Reconnect(
+            self.channel,
+            self.url,
+            self.reconnect_timeout_s if timeout_s is None else timeout_s,
+            model,
+            metadata=self.metadata() if metadata is None else metadata,
+            tls_problem=self.tls_problem,
+        )
+
+    def tls_problem(self) -> tuple[str, str] | None:
+        """Whether TLS is why Triton cannot be reached (see :func:`._tls.diagnose`)."""
+        if isinstance(self.channel, ReloadingChannel):
+            if self.channel.reload():
+                return None  # rotated files: the next try uses them
+            return diagnose(self.url, self.channel.files)
+        return diagnose(self.url, None) if self.plain else None
+
+    def rotating(self, action: Callable[[], T]) -> T:
+        """Runs ``action``, and once more if Triton refused the keys and they changed since
+        (a rotation: see :meth:`Keys.refused`)."""
+        used = self.keys.metadata()
+        try:
+            return action()
+        except AccessDeniedError:
+            if not self.keys.refused(used):
+                raise
+            return action()
+
+    def model_config(self, model: str, version: str) -> Mapping[str, Any]:
+        """Triton's configuration of ``model``, as JSON, waiting out a Triton that is away.
+
+        Raises:
+            TritonServerError: Triton refused (an unknown model...), translated.
+            ServerUnreachableError: Triton stayed unreachable.
+        """
+        request = service_pb2.ModelConfigRequest(name=model, version=version)
+
+        def read() -> Any:
+            return self.stub.ModelConfig(request=request, metadata=self.metadata())
+
+        try:
+            response = self.reconnect(model).call(read)
+        except grpc.RpcError as exc:
+            raise translate_error(
+                exc, model=model, action="reading the model configuration"
+            ) from exc
+        config = json.loads(MessageToJson(response, preserving_proto_field_name=True))
+        return config.get("config", config)

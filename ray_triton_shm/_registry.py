@@ -1,0 +1,640 @@
+"""A client's pools, one per registered model: created and registered in Triton, attached,
+laid out anew when the model changes on Triton, and released.
+
+The registry owns what looks after the pools besides their callers: the settler (slots given
+up while Triton still runs their request, :mod:`._settle`) and the scaler (pools that follow
+their load, :mod:`._scaling`). It also holds the core's one rule of where a call goes on when
+its pool stops it (:meth:`Registry.next_pool`). :class:`~._client.TritonSHMClient` is a facade
+over it; the Ray node actor and its callers use it through :func:`._client.registry_of`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import grpc
+
+from . import _cuda, _gpu_choice
+from ._changes import Registration, changed_error, differences
+from ._channel import Channel
+from ._engine import ModelPool, PoolRetired, SuspectedChange
+from ._exceptions import (
+    ClientClosedError,
+    InvalidInputError,
+    ModelNotRegisteredError,
+    ModelSpecError,
+    TritonServerError,
+)
+from ._header import RegionHeader
+from ._memory import (
+    CUDA,
+    SYSTEM,
+    CudaMemory,
+    SlotMemory,
+    check_memory_options,
+    check_numeric,
+    region_bytes,
+)
+from ._options import RequestOptions
+from ._pool import PoolStats, SlotPool, SlotSource
+from ._reaper import watch
+from ._reconnect import Reconnect
+from ._scaling import Scaler, default_shm_budget
+from ._settle import Settler, unregister_slots
+from ._shm import SharedMemoryRegion, ensure_room, mib, new_region_name, slot_key
+from ._sizing import SlotAutoscaling, pool_sizing
+from ._specs import ModelSpec, SlotLayout, SpecLike
+from ._triton_errors import status_and_message, translate_error
+
+__all__ = ["MOVED", "Registry", "SlotMaker", "plan_registration"]
+
+logger = logging.getLogger(__name__)
+
+#: How long closing waits for in-flight requests before unmapping their memory anyway.
+CLOSE_WAIT_S = 30.0
+#: What may send a call to another pool of its model: the model changed on Triton (suspected
+#: from a refusal or an answer, or from inputs the pool's spec refuses), or its pool was
+#: replaced meanwhile.
+MOVED = (SuspectedChange, PoolRetired, ClientClosedError, InvalidInputError)
+#: Inputs the spec refuses make Triton's config be read again at most this often (per pool).
+_INPUT_RECHECK_S = 1.0
+#: An answer that does not fit its pool (or a fixed-size output refused as too large) proves
+#: the model changed, yet while Triton reloads it its config may still read as before: it is
+#: read again this often, for this long.
+_CONFIG_POLL_S = 0.1
+_CONFIG_CATCH_UP_S = 5.0
+#: The size of a pool in GPU memory when none is given (GPU pools do not follow their load).
+_GPU_POOL_SIZE = 4
+
+#: Makes a new pool's slots: ``(region name, header, model, size now, capacity)``.
+SlotMaker = Callable[[str, RegionHeader, str, int, int], SlotSource]
+
+
+def _own_slots(
+    region: str, header: RegionHeader, model: str, size: int, capacity: int
+) -> SlotSource:
+    return SlotPool(size, name=model, capacity=capacity)
+
+
+def plan_registration(
+    model_name: str,
+    *,
+    inputs: Sequence[SpecLike] | None,
+    outputs: Sequence[SpecLike] | None,
+    max_batch_size: int | None,
+    pool_size: int | None,
+    autoscaling: SlotAutoscaling | Mapping[str, Any] | None,
+    model_version: str,
+    max_shapes: Mapping[str, Sequence[int]] | None,
+    max_element_bytes: Mapping[str, int] | None,
+    memory: str,
+    device: int | str | None,
+    triton_device_id: int | None,
+) -> tuple[Registration, int | SlotAutoscaling]:
+    """What ``register_shm_model``'s arguments ask for: the registration and the pool's size,
+    checked (a GPU given by its UUID: the same in every process and every layout).
+
+    Raises:
+        ModelSpecError: options that do not go together.
+        CudaError: ``memory="cuda"`` and the GPU cannot be found.
+    """
+    check_memory_options(model_name, memory, device, triton_device_id)
+    if memory == CUDA and pool_size is None:
+        if autoscaling is not None:
+            raise ModelSpecError(
+                f"model {model_name!r}: a pool in GPU memory has a fixed size: pass "
+                "pool_size, not autoscaling",
+                model=model_name,
+            )
+        pool_size = _GPU_POOL_SIZE
+    sizing = pool_sizing(model_name, pool_size, autoscaling)
+    gpu = None
+    if memory == CUDA:
+        gpu = _cuda.find_device(device)
+        if triton_device_id is None:
+            triton_device_id = _gpu_choice.triton_device_id(gpu)
+    registration = Registration.of(
+        inputs=inputs,
+        outputs=outputs,
+        max_batch_size=max_batch_size,
+        model_version=model_version,
+        max_shapes=max_shapes,
+        max_element_bytes=max_element_bytes,
+        memory=memory,
+        device=None if gpu is None else gpu.uuid,
+        triton_device_id=triton_device_id,
+    )
+    return registration, sizing
+
+
+@dataclasses.dataclass(frozen=True)
+class _Keepers:
+    """What looks after the pools besides the registry: all its finalizer may hold."""
+
+    triton: Channel
+    settler: Settler
+    scaler: Scaler
+    #: Threads releasing pools replaced by a new layout: closing waits for them.
+    retiring: list[threading.Thread] = dataclasses.field(default_factory=list)
+
+    def stop(self) -> None:
+        for thread in list(self.retiring):
+            thread.join(CLOSE_WAIT_S)
+        self.settler.stop()
+        self.scaler.stop()
+
+
+def _release_pools(pools: dict[str, ModelPool], keepers: _Keepers) -> None:
+    """Unregisters and unlinks every pool; the registry's finalizer, so it never sees it."""
+    while pools:
+        _, pool = pools.popitem()
+        _release_pool(pool, keepers, CLOSE_WAIT_S)
+    keepers.stop()
+
+
+def _release_pool(pool: ModelPool, keepers: _Keepers, wait_s: float) -> None:
+    """Waits for the pool's callers (up to ``wait_s``; not for arrays kept from a lease), then
+    unregisters and unlinks it, once Triton is done with the requests given up on it (within
+    the same wait). Memory a caller still holds stays mapped until the caller lets go."""
+    deadline = time.monotonic() + wait_s
+    keepers.scaler.forget(pool)
+    all_free = pool.slots.close(wait_s=wait_s)
+    keepers.settler.forget(pool)
+    if not pool.owned:  # attached: the owner unregisters and unlinks it
+        if all_free:
+            pool.memory.release()
+            pool.region.close()
+        return
+    held: list[int] = list(range(pool.memory.slot_count))
+    try:
+        left_s = max(0.0, deadline - time.monotonic())
+        triton = keepers.triton
+        held = unregister_slots(
+            triton.stub, pool.memory, pool.slot_keys, triton.keys.metadata(), in_use_wait_s=left_s
+        )
+    finally:
+        pool.region.unlink()
+        if all_free:
+            pool.memory.release(held)
+            pool.region.close()
+
+
+class Registry:
+    """The pools of one client, by model.
+
+    Args:
+        triton: The way to Triton.
+        crash_cleanup: Whether a watchdog process takes back this process's regions if it
+            dies without closing (see :mod:`._reaper`).
+        config_check_interval_s: How often the config of a model whose pool follows it is
+            compared with the pool, in the background (``None``: only when a request runs
+            into a change).
+        shm_budget_bytes: The most bytes of ``/dev/shm`` the pools may hold (``None``: 90% of
+            ``/dev/shm``).
+    """
+
+    def __init__(
+        self,
+        triton: Channel,
+        *,
+        crash_cleanup: bool,
+        config_check_interval_s: float | None,
+        shm_budget_bytes: int | None,
+    ) -> None:
+        self._triton = triton
+        self._crash_cleanup = crash_cleanup
+        self._config_check_interval_s = config_check_interval_s
+        #: Internal API for the Ray node actor: makes each new pool's slots, before anybody
+        #: uses them (the node actor's are shared with every process of the node).
+        self.make_slots: SlotMaker = _own_slots
+        self._pools: dict[str, ModelPool] = {}
+        self._lock = threading.Lock()
+        self._close_lock = threading.Lock()
+        self.closed = False
+        self._settler = Settler(triton.stub, triton.keys)
+        budget = default_shm_budget() if shm_budget_bytes is None else shm_budget_bytes
+        self._scaler = Scaler(budget, self._pools)
+        self._keepers = _Keepers(triton, self._settler, self._scaler)
+        # Captures the pools and their keepers, never self: the registry can still be collected.
+        self._finalizer = weakref.finalize(self, _release_pools, self._pools, self._keepers)
+
+    # ------------------------------------------------------------------ the pools
+
+    def get(self, model_name: str) -> ModelPool:
+        """The model's pool now.
+
+        Raises:
+            ClientClosedError: the client is closed.
+            ModelNotRegisteredError: the model has no pool.
+        """
+        pool = self._pools.get(model_name)
+        if pool is None:
+            self.check_open()
+            raise ModelNotRegisteredError(
+                f"model {model_name!r} has no shared-memory pool: call "
+                f"register_shm_model({model_name!r}, ...) first (registered: "
+                f"{sorted(self._pools)})",
+                model=model_name,
+            )
+        return pool
+
+    @property
+    def specs(self) -> dict[str, ModelSpec]:
+        """The models with a pool, and their specs."""
+        return {name: pool.spec for name, pool in list(self._pools.items())}
+
+    def stats(self, model_name: str) -> PoolStats:
+        """The model's slots in use and callers waiting, its size now and its bounds."""
+        pool = self.get(model_name)
+        header = pool.header
+        return dataclasses.replace(
+            pool.slots.stats(),
+            min_size=header.min_size,
+            max_size=header.slot_count,
+            limited_by=header.limited_by,
+            shm_bytes=pool.region.allocated if pool.owned else 0,
+        )
+
+    def check_open(self) -> None:
+        """Raises :class:`ClientClosedError` once the client is closed."""
+        if self.closed:
+            raise ClientClosedError("the TritonSHMClient is closed")
+
+    def register(
+        self,
+        model_name: str,
+        registration: Registration,
+        sizing: int | SlotAutoscaling,
+        *,
+        replace: bool,
+    ) -> ModelSpec:
+        """Gives the model a pool as ``registration`` asks (its specs read from Triton's config
+        where it leaves them out); a no-op for the same specs, size and memory.
+
+        Raises:
+            ModelSpecError: the model has a pool with other specs and ``replace`` is false.
+        """
+        self.check_open()
+        spec = registration.resolve(
+            model_name, lambda: self._triton.model_config(model_name, registration.model_version)
+        )
+        with self._lock:
+            existing = self._pools.get(model_name)
+            if existing is None:
+                self._pools[model_name] = self._create(spec, sizing, registration)
+                return spec
+            same_memory = existing.registration is None or (
+                existing.registration.memory,
+                existing.registration.device,
+            ) == (registration.memory, registration.device)
+            if existing.spec == spec and existing.sizing == sizing and same_memory:
+                return spec
+            # The same request of a pool that follows the model: the model changed meanwhile.
+            follows = existing.registration == registration and registration.follows
+            if not (replace or (follows and existing.sizing == sizing)):
+                raise ModelSpecError(
+                    f"model {model_name!r} is already registered with other specs "
+                    f"({_sizing_text(existing.sizing)}, memory {existing.memory.kind!r}, "
+                    f"{existing.spec}); pass replace=True, "
+                    "or call unregister_shm_model first",
+                    model=model_name,
+                )
+        self._replace(existing, spec, sizing, registration)
+        return spec
+
+    def attach(
+        self,
+        spec: ModelSpec,
+        memory: SlotMemory,
+        slots: SlotSource,
+        reregister: Callable[[], None],
+        generation: int = 0,
+    ) -> None:
+        """Internal API for the Ray layer: uses a region somebody else owns and registered
+        (the node actor), on the slots ``slots`` hands out; replaces an earlier attachment of
+        the model."""
+        self.check_open()
+        header = RegionHeader(memory.region.buffer, memory.slot_count)
+        pool = ModelPool.over(spec, memory, slots, header, reregister, generation=generation)
+        with self._lock:
+            stale = self._pools.get(spec.name)
+            self._pools[spec.name] = pool
+        if stale is not None:
+            _release_pool(stale, self._keepers, CLOSE_WAIT_S)
+
+    def unregister(self, model_name: str) -> None:
+        """Releases the model's pool (after its requests in flight); idempotent."""
+        with self._lock:
+            pool = self._pools.pop(model_name, None)
+        if pool is not None:
+            _release_pool(pool, self._keepers, CLOSE_WAIT_S)
+
+    def close(self) -> None:
+        """Releases every pool; idempotent. A close called meanwhile waits for the first."""
+        self.closed = True  # refuses new requests at once
+        with self._close_lock:
+            self._finalizer()
+
+    # ------------------------------------------------------------------ creating a pool
+
+    def _create(
+        self,
+        spec: ModelSpec,
+        sizing: int | SlotAutoscaling,
+        registration: Registration,
+        generation: int = 0,
+        initial: int | None = None,
+    ) -> ModelPool:
+        """A new pool for ``spec``, registered in Triton; one that follows its load starts
+        with ``initial`` slots (default: its ``min_slots``), its region room for the most."""
+        layout = SlotLayout.for_model(spec)
+        kind = registration.memory
+        if kind == CUDA:
+            check_numeric(spec)
+        if isinstance(sizing, SlotAutoscaling):
+            capacity = sizing.max_slots
+            count = min(max(initial or sizing.min_slots, sizing.min_slots), capacity)
+        else:
+            capacity = count = sizing
+        size = region_bytes(kind, layout, capacity)
+        backed = region_bytes(kind, layout, count)
+        where = "" if kind == SYSTEM else " (their table; the slots are on the GPU)"
+        ensure_room(
+            backed,
+            what=f"model {spec.name!r}: a pool of {count} slot(s) of {mib(layout.slot_bytes)}"
+            + where,
+            model=spec.name,
+            fix="register the model with a smaller pool_size, min_slots or max_batch_size",
+        )
+        if self._crash_cleanup:
+            watch(self._triton.url)
+        region = SharedMemoryRegion.create(
+            new_region_name(spec.name),
+            size,
+            slots=capacity if kind == SYSTEM else 0,
+            backed=backed,
+        )
+        try:
+            memory = _slot_memory(region, layout, capacity, registration, spec.name)
+        except BaseException:
+            region.unlink()
+            region.close()
+            raise
+        keys = [slot_key(region.name, slot) for slot in range(capacity)]
+        registered = False
+        try:
+            self.register_slots(memory, keys, model=spec.name)
+            registered = True
+            header = RegionHeader(region.buffer, capacity)
+            header.set_size(count)
+            header.set_bounds(count if isinstance(sizing, int) else sizing.min_slots)
+            slots = self.make_slots(region.name, header, spec.name, count, capacity)
+            pool = ModelPool.over(
+                spec,
+                memory,
+                slots,
+                header,
+                registration=registration,
+                generation=generation,
+                sizing=sizing,
+            )
+            pool.next_check = time.monotonic() + (self._config_check_interval_s or 0)
+        except BaseException as exc:
+            # Registered, or interrupted (Ctrl-C) while Triton may have been registering it.
+            held: list[int] = []
+            if registered or not isinstance(exc, Exception):
+                held = unregister_slots(
+                    self._triton.stub, memory, keys, self._triton.keys.metadata()
+                )
+            memory.release(held)
+            region.unlink()
+            region.close()
+            raise
+        pool.wake_settler = self._settler.notify
+        self._settler.watch(pool)
+        if isinstance(sizing, SlotAutoscaling):
+            self._scaler.watch(pool, sizing)
+        return pool
+
+    def register_slots(
+        self,
+        memory: SlotMemory,
+        keys: Sequence[str],
+        reconnect: Reconnect | None = None,
+        *,
+        model: str,
+    ) -> None:
+        """Registers each slot of a region in Triton under its own name (a name already
+        registered, by a concurrent caller that found it missing too, is fine); internal API
+        for the Ray node actor too, after Triton forgot a region (it restarted).
+
+        Raises:
+            TritonServerError: Triton refused.
+            ServerUnreachableError: Triton stayed unreachable.
+        """
+        triton = self._triton
+        # Sent again after a rotation, with a budget whose readiness questions carry new keys.
+        budgets = [reconnect or triton.reconnect(model)]
+
+        def register() -> None:
+            budget = budgets.pop() if budgets else triton.reconnect(model)
+            for slot, key in enumerate(keys):
+                try:
+                    budget.call(
+                        lambda key=key, slot=slot: memory.register(  # type: ignore[misc]
+                            triton.stub, key, slot, triton.metadata()
+                        )
+                    )
+                except grpc.RpcError as exc:
+                    if status_and_message(exc)[0] != str(grpc.StatusCode.ALREADY_EXISTS):
+                        error = translate_error(
+                            exc, model=model, action="registering shared memory"
+                        )
+                        raise memory.explain(error) from exc
+
+        triton.rotating(register)
+
+    def reregister(self, pool: ModelPool, epoch: int, reconnect: Reconnect) -> None:
+        """Registers the pool's region again after Triton forgot it (e.g. it restarted), once
+        per ``epoch`` of the pool's registrations."""
+        with pool.lock:
+            if pool.epoch != epoch:
+                return  # another request already did it
+            if pool.reregister is not None:
+                pool.reregister()
+            else:
+                self.register_slots(pool.memory, pool.slot_keys, reconnect, model=pool.spec.name)
+            pool.epoch += 1
+
+    # ------------------------------------------------------------------ model changes
+
+    def _replace(
+        self,
+        old: ModelPool,
+        spec: ModelSpec,
+        sizing: int | SlotAutoscaling,
+        registration: Registration,
+    ) -> ModelPool:
+        """Lays a model's pool out anew; the old one is retired: a caller that takes one of
+        its slots moves to the new pool, and once Triton is done with every request on it,
+        it is unregistered and unlinked (in the background)."""
+        with old.lock:
+            if old.successor is not None:
+                return old.successor
+            # As large as the old one is now: the load that made it so goes on.
+            new = self._create(
+                spec, sizing, registration, old.generation + 1, initial=old.slots.size
+            )
+            with self._lock:
+                if self._pools.get(spec.name) is old:
+                    self._pools[spec.name] = new
+            old.successor = new
+            old.header.retire()
+        logger.info(
+            "ray-triton-shm: model %r laid out anew for its config on Triton (generation %d)",
+            spec.name,
+            new.generation,
+        )
+        retiring = self._keepers.retiring
+        retiring[:] = [thread for thread in retiring if thread.is_alive()]
+        thread = threading.Thread(
+            target=_release_pool,
+            args=(old, self._keepers, CLOSE_WAIT_S),
+            name="ray-triton-shm-retire",
+            daemon=True,
+        )
+        retiring.append(thread)
+        thread.start()
+        return new
+
+    def follow(
+        self, pool: ModelPool, *, since: float, cause: BaseException | None = None
+    ) -> ModelPool | None:
+        """Compares Triton's config of the model with the pool's spec (unless that was done
+        after ``since``, a ``time.monotonic()``), and lays the pool out anew if it follows the
+        model and the model changed; internal API for the Ray node actor too.
+
+        Returns:
+            The pool to use now, or ``None`` if the model did not change.
+
+        Raises:
+            ModelChangedError: specs given by hand that no longer match the model.
+            ModelSpecError: the new config cannot be laid out (a ``-1`` dim without a maximum).
+            ModelNotLoadedError: the model is not loaded on Triton.
+        """
+        registration = pool.registration
+        if registration is None:
+            return None
+        name = pool.spec.name
+        with pool.lock:
+            if pool.successor is not None:
+                return pool.successor
+            if pool.checked_at >= since:
+                if pool.check_error is not None:
+                    raise pool.check_error
+                return None
+            pool.checked_at = time.monotonic()
+            config = self._triton.model_config(name, registration.model_version)
+            if not registration.follows:
+                current = registration.resolve_from_config(name, config)
+                found = [] if current is None else differences(pool.spec, current)
+                pool.check_error = changed_error(pool.spec, found, cause) if found else None
+                if pool.check_error is not None:
+                    raise pool.check_error
+                return None
+            spec = registration.resolve(name, lambda: config)
+            if spec == pool.spec:
+                return None
+        assert pool.sizing is not None  # a pool this client owns
+        return self._replace(pool, spec, pool.sizing, registration)
+
+    def _catch_up(self, pool: ModelPool, cause: TritonServerError) -> ModelPool | None:
+        """The pool of the model's new config, read again until it differs from ``pool``'s
+        (``None``: it did not within :data:`_CONFIG_CATCH_UP_S`)."""
+        deadline = time.monotonic() + _CONFIG_CATCH_UP_S
+        while time.monotonic() < deadline and not self.closed:
+            time.sleep(_CONFIG_POLL_S)
+            newer = self.follow(pool, since=time.monotonic(), cause=cause)
+            if newer is not None:
+                return newer
+        return None
+
+    def next_pool(
+        self,
+        pool: ModelPool,
+        exc: BaseException,
+        options: RequestOptions | None,
+        started: float,
+    ) -> ModelPool:
+        """The pool a call goes on with after ``exc`` (one of :data:`MOVED`) stopped it on
+        ``pool`` (the call started at ``started``), or raises what the caller should get."""
+        current = self._pools.get(pool.spec.name)
+        if isinstance(exc, (PoolRetired, ClientClosedError)):
+            if self.closed or current is None or current is pool or not pool.owned:
+                raise exc
+            return current
+        if not pool.owned:
+            raise exc  # attached: the region's owner follows the model (ShmModel asks it)
+        if isinstance(exc, InvalidInputError):
+            if not pool.follows or exc.model is None:
+                raise exc
+            newer = self.follow(pool, since=time.monotonic() - _INPUT_RECHECK_S)
+        else:
+            assert isinstance(exc, SuspectedChange)
+            newer = self.follow(pool, since=started, cause=exc.error)
+            if newer is None and exc.proven:
+                newer = self._catch_up(pool, exc.error)
+            if newer is not None and exc.executed and options is not None and options.is_sequence:
+                raise exc.error  # Triton ran this step: sending it again would apply it twice
+        if newer is None:
+            raise exc.error if isinstance(exc, SuspectedChange) else exc
+        return newer
+
+    def maybe_check(self, pool: ModelPool) -> None:
+        """Every ``config_check_interval_s``, compares the config of a model whose pool
+        follows it with the pool, in the background."""
+        if self._config_check_interval_s is None or not pool.follows:
+            return
+        now = time.monotonic()
+        if now < pool.next_check:
+            return
+        pool.next_check = now + self._config_check_interval_s
+        threading.Thread(
+            target=self._check_quietly, args=(pool,), name="ray-triton-shm-config", daemon=True
+        ).start()
+
+    def _check_quietly(self, pool: ModelPool) -> None:
+        try:
+            self.follow(pool, since=time.monotonic())
+        except Exception as exc:  # a request that meets the problem reports it
+            logger.debug("ray-triton-shm: checking the config of %r: %s", pool.spec.name, exc)
+
+
+def _slot_memory(
+    region: SharedMemoryRegion,
+    layout: SlotLayout,
+    pool_size: int,
+    registration: Registration,
+    model: str,
+) -> SlotMemory:
+    """The memory of a new region's slots, as ``registration`` asks (GPU memory is allocated
+    here)."""
+    if registration.memory == SYSTEM:
+        return SlotMemory(region, layout, pool_size)
+    assert registration.triton_device_id is not None
+    device = _cuda.find_device(registration.device)
+    return CudaMemory.create(
+        region, layout, pool_size, device, registration.triton_device_id, model=model
+    )
+
+
+def _sizing_text(sizing: int | SlotAutoscaling | None) -> str:
+    if isinstance(sizing, SlotAutoscaling):
+        return f"autoscaling {sizing.min_slots} to {sizing.max_slots} slots"
+    return f"pool_size {sizing}"
