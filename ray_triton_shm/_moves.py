@@ -3,7 +3,7 @@ Triton, its keys rotated, or (in the Ray layer) its node actor restarted. The ca
 where :class:`Moves`' ``recover`` says (the model's new pool, a new binding), at most
 :data:`MAX_MOVES` times, or ends with what the caller should get.
 
-What to do after each error is the layer's own rule (``TritonSHMClient._next_pool`` for the
+What to do after each error is the layer's own rule (``Registry.next_pool`` for the
 core, ``ShmModel._recover`` for the Ray layer); the counting, the limit and what is raised at
 it are written here once, with a blocking and an asyncio driver (``run``, ``run_async``); a
 sans-I/O step generator (a lease taking its slot) calls :meth:`Moves.after` itself.

@@ -100,6 +100,15 @@ class SlotSource(Protocol):
         """Refuses new callers and waits (up to ``wait_s``) for the slots held, but not for
         kept ones; whether no slot is held any more (kept ones included)."""
 
+    # The owner's settler (see :mod:`._settle`):
+
+    @property
+    def shared(self) -> bool:
+        """Whether other processes take slots too: their holders may die unseen."""
+
+    def sweep(self) -> None:
+        """Abandons the slots of holders that died mid-request (in other processes)."""
+
     # The owner's scaler (see :mod:`._scaling`):
 
     def demand(self) -> tuple[int, int]:
@@ -322,6 +331,14 @@ class SlotPool:
                 self._waiters.popleft().fail()
             self._all_back.wait_for(lambda: self._held <= self._kept.keys(), wait_s)
             return not self._held
+
+    # ---------------------------------------------------------------- the owner's settler
+
+    #: Only this process takes its slots: the holders it loses are its own to see.
+    shared = False
+
+    def sweep(self) -> None:
+        """Nothing to do: a holder of this process that ends gives its slot back itself."""
 
     # ---------------------------------------------------------------- the owner's scaler
 

@@ -40,7 +40,6 @@ from ._engine import ModelPool
 from ._exceptions import ClientClosedError
 from ._headers import Keys, Metadata
 from ._memory import SlotMemory
-from ._shared_slots import SharedSlots
 from ._triton_errors import expected_header, is_in_use, never_reached
 
 __all__ = ["POLL_S", "SWEEP_S", "Settler", "unregister_slots"]
@@ -173,8 +172,7 @@ class Settler:
         slots wait for Triton, every :data:`SWEEP_S` for a pool shared with other processes,
         else when told (``None``)."""
         slots = pool.slots
-        if isinstance(slots, SharedSlots):
-            slots.sweep()
+        slots.sweep()
         waiting = False
         for slot in pool.header.abandoned_slots():
             if self._triton_done(pool, slot):
@@ -184,7 +182,7 @@ class Settler:
                 waiting = True
         if waiting:
             return POLL_S
-        return SWEEP_S if isinstance(slots, SharedSlots) else None
+        return SWEEP_S if slots.shared else None
 
     def _triton_done(self, pool: ModelPool, slot: int) -> bool:
         """Whether Triton is done with every request on ``slot``: it let go of the slot's

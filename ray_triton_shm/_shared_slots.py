@@ -366,6 +366,9 @@ class SharedSlots:
             os.close(fd)
         return NodeSlotStats(in_use, waiting, len(self._header.abandoned_slots()))
 
+    #: Every process on the machine takes slots: holders may die unseen (the owner sweeps).
+    shared = True
+
     def sweep(self) -> None:
         """Abandons the slots of holders that died mid-request, and clears the seats of waiters
         that died (the owner calls this now and then; callers also find both themselves).
