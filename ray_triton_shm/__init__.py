@@ -44,9 +44,9 @@ _EXPORTS = {
     "CheckResult": "._doctor",
     "NodeReport": "._doctor",
     "check_node": "._doctor",
-    "Keys": "._headers",
-    "headers_from_dir": "._headers",
-    "headers_from_env": "._headers",
+    "Keys": "._keys",
+    "headers_from_dir": "._keys",
+    "headers_from_env": "._keys",
     "TlsFiles": "._tls",
     "PoolStats": "._pool",
     "SlotAutoscaling": "._sizing",
@@ -125,7 +125,7 @@ if typing.TYPE_CHECKING:  # what type checkers and IDEs see: the names, typed, a
         TritonServerError,
         TritonSHMError,
     )
-    from ._headers import Keys, headers_from_dir, headers_from_env
+    from ._keys import Keys, headers_from_dir, headers_from_env
     from ._lease import SlotLease
     from ._pool import PoolStats
     from ._reclaim import ReclaimReport, reclaim_regions

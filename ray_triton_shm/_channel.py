@@ -18,7 +18,7 @@ from tritonclient._request import Request
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from ._exceptions import AccessDeniedError
-from ._headers import Keys, Metadata, normalize
+from ._keys import Keys, Metadata, normalize
 from ._reconnect import Reconnect, channel_options
 from ._tls import ReloadingChannel, TlsFiles, diagnose
 from ._triton_errors import translate_error

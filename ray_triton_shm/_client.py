@@ -22,15 +22,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import tritonclient.grpc as grpcclient
-from tritonclient.utils import InferenceServerException
 
 from ._calls import Call
 from ._channel import Channel, tritonclient_options
 from ._defaults import DEFAULT_RECONNECT_TIMEOUT_S, DEFAULT_URL
 from ._engine import drive, drive_async
 from ._exceptions import TritonSHMError
-from ._headers import REDACTED, Keys, Metadata
 from ._inputs import InputValue
+from ._keys import REDACTED, Keys, Metadata
 from ._lease import SlotLease
 from ._memory import SYSTEM
 from ._options import ParameterValue, request_options, select_outputs
@@ -115,14 +114,10 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         options, tls = tritonclient_options(args, kwargs, tls_dir)
         super().__init__(url, verbose, **options)
         if tls is None:
+            channel, stub = self._channel, self._client_stub  # type: ignore[has-type]
             plain = options.get("creds") is None
             self._triton = Channel(
-                url,
-                self._channel,  # type: ignore[has-type]
-                self._client_stub,  # type: ignore[has-type]
-                keys,
-                plain=plain,
-                reconnect_timeout_s=reconnect_timeout_s,
+                url, channel, stub, keys, plain=plain, reconnect_timeout_s=reconnect_timeout_s
             )
         else:
             self._channel.close()  # type: ignore[has-type]
@@ -130,7 +125,6 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
                 url, tls, options["channel_args"], keys, reconnect_timeout_s=reconnect_timeout_s
             )
             self._channel, self._client_stub = self._triton.channel, self._triton.stub
-        self._swept = False
         self._pools = Registry(
             self._triton,
             crash_cleanup=crash_cleanup,
@@ -239,20 +233,10 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             device=device,
             triton_device_id=triton_device_id,
         )
-        self._sweep(model_name)
+        self._pools.sweep_once(model_name, lambda: reclaim_dead_registrations(self))
         return self._triton.rotating(
             lambda: self._pools.register(model_name, registration, sizing, replace=replace)
         )
-
-    def _sweep(self, model_name: str) -> None:
-        """Once: drops Triton's registrations of crashed processes, which pin its memory."""
-        if self._swept:
-            return
-        try:
-            self._triton.reconnect(model_name).call(lambda: reclaim_dead_registrations(self))
-            self._swept = True
-        except InferenceServerException:
-            pass  # best effort; the registration reports what is wrong
 
     def register_plugin(self, plugin: Any) -> None:
         """tritonclient's: ``plugin`` sees the headers of every call, the pools' too."""
@@ -264,11 +248,9 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         super().unregister_plugin()
         self._triton.plugin = None
 
-    def _get_metadata(
-        self, headers: Mapping[str, str] | None, keys: Metadata | None = None
-    ) -> Metadata:
+    def _get_metadata(self, headers: Mapping[str, str] | None) -> Metadata:
         """The metadata of tritonclient's own calls: the client's keys, ``headers`` over them."""
-        return self._triton.metadata(headers, keys)
+        return self._triton.metadata(headers)
 
     def unregister_shm_model(self, model_name: str) -> None:
         """Unregisters a model's pool from Triton and frees its memory; idempotent.

@@ -38,7 +38,7 @@ import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from ._defaults import DEFAULT_URL, URL_ENV_VAR
-from ._headers import KEYS_DIR_ENV_VAR, Keys, env_var_for, headers_from_env
+from ._keys import KEYS_DIR_ENV_VAR, Keys, env_var_for, headers_from_env
 from ._region_status import region_status
 from ._shm import DEAD, SHM_DIR, SharedMemoryRegion, mib, new_region_name, shm_space
 from ._sizing import SlotAutoscaling

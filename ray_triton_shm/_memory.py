@@ -32,7 +32,7 @@ from . import _cuda
 from ._exceptions import CudaError, ModelSpecError, TritonServerError
 from ._gpu_choice import uuid_bytes, uuid_name
 from ._header import RegionHeader
-from ._headers import Metadata
+from ._keys import Metadata
 from ._shm import SharedMemoryRegion
 from ._specs import REGION_HEADER_BYTES, SLOT_ALIGNMENT, ModelSpec, SlotLayout, TensorSpec
 

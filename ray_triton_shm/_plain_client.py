@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._headers import Keys, KeysPlugin
+from ._keys import Keys, KeysPlugin
 from ._reconnect import channel_options
 from ._tls import TlsFiles
 

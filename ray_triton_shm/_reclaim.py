@@ -23,7 +23,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from ._defaults import DEFAULT_URL
-from ._headers import Keys
+from ._keys import Keys
 from ._plain_client import tritonclient_for
 from ._shm import (
     DEAD,

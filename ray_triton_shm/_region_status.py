@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from tritonclient.utils import InferenceServerException
 
 from ._defaults import DEFAULT_URL
-from ._headers import Keys
+from ._keys import Keys
 from ._plain_client import tritonclient_for
 from ._reclaim import headers_for_tool, registrations
 from ._shm import (

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import grpc
+from tritonclient.utils import InferenceServerException
 
 from . import _cuda, _gpu_choice
 from ._changes import Registration, changed_error, differences
@@ -217,6 +218,7 @@ class Registry:
         self._lock = threading.Lock()
         self._close_lock = threading.Lock()
         self.closed = False
+        self._swept = False
         self._settler = Settler(triton.stub, triton.keys)
         budget = default_shm_budget() if shm_budget_bytes is None else shm_budget_bytes
         self._scaler = Scaler(budget, self._pools)
@@ -307,6 +309,17 @@ class Registry:
                 )
         self._replace(existing, spec, sizing, registration)
         return spec
+
+    def sweep_once(self, model_name: str, reclaim: Callable[[], object]) -> None:
+        """Before the first pool: ``reclaim`` drops Triton's registrations of crashed processes,
+        which pin its memory (best effort: a registration says what is wrong)."""
+        if self._swept:
+            return
+        try:
+            self._triton.reconnect(model_name).call(reclaim)
+            self._swept = True
+        except InferenceServerException:
+            pass
 
     def attach(
         self,

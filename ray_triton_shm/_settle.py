@@ -38,7 +38,7 @@ import grpc
 
 from ._engine import ModelPool
 from ._exceptions import ClientClosedError
-from ._headers import Keys, Metadata
+from ._keys import Keys, Metadata
 from ._memory import SlotMemory
 from ._triton_errors import expected_header, is_in_use, never_reached
 

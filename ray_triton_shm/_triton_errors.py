@@ -21,7 +21,7 @@ from ._exceptions import (
     SharedMemoryNotAllowedError,
     TritonServerError,
 )
-from ._headers import KEYS_DIR_ENV_VAR, env_var_for
+from ._keys import KEYS_DIR_ENV_VAR, env_var_for
 
 __all__ = [
     "answered_or_never_sent",

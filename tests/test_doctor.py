@@ -23,7 +23,7 @@ import pytest
 from _helpers import ADMIN, INFER, READ, free_ports, our_regions, registered_on, start_cluster
 from conftest import MODEL_REPOSITORIES
 
-from ray_triton_shm._headers import env_var_for
+from ray_triton_shm._keys import env_var_for
 from ray_triton_shm.local._server import LocalTritonServer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -38,7 +38,7 @@ from ray_triton_shm import (
     _registry,
 )
 from ray_triton_shm._client import registry_of
-from ray_triton_shm._headers import env_var_for
+from ray_triton_shm._keys import env_var_for
 from ray_triton_shm._shm import (
     SHM_DIR,
     SharedMemoryRegion,

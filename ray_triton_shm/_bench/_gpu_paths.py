@@ -21,7 +21,7 @@ from tritonclient.utils import np_to_triton_dtype
 
 from ray_triton_shm._bench._paths import SHM_KEY_PREFIX, BenchPath, SkipPath, infer
 from ray_triton_shm._client import TritonSHMClient
-from ray_triton_shm._headers import Keys
+from ray_triton_shm._keys import Keys
 from ray_triton_shm._plain_client import tritonclient_for
 
 __all__ = ["GPU_MODEL_REPOSITORY", "PATHS"]

@@ -23,7 +23,7 @@ from ray_triton_shm._bench._cases import ModelCase
 from ray_triton_shm._bench._config import ELASTIC
 from ray_triton_shm._client import TritonSHMClient
 from ray_triton_shm._defaults import DEFAULT_RECONNECT_TIMEOUT_S
-from ray_triton_shm._headers import Keys
+from ray_triton_shm._keys import Keys
 from ray_triton_shm._plain_client import tritonclient_for
 from ray_triton_shm._specs import SlotLayout
 

@@ -53,7 +53,7 @@ from ray_triton_shm._bench._ray_session import (
     reconnect_timeout_s,
 )
 from ray_triton_shm._exceptions import TritonSHMError
-from ray_triton_shm._headers import Keys
+from ray_triton_shm._keys import Keys
 from ray_triton_shm._plain_client import tritonclient_for
 
 with contextlib.suppress(ImportError):  # without the ray extra: the session says so

@@ -47,7 +47,7 @@ from .._defaults import DEFAULT_RECONNECT_TIMEOUT_S, DEFAULT_URL, URL_ENV_VAR
 from .._engine import ModelPool
 from .._exceptions import ModelSpecError, StaleLeaseError, TritonSHMError
 from .._header import RegionHeader
-from .._headers import Keys
+from .._keys import Keys
 from .._reclaim import reclaim_regions
 from .._scaling import default_shm_budget
 from .._shared_slots import NodeSlotStats, SharedSlots

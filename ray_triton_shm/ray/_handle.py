@@ -30,8 +30,8 @@ from .._defaults import DEFAULT_RECONNECT_TIMEOUT_S
 from .._engine import PoolRetired, SuspectedChange
 from .._exceptions import ClientClosedError, InvalidInputError, StaleLeaseError
 from .._header import RegionHeader
-from .._headers import Keys, normalize
 from .._inputs import InputValue
+from .._keys import Keys, normalize
 from .._lease import SlotLease
 from .._memory import CUDA, SYSTEM, check_memory_options, open_memory
 from .._moves import Moves, surfaced

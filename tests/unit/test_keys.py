@@ -14,7 +14,7 @@ from _helpers import write_secret
 from tritonclient.utils import InferenceServerException
 
 from ray_triton_shm import AccessDeniedError, TritonServerError, headers_from_env
-from ray_triton_shm._headers import (
+from ray_triton_shm._keys import (
     KEYS_DIR_ENV_VAR,
     Keys,
     Metadata,
