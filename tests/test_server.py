@@ -304,6 +304,35 @@ def test_bad_model_repository_gives_log_tail(tmp_path: Path) -> None:
         server.close()
 
 
+def test_the_python_backends_abort_while_loading_is_retried(tmp_path: Path) -> None:
+    """The Python backend now and then aborts the whole server while it loads models
+    (``boost::interprocess::lock_exception``, Triton's issue 8882): seen here at startup. The
+    model's stub aborts its server that way once; the second start serves it."""
+    repo = _one_model_repo(tmp_path)
+    marker = tmp_path / "aborted-once"
+    model_py = repo / "identity" / "1" / "model.py"
+    model_py.write_text(
+        "import os, signal, sys\n"
+        f"if not os.path.exists({str(marker)!r}):\n"
+        f"    open({str(marker)!r}, 'w').close()\n"
+        '    sys.stderr.write("terminate called after throwing an instance of "\n'
+        "                     \"'boost::interprocess::lock_exception'\\n\")\n"
+        "    sys.stderr.flush()\n"
+        "    os.kill(os.getppid(), signal.SIGABRT)\n" + model_py.read_text()
+    )
+    server = LocalTritonServer(repo, startup_timeout_s=60)
+    try:
+        server.start()
+        assert marker.exists()  # it did abort once
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        try:
+            assert client.is_model_ready("identity")
+        finally:
+            client.close()
+    finally:
+        server.close()
+
+
 def test_missing_model_repository(tmp_path: Path) -> None:
     server = LocalTritonServer(tmp_path / "does-not-exist")
     try:

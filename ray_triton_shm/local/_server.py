@@ -672,18 +672,19 @@ class LocalTritonServer:
             )
 
     def _start_process(self) -> subprocess.Popen[bytes]:
-        """Spawns ``tritonserver`` and waits until it is ready (a taken port retried)."""
+        """Spawns ``tritonserver`` and waits until it is ready (a taken port, or the Python
+        backend's known abort while loading models, retried)."""
         attempts = 3
         for attempt in range(attempts):
             self._ensure_ports_free()
             proc = self._spawn()
             try:
                 self._wait_ready(proc)
-            except _BindFailure as exc:
+            except (_BindFailure, _StartupAbort) as exc:
                 self._discard(proc)
                 if attempt == attempts - 1:
                     raise LocalServerError(str(exc)) from None
-                if not self._started_once:
+                if isinstance(exc, _BindFailure) and not self._started_once:
                     self._forget_auto_ports()
                 time.sleep(0.5 * (attempt + 1))
                 continue
@@ -1013,7 +1014,8 @@ class LocalTritonServer:
         while True:
             code = proc.poll()
             if code is not None:
-                bind_failure = _is_bind_failure(self._new_log_text())
+                text = self._new_log_text()
+                bind_failure = _is_bind_failure(text)
                 if not bind_failure:
                     self._keep_log()
                 message = (
@@ -1022,6 +1024,8 @@ class LocalTritonServer:
                 )
                 if bind_failure:
                     raise _BindFailure(message)
+                if _PYTHON_BACKEND_ABORT in text:
+                    raise _StartupAbort(message)
                 raise LocalServerError(message)
             if self._http_ok("/v2/health/ready") and self._all_models_ready():
                 return
@@ -1045,3 +1049,12 @@ class LocalTritonServer:
 
 class _BindFailure(LocalServerError):
     """The server exited because a port was taken (retried with new ports)."""
+
+
+#: How the Python backend aborts the whole server, now and then, while it loads models or
+#: under concurrent requests (triton-inference-server/server issue 8882).
+_PYTHON_BACKEND_ABORT = "boost::interprocess::lock_exception"
+
+
+class _StartupAbort(LocalServerError):
+    """The server aborted while loading its models (the Python backend's known fault: retried)."""
