@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
+from ray_triton_shm._bench._config import DATA_JOB_BATCHES
 from ray_triton_shm._bench._paths import BenchPath, BenchTarget, SkipPath
 
 try:
@@ -73,10 +74,12 @@ def example_app_root() -> Path | None:
 class RayBenchSession:
     """A private local Ray for the benchmark, quiet: started on entry, everything it made
     removed on exit (:attr:`error`: why it could not start). ``$RAY_TRITON_SHM_URL`` is the
-    ``target``'s gRPC URL meanwhile, set before ``ray.init`` for Ray's processes to inherit."""
+    ``target``'s gRPC URL meanwhile, set before ``ray.init`` for Ray's processes to inherit.
+    A Ray Data slice is a job of ``data_job_batches`` batches."""
 
-    def __init__(self, target: BenchTarget) -> None:
+    def __init__(self, target: BenchTarget, *, data_job_batches: int = DATA_JOB_BATCHES) -> None:
         self.target = target
+        self.data_job_batches = data_job_batches
         self.error: BaseException | None = None
         self._actors: dict[type, list[Any]] = {}
         #: What the paths keep for the session's life (Serve apps they ran, by a key of theirs).
