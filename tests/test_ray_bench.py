@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import io
 import json
 import os
 import subprocess
@@ -12,8 +14,10 @@ from typing import Any
 import numpy as np
 import pytest
 from _helpers import our_regions, registered_on
+from rich.console import Console
 
 from ray_triton_shm._bench._config import (
+    CHURN,
     DEFAULT_PATHS,
     ELASTIC,
     RAY_PATHS,
@@ -21,9 +25,11 @@ from ray_triton_shm._bench._config import (
     SERVE_HTTP_PATHS,
     SWEEP_PATHS,
     BenchConfig,
+    add_arguments,
+    config_from_args,
 )
 from ray_triton_shm._bench._ray_paths import CHURN_CASE, DATA_CASE
-from ray_triton_shm._bench._report import bench_json
+from ray_triton_shm._bench._report import _PLAIN_WIDTH, bench_json, print_results
 from ray_triton_shm._bench._runner import run_bench
 from ray_triton_shm._shm import ALIVE, owner_state
 from ray_triton_shm.local._server import LocalTritonServer
@@ -58,96 +64,189 @@ def _bench_json(
     return proc, json.loads(json_path.read_text())
 
 
-def test_bench_ray_quick_json_has_every_ray_path_verified(
+def _bench_here(*args: str) -> tuple[dict[str, Any], str]:
+    """Runs ``bench --quick --models classifier --rounds 1 ARGS`` in this process, on the
+    shared Ray (its Ray start is the CLI's, already paid); returns its JSON and its printed
+    results (``--full``)."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    quick = ("--quick", "--models", DATA_CASE, "--rounds", "1")  # every path once: each runs right
+    config = config_from_args(parser.parse_args([*quick, *args]))
+    results = run_bench(config)
+    console = Console(file=io.StringIO(), width=_PLAIN_WIDTH, highlight=False)
+    print_results(results, console, full=True)
+    data = json.loads(json.dumps(bench_json(results)))  # as the CLI writes it
+    assert results.stopped is None and data["failures"] == [], console.file.getvalue()
+    return data, console.file.getvalue()
+
+
+def _runs(data: dict[str, Any]) -> dict[tuple[str, str, int, Any], dict[str, Any]]:
+    return {(r["model"], r["path"], r["concurrency"], r["slots"]): r for r in data["runs"]}
+
+
+def _ray_goals(data: dict[str, Any]) -> list[dict[str, Any]]:
+    core = ("shm-client", "shm-lease")  # the core client's goals: tests/test_bench.py
+    return [g for g in data["goals"] if not g["description"].startswith(core)]
+
+
+def _nothing_left(url: str, registered_before: set[str], regions_before: set[str]) -> None:
+    """The callers, the node actor and Serve's replicas are gone, and so are their regions."""
+    assert registered_on(url) - registered_before == set()
+    # (Other processes on this machine may create regions meanwhile: only live owners.)
+    left = [name for name in our_regions() - regions_before if owner_state(name) != ALIVE]
+    assert left == []
+
+
+def test_bench_ray_cli_runs_serve_and_ray_data_verified_quietly_on_a_private_ray(
     triton: LocalTritonServer, tmp_path: Path
 ) -> None:
+    """The CLI starts a Ray of its own for Serve and Ray Data (the loudest), keeps their logs
+    out of its output, and leaves nothing behind."""
     json_path = tmp_path / "bench.json"
     registered_before = registered_on(triton.grpc_url)
     regions_before = our_regions()
+    choices = [p for p in RAY_PATHS if p.startswith(("serve-", "data-")) and "http" not in p]
     proc, data = _bench_json(
-        triton,
-        json_path,
-        # One model runs every Ray path (the Ray Data job, churn and the HTTP app are made for
-        # it); the skips of the others: test_the_paths_made_for_one_model_skip_the_others.
-        *("--ray", "--models", DATA_CASE, "--concurrency", "1", "4"),
-        *("--rounds", "1"),  # every path once: what is checked here is that each runs right
-        *("--request-rate", "100", "--rate-models", DATA_CASE),
-        *("--churn-s", "3"),  # one round of 3 s: one caller killed, at 2 s
+        triton, json_path, *("--models", DATA_CASE, "--rounds", "1", "--paths", *choices)
     )
-    assert data["config"]["ray_callers"] == 4 and data["config"]["churn_s"] == 3
+    config = data["config"]
+    assert (config["ray_callers"], config["data_job_batches"]) == (4, 16)
     assert data["failures"] == []
-    runs = {(r["model"], r["path"], r["concurrency"], r["slots"]): r for r in data["runs"]}
-    for model in (DATA_CASE,):
-        expected = {(p, level) for p in SWEEP_PATHS for level in (1, 4)}
-        expected |= {(p, 1) for p in DEFAULT_PATHS if p != "http"}
-        expected |= {(p, 4) for p in RAY_PATHS if p.startswith("serve") and "http" not in p}
-        if model == DATA_CASE:  # the example app behind Serve's proxy, at low load and under it
-            expected |= {(p, n) for p in SERVE_HTTP_PATHS for n in SERVE_HTTP_CLIENTS}
-        expected |= {(p, 4) for p in RAY_PATHS if p.startswith("data") and model == DATA_CASE}
-        if model == CHURN_CASE:
-            expected |= {("shm-model-nokill", 8), ("shm-model-churn", 8)}
-        node_load = {"shm-model", "grpc-procs"}
-        swept = {
-            (path, level)
-            for m, path, level, _ in runs
-            if m == model and not (path in node_load and level == 16)
-        }
-        assert swept == expected, model
-        # The node under load: 16 callers on the elastic pool beside 16 gRPC callers, and on
-        # fixed pools of 4 and of 16 slots.
-        assert {k[1:] for k in runs if k[0] == model and k[1] in node_load and k[2] == 16} == {
-            ("shm-model", 16, ELASTIC),
-            ("grpc-procs", 16, None),
-            ("shm-model", 16, 4),
-            ("shm-model", 16, 16),
-        }, model
-        for level in (1, 4):
-            shm_model = runs[(model, "shm-model", level, level)]
-            assert shm_model["shm_bytes"] > 0 and shm_model["node_actor_cpu_us"] is not None
-            assert runs[(model, "shm-client", level, level)]["shm_bytes"] > 0
-            assert "pool_sizes" not in shm_model  # a fixed pool
-        overloaded = runs[(model, "shm-model", 16, 4)]
-        # 16 callers on 4 slots wait for one; each of them completed requests.
-        assert overloaded["wait_p99_ms"] > 0 and 0 < overloaded["fairness"] <= 1
-        assert runs[(model, "grpc-procs", 16, None)]["fairness"] > 0
-        # The elastic pool's size over time: from its 2 slots, grown under 16 callers' load
-        # (every read a size within its bounds), what it reached and settled on.
-        elastic = runs[(model, "shm-model", 16, ELASTIC)]
-        sizes = elastic["pool_sizes"]
-        assert (elastic["min_slots"], elastic["max_slots"]) == (2, 64) and sizes[0][0] < 1
-        assert len(sizes) >= 3 and all(2 <= size <= 64 for _, size in sizes), sizes
-        assert [t for t, _ in sizes] == sorted(t for t, _ in sizes)
-        # Past the 16 callers only by slots still being given back while a caller waited
-        # (they count as held): a few at most.
-        assert 2 < elastic["pool_size_max"] <= 16 + 4 and elastic["pool_grows"] >= 1, sizes
-        assert [elastic["pool_size_max_s"], elastic["pool_size_max"]] in sizes
-        assert elastic["pool_size_settled"] == sizes[-1][1]
-        # Nothing held it back (waits shorter than upscale_delay_s may be said).
-        assert elastic["limited_by"] in ("", "upscale_delay_s"), elastic["limited_by"]
-        assert elastic["shm_bytes"] > 0 and elastic["warmup_requests_per_s"] > 0
-        for path in ("serve-shm", "data-shm"):
-            if (model, path, 4, None) in runs:
-                assert runs[(model, path, 4, None)]["node_actor_cpu_us"] is not None, path
-        # The answers: pool_size_for_throughput at the sweep's levels; under load the
-        # elastic_pool, the size it settled on beside the best fixed pool measured there.
-        rec = data["recommendations"][model]
-        assert rec["pool_size_for_throughput"]["pool_size"] in (1, 4)
-        (advice,) = rec["elastic_pool"]
-        assert advice["callers"] == 16 and advice["settled_slots"] == sizes[-1][1]
-        assert [f["slots"] for f in advice["fixed"]] == [4, 16]
-        best = max(advice["fixed"], key=lambda f: f["requests_per_s"])
-        assert advice["best_fixed"] == best["slots"]
-        assert advice["vs_best_fixed"] == elastic["requests_per_s"] / best["requests_per_s"]
-        assert (
-            f"{model}, elastic_pool under 16 callers: settled at {advice['settled_slots']} "
-            f"slots (2 -> "
-        ) in proc.stdout
-        assert f"the best fixed pool ({best['slots']} slots, " in proc.stdout
-        # Ray tasks get a verdict at every caller count: the sweep's and the node's load.
-        ray_tasks = [v["callers"] for v in data["verdicts"][model] if v["choice"] == "Ray tasks"]
-        assert ray_tasks == [1, 4, 16], ray_tasks
+    runs = _runs(data)
+    assert set(runs) == {(DATA_CASE, path, 4, None) for path in choices}
+    for path in ("serve-shm", "data-shm"):
+        assert runs[(DATA_CASE, path, 4, None)]["node_actor_cpu_us"] is not None, path
+    assert all(runs[(DATA_CASE, path, 4, None)]["requests"] > 0 for path in choices)
+    assert {g["description"] for g in _ray_goals(data)} == {
+        "serve-shm MB/s >= 2.3x serve-grpc",
+        "serve-shm MB/s >= 0.95x serve-inproc",
+        "data-shm MB/s >= 0.95x data-noop",
+        "data-shm MB/s >= 1x data-grpc",
+        "serve-shm: node actor CPU us/request <= 58.5",
+        "data-shm: node actor CPU us/request <= 58.5",
+    }
+    assert all(isinstance(g["met"], bool) for g in data["goals"])
+    assert "serve-shm (4 callers)" in proc.stdout
+    assert "Ray Data: a job of 16 batches in each of 1)" in proc.stdout
+    # Quiet: Ray's and Ray Data's logs stay out; a log gets a plain line per stage.
+    assert "INFO" not in proc.stdout + proc.stderr and "(raylet)" not in proc.stdout + proc.stderr
+    assert "deprecated" not in proc.stdout + proc.stderr
+    assert "bench 00:" in proc.stderr and f"{DATA_CASE}: serve-grpc (4 callers)" in proc.stderr
+    # Ray, Serve, the callers and the node actor are gone, and so are their regions.
+    _nothing_left(triton.grpc_url, registered_before, regions_before)
+
+
+def test_bench_ray_sweep_node_under_load_and_open_loop(
+    triton: LocalTritonServer, ray_local: str
+) -> None:
+    """ShmModel and gRPC in caller processes at every level of the sweep and on the node
+    under load (the elastic pool beside fixed ones), and in the open loop: the advice from
+    them."""
+    registered_before = registered_on(triton.grpc_url)
+    regions_before = our_regions()
+    data, out = _bench_here(
+        *("--url", triton.grpc_url, "--concurrency", "1", "4"),
+        *("--paths", *DEFAULT_PATHS, "shm-model", "grpc-procs"),
+        *("--request-rate", "100", "--rate-models", DATA_CASE),
+    )
+    runs = _runs(data)
+    model = DATA_CASE
+    expected = {(p, level) for p in SWEEP_PATHS for level in (1, 4)}
+    expected |= {(p, 1) for p in DEFAULT_PATHS if p != "http"}
+    node_load = {"shm-model", "grpc-procs"}
+    swept = {(path, level) for _, path, level, _ in runs if not (path in node_load and level == 16)}
+    assert swept == expected
+    # The node under load: 16 callers on the elastic pool beside 16 gRPC callers, and on
+    # fixed pools of 4 and of 16 slots.
+    assert {k[1:] for k in runs if k[1] in node_load and k[2] == 16} == {
+        ("shm-model", 16, ELASTIC),
+        ("grpc-procs", 16, None),
+        ("shm-model", 16, 4),
+        ("shm-model", 16, 16),
+    }
+    for level in (1, 4):
+        shm_model = runs[(model, "shm-model", level, level)]
+        assert shm_model["shm_bytes"] > 0 and shm_model["node_actor_cpu_us"] is not None
+        assert runs[(model, "shm-client", level, level)]["shm_bytes"] > 0
+        assert "pool_sizes" not in shm_model  # a fixed pool
+    overloaded = runs[(model, "shm-model", 16, 4)]
+    # 16 callers on 4 slots wait for one; each of them completed requests.
+    assert overloaded["wait_p99_ms"] > 0 and 0 < overloaded["fairness"] <= 1
+    assert runs[(model, "grpc-procs", 16, None)]["fairness"] > 0
+    # The elastic pool's size over time: from its 2 slots, grown under 16 callers' load
+    # (every read a size within its bounds), what it reached and settled on.
+    elastic = runs[(model, "shm-model", 16, ELASTIC)]
+    sizes = elastic["pool_sizes"]
+    assert (elastic["min_slots"], elastic["max_slots"]) == (2, 64) and sizes[0][0] < 1
+    assert len(sizes) >= 3 and all(2 <= size <= 64 for _, size in sizes), sizes
+    assert [t for t, _ in sizes] == sorted(t for t, _ in sizes)
+    # Past the 16 callers only by slots still being given back while a caller waited
+    # (they count as held): a few at most.
+    assert 2 < elastic["pool_size_max"] <= 16 + 4 and elastic["pool_grows"] >= 1, sizes
+    assert [elastic["pool_size_max_s"], elastic["pool_size_max"]] in sizes
+    assert elastic["pool_size_settled"] == sizes[-1][1]
+    # Nothing held it back (waits shorter than upscale_delay_s may be said).
+    assert elastic["limited_by"] in ("", "upscale_delay_s"), elastic["limited_by"]
+    assert elastic["shm_bytes"] > 0 and elastic["warmup_requests_per_s"] > 0
+    # The answers: pool_size_for_throughput at the sweep's levels; under load the
+    # elastic_pool, the size it settled on beside the best fixed pool measured there.
+    rec = data["recommendations"][model]
+    assert rec["pool_size_for_throughput"]["pool_size"] in (1, 4)
+    (advice,) = rec["elastic_pool"]
+    assert advice["callers"] == 16 and advice["settled_slots"] == sizes[-1][1]
+    assert [f["slots"] for f in advice["fixed"]] == [4, 16]
+    best = max(advice["fixed"], key=lambda f: f["requests_per_s"])
+    assert advice["best_fixed"] == best["slots"]
+    assert advice["vs_best_fixed"] == elastic["requests_per_s"] / best["requests_per_s"]
+    assert (
+        f"{model}, elastic_pool under 16 callers: settled at {advice['settled_slots']} slots (2 -> "
+    ) in out
+    assert f"the best fixed pool ({best['slots']} slots, " in out and "Recommendation" in out
+    # Ray tasks get a verdict at every caller count: the sweep's and the node's load.
+    ray_tasks = [v["callers"] for v in data["verdicts"][model] if v["choice"] == "Ray tasks"]
+    assert ray_tasks == [1, 4, 16], ray_tasks
     assert data["models"][DATA_CASE]["skipped"] == {
         "http@1": "no HTTP endpoint given: pass Triton's as --http-url HOST:PORT"
+    }
+    assert {g["description"] for g in _ray_goals(data)} == {
+        f"shm-model (16 callers, elastic pool){goal}"
+        for goal in (
+            " MB/s >= 1.25x shm-model (16 callers, 4 slots)",
+            " MB/s >= 0.95x shm-model (16 callers, 16 slots)",
+            " MB/s >= 4.5x grpc-procs (16 callers)",
+            ": fewest requests of a caller / mean >= 0.5",
+        )
+    }
+    assert all(isinstance(g["met"], bool) for g in data["goals"])
+    # The open loop at 100 requests/s: ShmModel in 4 caller processes on 1 and on 4 slots too.
+    rates = {(r["path"], r["slots"]): r for r in data["rate_runs"]}
+    assert set(rates) == {
+        ("grpc", None), ("shm-client", 1), ("shm-client", 4), ("shm-model", 1), ("shm-model", 4)
+    }  # fmt: skip
+    assert all(r["model"] == DATA_CASE and r["requests"] > 0 for r in rates.values())
+    assert data["rate_limits"][DATA_CASE]["shm-model (4 slots)"] in (None, 100)
+    _nothing_left(triton.grpc_url, registered_before, regions_before)
+
+
+def test_bench_ray_serve_over_http_and_churn(
+    triton: LocalTritonServer,
+    ray_local: str,
+    capfd: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The example app behind Serve's HTTP proxy at low load and under it, and the churn:
+    every answer checked."""
+    registered_before = registered_on(triton.grpc_url)
+    regions_before = our_regions()
+    churn = [path for path, _, _ in CHURN]
+    data, out = _bench_here(
+        *("--url", triton.grpc_url, "--paths", *SERVE_HTTP_PATHS, *churn),
+        *("--churn-s", "3"),  # one round of 3 s: one caller killed, at 2 s
+    )
+    runs = _runs(data)
+    assert set(runs) == {
+        *((DATA_CASE, p, n, None) for p in SERVE_HTTP_PATHS for n in SERVE_HTTP_CLIENTS),
+        *((CHURN_CASE, path, callers, slots) for path, callers, slots in CHURN),
     }
     for clients in SERVE_HTTP_CLIENTS:
         for path in SERVE_HTTP_PATHS:
@@ -156,25 +255,8 @@ def test_bench_ray_quick_json_has_every_ray_path_verified(
             stages = run["replica_ms"]
             assert 0 < stages["parse"] < stages["request"] and stages["model"] > 0, run
             assert 1 <= run["images_per_batch"] <= 8, run
-    core = ("shm-client", "shm-lease")  # the core client's goals: tests/test_bench.py
-    ray_goals = [g for g in data["goals"] if not g["description"].startswith(core)]
+    ray_goals = _ray_goals(data)
     assert {(g["model"], g["description"]) for g in ray_goals} == {
-        (DATA_CASE, "serve-shm MB/s >= 2.3x serve-grpc"),
-        (DATA_CASE, "serve-shm MB/s >= 0.95x serve-inproc"),
-        (DATA_CASE, "data-shm MB/s >= 0.95x data-noop"),
-        (DATA_CASE, "data-shm MB/s >= 1x data-grpc"),
-        (DATA_CASE, "serve-shm: node actor CPU us/request <= 58.5"),
-        (DATA_CASE, "data-shm: node actor CPU us/request <= 58.5"),
-        *(
-            (model, f"shm-model (16 callers, elastic pool){goal}")
-            for model, target in ((DATA_CASE, 4.5),)
-            for goal in (
-                " MB/s >= 1.25x shm-model (16 callers, 4 slots)",
-                " MB/s >= 0.95x shm-model (16 callers, 16 slots)",
-                f" MB/s >= {target}x grpc-procs (16 callers)",
-                ": fewest requests of a caller / mean >= 0.5",
-            )
-        ),
         *((CHURN_CASE, goal) for goal in _CHURN_GOALS),
         (DATA_CASE, "serve-http-shm (16 callers) MB/s >= 1.2x serve-http-grpc (16 callers)"),
         (DATA_CASE, "serve-http-shm (16 callers) MB/s >= 0.9x serve-http-noop (16 callers)"),
@@ -185,26 +267,10 @@ def test_bench_ray_quick_json_has_every_ray_path_verified(
         ),
     }
     assert all(isinstance(g["met"], bool) for g in ray_goals)
-    _check_churn(runs, {g["description"]: g for g in ray_goals}, proc)
-    # The open loop at 100 requests/s: ShmModel in 4 caller processes on 1 and on 4 slots too.
-    rates = {(r["path"], r["slots"]): r for r in data["rate_runs"]}
-    assert set(rates) == {
-        ("grpc", None), ("shm-client", 1), ("shm-client", 4), ("shm-model", 1), ("shm-model", 4)
-    }  # fmt: skip
-    assert all(r["model"] == DATA_CASE and r["requests"] > 0 for r in rates.values())
-    assert data["rate_limits"][DATA_CASE]["shm-model (4 slots)"] in (None, 100)
-
-    assert "serve-shm (4 callers)" in proc.stdout and "Recommendation" in proc.stdout
-    assert f"{DATA_CASE}, 16 clients: shm " in proc.stdout and "Serve over HTTP" in proc.stdout
-    # Quiet: Ray's and Ray Data's logs stay out; a log gets a plain line per stage.
-    assert "INFO" not in proc.stdout + proc.stderr and "(raylet)" not in proc.stdout + proc.stderr
-    assert "deprecated" not in proc.stdout + proc.stderr
-    assert "bench 00:" in proc.stderr and f"{DATA_CASE}: serve-grpc (4 callers)" in proc.stderr
-    # Ray, Serve, the callers and the node actor are gone, and so are their regions.
-    assert registered_on(triton.grpc_url) - registered_before == set()
-    # (Other processes on this machine may create regions meanwhile: only live owners.)
-    left = [name for name in our_regions() - regions_before if owner_state(name) != ALIVE]
-    assert left == []
+    assert f"{DATA_CASE}, 16 clients: shm " in out and "Serve over HTTP" in out
+    errors = capfd.readouterr().err + caplog.text  # Ray's driver logs what it does not raise
+    _check_churn(runs, {g["description"]: g for g in ray_goals}, out, errors)
+    _nothing_left(triton.grpc_url, registered_before, regions_before)
 
 
 _CHURN_GOALS = (
@@ -217,7 +283,8 @@ _CHURN_GOALS = (
 def _check_churn(
     runs: dict[tuple[str, str, int, Any], dict[str, Any]],
     goals: dict[str, dict[str, Any]],
-    proc: subprocess.CompletedProcess[str],
+    out: str,
+    err: str,
 ) -> None:
     """The churn runs: 8 callers on 4 node slots, one SIGKILLed mid-request every 2 s, every
     answer right; a killed caller's lost requests are no errors."""
@@ -228,9 +295,9 @@ def _check_churn(
         assert run["requests"] > 0 and run["wrong_answers"] == 0
     assert goals[_CHURN_GOALS[0]]["value"] == churn["requests_per_s"] / steady["requests_per_s"]
     assert goals[_CHURN_GOALS[1]]["met"] is goals[_CHURN_GOALS[2]]["met"] is True
-    assert "Churn (8 caller processes on 4 node slots, 3.00 s each" in proc.stdout
-    assert "1 caller(s) killed" in proc.stdout and ", 0 wrong" in proc.stdout
-    assert "Unhandled error" not in proc.stderr
+    assert "Churn (8 caller processes on 4 node slots, 3.00 s each" in out
+    assert "1 caller(s) killed" in out and ", 0 wrong" in out
+    assert "Unhandled error" not in err
 
 
 def test_bench_without_ray_has_no_ray_paths_or_goals(triton: LocalTritonServer) -> None:

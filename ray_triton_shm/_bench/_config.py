@@ -118,7 +118,7 @@ DATA_CASE = "classifier"
 CHURN_CASE = "classifier"
 #: Replicas of each example app behind Serve's HTTP proxy.
 REPLICAS = 2
-#: The Ray Data job's size in batches.
+#: The Ray Data job's size in batches (``--quick``: its ``data_job_batches``).
 DATA_JOB_BATCHES = 64
 #: The most rounds the Ray Data paths take part in (each slice of theirs is a job).
 DATA_JOB_ROUNDS = 2
@@ -156,6 +156,9 @@ _QUICK = {
     "warmup_requests": 1,
     "churn_s": 2.5,
     "model_update_s": 3.0,
+    # A job's start (its predictor actors' processes) is most of a small one: fewer batches
+    # still give every actor a few.
+    "data_job_batches": 16,
 }
 _T = TypeVar("_T")
 
@@ -172,6 +175,7 @@ class BenchConfig:
         node_load: Also run the node under load (:data:`NODE_LOAD`, :data:`NODE_LOAD_FIXED`)
             when ``shm-model`` runs.
         churn_s: Seconds of each churn run (:data:`CHURN`), over the rounds.
+        data_job_batches: Batches of each Ray Data job, a slice of the Ray Data paths.
         model_update_s: Seconds of the model update under load (:mod:`._update`; on the
             embedded server only, which it starts a Triton of its own beside); ``0`` skips it.
         request_rates: ``--request-rate``: requests per second (``"200"``), or shares of
@@ -204,6 +208,7 @@ class BenchConfig:
     ray_callers: int = DEFAULT_RAY_CALLERS
     node_load: bool = True
     churn_s: float = 10.0
+    data_job_batches: int = DATA_JOB_BATCHES
     model_update_s: float = 6.0
     request_rates: tuple[str, ...] = ()
     arrivals: str = "constant"

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
+from ray_triton_shm._bench._config import DATA_JOB_BATCHES
 from ray_triton_shm._bench._paths import BenchPath, BenchTarget, SkipPath
 
 try:
@@ -73,10 +74,12 @@ def example_app_root() -> Path | None:
 class RayBenchSession:
     """A private local Ray for the benchmark, quiet: started on entry, everything it made
     removed on exit (:attr:`error`: why it could not start). ``$RAY_TRITON_SHM_URL`` is the
-    ``target``'s gRPC URL meanwhile, set before ``ray.init`` for Ray's processes to inherit."""
+    ``target``'s gRPC URL meanwhile, set before ``ray.init`` for Ray's processes to inherit.
+    A Ray Data slice is a job of ``data_job_batches`` batches."""
 
-    def __init__(self, target: BenchTarget) -> None:
+    def __init__(self, target: BenchTarget, *, data_job_batches: int = DATA_JOB_BATCHES) -> None:
         self.target = target
+        self.data_job_batches = data_job_batches
         self.error: BaseException | None = None
         self._actors: dict[type, list[Any]] = {}
         #: What the paths keep for the session's life (Serve apps they ran, by a key of theirs).
@@ -110,8 +113,9 @@ class RayBenchSession:
                 self._undo.append(ray.shutdown)
                 self._owns_ray = True
             context = ray.data.DataContext.get_current()
-            context.enable_progress_bars = context.print_on_execution_start = False
-            logging.getLogger("ray.data").setLevel(logging.CRITICAL)  # its errors: the bench's
+            for field in ("enable_progress_bars", "print_on_execution_start"):
+                self._set(context, field, False)
+            self._set_level("ray.data", logging.CRITICAL)  # its errors: the bench's
             # The driver prints the raylet's warnings ("N worker processes have been
             # started") whatever log_to_driver says: they stay out of the bench's output.
             printer = worker.print_to_stdstream
@@ -120,6 +124,20 @@ class RayBenchSession:
         except Exception as exc:
             self.error = exc
         return self
+
+    def _set(self, obj: object, name: str, value: object) -> None:
+        """``obj.name`` is ``value`` for the session's life: a process that goes on after the
+        bench (a driver of its own on that Ray) gets it back as it was."""
+        before = getattr(obj, name)
+        self._undo.append(lambda: setattr(obj, name, before))
+        setattr(obj, name, value)
+
+    def _set_level(self, logger: str, level: int) -> None:
+        """The level of ``logger`` is ``level`` for the session's life."""
+        log = logging.getLogger(logger)
+        before = log.level
+        self._undo.append(lambda: log.setLevel(before))
+        log.setLevel(level)
 
     def _set_env(self, name: str, value: str) -> None:
         """``$name`` is ``value`` for the session's life (Ray's processes inherit it)."""
@@ -170,7 +188,7 @@ class RayBenchSession:
 
         if self.http_port:
             return
-        logging.getLogger("ray.serve").setLevel(logging.WARNING)
+        self._set_level("ray.serve", logging.WARNING)
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             port = probe.getsockname()[1]

@@ -20,7 +20,6 @@ from rich.text import Text
 from ray_triton_shm._bench._config import (
     CHURN,
     CHURN_KILL_EVERY_S,
-    DATA_JOB_BATCHES,
     DATA_JOB_ROUNDS,
     ELASTIC,
     NODE_LOAD,
@@ -608,7 +607,7 @@ def _print_full(results: BenchResults, console: Console) -> None:
         f"gRPC's in the same topology; fairness = the fewest requests a caller completed over "
         f"the mean; wait p99 = among requests that waited for a slot. {cfg.rounds} interleaved "
         f"rounds x {num(cfg.slice_s)} s per run (Serve over HTTP by several clients: "
-        f"{num(cfg.slice_s * 3)} s; Ray Data: a job of {DATA_JOB_BATCHES} batches in each of "
+        f"{num(cfg.slice_s * 3)} s; Ray Data: a job of {cfg.data_job_batches} batches in each of "
         f"{min(cfg.rounds, DATA_JOB_ROUNDS)}); Serve and Ray Data: "
         f"{cfg.ray_callers} callers; "
         f"server: {results.server}; total {num(results.duration_s)} s.\n",

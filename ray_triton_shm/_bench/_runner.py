@@ -412,7 +412,9 @@ def run_bench(config: BenchConfig, *, progress: Progress | None = None) -> Bench
             session = None
             if any(issubclass(PATHS[name], RayPath) for name in config.paths):
                 progress.stage("starting Ray")
-                session = stack.enter_context(RayBenchSession(target))
+                session = stack.enter_context(
+                    RayBenchSession(target, data_job_batches=config.data_job_batches)
+                )
             for name in config.models:
                 models.append(ModelResult(name))
                 # A restart gives the embedded server a new process (its CPU is measured).

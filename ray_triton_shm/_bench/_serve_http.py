@@ -41,6 +41,8 @@ __all__ = ["APP_CASES", "BODIES", "PATHS", "REPLICAS", "app_stage_times", "deplo
 
 #: Distinct request bodies per run.
 BODIES = 4
+#: How often a deleted app's replica checks whether it is idle, to end (Serve's default: 2 s).
+_IDLE_CHECK_S = 0.1
 #: The top-k the app answers (its default).
 TOP_K = 5
 
@@ -265,7 +267,8 @@ def merge_stage_times(answers: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 def deploy_app(session: RayBenchSession, backend: str) -> tuple[str, Any]:
     """The route and handle of the example app (``deployments/classifier.py``) with its
     model ``backend``, as it ships but for its replicas (``REPLICAS``, asking for no CPU
-    so that the three fit beside each other), run on first use."""
+    so that the three fit beside each other, and ending as soon as they are idle: nothing is
+    in flight when the bench deletes them), run on first use."""
     import importlib
 
     from ray import serve
@@ -278,6 +281,7 @@ def deploy_app(session: RayBenchSession, backend: str) -> tuple[str, Any]:
             name=f"classifier-{backend}",
             num_replicas=REPLICAS,
             ray_actor_options={"num_cpus": 0},
+            graceful_shutdown_wait_loop_s=_IDLE_CHECK_S,
         ).bind(backend=backend, url=session.target.grpc_url)
         route = f"/classify-{backend}"
         handle = serve.run(app, name=f"{SERVE_APP}-app-{backend}", route_prefix=route)
