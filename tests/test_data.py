@@ -196,10 +196,32 @@ def test_bad_column_mappings_fail_clearly(ray_cluster: str) -> None:
         predictor([images])  # type: ignore[arg-type]
     predictor._model.close()
 
-    # Inside a pipeline the same error reaches the driver.
-    ds = ray.data.range(4).map_batches(add_images, batch_format="numpy")
-    with pytest.raises(Exception, match="which the batch does not have"):
-        _predict(ds, input_columns={"image": "INPUT0"}).take_all()
+    # Inside a pipeline the same error reaches the driver. A driver of its own: the failed
+    # job's traceback keeps its predictor actors alive as long as its driver keeps the error.
+    driver = subprocess.run(
+        [sys.executable, "-c", _FAILING_PIPELINE, ray_cluster],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(Path(__file__).parent)])},
+        timeout=180,
+    )
+    assert driver.returncode == 0, driver.stdout + driver.stderr
+    assert "which the batch does not have" in driver.stdout
+
+
+_FAILING_PIPELINE = """
+import sys
+import ray
+import test_data
+ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
+ds = ray.data.range(4).map_batches(test_data.add_images, batch_format="numpy")
+try:
+    test_data._predict(ds, input_columns={"image": "INPUT0"}).take_all()
+except Exception as exc:
+    print(exc)
+else:
+    sys.exit("the pipeline did not fail")
+"""
 
 
 def test_batch_predict_script(ray_cluster: str, triton: LocalTritonServer, tmp_path: Path) -> None:

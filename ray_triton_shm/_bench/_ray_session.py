@@ -28,7 +28,7 @@ else:
     _NO_RAY = None
 
 __all__ = ["RECONNECT_ENV_VAR", "SERVE_APP", "RayBenchSession", "RayPath", "example_app_root"]
-__all__ += ["process_cpu_s", "reconnect_timeout_s"]
+__all__ += ["end_handle", "process_cpu_s", "reconnect_timeout_s"]
 
 #: The prefix of the names of the Serve apps the bench runs.
 SERVE_APP = "ray-triton-shm-bench"
@@ -59,6 +59,12 @@ def process_cpu_s(pid: int) -> float:
             except (OSError, ValueError, IndexError):
                 continue  # the thread ended meanwhile
     return total_ns / 1e9
+
+
+def end_handle(handle: Any) -> None:
+    """Stops a Serve handle's router (best effort: Serve may be gone already)."""
+    with contextlib.suppress(Exception):
+        handle.shutdown()
 
 
 def example_app_root() -> Path | None:
@@ -199,7 +205,15 @@ class RayBenchSession:
         )
         if not self._owns_ray:  # else the Ray it ends takes Serve with it, seconds sooner
             self._undo.append(serve.shutdown)
+        self._undo.append(self._end_handles)
         self.http_port = port
+
+    def _end_handles(self) -> None:
+        """Stops the routers of the Serve handles the paths kept: they would go on asking
+        Serve's controller for changes after Ray ends, and start a Ray of their own to ask."""
+        while self.apps:
+            _, kept = self.apps.popitem()
+            end_handle(kept[1] if isinstance(kept, tuple) else kept)
 
     def node_actor(self) -> Any:
         """This node's actor (``ValueError`` if there is none)."""

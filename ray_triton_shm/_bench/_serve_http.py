@@ -31,6 +31,7 @@ from ray_triton_shm._bench._ray_session import (
     SERVE_APP,
     RayBenchSession,
     RayPath,
+    end_handle,
     example_app_root,
     process_cpu_s,
 )
@@ -293,7 +294,9 @@ def drop_app(session: RayBenchSession, backend: str) -> None:
     """Deletes the example app with ``backend``, if it runs."""
     from ray import serve
 
-    if session.apps.pop(f"http-{backend}", None) is not None:
+    kept = session.apps.pop(f"http-{backend}", None)
+    if kept is not None:
+        end_handle(kept[1])
         with contextlib.suppress(Exception):
             serve.delete(f"{SERVE_APP}-app-{backend}")
 
