@@ -14,14 +14,23 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
-from _helpers import ADMIN, INFER, READ, free_ports, our_regions, registered_on, start_cluster
-from conftest import MODEL_REPOSITORIES
+from _helpers import (
+    ADMIN,
+    INFER,
+    READ,
+    free_ports,
+    model_repository,
+    our_regions,
+    registered_on,
+    start_cluster,
+)
 
 from ray_triton_shm._keys import env_var_for
 from ray_triton_shm.local._server import LocalTritonServer
@@ -107,15 +116,22 @@ def odd_triton(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Local
         reason = None
     if reason:
         pytest.skip(reason)
+    # One model, not every one: the checks need none, and it starts in a third of the time.
+    # Outside tmp_path, which another uid cannot enter.
+    repository = Path(tempfile.mkdtemp(prefix="rtshm-test-odd-"))
+    repository.chmod(0o755)
     server = LocalTritonServer(
-        list(MODEL_REPOSITORIES), launcher=launcher, log_path=tmp_path / "tritonserver.log"
+        model_repository(repository, "identity"),
+        launcher=launcher,
+        log_path=tmp_path / "tritonserver.log",
     )
-    server.start()
     try:
+        server.start()
         yield server
     finally:
         server.kill()  # its graceful end is test_server.py's
         server.close()
+        shutil.rmtree(repository)
 
 
 def test_a_healthy_node_passes_every_check_and_leaves_nothing(
