@@ -114,7 +114,9 @@ def fresh_triton(tmp_path: Path) -> Iterator[LocalTritonServer]:
     server = LocalTritonServer(
         model_repository(tmp_path / "models", *FRESH_MODELS),
         log_path=tmp_path / "tritonserver.log",
-        stop_grace_s=5.0,
+        # Triton's exit timeout is a second less: unloading delay_echo's 4 instances takes it
+        # ~5 s, so every graceful stop would wait that long for the stub processes.
+        stop_grace_s=2.0,
     )
     server.start()
     try:
