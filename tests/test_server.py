@@ -265,6 +265,48 @@ def test_two_servers_at_once(triton: LocalTritonServer, tmp_path: Path) -> None:
     assert triton.is_running
 
 
+_COMPLETES_ITS_CONFIG = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(config):
+        config.add_input({"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [4]})
+        config.add_output({"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [4]})
+        return config
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x)]))
+        return responses
+"""
+
+
+def _argv(pid: int | None) -> list[str]:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+
+
+def test_auto_complete_runs_only_where_a_model_needs_it(
+    triton: LocalTritonServer, tmp_path: Path
+) -> None:
+    # Every model of the session's server has its whole config: no auto-complete, whose stub
+    # process per model costs a second at each load.
+    assert "--disable-auto-complete-config" in _argv(triton.pid)
+    repo = _one_model_repo(tmp_path)
+    model = repo / "completes"
+    (model / "1").mkdir(parents=True)
+    (model / "config.pbtxt").write_text('backend: "python"\nmax_batch_size: 8\n')
+    (model / "1" / "model.py").write_text(_COMPLETES_ITS_CONFIG)
+    with LocalTritonServer(repo, log_path=tmp_path / "t.log") as server:
+        assert "--disable-auto-complete-config" not in _argv(server.pid)
+        x = np.arange(8, dtype=np.float32).reshape(2, 4)
+        out = _infer(server.grpc_url, "completes", {"INPUT0": x}, ["OUTPUT0"])["OUTPUT0"]
+        np.testing.assert_array_equal(out, x)
+
+
 def test_context_manager_and_close(tmp_path: Path) -> None:
     server = LocalTritonServer(_one_model_repo(tmp_path), log_path=tmp_path / "t.log")
     with server as s:

@@ -21,6 +21,7 @@ __all__ = [
     "available_backends",
     "container_command",
     "model_backends",
+    "needs_auto_complete",
     "read_config",
     "unsupported_message",
 ]
@@ -159,6 +160,31 @@ def model_backends(repository: Path) -> list[ModelBackend]:
         for p in sorted(repository.iterdir())
         if p.is_dir()
     ]
+
+
+def needs_auto_complete(repositories: Iterable[Path]) -> bool:
+    """Whether a model of ``repositories`` needs Triton's auto-complete: one without a
+    ``config.pbtxt``, on a backend other than Python (or none said), or whose Python code
+    defines ``auto_complete_config``.
+
+    For the others it changes nothing, yet costs a stub process per Python model at each
+    load (about a second each).
+
+    Args:
+        repositories: The model repositories Triton is to serve.
+
+    Returns:
+        ``False`` when ``--disable-auto-complete-config`` changes nothing of their configs.
+    """
+    for repository in repositories:
+        for model in model_backends(repository):
+            if model.backend != "python" or read_config(model.directory) is None:
+                return True
+            for version in _version_dirs(model.directory):
+                for code in version.glob("*.py"):
+                    if "auto_complete_config" in code.read_text(errors="replace"):
+                        return True
+    return False
 
 
 def available_backends(backend_directory: Path) -> tuple[str, ...]:

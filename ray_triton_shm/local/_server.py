@@ -32,7 +32,12 @@ from .._exceptions import LocalServerError
 from ._crashes import RestartPolicy, ServerCrash, ServerEvent, crash_reason
 from ._install import TritonServerInstall, find_tritonserver
 from ._onnx import onnx_via_python_repository
-from ._repository import available_backends, model_backends, unsupported_message
+from ._repository import (
+    available_backends,
+    model_backends,
+    needs_auto_complete,
+    unsupported_message,
+)
 
 __all__ = ["EXAMPLE_MODEL_REPOSITORY", "KEPT_LOG_DIR", "RESTRICTABLE_PROTOCOLS"]
 __all__ += ["LocalServerError", "LocalTritonServer", "ServerCrash", "ServerEvent", "log_tail"]
@@ -371,6 +376,12 @@ class LocalTritonServer:
             setup-server --with onnxruntime``): the embedded server has no ONNX backend.
             Inputs, outputs and ``max_batch_size`` come from the model's ``config.pbtxt``
             where it says them, else from the ONNX graph.
+        auto_complete_config: Triton's auto-complete of model configs. ``None``: on only
+            where a model needs it (:func:`needs_auto_complete`, read at each start: a model
+            with no ``config.pbtxt``, not on the Python backend, or defining
+            ``auto_complete_config``), since it costs every Python model a stub process at
+            each load, about a second. Say ``True`` where such a model is added to a running
+            server (``--model-control-mode=poll|explicit``).
 
     """
 
@@ -399,6 +410,7 @@ class LocalTritonServer:
         crash_window_s: float = 60.0,
         on_event: Callable[[ServerEvent], None] | None = None,
         onnx_via_python: bool = False,
+        auto_complete_config: bool | None = None,
     ) -> None:
         if model_repository is None:
             repos = [EXAMPLE_MODEL_REPOSITORY]
@@ -411,6 +423,8 @@ class LocalTritonServer:
         self._model_repositories = tuple(p.expanduser().absolute() for p in repos)
         self._served_repositories = self._model_repositories
         self._onnx_via_python = bool(onnx_via_python)
+        self._auto_complete_config = auto_complete_config
+        self._auto_complete = True
         self._host = host
         self._ports_fixed = {
             "grpc": grpc_port is not None,
@@ -623,6 +637,11 @@ class LocalTritonServer:
             self._backend_prepared = True
         self._served_repositories = self._repositories_to_serve()
         self._check_backends()
+        self._auto_complete = (
+            needs_auto_complete(self._served_repositories)
+            if self._auto_complete_config is None
+            else self._auto_complete_config
+        )
 
     def _repositories_to_serve(self) -> tuple[Path, ...]:
         """The repositories as asked for, or with their ONNX models served through the
@@ -944,6 +963,8 @@ class LocalTritonServer:
             f"--backend-config=python,shm-growth-byte-size={self._python_shm_growth_byte_size}",
             f"--backend-config=python,shm-region-prefix-name={self._shm_prefix}",
         ]
+        if not self._auto_complete:
+            args.append("--disable-auto-complete-config")
         for protocols, key, value in self._restrictions:
             restriction = f"{','.join(protocols)}:{key}={value}"
             args.append(f"--grpc-restricted-protocol={restriction}")

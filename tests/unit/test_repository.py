@@ -13,6 +13,7 @@ from ray_triton_shm.local._repository import (
     container_command,
     model_backend,
     model_backends,
+    needs_auto_complete,
     unsupported_message,
 )
 
@@ -78,6 +79,22 @@ def test_an_ensemble_or_an_empty_model_needs_no_backend(tmp_path: Path) -> None:
 def test_the_example_models_are_all_python() -> None:
     models = model_backends(EXAMPLE_MODEL_REPOSITORY)
     assert models and {m.backend for m in models} == {"python"}
+
+
+def test_auto_complete_is_needed_only_where_it_would_change_a_config(tmp_path: Path) -> None:
+    python = 'backend: "python"\nmax_batch_size: 8\n'
+    complete = tmp_path / "complete"
+    _model(complete, "a", python, "model.py")
+    _model(complete, "b", python, "model.py")
+    assert not needs_auto_complete([complete, EXAMPLE_MODEL_REPOSITORY])
+    # A model.py that completes its own config.
+    completes = _model(tmp_path / "completes", "c", python, "model.py")
+    (completes / "1" / "model.py").write_text("def auto_complete_config(config):\n")
+    # No config at all; another backend, whose file gives inputs and outputs.
+    _model(tmp_path / "bare", "d", None, "model.py")
+    _model(tmp_path / "onnx", "e", 'platform: "onnxruntime_onnx"\n', "model.onnx")
+    for repository in ("completes", "bare", "onnx"):
+        assert needs_auto_complete([complete, tmp_path / repository]), repository
 
 
 def test_a_linked_model_is_named_by_its_link(tmp_path: Path) -> None:
