@@ -1,8 +1,8 @@
 """One Ray worker node as a host of its own, for the multi-node tests: run under
 ``unshare --mount --propagation private``, it mounts a tmpfs of its own at ``/dev/shm``,
 starts its own Triton there (unless ``--url`` names another), then joins the Ray cluster with
-``ray start --block``. SIGTERM stops Ray, then Triton; the namespace, and its ``/dev/shm``,
-go with the last process.
+``ray start --block``. SIGTERM stops Ray, then kills Triton; the namespace, and its
+``/dev/shm``, go with the last process.
 
 Usage: python tests/_host.py --name node_a --head 127.0.0.1:6379 --grpc-port 18001 ...
 """
@@ -79,6 +79,7 @@ def main() -> int:
     except subprocess.TimeoutExpired:
         ray.kill()
     if server is not None:
+        server.kill()  # nobody waits on its graceful end (test_server.py's): seconds sooner
         server.close()
     return 0
 
