@@ -338,11 +338,12 @@ def test_python_examples_run(
 
 
 def _delete_serve_apps() -> None:
-    """Deletes the Serve apps a page made: the next page's replicas get the CPUs."""
+    """Deletes the Serve apps a page made: the next page's replicas get the CPUs (once their
+    graceful ends, seconds each, are over: nobody waits on them here)."""
     from ray import serve
 
     for name in serve.status().applications:
-        serve.delete(name)
+        serve.delete(name, _blocking=False)
 
 
 BASH_BLOCKS = [b for b in ALL_BLOCKS if b.runs and b.lang == "bash"]

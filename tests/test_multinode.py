@@ -292,7 +292,7 @@ def test_a_serve_app_with_a_replica_per_node_behind_one_proxy(cluster: dict[str,
         assert answer["echo_ok"] and answer["zero_copy"], answer
         assert answer["who"] == [port_of[answer["node"]]], answer
         seen[answer["node"]] = seen.get(answer["node"], 0) + 1
-    serve.delete("who")
+    serve.delete("who", _blocking=False)  # its replicas' graceful end: seconds, not waited on
     assert len(seen) == 2, seen  # one replica on each node, each on its own Triton
 
 

@@ -231,7 +231,7 @@ def test_the_grpc_and_noop_backends_answer_like_the_app(classifier_url: str) -> 
         assert 0 < inner <= stages["request"]["seconds"]
         assert handles["grpc"].stage_times.remote().result()["stages"] == {}  # reset
     finally:
-        for backend in handles:
-            serve.delete(f"classifier-{backend}")
+        for backend in handles:  # their replicas' graceful ends, seconds each, not waited on
+            serve.delete(f"classifier-{backend}", _blocking=False)
     with pytest.raises(ValueError, match="backend must be one of"):
         ClassifierDeployment.func_or_class(backend="carrier-pigeon")
