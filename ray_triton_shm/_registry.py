@@ -567,6 +567,22 @@ class Registry:
         assert pool.sizing is not None  # a pool this client owns
         return self._replace(pool, spec, pool.sizing, registration)
 
+    def follow_change(
+        self, pool: ModelPool, *, since: float, cause: TritonServerError, proven: bool
+    ) -> ModelPool | None:
+        """:meth:`follow` after a call failed in a way a change of the model explains; where
+        it proves the change (``proven``), Triton's config is read again until it shows it,
+        for a while Triton reloads a model its config may still read as before. Internal API
+        for the Ray node actor too.
+
+        Returns:
+            The pool to use now, or ``None`` if the model did not change.
+        """
+        newer = self.follow(pool, since=since, cause=cause)
+        if newer is None and proven:
+            newer = self._catch_up(pool, cause)
+        return newer
+
     def _catch_up(self, pool: ModelPool, cause: TritonServerError) -> ModelPool | None:
         """The pool of the model's new config, read again until it differs from ``pool``'s
         (``None``: it did not within :data:`_CONFIG_CATCH_UP_S`)."""
@@ -600,9 +616,7 @@ class Registry:
             newer = self.follow(pool, since=time.monotonic() - _INPUT_RECHECK_S)
         else:
             assert isinstance(exc, SuspectedChange)
-            newer = self.follow(pool, since=started, cause=exc.error)
-            if newer is None and exc.proven:
-                newer = self._catch_up(pool, exc.error)
+            newer = self.follow_change(pool, since=started, cause=exc.error, proven=exc.proven)
             if newer is not None and exc.executed and options is not None and options.is_sequence:
                 raise exc.error  # Triton ran this step: sending it again would apply it twice
         if newer is None:

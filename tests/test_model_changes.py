@@ -21,6 +21,7 @@ from ray_triton_shm import (
     LocalTritonServer,
     ModelChangedError,
     ModelNotLoadedError,
+    TritonServerError,
     TritonSHMClient,
 )
 from ray_triton_shm._bench._update import MODEL_TEMPLATE
@@ -225,6 +226,40 @@ def test_what_proves_a_change_waits_for_the_config_to_catch_up(
         x = inputs_for(CHANGES[case], seed=2)
         check(client.infer_shm("changing", {"INPUT0": x}), x, CHANGES[case])
         assert len(reads) == 4 and registry_of(client).get("changing").generation == 1
+
+
+def test_the_node_actor_reads_the_config_until_it_shows_a_proven_change(
+    explicit: tuple[LocalTritonServer, Repository],
+    changing: Callable[[str], None],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same in the Ray layer (the rolling update through Serve below met it): a process
+    whose call Triton answered from the new config asks its node actor, which reads the config
+    until it shows the change; without that proof, one read says nothing changed."""
+    from ray_triton_shm._channel import Channel
+    from ray_triton_shm.ray._actor import NodeActorConfig, TritonNodeActor
+
+    server, _ = explicit
+    node = TritonNodeActor(NodeActorConfig(url=server.grpc_url, config_check_interval_s=None))
+    try:
+        registered = node.register("changing", pool_size=2)
+        load, reads = Channel.model_config, []
+        stale = load(registry_of(node._client)._triton, "changing", "")
+
+        def lagging(channel: Channel, name: str, version: str) -> Any:
+            reads.append(name)
+            return stale if len(reads) <= 3 else load(channel, name, version)
+
+        monkeypatch.setattr(Channel, "model_config", lagging)
+        changing(CHANGES["output grown past the slot"])
+        unproven = node.follow("changing", registered.incarnation, registered.generation)
+        assert unproven.generation == registered.generation and len(reads) == 1
+        proof = TritonServerError("answered outputs that do not fit", model="changing")
+        followed = node.follow("changing", registered.incarnation, registered.generation, proof)
+        assert followed.generation == registered.generation + 1 and len(reads) == 4
+        assert followed.spec.outputs[0].shape == (32,)
+    finally:
+        node.shutdown()
 
 
 def test_a_new_version_with_the_same_io_works_at_once(

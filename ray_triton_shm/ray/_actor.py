@@ -45,7 +45,7 @@ from tritonclient.utils import InferenceServerException
 from .._client import TritonSHMClient, registry_of
 from .._defaults import DEFAULT_RECONNECT_TIMEOUT_S, DEFAULT_URL, URL_ENV_VAR
 from .._engine import ModelPool
-from .._exceptions import ModelSpecError, StaleLeaseError, TritonSHMError
+from .._exceptions import ModelSpecError, StaleLeaseError, TritonServerError, TritonSHMError
 from .._header import RegionHeader
 from .._keys import Keys
 from .._reclaim import reclaim_regions
@@ -342,14 +342,22 @@ class TritonNodeActor:
         return self._registration(self._pools.get(model_name))
 
     @ray.method(concurrency_group="control")
-    def follow(self, model_name: str, incarnation: str, generation: int) -> ModelRegistration:
+    def follow(
+        self,
+        model_name: str,
+        incarnation: str,
+        generation: int,
+        cause: TritonServerError | None = None,
+    ) -> ModelRegistration:
         """The model's current registration, after a process found its layout of generation
         ``generation`` refused or answered in a way a change of the model explains.
 
         Reads Triton's config of the model unless the pool already moved past ``generation``
         (so a change costs one read per node, however many processes run into it) and lays
         the pool out anew if the model changed; the registration returned is then of a newer
-        generation.
+        generation. ``cause``, what the process ran into, given where it proves the change
+        (an answer that fits no spec): the config is read until it shows the change, as a
+        client does for its own pools.
 
         Raises:
             StaleLeaseError: ``incarnation`` is not this actor's (it restarted).
@@ -360,7 +368,11 @@ class TritonNodeActor:
         pool = self._pools.get(model_name)
         if pool.generation == generation:
             # Read now, whenever the last check was: the caller's refusal may be newer.
-            pool = self._pools.follow(pool, since=time.monotonic()) or pool
+            now = time.monotonic()
+            if cause is None:
+                pool = self._pools.follow(pool, since=now) or pool
+            else:
+                pool = self._pools.follow_change(pool, since=now, cause=cause, proven=True) or pool
         return self._registration(pool)
 
     @ray.method(concurrency_group="control")
@@ -552,20 +564,21 @@ def _node_slot_stats(pool: ModelPool) -> NodeSlotStats:
 def _object_store_in_shm(node_id: str) -> int:
     """The bytes Ray's object store on ``node_id`` may take of ``/dev/shm``: all of its
     ``object_store_memory`` where that fits there (Ray then keeps it there), else none."""
+    if not ray.is_initialized():  # a plain object outside Ray (tests): asking would start one
+        return 0
     try:
         node = next(n for n in ray.nodes() if n.get("NodeID") == node_id)
         store = int(node.get("Resources", {}).get("object_store_memory", 0))
-    except Exception:  # outside Ray (tests), or the GCS did not answer: no reservation
+    except Exception:  # the GCS did not answer: no reservation
         return 0
     space = shm_space()
     return store if space is not None and store <= space[1] else 0
 
 
 def _current_node_id() -> str:
-    try:
-        return ray.get_runtime_context().get_node_id()
-    except Exception:  # plain object outside Ray (tests)
+    if not ray.is_initialized():  # a plain object outside Ray (tests)
         return "local"
+    return ray.get_runtime_context().get_node_id()
 
 
 def find_node_actor(node_id: str | None = None) -> Any | None:

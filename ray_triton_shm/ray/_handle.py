@@ -428,10 +428,11 @@ class ShmModel:
             self._input_checked_at = now
         actor, name = binding.actor, self.model_name
         incarnation, generation = binding.registration.incarnation, binding.registration.generation
-        registration: ModelRegistration = control_call(
-            lambda: get(actor.follow.remote(name, incarnation, generation))
-        )
         plain = surfaced(exc)
+        proof = exc.error if isinstance(exc, SuspectedChange) and exc.proven else None
+        registration: ModelRegistration = control_call(
+            lambda: get(actor.follow.remote(name, incarnation, generation, proof))
+        )
         if registration.generation == generation:
             raise plain
         if isinstance(exc, SuspectedChange) and exc.executed and options.get("sequence_id"):
