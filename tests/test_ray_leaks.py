@@ -295,7 +295,7 @@ def test_callers_ending_mid_call_never_restart_the_node_actor(
     actor = node_actor_factory(slots=4)
     incarnation = ray.get(actor.stats.remote()).incarnation
     ended = []
-    for _ in range(3):
+    for _ in range(2):
         callers = [_LoopingCaller.remote(), _LoopingCaller.remote()]
         graceful, killed = callers
         for caller in callers:

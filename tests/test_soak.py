@@ -17,7 +17,7 @@ SIGKILL of Ray caller processes mid-request (each replaced), and, once each in t
 Triton restart and a node actor kill (Ray restarts it). Errors those faults explain are counted
 by kind; any other error fails the test.
 
-Runs 45 s; ``pytest tests/test_soak.py --soak-s=600`` runs it longer.
+Runs 25 s; ``pytest tests/test_soak.py --soak-s=600`` runs it longer.
 """
 
 from __future__ import annotations
