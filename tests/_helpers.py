@@ -156,6 +156,24 @@ def _kill_ray_children() -> None:
                 os.kill(pid, signal.SIGKILL)
 
 
+def identity_job(ds: Any, max_shapes: Any, **options: Any) -> Any:
+    """Ray Data ``ds`` through ``ShmPredictor`` on the ``identity`` model: batches of 8 on a
+    pool of 2 predictor actors, with ``map_batches``' other ``options``."""
+    import ray
+
+    from ray_triton_shm.ray import ShmPredictor
+
+    return ds.map_batches(
+        ShmPredictor,
+        fn_constructor_kwargs={"model_name": "identity", "max_shapes": max_shapes},
+        batch_size=8,
+        batch_format="numpy",
+        compute=ray.data.ActorPoolStrategy(size=2),
+        num_cpus=0,
+        **options,
+    )
+
+
 def end_node_actor() -> None:
     """Shuts down and kills this node's actor of the connected Ray, if it has one (a later
     ``get_node_actor`` then makes a new one)."""

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import ray
 import tritonclient.grpc as grpcclient
-from _helpers import our_regions, wait_for
+from _helpers import identity_job, our_regions, wait_for
 from ray import cloudpickle
 
 from ray_triton_shm import OverloadedError
@@ -290,8 +290,6 @@ def test_callers_ending_mid_call_never_restart_the_node_actor(
     """Rounds of callers ending with calls in flight: gracefully (``__ray_terminate__``, as
     Serve downscaling does), killed (``ray.kill``), and a Ray Data job ending its worker pool.
     The actor's incarnation never changes and every slot comes back."""
-    from ray_triton_shm.ray import ShmPredictor
-
     actor = node_actor_factory(slots=4)
     incarnation = ray.get(actor.stats.remote()).incarnation
     ended = []
@@ -313,15 +311,7 @@ def test_callers_ending_mid_call_never_restart_the_node_actor(
     ds = ray.data.range(64, override_num_blocks=8).map_batches(
         lambda b: {"INPUT0": np.ones((len(b["id"]), 16), np.float32)}, batch_size=8
     )
-    rows = ds.map_batches(
-        ShmPredictor,
-        fn_constructor_kwargs={"model_name": "identity", "max_shapes": IDENTITY_SHAPES},
-        batch_size=8,
-        batch_format="numpy",
-        compute=ray.data.ActorPoolStrategy(size=2),
-        num_cpus=0,
-    ).count()
-    assert rows == 64
+    assert identity_job(ds, IDENTITY_SHAPES).count() == 64
     assert ray.get(actor.stats.remote()).incarnation == incarnation
     for caller in ended:  # a terminate waits behind the endless call: end them for good
         ray.kill(caller)

@@ -12,12 +12,19 @@ from typing import Any
 import numpy as np
 import pytest
 import ray
-from _helpers import ADMIN, INFER, READ, model_repository, self_signed_certificate
+from _helpers import (
+    ADMIN,
+    INFER,
+    READ,
+    identity_job,
+    model_repository,
+    self_signed_certificate,
+)
 
 from ray_triton_shm import AccessDeniedError
 from ray_triton_shm._shm import list_local_regions
 from ray_triton_shm.local import LocalTritonServer
-from ray_triton_shm.ray import ShmModel, ShmPredictor, get_node_actor
+from ray_triton_shm.ray import ShmModel, get_node_actor
 from ray_triton_shm.ray._actor import NodeActorConfig
 
 SHAPES = {"INPUT0": (16,), "OUTPUT0": (16,)}
@@ -148,15 +155,7 @@ def test_a_ray_data_job_with_keys_from_the_environment(
     ds = ray.data.range(32, override_num_blocks=4).map_batches(
         lambda b: {"INPUT0": np.repeat(b["id"][:, None], 16, axis=1).astype(np.float32)}
     )
-    out = ds.map_batches(
-        ShmPredictor,
-        fn_constructor_kwargs={"model_name": "identity", "max_shapes": SHAPES},
-        batch_size=8,
-        batch_format="numpy",
-        compute=ray.data.ActorPoolStrategy(size=2),
-        num_cpus=0,
-        runtime_env={"env_vars": env},
-    ).take_all()
+    out = identity_job(ds, SHAPES, runtime_env={"env_vars": env}).take_all()
     assert sorted(int(row["OUTPUT0"][0]) for row in out) == list(range(32))
 
 
