@@ -1,6 +1,12 @@
-"""One call's gRPC side: how the steps of a call (see :mod:`._engine`) are carried out, blocking
-or on an event loop, with the call's keys, deadline and reconnect budget, and where the call
-goes on when its pool stops it.
+"""One call's transport side: how the steps of a call (see :mod:`._engine`) are carried out,
+blocking or on an event loop, with the call's keys, deadline and reconnect budget, and where
+the call goes on when its pool stops it.
+
+A one-chunk call goes over Triton's HTTP endpoint where the client has proven one (see
+:meth:`._channel.Channel.prove_http`): blocking when it has no deadline, as an asyncio task
+(which lives on, and frees the slot, if its caller gives up) on an event loop. Everything
+else (several chunks, a blocking call with a deadline, a request sent again) is a gRPC
+future.
 
 An inference call and a slot lease (see :mod:`._lease`) run the same steps, so they share one
 :class:`Call`.
@@ -11,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from typing import Any
 
 import grpc
@@ -20,6 +26,7 @@ from ._channel import Channel
 from ._engine import ModelPool, Step, Steps, run
 from ._exceptions import AccessDeniedError, InvalidInputError
 from ._gpu_tensors import OUTPUT_KINDS
+from ._http import Answer, HttpResponse, grpc_answer
 from ._inputs import InputValue, prepare_batch
 from ._moves import Moves
 from ._options import RequestOptions, select_outputs
@@ -30,7 +37,7 @@ __all__ = ["Call"]
 
 
 class Call:
-    """The gRPC side of one call of a model's pool.
+    """The transport side of one call of a model's pool.
 
     Args:
         triton: The way to Triton.
@@ -156,10 +163,16 @@ class Call:
             case Step.ANSWER:
                 if arg.call is None:
                     if timeout_s is None:
-                        return self.triton.stub.ModelInfer(arg.request, metadata=self._metadata)
+                        http, requests = self.triton.http, arg.pool.requests
+                        body = None if http is None else requests.body(arg.slot, arg.request)
+                        if body is not None:
+                            assert http is not None
+                            return http.exchange(requests.path, body, self._metadata).answer()
+                        call = self.triton.stub.ModelInfer
+                        return grpc_answer(call(arg.request, metadata=self._metadata))
                     self._send(arg)
                 try:
-                    return arg.call.result(arg.time_left(timeout_s))
+                    return grpc_answer(arg.call.result(arg.time_left(timeout_s)))
                 except grpc.FutureTimeoutError:
                     raise arg.deadline_exceeded(timeout_s) from None
             case Step.SLOT:
@@ -184,10 +197,23 @@ class Call:
         match step:
             case Step.ANSWER:
                 if arg.call is None:
-                    self._send(arg)
-                answer = as_asyncio_future(arg.call, loop)
+                    http, requests = self.triton.http, arg.pool.requests
+                    body = None if http is None else requests.body(arg.slot, arg.request)
+                    if body is not None:
+                        assert http is not None
+                        exchange = http.exchange_async(requests.path, body, self._metadata)
+                        arg.call = loop.create_task(_answer_of(exchange))
+                    else:
+                        self._send(arg)
+                if isinstance(arg.call, asyncio.Future):  # over HTTP: lives on if given up
+                    try:
+                        answer = asyncio.shield(arg.call)
+                        return await asyncio.wait_for(answer, arg.time_left(timeout_s))
+                    except asyncio.TimeoutError:
+                        raise arg.deadline_exceeded(timeout_s) from None
                 try:
-                    return await asyncio.wait_for(answer, arg.time_left(timeout_s))
+                    response = as_asyncio_future(arg.call, loop)
+                    return grpc_answer(await asyncio.wait_for(response, arg.time_left(timeout_s)))
                 except asyncio.TimeoutError:
                     raise arg.deadline_exceeded(timeout_s) from None
             case Step.SLOT:
@@ -200,9 +226,20 @@ class Call:
                 await asyncio.to_thread(self.pools.reregister, arg.pool, arg.epoch, self._reconnect)
             case Step.SETTLE:
                 if arg.call is not None:
-                    answer = as_asyncio_future(arg.call, loop)
-                    await asyncio.wait([answer], timeout=arg.time_left(timeout_s))
+                    call = arg.call
+                    done = (
+                        call if isinstance(call, asyncio.Future) else as_asyncio_future(call, loop)
+                    )
+                    await asyncio.wait([done], timeout=arg.time_left(timeout_s))
         return None
 
     def _send(self, chunk: Any) -> None:
+        """Sends a chunk's request as a gRPC future (the way of multi-chunk calls, requests
+        with a deadline, and requests sent again)."""
         chunk.call = self.triton.stub.ModelInfer.future(chunk.request, metadata=self._metadata)
+
+
+async def _answer_of(exchange: Coroutine[Any, Any, HttpResponse]) -> Answer:
+    """The answer of an exchange over HTTP, or its error (as a task's result, which the
+    slot's release awaits even after its caller gave up)."""
+    return (await exchange).answer()

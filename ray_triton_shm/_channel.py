@@ -9,6 +9,7 @@ and its calls (:mod:`._calls`) reach Triton only through it.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -17,7 +18,8 @@ from google.protobuf.json_format import MessageToJson
 from tritonclient._request import Request
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from ._exceptions import AccessDeniedError
+from ._exceptions import AccessDeniedError, TritonServerError
+from ._http import AUTO, HttpError, HttpRoute, http_url_for, region_status_path
 from ._keys import Keys, Metadata, normalize
 from ._reconnect import Reconnect, channel_options
 from ._tls import ReloadingChannel, TlsFiles, diagnose
@@ -68,6 +70,9 @@ class Channel:
         plain: Whether the channel is plain text (an unreachable Triton may then be one that
             speaks TLS: :func:`._tls.diagnose` says so).
         reconnect_timeout_s: How long a request waits for an unreachable Triton by default.
+        http_url: Triton's HTTP endpoint for inference requests (see :meth:`prove_http`):
+            :data:`~._http.AUTO` for where Triton puts it by default (the port before
+            gRPC's), ``"host:port"``, or ``None`` for gRPC alone.
     """
 
     def __init__(
@@ -79,6 +84,7 @@ class Channel:
         *,
         plain: bool,
         reconnect_timeout_s: float,
+        http_url: str | None = None,
     ) -> None:
         self.url = url
         self.channel = channel
@@ -88,16 +94,100 @@ class Channel:
         self.reconnect_timeout_s = reconnect_timeout_s
         #: tritonclient's plugin, which sees every call's headers last (``register_plugin``).
         self.plugin: Callable[[Request], None] | None = None
+        self._http_url = http_url
+        #: Triton's HTTP endpoint, once proven to be this Triton: inference requests go there.
+        self.http: HttpRoute | None = None
+        #: Which protocol inference requests use, and why (for stats and ``doctor``).
+        self.protocol = "grpc"
+        self.protocol_reason = "HTTP not tried yet" if http_url else "http_url=None"
+        self._http_lock = threading.Lock()
+        self._http_closed = False
+
+    def prove_http(self, region_key: str) -> None:
+        """Sends inference requests over Triton's HTTP endpoint from now on if it proves to be
+        this Triton: it knows ``region_key``, a system shared-memory region just registered
+        over gRPC (no other Triton has a region of that name). Until one such proof, requests
+        stay on gRPC; a TLS channel always does (the HTTP route is plain text).
+
+        Raises:
+            TritonServerError: an ``http_url`` given explicitly is not this Triton's.
+        """
+        if self.http is not None or self._http_url is None or self._http_closed:
+            return
+        explicit = self._http_url != AUTO
+        if not self.plain:
+            reason = "TLS: the HTTP route is plain text, requests stay on gRPC"
+            if explicit:
+                raise TritonServerError(f"http_url={self._http_url!r}: {reason}")
+            self.protocol_reason = reason
+            return
+        url = http_url_for(self.url) if not explicit else self._http_url
+        path = region_status_path(region_key)
+        if path is None:
+            self.protocol_reason = f"region name {region_key!r} does not fit a URL"
+            return
+        route = HttpRoute(url)
+        try:
+            response = route.exchange(path, b"", self.metadata(), method=b"GET")
+        except HttpError as exc:
+            reason = f"no Triton HTTP endpoint at {url} ({exc.details()})"
+        else:
+            if response.status == 200 and region_key.encode() in response.body:
+                with self._http_lock:
+                    adopted = self.http is None and not self._http_closed
+                    if adopted:
+                        self.http = route
+                        self.protocol = "http"
+                        self.protocol_reason = f"Triton's HTTP endpoint {url}, proven the same"
+                if not adopted:
+                    route.close()
+                return
+            detail = response.body.decode(errors="replace").strip()[:200]
+            reason = (
+                f"{url} is not this Triton's HTTP endpoint: it does not know region "
+                f"{region_key!r} (HTTP {response.status}: {detail})"
+            )
+        route.close()
+        if explicit:
+            raise TritonServerError(
+                f"http_url={self._http_url!r}: {reason}. Give Triton's --http-port of the "
+                f"Triton at {self.url}, or http_url=None for gRPC alone",
+                model=None,
+            )
+        self.protocol_reason = reason
+
+    def close_http(self) -> None:
+        """Closes the HTTP route's connections; idempotent."""
+        with self._http_lock:
+            self._http_closed = True
+            route, self.http = self.http, None
+        if route is not None:
+            route.close()
 
     @classmethod
     def replacing(
-        cls, url: str, tls: TlsFiles, channel_args: Any, keys: Keys, *, reconnect_timeout_s: float
+        cls,
+        url: str,
+        tls: TlsFiles,
+        channel_args: Any,
+        keys: Keys,
+        *,
+        reconnect_timeout_s: float,
+        http_url: str | None = None,
     ) -> Channel:
         """A channel that reads ``tls``'s files again when they change (a renewed
         certificate), for the next connections."""
         channel = ReloadingChannel(url, tls, channel_args)
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
-        return cls(url, channel, stub, keys, plain=False, reconnect_timeout_s=reconnect_timeout_s)
+        return cls(
+            url,
+            channel,
+            stub,
+            keys,
+            plain=False,
+            reconnect_timeout_s=reconnect_timeout_s,
+            http_url=http_url,
+        )
 
     def metadata(
         self, headers: Mapping[str, str] | None = None, keys: Metadata | None = None

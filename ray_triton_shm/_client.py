@@ -28,6 +28,7 @@ from ._channel import Channel, tritonclient_options
 from ._defaults import DEFAULT_RECONNECT_TIMEOUT_S, DEFAULT_URL
 from ._engine import drive, drive_async
 from ._exceptions import TritonSHMError
+from ._http import AUTO
 from ._inputs import InputValue
 from ._keys import REDACTED, Keys, Metadata
 from ._lease import SlotLease
@@ -82,6 +83,14 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             request runs into one. See :meth:`register_shm_model`.
         shm_budget_bytes: The most bytes of ``/dev/shm`` this client's pools may hold: pools
             that follow their load grow no further (``None``: 90% of ``/dev/shm``).
+        http_url: Triton's HTTP endpoint, ``host:port``, for the small request that points
+            Triton at a slot (half the cost of a gRPC call in Python). ``"auto"`` (the default)
+            looks where Triton puts it by default, on the port before gRPC's (8000 beside
+            8001), and uses it once it proves to be the same Triton (it knows the region just
+            registered over gRPC); otherwise requests go over gRPC. A given address must prove
+            it, or registration fails saying why. ``None``: gRPC alone. Everything else
+            (registration, readiness, configuration) is gRPC, and a TLS channel stays on
+            gRPC. ``shm_stats()`` says which protocol a model's requests use, and why.
         **kwargs: Passed to :class:`tritonclient.grpc.InferenceServerClient`.
 
     Example:
@@ -102,6 +111,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         reconnect_timeout_s: float = DEFAULT_RECONNECT_TIMEOUT_S,
         config_check_interval_s: float | None = 10.0,
         shm_budget_bytes: int | None = None,
+        http_url: str | None = AUTO,
         **kwargs: Any,
     ) -> None:
         if reconnect_timeout_s < 0:
@@ -117,12 +127,23 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             channel, stub = self._channel, self._client_stub  # type: ignore[has-type]
             plain = options.get("creds") is None
             self._triton = Channel(
-                url, channel, stub, keys, plain=plain, reconnect_timeout_s=reconnect_timeout_s
+                url,
+                channel,
+                stub,
+                keys,
+                plain=plain,
+                reconnect_timeout_s=reconnect_timeout_s,
+                http_url=http_url,
             )
         else:
             self._channel.close()  # type: ignore[has-type]
             self._triton = Channel.replacing(
-                url, tls, options["channel_args"], keys, reconnect_timeout_s=reconnect_timeout_s
+                url,
+                tls,
+                options["channel_args"],
+                keys,
+                reconnect_timeout_s=reconnect_timeout_s,
+                http_url=http_url,
             )
             self._channel, self._client_stub = self._triton.channel, self._triton.stub
         self._pools = Registry(
@@ -518,6 +539,8 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         # tritonclient's __del__ calls close() even when __init__ failed half-way.
         if hasattr(self, "_pools"):
             self._pools.close()
+        if hasattr(self, "_triton"):
+            self._triton.close_http()
         if hasattr(self, "_channel"):
             super().close()
 

@@ -42,6 +42,7 @@ from ._changes import Registration, answer_mismatch
 from ._exceptions import ClientClosedError, TritonServerError, TritonSHMError, error_kind
 from ._gpu_tensors import DeviceOutputs
 from ._header import RegionHeader
+from ._http import Answer
 from ._inputs import Batch
 from ._memory import SlotIO, SlotMemory
 from ._options import RequestOptions
@@ -67,9 +68,11 @@ class Step(enum.Enum):
     SLOT = enum.auto()
     #: A :class:`Chunk` -> ``None``; sends its request without waiting for the answer.
     SEND = enum.auto()
-    #: A :class:`Chunk` -> its response, or the ``grpc.RpcError`` raised, or
-    #: :meth:`Chunk.deadline_exceeded` past its deadline. A chunk not sent yet may be sent as a
-    #: blocking call when it has no deadline (one-chunk calls: less CPU than a gRPC future).
+    #: A :class:`Chunk` -> its :data:`~._http.Answer`, or the ``grpc.RpcError`` raised (an
+    #: :class:`~._http.HttpError` over HTTP), or :meth:`Chunk.deadline_exceeded` past its
+    #: deadline. A chunk not sent yet may be sent as a blocking call when it has no deadline
+    #: (one-chunk calls: less CPU than a gRPC future), over Triton's HTTP endpoint where the
+    #: client has one.
     ANSWER = enum.auto()
     #: The ``grpc.RpcError`` -> ``None`` once Triton is ready (or ``ServerUnreachableError``).
     RECONNECT = enum.auto()
@@ -256,8 +259,9 @@ class Chunk:
     bytes_in: int
     #: When the call began, its first wait for a slot (``time.monotonic_ns``).
     started_ns: int
-    #: ``None`` until sent as a gRPC future (a blocking call leaves it ``None``).
-    call: grpc.Future | None = None
+    #: ``None`` until sent as a gRPC future, or an asyncio task over HTTP (a blocking call
+    #: leaves it ``None``); either has ``add_done_callback``, ``cancelled`` and ``exception``.
+    call: Any = None
     #: Whether this chunk already had its region registered again.
     reregistered: bool = False
     #: Whether Triton may be running the request: sent, and not answered yet.
@@ -338,13 +342,10 @@ class Chunk:
             return None
         return max(0.0, timeout_s - (time.monotonic_ns() - self.sent_ns) / 1e9)
 
-    def collect(
-        self, outputs: OutputAssembler | DeviceOutputs, response: service_pb2.ModelInferResponse
-    ) -> None:
+    def collect(self, outputs: OutputAssembler | DeviceOutputs, answered: Answer) -> None:
         """Copies the outputs out of the slot, counts the request, then frees the slot."""
         pool, slot = self.pool, self.slot
         try:
-            answered = _answered(response)
             mismatch = answer_mismatch(pool.spec, answered)
             if mismatch is not None:
                 pool.header.count_error(slot)
@@ -462,7 +463,7 @@ def run(
     return outputs.result()
 
 
-def _answer(chunk: Chunk) -> Generator[tuple[Step, Any], Any, service_pb2.ModelInferResponse]:
+def _answer(chunk: Chunk) -> Generator[tuple[Step, Any], Any, Answer]:
     """Waits for a chunk's answer, sending it again while :meth:`Chunk.recovery` finds a way.
 
     A request sent again after Triton was unreachable goes on the same slot: Triton answers
@@ -535,21 +536,10 @@ async def drive_async(
         steps.close()
 
 
-def _call_answered(call: grpc.Future) -> bool:
-    """Whether a finished gRPC call ended with Triton's answer."""
+def _call_answered(call: Any) -> bool:
+    """Whether a finished call (a gRPC future, an asyncio task over HTTP) ended with Triton's
+    answer."""
     if call.cancelled():
         return False
     error = call.exception()
     return error is None or (isinstance(error, grpc.RpcError) and answered_or_never_sent(error))
-
-
-def _answered(
-    response: service_pb2.ModelInferResponse,
-) -> list[tuple[str, str, tuple[int, ...], bytes]]:
-    """Name, datatype, shape and inline contents (empty for outputs in the slot) of each
-    output."""
-    raw = response.raw_output_contents
-    return [
-        (output.name, output.datatype, tuple(output.shape), raw[index] if index < len(raw) else b"")
-        for index, output in enumerate(response.outputs)
-    ]

@@ -41,7 +41,6 @@ from types import TracebackType
 from typing import Any
 
 import numpy as np
-from tritonclient.grpc import service_pb2
 
 from ._calls import Call
 from ._changes import answer_mismatch
@@ -52,11 +51,11 @@ from ._engine import (
     Step,
     SuspectedChange,
     _answer,
-    _answered,
     drive,
     drive_async,
 )
 from ._exceptions import ClientClosedError, InvalidInputError, TritonServerError, TritonSHMError
+from ._http import Answer
 from ._moves import Moves
 from ._options import RequestOptions
 from ._outputs import check_room, read_bytes
@@ -371,10 +370,9 @@ class SlotLease:
             self._call.pool.count_failure(exc)
         return exc
 
-    def _outputs(self, chunk: Chunk, response: service_pb2.ModelInferResponse) -> dict[str, Any]:
+    def _outputs(self, chunk: Chunk, answered: Answer) -> dict[str, Any]:
         assert self._fate is not None and self._buffer is not None
         pool, slot = chunk.pool, chunk.slot
-        answered = _answered(response)
         mismatch = answer_mismatch(pool.spec, answered)
         if mismatch is not None:
             pool.header.count_error(slot)

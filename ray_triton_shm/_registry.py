@@ -335,6 +335,8 @@ class Registry:
         self.check_open()
         header = RegionHeader(memory.region.buffer, memory.slot_count)
         pool = ModelPool.over(spec, memory, slots, header, reregister, generation=generation)
+        if memory.kind == SYSTEM:
+            self._triton.prove_http(pool.slot_keys[0])
         with self._lock:
             stale = self._pools.get(spec.name)
             self._pools[spec.name] = pool
@@ -404,6 +406,8 @@ class Registry:
         try:
             self.register_slots(memory, keys, model=spec.name)
             registered = True
+            if kind == SYSTEM:
+                self._triton.prove_http(keys[0])
             header = RegionHeader(region.buffer, capacity)
             header.set_size(count)
             header.set_bounds(count if isinstance(sizing, int) else sizing.min_slots)

@@ -1,8 +1,8 @@
-"""The gRPC side of shared-memory inference.
+"""The small request that points Triton at a slot, and the bridge from gRPC futures to asyncio.
 
-Builds the small ``ModelInferRequest`` that points Triton at a slot (one prebuilt message per
-slot, only shapes and sizes change per call), and bridges gRPC futures to asyncio. What
-Triton's errors say is :mod:`._triton_errors`'.
+Builds the ``ModelInferRequest`` of each slot (one prebuilt message per slot, only shapes and
+sizes change per call) and its JSON for Triton's HTTP endpoint (written again only when they
+change). What Triton's errors say is :mod:`._triton_errors`'.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any
 import grpc
 from tritonclient.grpc import service_pb2
 
+from ._http import http_body, http_path
 from ._specs import ModelSpec, SlotLayout
 
 __all__ = ["SlotRequests", "as_asyncio_future"]
@@ -49,6 +50,11 @@ class SlotRequests:
             [None] * len(spec.inputs) for _ in range(slot_count)
         ]
         self._sizes: list[list[int]] = [[-1] * len(spec.inputs) for _ in range(slot_count)]
+        #: Each slot's request as Triton's JSON, while it is as last sent (see :meth:`body`).
+        self._bodies: list[bytes | None] = [None] * slot_count
+        #: The path of the model's inference requests over HTTP (empty: its name cannot be
+        #: in one, the requests go over gRPC).
+        self.path = http_path(spec.name, spec.version) or b""
 
     @staticmethod
     def _build(
@@ -86,7 +92,9 @@ class SlotRequests:
             request_id: Triton request id (may be empty).
         """
         request = self._requests[slot]
-        request.id = request_id
+        if request.id != request_id:
+            request.id = request_id
+            self._bodies[slot] = None
         last_shapes, last_sizes = self._shapes[slot], self._sizes[slot]
         for index, tensor in enumerate(self._spec.inputs):
             sample_shape = sample_shapes[tensor.name]
@@ -96,11 +104,26 @@ class SlotRequests:
                 entry = request.inputs[index]
                 del entry.shape[:]
                 entry.shape.extend(shape)
+                self._bodies[slot] = None
             if last_sizes[index] != byte_sizes[index]:
                 last_sizes[index] = byte_sizes[index]
                 parameters = request.inputs[index].parameters
                 parameters["shared_memory_byte_size"].int64_param = byte_sizes[index]
+                self._bodies[slot] = None
         return request
+
+    def body(self, slot: int, request: service_pb2.ModelInferRequest) -> bytes | None:
+        """``request``, prepared on ``slot``, as Triton's JSON (see :func:`._http.http_body`):
+        written once per slot and shape while the slot's own request is sent (a call with
+        options sends a copy, written each time)."""
+        if not self.path:
+            return None
+        if request is not self._requests[slot]:
+            return http_body(request)
+        body = self._bodies[slot]
+        if body is None:
+            body = self._bodies[slot] = http_body(request)
+        return body
 
 
 def _point_at(parameters: Any, region_name: str, offset: int) -> None:

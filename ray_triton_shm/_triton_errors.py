@@ -225,7 +225,11 @@ def is_restart_symptom(exc: BaseException) -> bool:
 def answered_or_never_sent(exc: grpc.RpcError) -> bool:
     """Whether a failed call was answered by Triton, or never reached it: either way Triton
     does not run it. A call cut off on the way (a lost connection, a cancellation) may still
-    run there."""
+    run there. An error that knows (the HTTP route's: an HTTP status is an answer) says so in
+    its ``answered``."""
+    answered = getattr(exc, "answered", None)
+    if isinstance(answered, bool):
+        return answered
     code = exc.code() if hasattr(exc, "code") else None
     if code is None:
         return False

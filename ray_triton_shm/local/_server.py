@@ -94,6 +94,16 @@ def _free_ports(host: str, count: int) -> list[int]:
             sock.close()
 
 
+def _free_pair(host: str, taken: set[int | None]) -> tuple[int, int]:
+    """A free port whose port below is free too: ``(grpc, http)``."""
+    for _ in range(64):
+        (port,) = _free_ports(host, 1)
+        if port - 1 > 0 and taken.isdisjoint((port, port - 1)) and _port_is_free(host, port - 1):
+            return port, port - 1
+    first, second = _free_ports(host, 2)  # a crowded machine: no such pair found
+    return first, second
+
+
 def _port_is_free(host: str, port: int) -> bool:
     """Whether ``port`` can be bound on ``host`` (with SO_REUSEADDR, as servers do)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -890,6 +900,19 @@ class LocalTritonServer:
             self._assign_ports()
 
     def _assign_ports(self) -> None:
+        """Picks free ports for those not given: the HTTP port next below the gRPC port where
+        either is picked (Triton's own layout, 8000 beside 8001, where clients look for it:
+        ``TritonSHMClient(http_url="auto")``)."""
+        if self._http_port is None and self._grpc_port is not None:
+            below = self._grpc_port - 1
+            if below > 0 and _port_is_free(self._host, below):
+                self._http_port = below
+        elif self._grpc_port is None and self._http_port is not None:
+            above = self._http_port + 1
+            if above < 65536 and _port_is_free(self._host, above):
+                self._grpc_port = above
+        elif self._grpc_port is None and self._http_port is None:
+            self._grpc_port, self._http_port = _free_pair(self._host, {self._metrics_port})
         missing = [
             name
             for name, port in (
