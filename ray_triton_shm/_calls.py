@@ -26,7 +26,7 @@ from ._channel import Channel
 from ._engine import ModelPool, Step, Steps, run
 from ._exceptions import AccessDeniedError, InvalidInputError
 from ._gpu_tensors import OUTPUT_KINDS
-from ._http import Answer, HttpResponse, grpc_answer
+from ._http import Answer, HttpResponse, grpc_answer, http_headers
 from ._inputs import InputValue, prepare_batch
 from ._moves import Moves
 from ._options import RequestOptions, select_outputs
@@ -76,6 +76,7 @@ class Call:
     def _use(self, keys: Any) -> None:
         self._keys = keys
         self._metadata = self.triton.metadata(self._headers, keys)
+        self._http_headers = http_headers(self._metadata)
         self._reconnect = self.triton.reconnect(
             self.pool.spec.name, self._reconnect_timeout_s, self._metadata
         )
@@ -167,7 +168,7 @@ class Call:
                         body = None if http is None else requests.body(arg.slot, arg.request)
                         if body is not None:
                             assert http is not None
-                            return http.exchange(requests.path, body, self._metadata).answer()
+                            return http.exchange(requests.path, body, self._http_headers).answer()
                         call = self.triton.stub.ModelInfer
                         return grpc_answer(call(arg.request, metadata=self._metadata))
                     self._send(arg)
@@ -201,7 +202,7 @@ class Call:
                     body = None if http is None else requests.body(arg.slot, arg.request)
                     if body is not None:
                         assert http is not None
-                        exchange = http.exchange_async(requests.path, body, self._metadata)
+                        exchange = http.exchange_async(requests.path, body, self._http_headers)
                         arg.call = loop.create_task(_answer_of(exchange))
                     else:
                         self._send(arg)

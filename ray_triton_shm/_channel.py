@@ -19,7 +19,14 @@ from tritonclient._request import Request
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from ._exceptions import AccessDeniedError, TritonServerError
-from ._http import AUTO, HttpError, HttpRoute, http_url_for, region_status_path
+from ._http import (
+    AUTO,
+    HttpError,
+    HttpRoute,
+    http_headers,
+    http_url_for,
+    region_status_path,
+)
 from ._keys import Keys, Metadata, normalize
 from ._reconnect import Reconnect, channel_options
 from ._tls import ReloadingChannel, TlsFiles, diagnose
@@ -128,7 +135,7 @@ class Channel:
             return
         route = HttpRoute(url)
         try:
-            response = route.exchange(path, b"", self.metadata(), method=b"GET")
+            response = route.exchange(path, b"", http_headers(self.metadata()), method=b"GET")
         except HttpError as exc:
             reason = f"no Triton HTTP endpoint at {url} ({exc.details()})"
         else:

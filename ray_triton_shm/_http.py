@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import socket
 import threading
 import weakref
@@ -41,6 +42,7 @@ __all__ = [
     "http_body",
     "http_answer",
     "http_path",
+    "http_headers",
     "http_url_for",
     "region_status_path",
 ]
@@ -67,6 +69,9 @@ _STATUS = {
     503: grpc.StatusCode.UNAVAILABLE,
 }
 _RECEIVE_BYTES = 1 << 16
+_GRPC_KEY_PREFIX = "triton-grpc-protocol-"
+#: Triton's refusal of a restricted API over HTTP, which names the key's HTTP header.
+_RESTRICTED = re.compile(r"(is restricted, expecting header )'([^']*)'")
 #: What a name in a request's path may not hold, as Triton reads paths.
 _UNSAFE = frozenset(' /?#%"<>\\^`{|}')
 
@@ -100,6 +105,13 @@ class HttpError(grpc.RpcError):
 
 def _rebuild_error(code: str, message: str, answered: bool) -> HttpError:
     return HttpError(grpc.StatusCode[code], message, answered=answered)
+
+
+def http_headers(metadata: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+    """A gRPC call's metadata as the headers of the same call over HTTP: a key of Triton's
+    restricted protocols, ``triton-grpc-protocol-<key>`` over gRPC, is ``<key>`` over HTTP
+    (``--grpc-restricted-protocol`` and ``--http-restricted-api`` name the same ``<key>``)."""
+    return [(name.removeprefix(_GRPC_KEY_PREFIX), value) for name, value in metadata]
 
 
 def http_url_for(grpc_url: str) -> str:
@@ -213,6 +225,8 @@ class HttpResponse:
         except (ValueError, KeyError, TypeError):
             message = self.body.decode(errors="replace").strip() or f"HTTP {self.status}"
         code = _STATUS.get(self.status, grpc.StatusCode.UNKNOWN)
+        # The keys are named as gRPC sends them everywhere else (see http_headers).
+        message = _RESTRICTED.sub(rf"\1'{_GRPC_KEY_PREFIX}\2'", message)
         return HttpError(code, message, answered=True)
 
 

@@ -50,6 +50,9 @@ class PoolStats:
             ``"max_slots"``, ``"shm_budget"`` (the client's or node's share of ``/dev/shm``)
             or ``"shm_full"`` (``/dev/shm`` itself had no room).
         shm_bytes: Bytes of ``/dev/shm`` the pool's region holds now (``0``: not known here).
+        protocol: What carries the requests that point Triton at a slot: ``"http"``
+            (Triton's HTTP endpoint, proven the same Triton) or ``"grpc"``.
+        protocol_reason: Why (``"http_url=None"``, ``"no Triton HTTP endpoint at ..."``...).
     """
 
     size: int
@@ -60,6 +63,8 @@ class PoolStats:
     max_size: int = 0
     limited_by: str = ""
     shm_bytes: int = 0
+    protocol: str = "grpc"
+    protocol_reason: str = ""
 
 
 class SlotSource(Protocol):

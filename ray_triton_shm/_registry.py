@@ -261,6 +261,10 @@ class Registry:
             max_size=header.slot_count,
             limited_by=header.limited_by,
             shm_bytes=pool.region.allocated if pool.owned else 0,
+            protocol="http" if self._triton.http is not None and pool.requests.path else "grpc",
+            protocol_reason=self._triton.protocol_reason
+            if pool.requests.path
+            else f"model name {model_name!r} cannot be in an HTTP path",
         )
 
     def check_open(self) -> None:
