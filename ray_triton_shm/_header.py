@@ -268,6 +268,20 @@ class RegionHeader:
             word[base + _SETTLE_BUCKETS + _bucket(waited)] += 1
             word[base + _ABANDONED_SINCE] = 0
 
+    def busy_slots(self) -> list[int]:
+        """The slots whose holder sent a request on them, not given back yet."""
+        return [int(s) for s in np.flatnonzero(self._slots[:, _BUSY_SINCE])]
+
+    def queued_seats(self) -> list[int]:
+        """The seats whose holder queues for a slot."""
+        first = _FIRST_SEAT_WORD
+        return [int(s) for s in np.flatnonzero(self._words[first : first + self.max_waiting])]
+
+    def takes(self) -> int:
+        """Slots taken so far, over every slot and process (each take is counted in the wait
+        histogram, see :meth:`count_take`)."""
+        return int(self._slots[:, _WAIT_BUCKETS : _WAIT_BUCKETS + _BUCKETS].sum())
+
     def abandoned_slots(self) -> list[int]:
         """The slots out of use until Triton is done with an abandoned request."""
         return [int(s) for s in np.flatnonzero(self._slots[:, _ABANDONED_SINCE])]

@@ -206,6 +206,9 @@ class SharedSlots:
         self._waiting = 0
         self._next = os.getpid()  # where this process starts looking: spreads processes
         self._closed = False
+        #: The takes counted when every slot was last seen free and no caller queued (``-1``:
+        #: not so at the last look), see :meth:`node_stats`.
+        self._quiet_at = -1
         _instances.add(self)
 
     @property
@@ -357,6 +360,13 @@ class SharedSlots:
         Raises:
             ClientClosedError: the pool was closed.
         """
+        takes = self._header.takes()
+        if takes == self._quiet_at:
+            # Nobody took a slot since every slot was seen free and nobody queued: still so
+            # (a caller queues only behind holders, and holders take first). The owner reads
+            # this several times a second: a quiet node costs no lock probes.
+            self._check_open()
+            return NodeSlotStats(0, 0, len(self._header.abandoned_slots()))
         fd = self._open_fd()
         try:
             in_use = sum(_locked_by_another(fd, slot) for slot in range(self.capacity))
@@ -364,6 +374,7 @@ class SharedSlots:
             waiting = sum(_locked_by_another(fd, _SEAT0 + seat) for seat in seats)
         finally:
             os.close(fd)
+        self._quiet_at = takes if in_use == waiting == 0 else -1
         return NodeSlotStats(in_use, waiting, len(self._header.abandoned_slots()))
 
     #: Every process on the machine takes slots: holders may die unseen (the owner sweeps).
@@ -376,15 +387,18 @@ class SharedSlots:
         Raises:
             ClientClosedError: the pool was closed.
         """
+        busy, seats = self._header.busy_slots(), self._header.queued_seats()
+        if not busy and not seats:
+            self._check_open()
+            return  # nobody to look for: no lock to try (the owner sweeps a few times a second)
         fd = self._open_fd()
         try:
-            for slot in range(self.capacity):
-                if self._header.busy_since(slot) and _lock(fd, slot, wait=False):
+            for slot in busy:
+                if slot < self.capacity and _lock(fd, slot, wait=False):
                     self._check_dead_holder(slot)
                     _unlock(fd, slot)
-            for seat in range(self._header.max_waiting):
-                if self._header.queued_on(seat) is not None:
-                    self._clear_if_dead(fd, seat)
+            for seat in seats:
+                self._clear_if_dead(fd, seat)
         finally:
             os.close(fd)
 
@@ -636,12 +650,12 @@ class SharedSlots:
     def _open_fd(self) -> int:
         """A new open file description of the region's file (locks are per description)."""
         with self._mutex:
-            base = self._base_fd
-            if base < 0:
-                raise ClientClosedError(
-                    f"the slot pool of {self.name!r} is closed", model=self.name
-                )
-            return os.open(f"/proc/self/fd/{base}", os.O_RDWR | os.O_CLOEXEC)
+            self._check_open()
+            return os.open(f"/proc/self/fd/{self._base_fd}", os.O_RDWR | os.O_CLOEXEC)
+
+    def _check_open(self) -> None:
+        if self._base_fd < 0:
+            raise ClientClosedError(f"the slot pool of {self.name!r} is closed", model=self.name)
 
     def _take_fd(self) -> int:
         with self._mutex:
