@@ -9,6 +9,7 @@ and its calls (:mod:`._calls`) reach Triton only through it.
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -18,6 +19,7 @@ from google.protobuf.json_format import MessageToJson
 from tritonclient._request import Request
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from ._defaults import HTTP_URL_ENV_VAR
 from ._exceptions import AccessDeniedError, TritonServerError
 from ._http import (
     AUTO,
@@ -78,8 +80,8 @@ class Channel:
             speaks TLS: :func:`._tls.diagnose` says so).
         reconnect_timeout_s: How long a request waits for an unreachable Triton by default.
         http_url: Triton's HTTP endpoint for inference requests (see :meth:`prove_http`):
-            :data:`~._http.AUTO` for where Triton puts it by default (the port before
-            gRPC's), ``"host:port"``, or ``None`` for gRPC alone.
+            :data:`~._http.AUTO` for ``$RAY_TRITON_SHM_HTTP_URL``, else where Triton puts it
+            by default (the port before gRPC's), ``"host:port"``, or ``None`` for gRPC alone.
     """
 
     def __init__(
@@ -128,7 +130,10 @@ class Channel:
                 raise TritonServerError(f"http_url={self._http_url!r}: {reason}")
             self.protocol_reason = reason
             return
-        url = http_url_for(self.url) if not explicit else self._http_url
+        if explicit:
+            url = self._http_url
+        else:
+            url = os.environ.get(HTTP_URL_ENV_VAR) or http_url_for(self.url)
         path = region_status_path(region_key)
         if path is None:
             self.protocol_reason = f"region name {region_key!r} does not fit a URL"

@@ -85,8 +85,9 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             that follow their load grow no further (``None``: 90% of ``/dev/shm``).
         http_url: Triton's HTTP endpoint, ``host:port``, for the small request that points
             Triton at a slot (half the cost of a gRPC call in Python). ``"auto"`` (the default)
-            looks where Triton puts it by default, on the port before gRPC's (8000 beside
-            8001), and uses it once it proves to be the same Triton (it knows the region just
+            looks at ``$RAY_TRITON_SHM_HTTP_URL``, else where Triton puts it by default, on the
+            port before gRPC's (8000 beside 8001), and uses it once it proves to be the same
+            Triton (it knows the region just
             registered over gRPC); otherwise requests go over gRPC. A given address must prove
             it, or registration fails saying why. ``None``: gRPC alone. Everything else
             (registration, readiness, configuration) is gRPC, and a TLS channel stays on

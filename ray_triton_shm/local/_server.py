@@ -900,18 +900,11 @@ class LocalTritonServer:
             self._assign_ports()
 
     def _assign_ports(self) -> None:
-        """Picks free ports for those not given: the HTTP port next below the gRPC port where
-        either is picked (Triton's own layout, 8000 beside 8001, where clients look for it:
-        ``TritonSHMClient(http_url="auto")``)."""
-        if self._http_port is None and self._grpc_port is not None:
-            below = self._grpc_port - 1
-            if below > 0 and _port_is_free(self._host, below):
-                self._http_port = below
-        elif self._grpc_port is None and self._http_port is not None:
-            above = self._http_port + 1
-            if above < 65536 and _port_is_free(self._host, above):
-                self._grpc_port = above
-        elif self._grpc_port is None and self._http_port is None:
+        """Picks free ports for those not given: where both the gRPC and the HTTP port are,
+        the HTTP port next below the gRPC port (Triton's own layout, 8000 beside 8001, where
+        clients look for it: ``TritonSHMClient(http_url="auto")``). A given gRPC port gets a
+        free HTTP port anywhere: 8000 is often Serve's."""
+        if self._grpc_port is None and self._http_port is None:
             self._grpc_port, self._http_port = _free_pair(self._host, {self._metrics_port})
         missing = [
             name
