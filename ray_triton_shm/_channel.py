@@ -9,7 +9,6 @@ and its calls (:mod:`._calls`) reach Triton only through it.
 from __future__ import annotations
 
 import json
-import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -19,16 +18,8 @@ from google.protobuf.json_format import MessageToJson
 from tritonclient._request import Request
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from ._defaults import HTTP_URL_ENV_VAR
 from ._exceptions import AccessDeniedError, TritonServerError
-from ._http import (
-    AUTO,
-    HttpError,
-    HttpRoute,
-    http_headers,
-    http_url_for,
-    region_status_path,
-)
+from ._http import AUTO, HttpRoute, default_http_url, http_headers, prove_same_triton
 from ._keys import Keys, Metadata, normalize
 from ._reconnect import Reconnect, channel_options
 from ._tls import ReloadingChannel, TlsFiles, diagnose
@@ -130,36 +121,16 @@ class Channel:
                 raise TritonServerError(f"http_url={self._http_url!r}: {reason}")
             self.protocol_reason = reason
             return
-        if explicit:
-            url = self._http_url
-        else:
-            url = os.environ.get(HTTP_URL_ENV_VAR) or http_url_for(self.url)
-        path = region_status_path(region_key)
-        if path is None:
-            self.protocol_reason = f"region name {region_key!r} does not fit a URL"
+        url = self._http_url if explicit else default_http_url(self.url)
+        route, reason = prove_same_triton(url, region_key, http_headers(self.metadata()))
+        if route is not None:
+            with self._http_lock:
+                adopted = self.http is None and not self._http_closed
+                if adopted:
+                    self.http, self.protocol, self.protocol_reason = route, "http", reason
+            if not adopted:
+                route.close()
             return
-        route = HttpRoute(url)
-        try:
-            response = route.exchange(path, b"", http_headers(self.metadata()), method=b"GET")
-        except HttpError as exc:
-            reason = f"no Triton HTTP endpoint at {url} ({exc.details()})"
-        else:
-            if response.status == 200 and region_key.encode() in response.body:
-                with self._http_lock:
-                    adopted = self.http is None and not self._http_closed
-                    if adopted:
-                        self.http = route
-                        self.protocol = "http"
-                        self.protocol_reason = f"Triton's HTTP endpoint {url}, proven the same"
-                if not adopted:
-                    route.close()
-                return
-            detail = response.body.decode(errors="replace").strip()[:200]
-            reason = (
-                f"{url} is not this Triton's HTTP endpoint: it does not know region "
-                f"{region_key!r} (HTTP {response.status}: {detail})"
-            )
-        route.close()
         if explicit:
             raise TritonServerError(
                 f"http_url={self._http_url!r}: {reason}. Give Triton's --http-port of the "

@@ -37,7 +37,8 @@ from typing import Any
 import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from ._defaults import DEFAULT_URL, URL_ENV_VAR
+from ._defaults import DEFAULT_URL, HTTP_URL_ENV_VAR, URL_ENV_VAR
+from ._http import HttpRoute, default_http_url, http_headers, prove_same_triton
 from ._keys import KEYS_DIR_ENV_VAR, Keys, env_var_for, headers_from_env
 from ._region_status import region_status
 from ._shm import DEAD, SHM_DIR, SharedMemoryRegion, mib, new_region_name, shm_space
@@ -71,7 +72,7 @@ class CheckResult:
     """The result of one check.
 
     Attributes:
-        name: ``tls``, ``triton``, ``region``, ``keys``, ``models``, ``dev_shm``,
+        name: ``tls``, ``triton``, ``region``, ``http``, ``keys``, ``models``, ``dev_shm``,
             ``leftovers`` or ``versions``.
         status: ``ok``, ``warn``, ``fail``, or ``skip`` (not tried: another check failed).
         summary: What was found, in one line.
@@ -190,6 +191,7 @@ def check_node(
             ("tls", lambda: _check_tls(triton, tls, tls_error)),
             ("triton", triton.check),
             ("region", lambda: _check_region(triton)),
+            ("http", lambda: _check_http(triton, tls)),
             ("keys", lambda: _check_keys(triton)),
             ("models", lambda: _check_models(triton, list(models or {}))),
             ("dev_shm", lambda: _check_dev_shm(triton, models or {}, held or {}, store)),
@@ -439,8 +441,11 @@ def _check_region(triton: _Triton) -> CheckResult:
     )
 
 
-def _register_probe(triton: _Triton, *, mode: int) -> grpc.RpcError | None:
-    """Makes a region, registers it in Triton, then unregisters and removes it.
+def _register_probe(
+    triton: _Triton, *, mode: int, then: Callable[[str], object] | None = None
+) -> grpc.RpcError | None:
+    """Makes a region, registers it in Triton (and calls ``then`` with its name while it is
+    registered), then unregisters and removes it.
 
     Returns:
         Triton's refusal, or ``None`` if it registered the region.
@@ -455,14 +460,55 @@ def _register_probe(triton: _Triton, *, mode: int) -> grpc.RpcError | None:
             triton.call("SystemSharedMemoryRegister", request)
         except grpc.RpcError as exc:
             return exc
-        triton.call(
-            "SystemSharedMemoryUnregister",
-            service_pb2.SystemSharedMemoryUnregisterRequest(name=region.name),
-        )
+        try:
+            if then is not None:
+                then(region.name)
+        finally:
+            triton.call(
+                "SystemSharedMemoryUnregister",
+                service_pb2.SystemSharedMemoryUnregisterRequest(name=region.name),
+            )
         return None
     finally:
         region.close()
         region.unlink()
+
+
+def _check_http(triton: _Triton, tls: TlsFiles | None) -> CheckResult:
+    """Where the requests that point Triton at a slot go: its HTTP endpoint, proven the same
+    Triton as the client's does (see ``TritonSHMClient(http_url=...)``), or gRPC."""
+    skipped = _skipped("http", triton, "shared-memory")
+    if skipped:
+        return skipped
+    if tls is not None:
+        return CheckResult("http", OK, "TLS: every request goes over gRPC (HTTP is plain text)")
+    url = default_http_url(triton.url)
+    found: list[tuple[HttpRoute | None, str]] = []
+
+    def prove(region: str) -> None:
+        found.append(prove_same_triton(url, region, http_headers(list(triton.headers.items()))))
+
+    error = _register_probe(triton, mode=0o600, then=prove)
+    if error is not None or not found:
+        return CheckResult("http", SKIP, "not tried: no region could be registered (see region)")
+    route, reason = found[0]
+    if route is not None:
+        route.close()
+        return CheckResult(
+            "http",
+            OK,
+            f"the requests that point Triton at a slot go over {reason}",
+            details={"protocol": "http", "http_url": url},
+        )
+    return CheckResult(
+        "http",
+        WARN,
+        f"the requests that point Triton at a slot go over gRPC, about twice the cost of "
+        f"HTTP on small requests: {reason}",
+        f"give Triton's HTTP address in ${HTTP_URL_ENV_VAR} on this node (or http_url=... "
+        "in the client's options), or serve HTTP on the port next below gRPC's",
+        {"protocol": "grpc", "http_url": url, "reason": reason},
+    )
 
 
 # ---- keys -----------------------------------------------------------------------------

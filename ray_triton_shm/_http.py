@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import re
 import socket
 import threading
@@ -32,8 +33,12 @@ from typing import Any
 import grpc
 from tritonclient.grpc import service_pb2
 
+from ._defaults import HTTP_URL_ENV_VAR
+
 __all__ = [
     "AUTO",
+    "default_http_url",
+    "prove_same_triton",
     "Answer",
     "HttpError",
     "HttpResponse",
@@ -112,6 +117,41 @@ def http_headers(metadata: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
     restricted protocols, ``triton-grpc-protocol-<key>`` over gRPC, is ``<key>`` over HTTP
     (``--grpc-restricted-protocol`` and ``--http-restricted-api`` name the same ``<key>``)."""
     return [(name.removeprefix(_GRPC_KEY_PREFIX), value) for name, value in metadata]
+
+
+def default_http_url(grpc_url: str) -> str:
+    """Where ``http_url="auto"`` looks: ``$RAY_TRITON_SHM_HTTP_URL``, else next below the
+    gRPC port (:func:`http_url_for`)."""
+    return os.environ.get(HTTP_URL_ENV_VAR) or http_url_for(grpc_url)
+
+
+def prove_same_triton(
+    url: str, region: str, headers: Sequence[tuple[str, str]]
+) -> tuple[HttpRoute | None, str]:
+    """Asks the HTTP endpoint at ``url`` for the status of ``region``, a system shared-memory
+    region just registered over gRPC: only the Triton that registered it knows its name.
+
+    Returns:
+        A route to the endpoint if it proved to be that Triton (``None`` if not), and the
+        reason, in words.
+    """
+    path = region_status_path(region)
+    if path is None:
+        return None, f"region name {region!r} does not fit a URL"
+    route = HttpRoute(url)
+    try:
+        response = route.exchange(path, b"", headers, method=b"GET")
+    except HttpError as exc:
+        route.close()
+        return None, f"no Triton HTTP endpoint at {url} ({exc.details()})"
+    if response.status == 200 and region.encode() in response.body:
+        return route, f"Triton's HTTP endpoint {url}, proven the same"
+    route.close()
+    detail = response.body.decode(errors="replace").strip()[:200]
+    return None, (
+        f"{url} is not this Triton's HTTP endpoint: it does not know region {region!r} "
+        f"(HTTP {response.status}: {detail})"
+    )
 
 
 def http_url_for(grpc_url: str) -> str:

@@ -49,7 +49,7 @@ OTHER_UID = (
     "--inh-caps=+dac_read_search",
     "--ambient-caps=+dac_read_search",
 )
-CHECKS = ["tls", "triton", "region", "keys", "models", "dev_shm", "leftovers", "versions"]
+CHECKS = ["tls", "triton", "region", "http", "keys", "models", "dev_shm", "leftovers", "versions"]
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -217,7 +217,11 @@ def test_the_text_report_gives_each_check_its_status_and_each_failure_its_fix() 
     assert lines[1].split()[:2] == ["skip", "tls"]
     assert lines[2].split()[:2] == ["fail", "triton"]
     assert lines[3].split()[0] == "fix:"
-    assert [line.split()[:2] for line in lines[4:6]] == [["skip", "region"], ["skip", "keys"]]
+    assert [line.split()[:2] for line in lines[4:7]] == [
+        ["skip", "region"],
+        ["skip", "http"],
+        ["skip", "keys"],
+    ]
     assert lines[-1] == "1 node(s): 1 with a failed check"
 
 
@@ -234,7 +238,8 @@ def test_a_triton_with_its_own_dev_shm_is_named(odd_triton: LocalTritonServer) -
     code, report, _ = _doctor("--url", odd_triton.grpc_url)
     checks = _checks(report)
     assert code == 1
-    assert _statuses(checks) == {**dict.fromkeys(CHECKS, "ok"), "region": "fail"}, report
+    expected = {**dict.fromkeys(CHECKS, "ok"), "region": "fail", "http": "skip"}
+    assert _statuses(checks) == expected, report
     region = checks["region"]
     assert region["details"]["cause"] == "dev_shm"
     assert "another /dev/shm" in region["summary"]
@@ -251,7 +256,8 @@ def test_a_triton_running_as_another_uid_is_named(odd_triton: LocalTritonServer)
     code, report, _ = _doctor("--url", odd_triton.grpc_url)
     checks = _checks(report)
     assert code == 1
-    assert _statuses(checks) == {**dict.fromkeys(CHECKS, "ok"), "region": "fail"}, report
+    expected = {**dict.fromkeys(CHECKS, "ok"), "region": "fail", "http": "skip"}
+    assert _statuses(checks) == expected, report
     region = checks["region"]
     assert region["details"]["cause"] == "uid"
     assert "another user" in region["summary"] and "0600" in region["summary"]

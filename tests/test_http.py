@@ -16,6 +16,8 @@ from _helpers import ADMIN, INFER, READ, model_repository, our_regions
 from tritonclient.grpc import service_pb2
 
 from ray_triton_shm import AccessDeniedError, TritonServerError, TritonSHMClient
+from ray_triton_shm._defaults import HTTP_URL_ENV_VAR
+from ray_triton_shm._doctor import CheckResult, check_node
 from ray_triton_shm._http import HttpRoute, http_body, http_headers
 from ray_triton_shm._plain_client import tritonclient_for
 from ray_triton_shm.local._server import LocalTritonServer
@@ -71,12 +73,17 @@ def test_http_url_none_keeps_every_request_on_grpc(grpc_url: str) -> None:
         np.testing.assert_array_equal(client.infer_shm("identity", {"INPUT0": x})["OUTPUT0"], x)
 
 
+def _http_check(url: str) -> CheckResult:
+    return next(c for c in check_node(url=url, timeout_s=5.0).checks if c.name == "http")
+
+
 def test_an_endpoint_that_is_not_this_triton_is_never_used(
-    triton: LocalTritonServer, tmp_path: Path
+    triton: LocalTritonServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A Triton whose HTTP port is not next to its gRPC port: "auto" finds nothing there and
-    stays on gRPC; the HTTP endpoint of another Triton is refused, saying why, and leaves no
-    region behind; its own, given, is proven and used."""
+    stays on gRPC (doctor says so, and what to do); the HTTP endpoint of another Triton is
+    refused, saying why, and leaves no region behind; its own, given or in
+    ``$RAY_TRITON_SHM_HTTP_URL``, is proven and used."""
     grpc_port = _free_port()
     http_port = next(p for p in iter(_free_port, None) if abs(p - grpc_port) > 1)
     server = LocalTritonServer(
@@ -94,6 +101,9 @@ def test_an_endpoint_that_is_not_this_triton_is_never_used(
             assert stats.protocol == "grpc"
             assert f"no Triton HTTP endpoint at 127.0.0.1:{grpc_port - 1}" in stats.protocol_reason
             np.testing.assert_array_equal(client.infer_shm("identity", {"INPUT0": x})["OUTPUT0"], x)
+        check = _http_check(server.grpc_url)
+        assert (check.status, check.details["protocol"]) == ("warn", "grpc")
+        assert HTTP_URL_ENV_VAR in check.fix
 
         with TritonSHMClient(url=server.grpc_url, http_url=triton.http_url) as client:
             with pytest.raises(TritonServerError, match="is not this Triton's HTTP endpoint"):
@@ -105,6 +115,13 @@ def test_an_endpoint_that_is_not_this_triton_is_never_used(
             client.register_shm_model("identity", pool_size=1, **IDENTITY)
             assert client.shm_stats("identity").protocol == "http"
             np.testing.assert_array_equal(client.infer_shm("identity", {"INPUT0": x})["OUTPUT0"], x)
+
+        monkeypatch.setenv(HTTP_URL_ENV_VAR, server.http_url)
+        with TritonSHMClient(url=server.grpc_url) as client:
+            client.register_shm_model("identity", pool_size=1, **IDENTITY)
+            assert client.shm_stats("identity").protocol == "http"
+        assert _http_check(server.grpc_url).status == "ok"
+    assert our_regions(os.getpid()) == set()
 
 
 def test_a_restarted_triton_is_reached_again_over_http(fresh_triton: LocalTritonServer) -> None:
