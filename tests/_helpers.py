@@ -16,7 +16,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -46,6 +46,25 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
         for sock in socks:
             sock.bind((host, 0))
         return [sock.getsockname()[1] for sock in socks]
+
+
+def free_port_pair(host: str = "127.0.0.1", taken: Collection[int] = ()) -> tuple[int, int]:
+    """A free gRPC port whose port below is free too, for Triton's layout: ``(grpc, http)``."""
+    while True:
+        (port,) = free_ports(1, host)
+        pair = (port, port - 1)
+        if set(taken).isdisjoint(pair) and port_is_free(host, port - 1):
+            return pair
+
+
+def port_is_free(host: str, port: int) -> bool:
+    """Whether ``port`` is free on ``host`` right now."""
+    with socket.socket() as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 @contextlib.contextmanager

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import pytest
 import requests
-from _helpers import free_ports, our_regions, registered_on
+from _helpers import free_port_pair, free_ports, our_regions, registered_on
 
 ray = pytest.importorskip("ray")
 
@@ -140,7 +140,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
             if name == "node_c":
                 command.append(f"--url={hosts['node_a'].url}")
             else:
-                grpc, http, metrics = ports.pop(), ports.pop(), ports.pop()
+                # Triton's layout, HTTP next below gRPC, where the clients look for it.
+                grpc, http = free_port_pair(taken=ports)
+                metrics = ports.pop()
                 command += [f"--grpc-port={grpc}", f"--http-port={http}"]
                 command.append(f"--metrics-port={metrics}")
             proc = subprocess.Popen(
