@@ -37,23 +37,24 @@ from ._defaults import HTTP_URL_ENV_VAR
 
 __all__ = [
     "AUTO",
-    "default_http_url",
-    "prove_same_triton",
     "Answer",
     "HttpError",
     "HttpResponse",
     "HttpRoute",
+    "default_http_url",
     "grpc_answer",
-    "http_body",
     "http_answer",
-    "http_path",
+    "http_body",
     "http_headers",
+    "http_path",
     "http_url_for",
+    "prove_same_triton",
     "region_status_path",
 ]
 
-#: ``http_url="auto"``: Triton's HTTP endpoint where Triton puts it by default, on the port
-#: before its gRPC port (8000 and 8001), used once proven to be the same Triton.
+#: ``http_url="auto"``: Triton's HTTP endpoint at ``$RAY_TRITON_SHM_HTTP_URL``, else where
+#: Triton puts it by default, on the port before its gRPC port (8000 and 8001), used once
+#: proven to be the same Triton (:func:`default_http_url`, :func:`prove_same_triton`).
 AUTO = "auto"
 
 #: The outputs of one answer: name, datatype, shape and inline contents (empty for an output
