@@ -3,15 +3,17 @@
 #   make test    - the test suite against a real Triton and a real local Ray
 # (and on a machine with an NVIDIA GPU, make test-gpu: the GPU tests that make test skips)
 # Both create .venv (library, numpy 2, Ray) and .triton-env (the server side: tritonserver
-# from nvidia-pytriton with numpy<2, which its Python backend needs, and onnxruntime for the
-# ONNX models it serves through that backend: --onnx-via-python).
+# from nvidia-pytriton with numpy<2, which its Python backend needs, perf_analyzer from the
+# tritonclient wheel of its release, the bench's ceiling, and onnxruntime for the ONNX models
+# it serves through that backend: --onnx-via-python).
 PYTHON ?= python3
 VENV := .venv
 export RAY_TRITON_SHM_SERVER_ENV ?= $(CURDIR)/.triton-env
 
 .PHONY: bench test test-quick test-gpu newcomer serve lint docs browser prometheus grafana clean
 
-$(VENV)/.installed: pyproject.toml
+# Again when the server environment's requirements change (ray_triton_shm/local/_install.py).
+$(VENV)/.installed: pyproject.toml ray_triton_shm/local/_install.py
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(VENV)/bin/python -m pip install --quiet -e ".[ray,bench,dev]"

@@ -85,6 +85,7 @@ def _cmd_setup_server(args: argparse.Namespace) -> int:
         find_tritonserver,
         server_env_dir,
     )
+    from ray_triton_shm.local._perf_analyzer import find_perf_analyzer
 
     try:
         versions = add_server_packages(args.packages, requirements=args.requirements)
@@ -95,6 +96,11 @@ def _cmd_setup_server(args: argparse.Namespace) -> int:
     numpy_here = versions.pop("numpy")
     print(f"Triton server environment: {server_env_dir()}")
     print(f"tritonserver ({install.source}): {install.executable}")
+    try:
+        analyzer = find_perf_analyzer()
+        print(f"perf_analyzer ({analyzer.source}, the bench's ceiling): {analyzer.executable}")
+    except LocalServerError as exc:
+        print(f"perf_analyzer (the bench's ceiling): not here: {exc}")
     for project, installed in versions.items():
         print(f"  {project}: {installed}")
     print(
@@ -513,10 +519,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "setup-server",
-        help="create the private Triton server environment (nvidia-pytriton, numpy<2)",
+        help="create the private Triton server environment (nvidia-pytriton, numpy<2, "
+        "perf_analyzer)",
         description="Create the virtual environment the embedded Triton server runs from "
-        "($RAY_TRITON_SHM_SERVER_ENV, else ~/.cache/ray-triton-shm), and install what your "
-        "models import into it (Python backend), keeping its numpy<2. Idempotent.",
+        "($RAY_TRITON_SHM_SERVER_ENV, else ~/.cache/ray-triton-shm), with the tritonclient "
+        "wheel of the server's release for its perf_analyzer (the bench's ceiling), and "
+        "install what your models import into it (Python backend), keeping its numpy<2. "
+        "Idempotent.",
     )
     p.add_argument(
         "--with",

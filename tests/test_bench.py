@@ -20,7 +20,7 @@ import pytest
 from _helpers import registered_on
 from rich.console import Console
 
-from ray_triton_shm._bench import _gpu_paths, _ray_paths, _runner, _serve_http
+from ray_triton_shm._bench import _gpu_paths, _pa_paths, _ray_paths, _runner, _serve_http
 from ray_triton_shm._bench import _paths as bench_paths
 from ray_triton_shm._bench._cases import ModelCase
 from ray_triton_shm._bench._config import (
@@ -140,9 +140,9 @@ def test_bench_quick_json_has_every_path_and_kind_of_model(
         expected = {p for p in DEFAULT_PATHS if not (strings and p in copies)}
         assert {path for m, path, level in runs if m == model and level == 1} == expected
         assert {path for m, path, level in runs if m == model and level == 4} == (
-            {"grpc", "shm-client"}
+            {"grpc", "shm-client", "pa-shm", "pa-grpc"}
             if strings
-            else {"grpc", "shm-client", "shm-client-prep", "shm-lease"}
+            else {"grpc", "shm-client", "shm-client-prep", "shm-lease", "pa-shm", "pa-grpc"}
         )
         skipped = data["models"][model]["skipped"]
         lease = "BYTES tensors have no fixed place in a slot to write into"
@@ -154,7 +154,7 @@ def test_bench_quick_json_has_every_path_and_kind_of_model(
             if strings
             else {}
         )
-    assert len(data["goals"]) == 7  # the goals on these models
+    assert len(data["goals"]) == 11  # the goals on these models (4 against perf_analyzer)
     assert all(g["value"] is not None and isinstance(g["met"], bool) for g in data["goals"])
     assert data["failures"] == []
 
@@ -295,6 +295,8 @@ def test_the_runs_are_grouped_by_level() -> None:
             ("shm-client", 2, 2),
             ("shm-client-prep", 2, 2),
             ("shm-lease", 2, 2),
+            ("pa-shm", 2, None),
+            ("pa-grpc", 2, None),
             ("shm-model", 2, 2),
             ("grpc-procs", 2, None),
         ],
@@ -303,6 +305,8 @@ def test_the_runs_are_grouped_by_level() -> None:
             ("shm-client", 16, 16),
             ("shm-client-prep", 16, 16),
             ("shm-lease", 16, 16),
+            ("pa-shm", 16, None),
+            ("pa-grpc", 16, None),
             ("shm-model", 16, 16),
             ("grpc-procs", 16, None),
         ],
@@ -690,7 +694,8 @@ def test_bench_unreachable_server_or_model_fails_cleanly(
 
 
 def test_the_light_names_are_those_of_the_paths() -> None:
-    assert tuple(cls.name for cls in bench_paths.PATHS) == DEFAULT_PATHS
+    light = (*bench_paths.PATHS, *_pa_paths.PATHS)
+    assert tuple(cls.name for cls in light) == DEFAULT_PATHS
     ray_paths = (*_ray_paths.PATHS, *_serve_http.PATHS)
     assert sorted(cls.name for cls in ray_paths) == sorted(RAY_PATHS)
     gpu_only = tuple(p for p in GPU_PATHS if p not in DEFAULT_PATHS)

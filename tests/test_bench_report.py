@@ -19,7 +19,7 @@ from ray_triton_shm._bench._cases import ModelCase
 from ray_triton_shm._bench._config import ELASTIC, BenchConfig
 from ray_triton_shm._bench._figures import curves_path, write_figures
 from ray_triton_shm._bench._html import SECTIONS, write_report
-from ray_triton_shm._bench._paths import OpenLoop, arrival_times, run_open_loop
+from ray_triton_shm._bench._paths import OpenLoop, SliceSummary, arrival_times, run_open_loop
 from ray_triton_shm._bench._report import print_results, write_json
 from ray_triton_shm._bench._results import (
     ELASTIC_POOL,
@@ -78,6 +78,13 @@ def _closed(path: str, level: int, slots: int | None, rate: float, **extra: obje
     return run
 
 
+def _timed(path: str, level: int, rate: float) -> RunResult:
+    """A perf_analyzer run of ``rate`` requests per second, timed by it."""
+    run = RunResult(path, level, None, _CASE, verified=True, unchecked="it reads no output")
+    run.add_summary(SliceSummary(int(rate), 1.0, {"p50": 1.0, "p90": 2.0, "p99": 3.0}))
+    return run
+
+
 def _open(path: str, slots: int | None, rate: float, p99_s: float, dropped: int = 0) -> RunResult:
     run = RunResult(path, 16, slots, _CASE, verified=True, rate_spec=f"{rate:g}", rate=rate)
     latencies = np.full(int(rate), p99_s / 2)
@@ -118,6 +125,10 @@ def _results(tmp_path: Path) -> BenchResults:
         _closed("data-grpc", 4, None, 40),
         _closed("data-shm", 4, None, 100),
         _closed("data-noop", 4, None, 110),
+        _timed("pa-shm", 1, 400),
+        _timed("pa-grpc", 1, 150),
+        _timed("pa-shm", 4, 900),
+        _timed("pa-grpc", 4, 300),
     ]
     rates = [
         _open("grpc", None, 100, 0.004),
@@ -155,6 +166,13 @@ def test_the_summary_compares_each_choice_with_its_grpc_twin(tmp_path: Path) -> 
     # The goals on a cell: classifier's core client at one caller, 3x gRPC's.
     goal = cells["core client", "low load"]
     assert goal.goal is not None and goal.goal.target == 3.0 and goal.met is True
+    # Beside gRPC, the ceiling: the better of perf_analyzer's runs at as many callers, and
+    # the goal against it.
+    assert goal.vs_ceiling == pytest.approx(0.75) and goal.ceiling is not None
+    assert goal.ceiling.path == "pa-shm" and goal.ceiling_goal is not None
+    assert (goal.ceiling_goal.target, goal.ceiling_met) == (0.8, False)
+    assert cells["Serve (handles)", "under load"].vs_ceiling == pytest.approx(160 / 900)
+    assert node.vs_ceiling is None  # no perf_analyzer run with 16 callers
 
 
 def test_the_open_loop_says_what_each_path_sustained(tmp_path: Path) -> None:
@@ -224,6 +242,8 @@ def test_the_figures_and_the_report_read_well_wide_and_narrow(tmp_path: Path) ->
         "load, 16 at the end): 960 req/s, 0.968x the best fixed pool (16 slots, 992 req/s)"
     ) in page
     assert "shm-client (pool 4)" in page and "MISSED" not in page.split('id="goals"')[0]
+    assert "<td>0.75x perf_analyzer (pa-shm)</td>" in page  # beside each choice's speed-up
+    assert "not checked: it reads no output" in page
 
 
 def _rounds(path: str, level: int, slots: int | None, rates: tuple[float, ...]) -> RunResult:

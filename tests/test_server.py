@@ -453,6 +453,39 @@ def test_ensure_server_env_is_a_no_op_when_ready(
     assert ensure_server_env(quiet=True) == env_dir
 
 
+def test_an_environment_set_up_for_other_requirements_still_serves(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """One an earlier release set up (without perf_analyzer's tritonclient) runs the server
+    as it is; install=True (setup-server, the bench) brings it up to date first."""
+    import json
+
+    env_dir = tmp_path / "env"
+    binary = env_dir / "lib" / "python3.11" / "site-packages" / "pytriton" / "tritonserver"
+    binary = binary / "bin" / "tritonserver"
+    binary.parent.mkdir(parents=True)
+    binary.write_text("#!/bin/sh\n")
+    binary.chmod(0o755)
+    earlier = [r for r in _install.SERVER_ENV_REQUIREMENTS if not r.startswith("tritonclient")]
+    (env_dir / _install._MARKER_NAME).write_text(json.dumps({"requirements": earlier}))
+    monkeypatch.setenv("RAY_TRITON_SHM_SERVER_ENV", str(env_dir))
+    monkeypatch.delenv("TRITONSERVER", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no tritonserver on it
+
+    def no_subprocess(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a library call ran a command (pip) without install=True")
+
+    monkeypatch.setattr(_install.subprocess, "run", no_subprocess)
+    found = find_tritonserver()
+    assert (found.source, found.executable) == ("server-env", binary.resolve())
+    brought_up_to_date = []
+    monkeypatch.setattr(
+        _install, "ensure_server_env", lambda quiet: brought_up_to_date.append(quiet) or env_dir
+    )
+    assert find_tritonserver(install=True).executable == binary.resolve()
+    assert brought_up_to_date == [True]
+
+
 def test_find_tritonserver_honours_env_var(
     monkeypatch: pytest.MonkeyPatch, triton: LocalTritonServer, tmp_path: Path
 ) -> None:

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 __all__ = ["CASE_NAMES", "CHURN", "DEFAULT_PATHS", "EXAMPLE_CASES", "NODE_LOAD", "RAY_PATHS"]
+__all__ += ["CEILING_PATHS"]
 __all__ += ["ELASTIC", "GPU_CASES", "GPU_PATHS", "NODE_LOAD_FIXED", "NODE_LOAD_WARMUP_S"]
 __all__ += ["APP_CASES", "CHURN_CASE", "CHURN_KILL_EVERY_S", "DATA_CASE", "DATA_JOB_BATCHES"]
 __all__ += ["DATA_JOB_ROUNDS", "POOL_SAMPLE_S", "REPLICAS"]
@@ -75,6 +76,9 @@ GPU_PATHS: tuple[str, ...] = (
     "grpc-torch", "shm-client-torch", "cuda-manual-torch", "cuda-client-torch",
 )  # fmt: skip
 MEMORY_KINDS = ("system", "cuda")
+#: Triton's perf_analyzer, the ceiling: its inputs in system shared memory (written once), and
+#: by value; it never reads its outputs.
+CEILING_PATHS: tuple[str, ...] = ("pa-shm", "pa-grpc")
 #: Paths without Ray in the default run, in table order.
 DEFAULT_PATHS: tuple[str, ...] = (
     "grpc",
@@ -84,6 +88,7 @@ DEFAULT_PATHS: tuple[str, ...] = (
     "shm-client-prep",
     "shm-lease",
     "memcpy",
+    *CEILING_PATHS,
 )
 #: The Ray paths (``--ray``), in table order.
 RAY_PATHS: tuple[str, ...] = (
@@ -100,6 +105,7 @@ SWEEP_PATHS: tuple[str, ...] = (
     "shm-lease",
     "shm-model",
     "grpc-procs",
+    *CEILING_PATHS,
 )
 #: The paths of ``--request-rate`` (open-loop arrivals), in table order: gRPC, the core client
 #: at each ``--concurrency`` level as its pool size, and ``ShmModel`` with as many node slots.

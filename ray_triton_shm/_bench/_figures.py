@@ -25,7 +25,7 @@ __all__ = ["CURVE_GROUPS", "curves_path", "write_curves", "write_figures", "writ
 
 #: The curves' panels: the paths of each choice, at most six to a panel.
 CURVE_GROUPS: dict[str, tuple[str, ...]] = {
-    "core (no Ray)": ("grpc", "http", "shm-manual", "shm-client"),
+    "core (no Ray)": ("grpc", "http", "shm-manual", "shm-client", "pa-shm", "pa-grpc"),
     "Ray tasks": ("grpc-procs", "shm-model", "shm-model-nokill", "shm-model-churn"),
     "Serve": (
         "serve-grpc",
@@ -37,8 +37,9 @@ CURVE_GROUPS: dict[str, tuple[str, ...]] = {
     ),
     "Ray Data": ("data-grpc", "data-shm", "data-noop"),
 }
-#: Plain gRPC in grey and no-op ceilings in green, in every panel; the others in turn.
-_GREY, _GREEN = "#7f7f7f", "#2ca02c"
+#: Plain gRPC in grey and the ceilings in green (no-op ones, perf_analyzer's: light for
+#: pa-grpc), in every panel; the others in turn.
+_GREY, _GREEN, _LIGHT_GREEN = "#7f7f7f", "#2ca02c", "#98df8a"
 _PALETTE = ("#1f77b4", "#ff7f0e", "#9467bd", "#e377c2", "#8c564b", "#17becf")
 
 
@@ -56,10 +57,12 @@ def _pyplot() -> Any:
 
 
 def _colours(names: list[str]) -> dict[str, str]:
-    """A colour per series of a panel: gRPC grey, no-op green, the rest each its own."""
+    """A colour per series of a panel: gRPC grey, the ceilings green, the rest each its own."""
     others = iter(_PALETTE * 2)
+    fixed = {"pa-shm": _GREEN, "pa-grpc": _LIGHT_GREEN}
     return {
-        name: _GREEN if "noop" in name else _GREY if "grpc" in name else next(others)
+        name: fixed.get(name)
+        or (_GREEN if "noop" in name else _GREY if "grpc" in name else next(others))
         for name in names
     }
 
@@ -83,7 +86,7 @@ def write_summary(results: BenchResults, path: str | Path) -> Path | None:
     top = max([c.speedup or 1.0 for cells in table.values() for c in cells] + [4.0])
     norm = TwoSlopeNorm(vmin=math.log10(0.5), vcenter=0.0, vmax=math.log10(top))
     cmap = plt.get_cmap("RdYlGn")
-    height = 2.4 + 0.5 * len(models)
+    height = 2.4 + 0.65 * len(models)  # a cell's four lines: two ratios, each with its goal
     fig, axes = plt.subplots(2, 1, figsize=(10, 2 * height), layout="constrained")
     for ax, load in zip(axes, LOADS):
         values = np.full((len(models), len(CHOICES)), np.nan)
@@ -118,7 +121,9 @@ def write_summary(results: BenchResults, path: str | Path) -> Path | None:
     fig.suptitle(
         "How much faster than plain gRPC, in the same set-up (MB/s ratio; green: faster, red: "
         "slower, yellow: about the same;\n'within noise': faster in some rounds, slower in "
-        "others; goal in brackets; 'not run': see the terminal's or the report's skipped lines)",
+        "others; goal in brackets; 'not run': see the terminal's or the report's skipped lines;"
+        "\nperf_analyzer: the ratio to the better of Triton's perf_analyzer's runs with as many "
+        "callers, the ceiling)",
         fontsize=10,
     )
     return _save(fig, plt, path)
@@ -127,13 +132,22 @@ def write_summary(results: BenchResults, path: str | Path) -> Path | None:
 def _cell_text(cell: Any) -> str:
     if cell.speedup is None:
         return "not run"
-    text = f"{cell.speedup:.2f}x" if cell.speedup < 10 else f"{cell.speedup:.1f}x"
+    text = _times(cell.speedup)
     if cell.verdict == "no measurable difference":
         text += " (within noise)"
     if cell.goal is not None:
         mark = "met" if cell.met else "MISSED"
         text += f"\n(>= {cell.goal.target:g}x {mark})"
+    if cell.vs_ceiling is not None:
+        text += f"\n{_times(cell.vs_ceiling)} perf_analyzer"
+        if cell.ceiling_goal is not None:
+            mark = "met" if cell.ceiling_met else "MISSED"
+            text += f"\n(>= {cell.ceiling_goal.target:g}x {mark})"
     return text
+
+
+def _times(value: float) -> str:
+    return f"{value:.2f}x" if value < 10 else f"{value:.1f}x"
 
 
 def curves_path(path: str | Path, model: str) -> Path:

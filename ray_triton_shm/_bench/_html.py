@@ -16,6 +16,7 @@ from ray_triton_shm._bench._results import POOL_SIZE_FOR_THROUGHPUT, BenchResult
 from ray_triton_shm._bench._summary import (
     LOADS,
     best_cell,
+    ceiling_text,
     speedup_text,
     summary,
     verdict,
@@ -101,7 +102,7 @@ def _sustained(held: bool | None) -> str:
 
 
 def _summary(results: BenchResults, figure: Path | None) -> str:
-    from ray_triton_shm._bench._report import pool_size_legend
+    from ray_triton_shm._bench._report import CEILING_LEGEND, pool_size_legend
 
     table = summary(results)
     bound = results.config.latency_bound_ms
@@ -117,6 +118,7 @@ def _summary(results: BenchResults, figure: Path | None) -> str:
                 str(model.case.batch_size) if model.case else "-",
                 _e(f"{best.choice.name} ({best.choice.api})") if best else "-",
                 _e(speedup_text(best)),
+                _e(ceiling_text(best)),
                 _e(best.where) if best else "-",
                 "-" if advice is None else str(advice["pool_size"]),
             )
@@ -135,6 +137,7 @@ def _summary(results: BenchResults, figure: Path | None) -> str:
             str(cell.callers),
             f'<span class="{_VERDICT_CLASS.get(cell.verdict or "", "")}">{_e(cell.verdict)}</span>',
             _e(speedup_text(cell)),
+            _e(ceiling_text(cell)),
             _e(cell.where),
         )
         for model, cells in verdicts(results).items()
@@ -148,17 +151,20 @@ def _summary(results: BenchResults, figure: Path | None) -> str:
                 "samples/request",
                 "fastest choice",
                 "speed-up",
+                "vs perf_analyzer",
                 "run",
                 POOL_SIZE_FOR_THROUGHPUT,
             ),
             rows,
-            (0, 2, 4),
+            (0, 2, 5),
         )
         + "<p>Each choice at each number of callers it ran with, against plain gRPC in the "
         "same set-up: faster or slower only where every round says so, else no measurable "
-        f"difference. {_e(pool_size_legend(bound))}</p>"
+        f"difference. {_e(CEILING_LEGEND)} {_e(pool_size_legend(bound))}</p>"
         + _table(
-            ("model", "choice", "callers", "verdict", "speed-up", "run"), verdict_rows, (0, 1, 3, 5)
+            ("model", "choice", "callers", "verdict", "speed-up", "vs perf_analyzer", "run"),
+            verdict_rows,
+            (0, 1, 3, 6),
         )
     )
 

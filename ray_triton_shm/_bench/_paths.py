@@ -28,7 +28,7 @@ from ray_triton_shm._plain_client import tritonclient_for
 from ray_triton_shm._specs import SlotLayout
 
 __all__ = ["PATHS", "SHM_KEY_PREFIX", "BenchPath", "BenchTarget", "OpenLoop", "SkipPath", "infer"]
-__all__ += ["arrival_times", "run_open_loop", "run_until"]
+__all__ += ["SliceSummary", "arrival_times", "run_open_loop", "run_until"]
 
 #: Prefix of the shared-memory keys and region names the hand-written shm path creates
 #: (followed by the process id).
@@ -172,6 +172,17 @@ def run_open_loop(
 
 
 @dataclasses.dataclass(frozen=True)
+class SliceSummary:
+    """A slice that a load generator of its own timed (perf_analyzer), not request by request
+    here: the requests it completed in its measurement windows, their seconds, and the
+    percentiles of their latency (``"p50"``, ``"p90"``, ``"p99"``, in ms)."""
+
+    requests: int
+    wall_s: float
+    latency_ms: Mapping[str, float]
+
+
+@dataclasses.dataclass(frozen=True)
 class BenchTarget:
     """The server being benchmarked: its gRPC and HTTP (``None``: unknown, the HTTP path is
     then skipped) endpoints, ``"host:port"``, its process (group) when it runs here, and how
@@ -199,6 +210,9 @@ class BenchPath:
     slice_factor: ClassVar[float] = 1.0
     #: Its runs take part in at most this many rounds (``None``: all of them).
     max_rounds: ClassVar[int | None] = None
+    #: Why its answers are not checked against the reference (``None``: its first one is,
+    #: before its numbers count), as the reports say it.
+    unchecked: ClassVar[str | None] = None
     _client: Any = None
 
     def __init__(

@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ray_triton_shm._bench._config import (
+    CEILING_PATHS,
     CHURN,
     CHURN_KILL_EVERY_S,
     DATA_JOB_ROUNDS,
@@ -49,6 +50,7 @@ from ray_triton_shm._bench._results import (
 )
 from ray_triton_shm._bench._summary import (
     best_cell,
+    ceiling_text,
     speedup_text,
     summary,
     verdict,
@@ -58,8 +60,14 @@ from ray_triton_shm._bench._summary import (
 
 __all__ = ["extra_lines", "make_console", "make_progress", "model_rows", "print_results"]
 __all__ += ["elastic_lines", "pool_growth", "pool_size_legend", "pool_size_lines", "rate_text"]
-__all__ += ["bench_json", "throughput_text", "write_json"]
+__all__ += ["CEILING_LEGEND", "bench_json", "throughput_text", "write_json"]
 
+#: What the ratio to perf_analyzer is, as the terminal and the report say it.
+CEILING_LEGEND = (
+    "vs perf_analyzer = MB/s over the better of Triton's perf_analyzer's runs with as many "
+    "callers (pa-shm: its inputs written into shared memory once; pa-grpc: by value): it "
+    "never reads its outputs, so it is the most any client gets from this Triton."
+)
 #: The line width when the output is not a terminal (a log keeps long notes on one line).
 _PLAIN_WIDTH = 1000
 _GOAL_STATUS = {True: ("MET", "green"), False: ("MISS", "bold red"), None: ("n/a", "dim")}
@@ -155,19 +163,22 @@ def model_rows(model: ModelResult) -> tuple[str, tuple[str, ...], list[list[str]
         title += f": model {case.model}, {case.batch_size} samples per request, "
         title += f"{num(case.input_nbytes / 1e6)} MB in"
     headers: tuple[str, ...] = ("run", "req/s", "samples/s", "MB/s", "p50 ms", "p90 ms")
-    headers += ("p99 ms", "CPU s/GB", "vs gRPC", "fairness", "wait p99 ms", "check")
+    headers += ("p99 ms", "CPU s/GB", "vs gRPC", "vs PA", "fairness", "wait p99 ms", "check")
     rows = []
     for r in model.runs:
         numbers = r.numbers()
         latency = numbers.get("latency_ms", {})
         base = _baseline(model, r)
         vs_grpc = mb_ratio(r, base) if base is not None and base is not r else None
+        vs_ceiling, ceiling = model.vs_ceiling(r)
         if r.skipped is not None:
             check = f"skipped: {r.skipped}"
         elif r.disturbed is not None:
             check = "disturbed (Triton crashed): not counted"
+        elif r.error:
+            check = f"FAILED: {r.error}"
         else:
-            check = f"FAILED: {r.error}" if r.error else "ok"
+            check = f"not checked: {r.unchecked}" if r.unchecked else "ok"
         rows.append(
             [
                 describe_run(r.path, r.concurrency, r.slots),
@@ -175,6 +186,7 @@ def model_rows(model: ModelResult) -> tuple[str, tuple[str, ...], list[list[str]
                 *(num(latency.get(p)) for p in ("p50", "p90", "p99")),
                 num(numbers.get("cpu_s_per_gb")),
                 num(vs_grpc, "x"),
+                num(vs_ceiling if ceiling is not r else None, "x"),
                 num(numbers.get("fairness")),
                 num(numbers.get("wait_p99_ms")),
                 check,
@@ -189,7 +201,8 @@ def _model_table(model: ModelResult) -> Table:
     table = _table(*headers, title=title)
     for row in rows:
         check = row[-1]
-        style = "dim" if check.startswith("skipped") else "bold red" if check != "ok" else ""
+        style = "bold red" if check.startswith("FAILED") else ""
+        style = "dim" if check.startswith(("skipped", "not checked")) else style
         style = "yellow" if check.startswith("disturbed") else style
         table.add_row(*row[:-1], Text(check, style=style))
     return table
@@ -494,8 +507,8 @@ def _print_summary(results: BenchResults, console: Console) -> None:
     table = summary(results)
     bound = results.config.latency_bound_ms
     rows = _table(
-        "model", "samples/request", "fastest choice", "speed-up", "run", POOL_SIZE_FOR_THROUGHPUT,
-        title="Summary",
+        "model", "samples/request", "fastest choice", "speed-up", "vs perf_analyzer", "run",
+        POOL_SIZE_FOR_THROUGHPUT, title="Summary",
     )  # fmt: skip
     for model in results.models:
         best = best_cell(table.get(model.name, []))
@@ -506,6 +519,7 @@ def _print_summary(results: BenchResults, console: Console) -> None:
             str(model.case.batch_size) if model.case else "-",
             f"{best.choice.name} ({best.choice.api})" if best else "-",
             speedup_text(best),
+            ceiling_text(best),
             best.where if best else (f"FAILED: {model.error}" if model.error else "-"),
             "-" if advice is None else str(advice["pool_size"]),
         )
@@ -513,7 +527,7 @@ def _print_summary(results: BenchResults, console: Console) -> None:
         "speed-up = MB/s over plain gRPC's in the same set-up, with the most callers each choice "
         "ran with (in brackets: its lowest and highest in a round); below the table, each "
         "choice at each number of callers it ran with: faster or slower only where every round "
-        "says so, else no measurable difference. " + pool_size_legend(bound),
+        "says so, else no measurable difference. " + CEILING_LEGEND + " " + pool_size_legend(bound),
         markup=False,
     )
     _show(console, rows)
@@ -604,7 +618,10 @@ def _print_full(results: BenchResults, console: Console) -> None:
         f"elastic pool = no pool_size, the pool follows its load); shm-model = ShmModel, "
         f"grpc-procs = plain gRPC (no limit), in each caller process. MB = 1e6 bytes of input; "
         f"CPU = client CPU time (all its processes and threads); vs gRPC = MB/s over plain "
-        f"gRPC's in the same topology; fairness = the fewest requests a caller completed over "
+        f"gRPC's in the same topology; vs PA = MB/s over the better of perf_analyzer's at as "
+        f"many callers; pa-shm, pa-grpc = Triton's perf_analyzer, a run of its own per slice, "
+        f"timed by it (its latency percentiles per slice, weighted by their requests; its CPU "
+        f"not measured); fairness = the fewest requests a caller completed over "
         f"the mean; wait p99 = among requests that waited for a slot. {cfg.rounds} interleaved "
         f"rounds x {num(cfg.slice_s)} s per run (Serve over HTTP by several clients: "
         f"{num(cfg.slice_s * 3)} s; Ray Data: a job of {cfg.data_job_batches} batches in each of "
@@ -667,12 +684,14 @@ def bench_json(results: BenchResults) -> dict[str, Any]:
         "runs": [
             {"model": m.name, "path": r.path, "concurrency": r.concurrency, "slots": r.slots}
             | r.numbers()
+            | {"vs_perf_analyzer": m.vs_ceiling(r)[0], "unchecked": r.unchecked}
             | {"disturbed": r.disturbed}
             for m in results.models
             for r in m.runs
             if r.ok
         ],
         "verdicts": verdicts_json(results),
+        "perf_analyzer": _ceilings_json(results),
         "recommendations": {name: r for name, r in recommendations.items() if r},
         "rate_runs": [
             {"model": m.name, "path": r.path, "slots": r.slots, "rate_spec": r.rate_spec}
@@ -701,6 +720,23 @@ def bench_json(results: BenchResults) -> dict[str, Any]:
         "duration_s": results.duration_s,
         "model_update": None if results.model_update is None else results.model_update.to_dict(),
     }
+
+
+def _ceilings_json(results: BenchResults) -> dict[str, list[dict[str, Any]]]:
+    """Per model, the ceiling at each number of callers perf_analyzer ran with: the better
+    of its runs there (``path``), and its numbers."""
+    ceilings: dict[str, list[dict[str, Any]]] = {}
+    for m in results.models:
+        levels = sorted({r.concurrency for r in m.runs if r.path in CEILING_PATHS})
+        for callers in levels:
+            run = m.ceiling(callers)
+            if run is not None:
+                numbers = run.numbers()
+                ceilings.setdefault(m.name, []).append(
+                    {"callers": callers, "path": run.path}
+                    | {k: numbers[k] for k in ("requests_per_s", "mb_per_s", "latency_ms")}
+                )
+    return ceilings
 
 
 def write_json(results: BenchResults, path: str | Path) -> Path:

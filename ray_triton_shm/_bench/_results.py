@@ -14,6 +14,7 @@ import numpy as np
 from ray_triton_shm._bench._cases import ModelCase
 from ray_triton_shm._bench._config import (
     APP_CASES,
+    CEILING_PATHS,
     CHURN,
     CHURN_CASE,
     ELASTIC,
@@ -23,10 +24,10 @@ from ray_triton_shm._bench._config import (
     SERVE_HTTP_PATHS,
     BenchConfig,
 )
-from ray_triton_shm._bench._paths import OpenLoop
+from ray_triton_shm._bench._paths import OpenLoop, SliceSummary
 from ray_triton_shm._bench._watch import Outage
 
-__all__ = ["GOALS", "BenchResults", "Goal", "ModelResult", "Progress", "RunResult"]
+__all__ = ["CEILING", "GOALS", "BenchResults", "Goal", "ModelResult", "Progress", "RunResult"]
 __all__ += ["ELASTIC_POOL", "POOL_SIZE_FOR_RATE", "POOL_SIZE_FOR_THROUGHPUT", "RECOMMEND_SHARE"]
 __all__ += ["UPDATE_CALLERS", "UPDATE_SLOTS", "UpdateResult", "describe_rate_path", "describe_run"]
 __all__ += ["describe_slots", "host_info", "mb_ratio", "mb_ratio_spread", "ratio"]
@@ -86,6 +87,11 @@ def describe_rate_path(
     return f"{path} ({concurrency} threads)" if detailed else path
 
 
+#: The ceiling's name, as a goal's baseline names it: the better of perf_analyzer's runs
+#: (:data:`~._config.CEILING_PATHS`) at the same number of callers.
+CEILING = "perf_analyzer"
+
+
 def ratio(numerator: float | None, denominator: float | None) -> float | None:
     return numerator / denominator if numerator is not None and denominator else None
 
@@ -94,9 +100,11 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
 class RunResult:
     """One path at one concurrency (on ``slots`` slots, for the shm paths) on one model: its
     time, client CPU time (every thread of every client process) and the node actor's
-    (``None``: not used) over the slices, every request's latency per caller, why it was
+    (``None``: not used) over the slices, every request's latency per caller (or, for a path
+    that times its slices itself, each slice's :class:`~._paths.SliceSummary`), why it was
     ``skipped`` or failed (``error``), and the path's own numbers (``extra``); see
-    :meth:`numbers`."""
+    :meth:`numbers`. ``verified``: set up, and its first answer checked against the
+    reference, but where ``unchecked`` says why it was not."""
 
     path: str
     concurrency: int
@@ -107,6 +115,7 @@ class RunResult:
     side_cpu_s: float | None = 0.0
     latencies_s: list[list[float]] = dataclasses.field(default_factory=list)
     verified: bool = False
+    unchecked: str | None = None
     skipped: str | None = None
     error: str | None = None
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -124,6 +133,8 @@ class RunResult:
     #: What happened to Triton while one of its slices ran (a crash, an outage): its numbers
     #: are kept, but count for no verdict, goal or advice (:attr:`counts`).
     disturbed: str | None = None
+    #: The slices its path timed itself (perf_analyzer), in the order of the rounds.
+    summaries: list[SliceSummary] = dataclasses.field(default_factory=list)
 
     def add_open_loop(self, loop: OpenLoop, planned_s: float, cpu_s: float) -> None:
         """Adds one open-loop slice of ``planned_s`` seconds of arrivals."""
@@ -163,12 +174,22 @@ class RunResult:
         for mine, more in zip(self.latencies_s, latencies):
             mine.extend(more)
 
+    def add_summary(self, summary: SliceSummary) -> None:
+        """Adds one slice its path timed itself: its requests and their latency percentiles,
+        no latency per request; its client CPU is not measured (a process of its own per
+        slice, its start included)."""
+        self.rounds.append((summary.wall_s, summary.requests))
+        self.wall_s += summary.wall_s
+        self.side_cpu_s = None
+        self.summaries.append(summary)
+
     @property
     def ok(self) -> bool:
         """Whether the run produced valid numbers (an open-loop run that dropped every
         request did not)."""
         done = self.verified and not self.error and not self.skipped
-        return done and self.wall_s > 0 and any(self.latencies_s)
+        measured = any(self.latencies_s) or any(s.requests for s in self.summaries)
+        return done and self.wall_s > 0 and measured
 
     @property
     def counts(self) -> bool:
@@ -178,23 +199,31 @@ class RunResult:
 
     def numbers(self) -> dict[str, Any]:
         """Requests, samples and input MB (1e6 B) per second, ``latency_ms`` (p50, p90 and
-        p99 of a request's), client CPU s per GB (1e9 B) of input, ``fairness`` (the fewest
-        requests a caller completed over the mean, with several callers), the node actor's
-        CPU us per request, and the path's own numbers; empty for a run without numbers."""
+        p99 of a request's; of a path that timed its slices itself, each slice's, the mean
+        over the slices weighted by their requests), client CPU s per GB (1e9 B) of input
+        (``None`` where not measured), ``fairness`` (the fewest requests a caller completed
+        over the mean, with several callers), the node actor's CPU us per request, and the
+        path's own numbers; empty for a run without numbers."""
         if not self.ok:
             return {}
-        requests = sum(map(len, self.latencies_s))
-        every = np.concatenate([np.array(caller) for caller in self.latencies_s]) * 1e3
+        timed = sum(s.requests for s in self.summaries)
+        requests = sum(map(len, self.latencies_s)) + timed
         done = [len(caller) for caller in self.latencies_s]
         gigabytes = requests * self.case.input_nbytes / 1e9
+        if timed:
+            latency = {
+                p: sum(s.latency_ms[p] * s.requests for s in self.summaries) / timed
+                for p in ("p50", "p90", "p99")
+            }
+        else:
+            every = np.concatenate([np.array(caller) for caller in self.latencies_s]) * 1e3
+            latency = dict(zip(("p50", "p90", "p99"), np.percentile(every, [50, 90, 99]).tolist()))
         return {
             "requests_per_s": requests / self.wall_s,
             "samples_per_s": requests * self.case.batch_size / self.wall_s,
             "mb_per_s": gigabytes * 1e3 / self.wall_s,
-            "latency_ms": dict(
-                zip(("p50", "p90", "p99"), np.percentile(every, [50, 90, 99]).tolist())
-            ),
-            "cpu_s_per_gb": self.cpu_s / gigabytes if gigabytes else None,
+            "latency_ms": latency,
+            "cpu_s_per_gb": self.cpu_s / gigabytes if gigabytes and not timed else None,
             "fairness": min(done) / (requests / len(done)) if len(done) > 1 else None,
             "node_actor_cpu_us": ratio(self.side_cpu_s, requests / 1e6),
             **self.extra,
@@ -212,7 +241,7 @@ class RunResult:
             ),
             "requests": requests,
             "wall_s": self.wall_s,
-            "cpu_s": self.cpu_s,
+            "cpu_s": None if timed else self.cpu_s,
             "mb_per_s_rounds": self.round_mb_per_s(),
         }
 
@@ -293,6 +322,22 @@ class ModelResult:
             if r.path == path and concurrency in (None, r.concurrency) and slots in (None, r.slots):
                 return r
         return None
+
+    def ceiling(self, concurrency: int) -> RunResult | None:
+        """The ceiling at ``concurrency`` callers: the run of perf_analyzer
+        (:data:`~._config.CEILING_PATHS`) with the most MB/s there, of those that count."""
+        runs = [
+            r
+            for r in self.runs
+            if r.path in CEILING_PATHS and r.concurrency == concurrency and r.counts
+        ]
+        return max(runs, key=lambda r: r.numbers()["mb_per_s"], default=None)
+
+    def vs_ceiling(self, run: RunResult) -> tuple[float | None, RunResult | None]:
+        """``run``'s MB/s over the ceiling's at its number of callers, and the ceiling's run
+        (``None`` and ``None``: no ceiling measured there)."""
+        ceiling = self.ceiling(run.concurrency)
+        return mb_ratio(run, ceiling), ceiling
 
     def skipped(self) -> dict[str, str]:
         """Why the runs that did not run did not: by ``"path@concurrency"``."""
@@ -394,7 +439,8 @@ _AT_MOST = ("cpu_s_per_gb", "node_actor_cpu_us", "wrong_answers")
 class Goal:
     """A target on one ``model``: ``metric`` (a key of :meth:`RunResult.numbers`) of ``run``
     (``(path, concurrency, slots)``, the last two optional), or its ratio to ``baseline``'s,
-    at least ``target`` (at most, for CPU and wrong answers)."""
+    at least ``target`` (at most, for CPU and wrong answers). A baseline ``(CEILING, N)`` is
+    the better of perf_analyzer's runs at N callers (:meth:`ModelResult.ceiling`)."""
 
     model: str
     run: tuple[Any, ...]
@@ -409,7 +455,16 @@ class Goal:
         sign = "<=" if self.metric in _AT_MOST else ">="
         if not self.baseline:
             return f"{run}: {metric} {sign} {self.target:g}"
-        return f"{run} {metric} {sign} {self.target:g}x {describe_run(*self.baseline)}"
+        base = describe_run(*self.baseline)
+        if self.baseline[0] == CEILING:
+            base += f", the better of {' and '.join(CEILING_PATHS)}"
+        return f"{run} {metric} {sign} {self.target:g}x {base}"
+
+    @property
+    def paths(self) -> set[str]:
+        """The paths it needs run (any of perf_analyzer's for the ceiling)."""
+        base = self.baseline[:1]
+        return {self.run[0], *base} - {CEILING}
 
     def measure(self, model: ModelResult) -> float | None:
         """The value this goal is about, or ``None`` if not measured (or disturbed)."""
@@ -417,7 +472,10 @@ class Goal:
         value = run.numbers().get(self.metric) if run and run.counts else None
         if not self.baseline:
             return value
-        base = model.run(*self.baseline)
+        if self.baseline[0] == CEILING:
+            base = model.ceiling(self.baseline[1])
+        else:
+            base = model.run(*self.baseline)
         return ratio(value, base.numbers().get(self.metric) if base and base.counts else None)
 
     def met(self, value: float | None) -> bool | None:
@@ -448,6 +506,13 @@ _GOALS: tuple[tuple[Any, ...], ...] = (
     ("classifier", ("shm-lease", 1), 0.9, ("shm-client-prep", 1), "cpu_s_per_gb"),
     *((case, ("shm-lease", callers), 1.0, ("shm-client-prep", callers), "requests_per_s")
       for case in ("classifier", "my_model", "large_image") for callers in (1, 4)),
+    # Triton's perf_analyzer, the ceiling (its inputs written once, its outputs never read):
+    # the core client near it on tiny requests, at or above it on bulk ones under load.
+    *(("identity", ("shm-client", n), target, (CEILING, n)) for n, target in ((1, 0.8), (4, 0.75))),
+    *((case, (path, n), target, ("pa-shm", n))
+      for case, path in (("classifier", "shm-client"), ("my_model", "shm-client"),
+                         ("large_image", "shm-lease"))
+      for n, target in ((1, 0.8), (4, 1.0))),
     # bench --ray: the same Serve deployment with its replica on each client, and the same
     # Ray Data job with each predictor.
     ("identity", ("serve-shm",), 1.0, ("serve-grpc",)),
@@ -510,10 +575,12 @@ class BenchResults:
     def goals(self) -> list[tuple[Goal, float | None]]:
         """Every goal whose model and paths were run, with its measured value."""
         by_model = {m.name: m for m in self.models}
+        paths = {*self.config.paths}
         return [
             (goal, goal.measure(by_model[goal.model]))
             for goal in GOALS
-            if goal.model in by_model and {goal.run[0], *goal.baseline[:1]} <= {*self.config.paths}
+            if goal.model in by_model and goal.paths <= paths
+            if goal.baseline[:1] != (CEILING,) or paths & {*CEILING_PATHS}
         ]
 
     @property

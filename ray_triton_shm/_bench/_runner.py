@@ -5,7 +5,8 @@ that level, and the one-caller paths at level 1), the Serve and Ray Data paths (
 ``--ray-callers`` callers), the node under load, and each churn run. The runs of a group are
 set up together, then measured in interleaved rounds (one time slice per run per round, the
 order rotating each round), so that load from other processes hits them alike. Each run's
-first request is checked against a plain gRPC reference before its numbers count.
+first request is checked against a plain gRPC reference before its numbers count, but for
+perf_analyzer's (:mod:`._pa_paths`), which never reads its outputs: theirs say so.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ray_triton_shm import _cuda
-from ray_triton_shm._bench import _gpu_paths, _paths, _ray_paths, _serve_http
+from ray_triton_shm._bench import _gpu_paths, _pa_paths, _paths, _ray_paths, _serve_http
 from ray_triton_shm._bench._cases import ModelCase
 from ray_triton_shm._bench._config import (
     CHURN,
@@ -63,7 +64,13 @@ __all__ = ["PATHS", "rate_groups", "run_bench", "run_groups"]
 #: Every path, by name: those without Ray, then the Ray paths.
 _CLASSES = {
     cls.name: cls
-    for cls in (*_paths.PATHS, *_ray_paths.PATHS, *_serve_http.PATHS, *_gpu_paths.PATHS)
+    for cls in (
+        *_paths.PATHS,
+        *_pa_paths.PATHS,
+        *_ray_paths.PATHS,
+        *_serve_http.PATHS,
+        *_gpu_paths.PATHS,
+    )
 }
 PATHS: dict[str, type[BenchPath]] = {
     name: _CLASSES[name] for name in dict.fromkeys((*DEFAULT_PATHS, *RAY_PATHS, *GPU_PATHS))
@@ -139,8 +146,11 @@ def _fresh_node_actor(
 
 
 def _set_up(path: BenchPath, reference: Mapping[str, np.ndarray], config: BenchConfig) -> None:
-    """Sets ``path`` up, checks its first answer against ``reference``, and warms it up."""
+    """Sets ``path`` up, checks its first answer against ``reference``, and warms it up (a
+    path whose answers are not checked, :attr:`~._paths.BenchPath.unchecked`: set up only)."""
     path.setup()
+    if path.unchecked is not None:
+        return
     check_outputs(path.run_once(), reference)
     for _ in range(config.warmup_requests - 1):
         path.run_once()
@@ -199,7 +209,7 @@ def _run_group(
             def set_up(r: RunResult = r, path: BenchPath = path) -> None:
                 try:
                     _set_up(path, paths["reference"], config)
-                    r.verified = True
+                    r.verified, r.unchecked = True, path.unchecked
                     active.append((r, path))
                 except SkipPath as exc:
                     r.skipped = str(exc)
@@ -229,9 +239,12 @@ def _run_group(
 
 def _slice(r: RunResult, path: BenchPath, config: BenchConfig) -> None:
     """One slice of ``r`` on ``path``, added to ``r``."""
-    cpu, side = path.cpu_time(), path.side_cpu_time()
     churn = r.path in _CHURN_PATHS
     slice_s = config.churn_s / config.rounds if churn else config.slice_s
+    if isinstance(path, _pa_paths.PerfAnalyzerPath):  # a run timed by perf_analyzer itself
+        r.add_summary(path.measure_slice(slice_s * path.slice_factor))
+        return
+    cpu, side = path.cpu_time(), path.side_cpu_time()
     latencies, wall_s = path.run_slice(slice_s * path.slice_factor)
     after = path.side_cpu_time()
     spent = None if side is None or after is None else after - side

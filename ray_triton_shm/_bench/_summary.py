@@ -1,7 +1,8 @@
 """The bench's answer in a few numbers: for each model, how much faster each choice a user
 makes is than plain gRPC in the same set-up, at every number of callers it ran with
 (:func:`verdicts`) and, in short, at low load and under load (:func:`summary`), beside the
-goals.
+goals, and how near it comes to the ceiling: the better of perf_analyzer's runs at as many
+callers (:meth:`~._results.ModelResult.ceiling`).
 
 The terminal summary, the summary figure (:mod:`._figures`) and the report (:mod:`._html`)
 all read it from here.
@@ -12,9 +13,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ray_triton_shm._bench._config import ELASTIC
+from ray_triton_shm._bench._config import CEILING_PATHS, ELASTIC
 from ray_triton_shm._bench._format import num
 from ray_triton_shm._bench._results import (
+    CEILING,
     GOALS,
     BenchResults,
     Goal,
@@ -27,6 +29,7 @@ from ray_triton_shm._bench._results import (
 
 __all__ = ["CHOICES", "LOADS", "Cell", "Choice", "best_cell", "summary", "verdict"]
 __all__ += ["speedup_text", "verdict_lines", "verdict_text", "verdicts", "verdicts_json"]
+__all__ += ["ceiling_text"]
 
 #: The two loads of the summary: one caller, and the most callers the choice ran with.
 LOADS = ("low load", "under load")
@@ -63,7 +66,9 @@ CHOICES: tuple[Choice, ...] = (
 class Cell:
     """One choice at one load on one model: its run and gRPC's, the speed-up (MB/s over
     gRPC's, ``None``: not measured), and the goal on it, if any, with whether it was met
-    (``load``: one of :data:`LOADS` in :func:`summary`, ``""`` in :func:`verdicts`)."""
+    (``load``: one of :data:`LOADS` in :func:`summary`, ``""`` in :func:`verdicts`); and
+    beside them its MB/s over the ceiling's at as many callers (``vs_ceiling``, ``None``:
+    no perf_analyzer run there), the ceiling's run, and the goal on that, if any."""
 
     choice: Choice
     load: str
@@ -74,6 +79,10 @@ class Cell:
     met: bool | None = None
     #: The lowest and highest speed-up of a round (``None``: fewer than two rounds).
     spread: tuple[float, float] | None = None
+    ceiling: RunResult | None = None
+    vs_ceiling: float | None = None
+    ceiling_goal: Goal | None = None
+    ceiling_met: bool | None = None
 
     @property
     def callers(self) -> int | None:
@@ -123,6 +132,18 @@ def _goal(model: ModelResult, run: RunResult, baseline: RunResult) -> Goal | Non
     return None
 
 
+def _ceiling_goal(model: ModelResult, run: RunResult) -> Goal | None:
+    """The goal on ``run`` against perf_analyzer at its number of callers, if any."""
+    for goal in GOALS:
+        if goal.model != model.name or goal.metric != "mb_per_s" or not goal.baseline:
+            continue
+        base, callers = goal.baseline[0], goal.baseline[1:2]
+        on_ceiling = base in (CEILING, *CEILING_PATHS) and callers in ((), (run.concurrency,))
+        if on_ceiling and _matches(goal.run, run):
+            return goal
+    return None
+
+
 def _cells(model: ModelResult, choice: Choice) -> list[Cell]:
     """``choice`` on ``model``, a cell per number of callers it ran with (runs that count,
     against a baseline that counts), by callers."""
@@ -140,7 +161,13 @@ def _cells(model: ModelResult, choice: Choice) -> list[Cell]:
             speedup = mb_ratio(run, base)
             met = goal.met(speedup) if goal is not None else None
             spread = mb_ratio_spread(run, base)
-            cells[run.concurrency] = Cell(choice, "", run, base, speedup, goal, met, spread)
+            vs_ceiling, ceiling = model.vs_ceiling(run)
+            ceiling_goal = _ceiling_goal(model, run)
+            ceiling_met = ceiling_goal.met(ceiling_goal.measure(model)) if ceiling_goal else None
+            cells[run.concurrency] = Cell(
+                choice, "", run, base, speedup, goal, met, spread,
+                ceiling, vs_ceiling, ceiling_goal, ceiling_met,
+            )  # fmt: skip
     return [cells[callers] for callers in sorted(cells)]
 
 
@@ -172,9 +199,20 @@ def summary(results: BenchResults) -> dict[str, list[Cell]]:
 
 
 def verdict_text(cell: Cell) -> str:
-    """A cell's verdict at its callers, e.g. ``"slower at 1 caller, 0.89x (0.85-0.93x)"``."""
+    """A cell's verdict at its callers, e.g. ``"slower at 1 caller, 0.89x (0.85-0.93x)"``,
+    then its ratio to the ceiling where perf_analyzer ran, e.g. ``", 0.62x perf_analyzer
+    (pa-shm)"``."""
     callers = f"{cell.callers} caller{'s' * (cell.callers != 1)}"
-    return f"{cell.verdict} at {callers}, {speedup_text(cell)}"
+    text = f"{cell.verdict} at {callers}, {speedup_text(cell)}"
+    return text + (f", {ceiling_text(cell)}" if cell.vs_ceiling is not None else "")
+
+
+def ceiling_text(cell: Cell | None) -> str:
+    """A cell's MB/s over the ceiling's, e.g. ``"0.62x perf_analyzer (pa-shm)"`` (``"-"``:
+    no perf_analyzer run at its callers)."""
+    if cell is None or cell.vs_ceiling is None or cell.ceiling is None:
+        return "-"
+    return f"{num(cell.vs_ceiling, 'x')} {CEILING} ({cell.ceiling.path})"
 
 
 def verdict_lines(results: BenchResults) -> list[str]:
@@ -204,6 +242,10 @@ def verdicts_json(results: BenchResults) -> dict[str, list[dict[str, Any]]]:
                 "run": cell.where,
                 "baseline": describe_run(cell.baseline.path, cell.baseline.concurrency)
                 if cell.baseline
+                else None,
+                "vs_perf_analyzer": cell.vs_ceiling,
+                "perf_analyzer": describe_run(cell.ceiling.path, cell.ceiling.concurrency)
+                if cell.ceiling
                 else None,
             }
             for cell in cells

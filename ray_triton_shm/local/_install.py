@@ -7,7 +7,9 @@ The binary comes from one of three places (see :func:`find_tritonserver`):
 3. a private virtual environment with ``nvidia-pytriton`` and ``numpy<2`` installed in it
    (created on demand by :func:`ensure_server_env`). The wheel ships a complete
    ``tritonserver`` with the Python backend; the server side needs ``numpy<2`` because the
-   Python backend of that release silently returns empty outputs with numpy 2.
+   Python backend of that release silently returns empty outputs with numpy 2. The
+   environment also gets the ``tritonclient`` wheel of the server's own release, for the
+   ``perf_analyzer`` it ships (the bench's ceiling, :mod:`._perf_analyzer`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pathlib import Path
 from .._exceptions import LocalServerError
 
 __all__ = [
+    "PERF_ANALYZER_REQUIREMENT",
     "SERVER_ENV_REQUIREMENTS",
     "TritonServerInstall",
     "add_server_packages",
@@ -34,8 +37,12 @@ __all__ = [
     "server_env_dir",
 ]
 
+#: The ``tritonclient`` of the server's release (Triton 2.51, in ``nvidia-pytriton`` 0.7):
+#: its manylinux wheel ships ``perf_analyzer`` (the newest, 2.73, does not), and it fits
+#: ``nvidia-pytriton``'s ``tritonclient~=2.50``.
+PERF_ANALYZER_REQUIREMENT = "tritonclient==2.51.0"
 #: Packages installed into the server environment.
-SERVER_ENV_REQUIREMENTS: tuple[str, ...] = ("nvidia-pytriton", "numpy<2")
+SERVER_ENV_REQUIREMENTS: tuple[str, ...] = ("nvidia-pytriton", "numpy<2", PERF_ANALYZER_REQUIREMENT)
 
 _ENV_VAR_SERVER_ENV = "RAY_TRITON_SHM_SERVER_ENV"
 _ENV_VAR_TRITONSERVER = "TRITONSERVER"
@@ -76,7 +83,9 @@ def _env_tritonserver(env_dir: Path) -> Path | None:
     return binary if binary.is_file() else None
 
 
-def _env_is_ready(env_dir: Path) -> bool:
+def _env_is_ready(env_dir: Path, *, up_to_date: bool = True) -> bool:
+    """Whether the environment was set up, with a ``tritonserver``; ``up_to_date``: and for
+    today's :data:`SERVER_ENV_REQUIREMENTS` (one set up for others still serves)."""
     marker = env_dir / _MARKER_NAME
     if not marker.is_file() or _env_tritonserver(env_dir) is None:
         return False
@@ -84,7 +93,7 @@ def _env_is_ready(env_dir: Path) -> bool:
         recorded = json.loads(marker.read_text())
     except (OSError, ValueError):
         return False
-    return recorded.get("requirements") == list(SERVER_ENV_REQUIREMENTS)
+    return not up_to_date or recorded.get("requirements") == list(SERVER_ENV_REQUIREMENTS)
 
 
 def _run_setup_command(cmd: Sequence[str], *, quiet: bool) -> None:
@@ -109,8 +118,10 @@ def ensure_server_env(*, quiet: bool = False) -> Path:
     """Create the server virtual environment if it does not exist yet.
 
     The environment is created with the running interpreter's ``python -m venv`` and gets
-    ``nvidia-pytriton`` and ``numpy<2`` installed into it. A marker file records success,
-    so later calls return immediately. Concurrent callers are serialised with a file lock.
+    :data:`SERVER_ENV_REQUIREMENTS` installed into it. A marker file records success (and
+    the requirements), so later calls return immediately; an environment set up for other
+    requirements gets today's installed into it. Concurrent callers are serialised with a
+    file lock.
 
     Args:
         quiet: Suppress pip's output (it is still shown if installation fails).
@@ -391,8 +402,9 @@ def find_tritonserver(*, install: bool = False, quiet: bool = True) -> TritonSer
     ``PATH``, then the server environment (see :func:`ensure_server_env`).
 
     Args:
-        install: Create the server environment (pip) if nothing else is found; without it,
-            a missing server is an error that says how to install one.
+        install: Create the server environment (pip) if nothing else is found, or bring it
+            up to date; without it, a missing server is an error that says how to install
+            one (an environment set up for other requirements still serves).
         quiet: Passed to :func:`ensure_server_env`.
 
     Returns:
@@ -411,15 +423,13 @@ def find_tritonserver(*, install: bool = False, quiet: bool = True) -> TritonSer
     if on_path:
         return _install_for_binary(Path(on_path), "PATH")
     env_dir = server_env_dir()
-    binary = _env_tritonserver(env_dir) if _env_is_ready(env_dir) else None
-    if binary is None:
-        if not install:
-            raise LocalServerError(
-                f"no tritonserver found (${_ENV_VAR_TRITONSERVER}, PATH, {env_dir}); install "
-                "the server side with `ray-triton-shm setup-server` (or `make`), or pass "
-                "install=True to set it up on first use"
-            )
+    if install and not _env_is_ready(env_dir):
         env_dir = ensure_server_env(quiet=quiet)
-        binary = _env_tritonserver(env_dir)
-        assert binary is not None
+    binary = _env_tritonserver(env_dir) if _env_is_ready(env_dir, up_to_date=False) else None
+    if binary is None:
+        raise LocalServerError(
+            f"no tritonserver found (${_ENV_VAR_TRITONSERVER}, PATH, {env_dir}); install "
+            "the server side with `ray-triton-shm setup-server` (or `make`), or pass "
+            "install=True to set it up on first use"
+        )
     return _install_for_binary(binary, "server-env")
