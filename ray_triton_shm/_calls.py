@@ -203,7 +203,7 @@ class Call:
                     if body is not None:
                         assert http is not None
                         exchange = http.exchange_async(requests.path, body, self._http_headers)
-                        arg.call = loop.create_task(_answer_of(exchange))
+                        arg.call = _keep(loop.create_task(_answer_of(exchange)))
                     else:
                         self._send(arg)
                 if isinstance(arg.call, asyncio.Future):  # over HTTP: lives on if given up
@@ -238,6 +238,18 @@ class Call:
         """Sends a chunk's request as a gRPC future (the way of multi-chunk calls, requests
         with a deadline, and requests sent again)."""
         chunk.call = self.triton.stub.ModelInfer.future(chunk.request, metadata=self._metadata)
+
+
+#: The requests over HTTP in flight. The event loop holds its tasks weakly, and a request
+#: given up (a deadline, a cancelled caller) is held by nobody else while it waits for
+#: Triton's answer, which frees its slot: without this, it could be collected unanswered.
+_IN_FLIGHT: set[asyncio.Task[Answer]] = set()
+
+
+def _keep(task: asyncio.Task[Answer]) -> asyncio.Task[Answer]:
+    _IN_FLIGHT.add(task)
+    task.add_done_callback(_IN_FLIGHT.discard)
+    return task
 
 
 async def _answer_of(exchange: Coroutine[Any, Any, HttpResponse]) -> Answer:

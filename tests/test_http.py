@@ -5,6 +5,7 @@ restricted APIs, and a Triton that restarts. Against real Tritons."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import socket
 from pathlib import Path
@@ -201,3 +202,41 @@ def test_tritons_refusals_read_the_same_over_both_protocols(
     assert over_http.value.answered is True  # type: ignore[attr-defined]
     grpc_words = over_grpc.value.details().split(":")[0]
     assert over_http.value.details().startswith(grpc_words)
+
+
+def test_a_request_given_up_frees_its_slot_once_answered_even_after_a_collection(
+    fresh_triton: LocalTritonServer,
+) -> None:
+    """A request over HTTP whose caller's deadline passed is held by nobody but its own task
+    (an event loop holds its tasks weakly): it must still read Triton's answer, however the
+    garbage collector runs meanwhile, and free its slot."""
+    with TritonSHMClient(url=fresh_triton.grpc_url) as client:
+        client.register_shm_model(
+            "delay_echo", pool_size=2, max_shapes={"DATA": (8,), "ECHO": (8,)}
+        )
+        assert client.shm_stats("delay_echo").protocol == "http"
+        slow = {"DELAY_MS": np.array([300], np.int32), "DATA": np.ones(8, np.float32)}
+
+        async def give_up() -> list[str]:
+            calls = [
+                client.infer_shm_async("delay_echo", slow, client_timeout_s=0.05) for _ in range(2)
+            ]
+            # Only the names: the errors' tracebacks would hold the requests alive.
+            return [type(r).__name__ for r in await asyncio.gather(*calls, return_exceptions=True)]
+
+        async def give_up_then_wait() -> None:
+            assert await give_up() == ["TritonServerError"] * 2
+            for _ in range(3):  # the loop lets go of the callers' tasks
+                await asyncio.sleep(0)
+            gc.collect()
+            for _ in range(100):
+                if client.shm_stats("delay_echo").in_use == 0:
+                    break
+                await asyncio.sleep(0.05)
+
+        asyncio.run(give_up_then_wait())
+        assert client.shm_stats("delay_echo").in_use == 0
+        quick = {"DELAY_MS": np.array([0], np.int32), "DATA": np.arange(8, dtype=np.float32)}
+        np.testing.assert_array_equal(
+            client.infer_shm("delay_echo", quick, slot_timeout_s=5)["ECHO"], quick["DATA"]
+        )
