@@ -129,9 +129,10 @@ def _system_regions(client: Any) -> dict[str, Mapping[str, Any]]:
 @contextlib.contextmanager
 def _turn_with_regions_kept(url: str, tensors: Sequence[str]) -> Iterator[None]:
     """This machine's turn at perf_analyzer with system shared memory; after it, the system
-    regions registered on Triton before are registered again, and where perf_analyzer did
-    not end by itself (killed past its time, or by Ctrl-C), the regions it left go: those
-    named after the ``tensors`` of its model (``INPUT0_0_0``, ``OUTPUT0``)."""
+    regions registered on Triton before are registered again, and the regions perf_analyzer
+    left go: those named after the ``tensors`` of its model (``INPUT0_0_0``, ``OUTPUT0``),
+    which it leaves now and then even when it ends by itself, and always when killed past its
+    time or by Ctrl-C."""
 
     def left_by_it(name: str) -> bool:
         return any(name == tensor or name.startswith(f"{tensor}_") for tensor in tensors)
@@ -139,7 +140,6 @@ def _turn_with_regions_kept(url: str, tensors: Sequence[str]) -> Iterator[None]:
     with open(_LOCK_PATH, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         client = tritonclient_for(url)
-        killed = False
         try:
             try:
                 before = _system_regions(client)
@@ -147,16 +147,13 @@ def _turn_with_regions_kept(url: str, tensors: Sequence[str]) -> Iterator[None]:
                 raise RuntimeError(f"Triton's shared-memory regions unread: {exc}") from None
             try:
                 yield
-            except BaseException:
-                killed = True
-                raise
             finally:
                 try:
                     after = _system_regions(client)
                 except Exception:  # Triton gone (a crash, say): nothing to register again
                     after, before = {}, {}
                 for name, region in after.items():
-                    if killed and name not in before and left_by_it(name):
+                    if name not in before and left_by_it(name):
                         with contextlib.suppress(Exception):
                             client.unregister_system_shared_memory(name)
                         with contextlib.suppress(OSError):
