@@ -367,11 +367,7 @@ class HttpRoute:
         try:
             sock = socket.create_connection(self._address)
         except OSError as exc:
-            raise HttpError(
-                grpc.StatusCode.UNAVAILABLE,
-                f"failed to connect to Triton's HTTP endpoint {self.url}: {exc}",
-                answered=False,
-            ) from exc
+            raise self._unreachable(exc) from exc
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return sock
 
@@ -432,11 +428,7 @@ class HttpRoute:
             try:
                 reader, writer = await asyncio.open_connection(*self._address)
             except OSError as exc:
-                raise HttpError(
-                    grpc.StatusCode.UNAVAILABLE,
-                    f"failed to connect to Triton's HTTP endpoint {self.url}: {exc}",
-                    answered=False,
-                ) from exc
+                raise self._unreachable(exc) from exc
             sock = writer.get_extra_info("socket")
             if sock is not None:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -461,6 +453,14 @@ class HttpRoute:
         else:
             idle.append((reader, writer))
         return response
+
+    def _unreachable(self, exc: OSError) -> HttpError:
+        """No connection could be made: the request never left (read as Triton away)."""
+        return HttpError(
+            grpc.StatusCode.UNAVAILABLE,
+            f"failed to connect to Triton's HTTP endpoint {self.url}: {exc}",
+            answered=False,
+        )
 
     def _lost(self, exc: OSError) -> HttpError:
         return HttpError(
