@@ -265,44 +265,63 @@ class _ChurnCaller:
 
 
 class _BenchReplica:
-    """The Serve deployment of a ``backend``: ``"grpc"`` (``tritonclient.grpc.aio``), ``"shm"``
-    (``ShmModel``: the node's slots, straight to Triton) or ``"inproc"`` (a
-    ``TritonSHMClient`` of the replica's own). It serves the case last :meth:`prepare` got."""
+    """The bench's Serve deployment: one replica for every backend, so that the Serve paths
+    differ only in it. Each backend is a method: ``grpc`` (``tritonclient.grpc.aio``), ``shm``
+    (``ShmModel``: the node's slots, straight to Triton) and ``inproc`` (a ``TritonSHMClient``
+    of the replica's own). It serves the case last :meth:`prepare` got."""
 
-    def __init__(self, backend: str, url: str, slots: int) -> None:
-        self._backend, self._url, self._slots = backend, url, slots
+    def __init__(self, url: str, slots: int) -> None:
+        self._url, self._slots = url, slots
         self._case: ModelCase | None = None
-        self._client: Any = None
+        self._clients: dict[str, Any] = {}
 
     def prepare(self, case: ModelCase | None) -> int:
         """Serves ``case`` from now on (``None``: nothing); returns the replica's pid."""
-        with contextlib.suppress(Exception):
-            self._client.close()
-        self._case, self._client = case, None
+        if case != self._case:
+            for client in self._clients.values():
+                with contextlib.suppress(Exception):
+                    client.close()
+            self._case, self._clients = case, {}
         return os.getpid()
 
-    @_errors_reach_the_driver
-    async def __call__(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        import tritonclient.grpc.aio as grpcclient
-
+    def _client(self, backend: str) -> tuple[ModelCase, Any]:
+        """The case, and the backend's client (made on first use, on the replica's loop)."""
         case = self._case
         assert case is not None
-        if self._client is None and self._backend == "shm":  # made on the replica's loop
-            self._client = ShmModel(case.model, **_shm_model_options(case, self._slots))
-        elif self._client is None and self._backend == "inproc":
-            self._client = TritonSHMClient(
+        client = self._clients.get(backend)
+        if client is None and backend == "shm":
+            client = ShmModel(case.model, **_shm_model_options(case, self._slots))
+        elif client is None and backend == "inproc":
+            client = TritonSHMClient(
                 self._url, headers=Keys(environ=True), reconnect_timeout_s=reconnect_timeout_s()
             )
-            self._client.register_shm_model(case.model, **case.registration(self._slots))
-        elif self._client is None:
-            self._client = tritonclient_for(self._url, aio=True)
-        if self._backend == "shm":
-            return await self._client.infer_async(inputs)  # type: ignore[no-any-return]
-        if self._backend == "inproc":
-            return await self._client.infer_shm_async(case.model, inputs)  # type: ignore[no-any-return]
+            client.register_shm_model(case.model, **case.registration(self._slots))
+        elif client is None:
+            client = tritonclient_for(self._url, aio=True)
+        self._clients[backend] = client
+        return case, client
+
+    @_errors_reach_the_driver
+    async def shm(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One request through ``ShmModel``."""
+        _, client = self._client("shm")
+        return await client.infer_async(inputs)  # type: ignore[no-any-return]
+
+    @_errors_reach_the_driver
+    async def inproc(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One request through the replica's own ``TritonSHMClient``."""
+        case, client = self._client("inproc")
+        return await client.infer_shm_async(case.model, inputs)  # type: ignore[no-any-return]
+
+    @_errors_reach_the_driver
+    async def grpc(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One request through ``tritonclient.grpc.aio``."""
+        import tritonclient.grpc.aio as grpcclient
+
+        case, client = self._client("grpc")
         names = [t.name for t in case.outputs]
         infer_inputs, outputs = by_value(grpcclient, inputs, names)
-        result = await self._client.infer(case.model, infer_inputs, outputs=outputs)
+        result = await client.infer(case.model, infer_inputs, outputs=outputs)
         return {name: result.as_numpy(name) for name in names}
 
 
@@ -594,22 +613,21 @@ class ShmModelChurnPath(_ChurnPath):
 
 
 def _deploy(session: RayBenchSession, backend: str, callers: int) -> Any:
-    """The ``DeploymentHandle`` of the bench deployment with ``backend`` (an app of its
-    own, one replica), run on first use."""
+    """A ``DeploymentHandle`` on ``backend``'s method of the bench deployment (an app of its
+    own, one replica for every backend), run on first use."""
     from ray import serve
 
     session.serve()
-    key = f"bench-{backend}"
-    if key not in session.apps:
+    if "bench" not in session.apps:
         deployment = serve.deployment(
             _BenchReplica,
-            name=f"triton-{backend}",
+            name="triton-bench",
             max_ongoing_requests=max(8, 2 * callers),
             ray_actor_options={"num_cpus": 0},
         )
-        app = deployment.bind(backend, session.target.grpc_url, max(8, callers))  # type: ignore[attr-defined]
-        session.apps[key] = serve.run(app, name=f"{SERVE_APP}-{backend}", route_prefix=None)
-    return session.apps[key]
+        app = deployment.bind(session.target.grpc_url, max(8, callers))  # type: ignore[attr-defined]
+        session.apps["bench"] = serve.run(app, name=SERVE_APP, route_prefix=None)
+    return session.apps["bench"].options(method_name=backend)
 
 
 class _ServePath(_CallerPath):
