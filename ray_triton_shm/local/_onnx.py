@@ -111,17 +111,76 @@ def _graph_tensors(
     from tritonclient.grpc import model_config_pb2
 
     for tensor in tensors:
-        triton_type = _TRITON_TYPES.get(tensor["type"])
-        if triton_type is None:
-            raise LocalServerError(
-                f"{where}: {field} {tensor['name']!r} is a {tensor['type']}, which the Python "
-                f"backend cannot carry (it carries {', '.join(sorted(_TRITON_TYPES))})"
-            )
-        dims = [-1 if d is None else d for d in tensor["shape"]]
+        triton_type = _triton_type(tensor, field, where)
+        dims = _graph_dims(tensor, max_batch_size)
         entry = getattr(config, field).add()
         entry.name = tensor["name"]
         entry.data_type = model_config_pb2.DataType.Value(triton_type)
-        entry.dims.extend(dims[1:] if max_batch_size > 0 else dims)
+        # Triton wants dims; a tensor of one value per sample (a classifier's label) gets [1],
+        # and the adapter reshapes (see _reshapes).
+        entry.dims.extend(dims or [1])
+
+
+def _triton_type(tensor: dict[str, Any], field: str, where: str) -> str:
+    triton_type = _TRITON_TYPES.get(tensor["type"])
+    if triton_type is None:
+        hint = ""
+        if tensor["type"].startswith("seq(map("):
+            hint = (
+                ": a classifier's ZipMap output; convert it without one (skl2onnx: "
+                "options={'zipmap': False}), or leave it out of the config's outputs"
+            )
+        raise LocalServerError(
+            f"{where}: {field} {tensor['name']!r} is a {tensor['type']}, which the Python "
+            f"backend cannot carry (it carries {', '.join(sorted(_TRITON_TYPES))}){hint}"
+        )
+    return triton_type
+
+
+def _graph_dims(tensor: dict[str, Any], max_batch_size: int) -> list[int]:
+    """The graph's shape of ``tensor`` per sample (``-1`` where it varies)."""
+    dims = [-1 if d is None else d for d in tensor["shape"]]
+    return dims[1:] if max_batch_size > 0 else dims
+
+
+def _count(dims: list[int]) -> int | None:
+    """How many values ``dims`` hold, ``None`` if one varies."""
+    count = 1
+    for d in dims:
+        if d < 0:
+            return None
+        count *= d
+    return count
+
+
+def _reshapes(config: Any, signature: dict[str, Any], where: str) -> dict[str, dict[str, Any]]:
+    """The shapes the adapter gives tensors whose shape in Triton (the config's ``dims``)
+    differs from the graph's (a config's ``reshape``, else the graph's own), per sample:
+    inputs to the graph's shape, outputs to the config's. The ``reshape`` fields are removed
+    from ``config``: the Python backend does not apply them, the adapter does."""
+    shapes: dict[str, dict[str, Any]] = {"inputs": {}, "outputs": {}}
+    for field, key in (("input", "inputs"), ("output", "outputs")):
+        graph = {t["name"]: t for t in signature[key]}
+        for entry in getattr(config, field):
+            triton_dims = list(entry.dims)
+            if entry.HasField("reshape"):
+                model_dims = list(entry.reshape.shape)
+                entry.ClearField("reshape")
+            else:
+                model_dims = _graph_dims(graph[entry.name], config.max_batch_size)
+                if len(model_dims) == len(triton_dims):
+                    continue  # the same shape, or one the config narrows
+            if model_dims == triton_dims:
+                continue
+            counts = _count(triton_dims), _count(model_dims)
+            if None not in counts and counts[0] != counts[1]:
+                raise LocalServerError(
+                    f"{where}: the {field} {entry.name!r} is {triton_dims} per sample in the "
+                    f"config and {model_dims} in the model, which do not hold the same number "
+                    "of values: give the config the graph's shape, or a reshape to it"
+                )
+            shapes[key][entry.name] = model_dims if field == "input" else triton_dims
+    return shapes
 
 
 def _batchable(signature: dict[str, Any]) -> bool:
@@ -138,11 +197,6 @@ def _check_names(config: Any, signature: dict[str, Any], where: str) -> None:
                 raise LocalServerError(
                     f"{where}: the config's {field} {entry.name!r} is not one of the ONNX "
                     f"graph's {key}: {', '.join(graph) or 'none'}"
-                )
-            if entry.HasField("reshape"):
-                raise LocalServerError(
-                    f"{where}: the {field} {entry.name!r} has a reshape, which serving through "
-                    "the Python backend does not do: give the graph's own shape instead"
                 )
 
 
@@ -166,6 +220,7 @@ def _adapter_config(directory: Path, signature: dict[str, Any], model_file: str)
     for field, key in (("input", "inputs"), ("output", "outputs")):
         if not getattr(config, field):
             _graph_tensors(config, field, signature[key], config.max_batch_size, where)
+    reshapes = _reshapes(config, signature, where)
     config.name = directory.name
     config.ClearField("platform")
     config.backend = "python"
@@ -176,6 +231,8 @@ def _adapter_config(directory: Path, signature: dict[str, Any], model_file: str)
         group.ClearField("gpus")
     config.parameters["onnx_model_directory"].string_value = str(directory)
     config.parameters["onnx_model_filename"].string_value = model_file
+    if any(reshapes.values()):
+        config.parameters["onnx_reshapes"].string_value = json.dumps(reshapes)
     header = f"# Generated by ray-triton-shm (onnx_via_python): {directory} through onnxruntime.\n"
     return header + text_format.MessageToString(config)
 

@@ -5,7 +5,9 @@ Copied as ``<model>/<version>/model.py`` into the repository that
 environment (``ray-triton-shm setup-server --with onnxruntime``), never in the client's. The
 config's ``parameters`` name the original model's directory and file; the version is Triton's.
 Requests of a batching model (``max_batch_size`` > 0) that Triton hands over together are run
-as one batch.
+as one batch. Tensors whose shape per sample differs between Triton and the graph (a config's
+``reshape``, or a classifier's label of one value per sample, ``[1]`` in Triton) are reshaped
+here, as the ``onnx_reshapes`` parameter says: the Python backend does not apply a ``reshape``.
 """
 
 import json
@@ -27,6 +29,16 @@ class TritonPythonModel:
         self.inputs = [i["name"] for i in config.get("input", [])]
         self.outputs = [o["name"] for o in config.get("output", [])]
         self.batching = int(config.get("max_batch_size", 0)) > 0
+        reshapes = json.loads(parameters.get("onnx_reshapes", {}).get("string_value") or "{}")
+        self.input_shapes = reshapes.get("inputs", {})
+        self.output_shapes = reshapes.get("outputs", {})
+
+    def _shaped(self, array, shape):
+        """``array`` with ``shape`` per sample (its batch dimension kept)."""
+        if shape is None:
+            return array
+        lead = array.shape[:1] if self.batching else ()
+        return array.reshape((*lead, *shape))
 
     def execute(self, requests):
         feeds = [self._feed(request) for request in requests]
@@ -42,7 +54,7 @@ class TritonPythonModel:
         for name in self.inputs:
             tensor = pb_utils.get_input_tensor_by_name(request, name)
             if tensor is not None:  # an optional input not sent
-                feed[name] = tensor.as_numpy()
+                feed[name] = self._shaped(tensor.as_numpy(), self.input_shapes.get(name))
         return feed
 
     def _stackable(self, feeds):
@@ -72,7 +84,10 @@ class TritonPythonModel:
 
     def _response(self, results):
         return pb_utils.InferenceResponse(
-            [pb_utils.Tensor(n, np.ascontiguousarray(r)) for n, r in zip(self.outputs, results)]
+            [
+                pb_utils.Tensor(n, np.ascontiguousarray(self._shaped(r, self.output_shapes.get(n))))
+                for n, r in zip(self.outputs, results)
+            ]
         )
 
     def _error(self, exc):
