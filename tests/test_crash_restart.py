@@ -249,6 +249,46 @@ def test_a_crashed_triton_comes_back_under_load_and_every_answer_is_exact(
     assert not [p for p in SHM_DIR.iterdir() if p.name.startswith(prefix)]
 
 
+def test_the_node_actor_counts_restarts_from_the_registrations_triton_lost(
+    supervised: tuple[LocalTritonServer, list[ServerEvent]], ray_beside: None
+) -> None:
+    """A restart as fast as the embedded Triton's (well under the actor's look at its
+    liveness, every second) is counted from its proof: Triton lost every registration of the
+    node. The actor registers its regions again itself, with no call, and counts each restart
+    once, whether it or a caller found the loss first."""
+    import ray
+
+    from ray_triton_shm.ray import ShmModel, get_node_actor
+
+    server, _ = supervised
+    model = ShmModel("identity", url=server.grpc_url, pool_size=2, max_shapes=SHAPES)
+    x = np.arange(32, dtype=np.float32).reshape(2, 16)
+    np.testing.assert_array_equal(model.infer({"INPUT0": x})["OUTPUT0"], x)
+    actor = get_node_actor(url=server.grpc_url)
+
+    def registered() -> set[str]:
+        return our_regions() & set(registered_on(server.grpc_url))
+
+    def restarts() -> int:
+        return int(ray.get(actor.stats.remote()).triton_restarts)
+
+    assert registered() and restarts() == 0
+    for number in (1, 2):
+        pid = server.pid
+        assert pid is not None
+        os.kill(pid, signal.SIGABRT)
+        _wait_back(server, number)
+        if number == 2:  # a caller finds the loss first, and the actor registers again
+            np.testing.assert_array_equal(model.infer({"INPUT0": x})["OUTPUT0"], x)
+        wait_for(registered, what="the node's regions registered again")
+        wait_for(lambda n=number: restarts() == n, what=f"restart {number} counted")
+    for _ in range(3):  # later looks of the actor's find nothing lost: no count more
+        stats = ray.get(actor.stats.remote())
+        np.testing.assert_array_equal(model.infer({"INPUT0": x})["OUTPUT0"], x)
+    assert stats.triton_up and restarts() == 2
+    model.close()
+
+
 def test_repeated_crashes_past_the_limit_give_up_naming_the_log(tmp_path: Path) -> None:
     events: list[ServerEvent] = []
     server = LocalTritonServer(

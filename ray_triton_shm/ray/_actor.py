@@ -48,7 +48,7 @@ from .._engine import ModelPool
 from .._exceptions import ModelSpecError, StaleLeaseError, TritonServerError, TritonSHMError
 from .._header import RegionHeader
 from .._keys import Keys
-from .._reclaim import reclaim_regions
+from .._reclaim import reclaim_regions, registrations
 from .._scaling import default_shm_budget
 from .._shared_slots import NodeSlotStats, SharedSlots
 from .._shm import DEAD, list_local_regions, shm_space
@@ -176,8 +176,9 @@ class NodeStats:
         shm_budget: Bytes of ``/dev/shm`` the actor's pools may hold (``0``: no budget).
         triton_up: Whether Triton answered the actor's last liveness check (every
             ``sweep_interval_s``).
-        triton_restarts: How often the actor saw Triton answer again after it was down (a
-            crash and restart, or an outage between them).
+        triton_restarts: How often Triton restarted: the actor saw it answer again after it
+            was down, or found that it had lost every registration of the node's regions
+            (which it then registers again), however short the restart.
         models: Per model, over every process of the node: ``slots`` (the pool's size now),
             ``min_slots`` and ``max_slots`` (its bounds: both its size if fixed),
             ``limited_by`` (why it did not grow although callers waited lately, ``""`` for
@@ -245,9 +246,10 @@ class TritonNodeActor:
         self._node_id = _current_node_id()
         self._incarnation = f"{os.getpid()}-{time.time_ns()}"
         self._started_s = time.time()
-        #: Triton's liveness as the housekeeping last saw it, and how often it came back.
+        #: Triton's liveness as last seen, and how often it restarted (see _note_triton).
         self._triton_seen_up = True
         self._triton_restarts = 0
+        self._triton_lock = threading.Lock()
         keys = Keys(config.headers, environ=True)
         # A restarted actor first takes back what its previous incarnation left behind.
         reclaim_regions(self._url, headers=keys)
@@ -395,6 +397,7 @@ class TritonNodeActor:
                 model=model_name,
                 incarnation=incarnation,
             )
+        self._note_triton(up=True)  # the node's other regions too, if Triton restarted
         self._pools.register_slots(pool.memory, pool.slot_keys, model=model_name)
 
     @ray.method(concurrency_group="control")
@@ -534,8 +537,7 @@ class TritonNodeActor:
                     logger.exception("ray-triton-shm: housekeeping of model %r failed", name)
             try:
                 up = self._triton_up()
-                self._triton_restarts += up and not self._triton_seen_up
-                self._triton_seen_up = up
+                self._note_triton(up=up)
                 self._metrics.export_node(
                     triton_up=up,
                     triton_restarts=self._triton_restarts,
@@ -544,6 +546,47 @@ class TritonNodeActor:
                 )
             except Exception:
                 logger.exception("ray-triton-shm: exporting the node's metrics failed")
+
+    def _note_triton(self, *, up: bool) -> None:
+        """Registers again the regions Triton lost, and counts its restarts.
+
+        A restart is counted once, on whichever proof comes first: Triton answers again after
+        it was seen down, or it has lost every registration of the node (only a restart, or
+        somebody unregistering every region, does that), which a restart faster than the
+        liveness check also leaves.
+        """
+        with self._triton_lock:
+            if not up:
+                self._triton_seen_up = False
+                return
+            came_back, self._triton_seen_up = not self._triton_seen_up, True
+            try:
+                lost_all = self._register_lost()
+            except (InferenceServerException, TritonSHMError):
+                self._triton_seen_up = not came_back  # gone again: the next look tells
+                return
+            self._triton_restarts += came_back or lost_all
+
+    def _register_lost(self) -> bool:
+        """Registers the pools Triton has no registration of again; whether it had none of
+        any pool (the proof of a restart)."""
+        pools = []
+        for name in self._client.registered_models:
+            try:
+                pools.append(self._pools.get(name))
+            except TritonSHMError:
+                continue  # unregistered meanwhile
+        if not pools:
+            return False
+        registered = registrations(self._client).keys()
+        lost = [pool for pool in pools if registered.isdisjoint(pool.slot_keys)]
+        for pool in lost:
+            logger.info(
+                "ray-triton-shm: Triton lost model %r's region; registering it again",
+                pool.spec.name,
+            )
+            self._pools.register_slots(pool.memory, pool.slot_keys, model=pool.spec.name)
+        return len(lost) == len(pools)
 
     def _triton_up(self) -> bool:
         """Whether the node's Triton answers a liveness check (refusing the keys is an
