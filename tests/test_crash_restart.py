@@ -21,7 +21,7 @@ import pytest
 from _helpers import end_node_actor, model_repository, our_regions, registered_on, wait_for
 
 from ray_triton_shm import TritonSHMClient
-from ray_triton_shm.local._crashes import RestartPolicy, ServerEvent, crash_reason
+from ray_triton_shm.local._crashes import RestartPolicy, ServerEvent, crash_reason, reason_lines
 from ray_triton_shm.local._server import LocalTritonServer
 
 SHM_DIR = Path("/dev/shm")
@@ -347,14 +347,56 @@ def test_a_log_that_failed_to_start_is_kept(tmp_path: Path) -> None:
     broken = tmp_path / "models" / "broken"
     (broken / "1").mkdir(parents=True)
     (broken / "config.pbtxt").write_text('name: "broken"\nbackend: "python"\n')
-    (broken / "1" / "model.py").write_text("raise RuntimeError('broken on purpose')\n")
+    (broken / "1" / "model.py").write_text(
+        "class TritonPythonModel:\n"
+        "    def initialize(self, args):\n"
+        "        raise RuntimeError('broken on purpose: no weights.bin')\n"
+    )
     server = LocalTritonServer(broken.parent, startup_timeout_s=60)
     with pytest.raises(LocalServerError) as error:
         server.start()
     server.close()
     log = server.log_path
     assert f"(log: {log})" in str(error.value) and log.is_file()
+    # The lines with the reason, not the tables of options that end the log.
+    message = str(error.value)
+    assert "its log says:" in message and "| Option" not in message, message
+    assert "failed to load 'broken' version 1" in message, message
+    assert "RuntimeError: broken on purpose: no weights.bin" in message, message
+    assert f"{broken / '1' / 'model.py'}(3): initialize" in message, message
+    assert "error: creating server" in message, message
     log.unlink()
+
+
+def test_the_reason_lines_are_the_errors_the_exception_and_the_traceback() -> None:
+    log = (
+        'I1127 05:26:09.100000 4016 server.cc:10] "starting"\n'
+        'E1127 05:26:09.123456 4016 server.cc:241] "CudaDriverHelper has not been initialized."\n'
+        'E1127 05:26:09.1 4016 model.cc:12] "failed: ValueError: x\\n\\nAt:\\n  m.py(7): f\\n"\n'
+        'E1127 05:26:09.2 4016 model.cc:13] "again: ValueError: x\\n\\nAt:\\n  m.py(7): f\\n"\n'
+        "Traceback (most recent call last):\n"
+        '  File "model.py", line 3, in <module>\n'
+        "ModuleNotFoundError: No module named 'torch'\n"
+        'I1127 05:26:09.300000 4016 server.cc:11] "+--------+ a table"\n'
+        "terminate called after throwing an instance of 'std::runtime_error'\n"
+        "  what():  bad\n"
+        "| Option | Value |\n"
+        "error: creating server: Internal - failed to load all models\n"
+    )
+    assert reason_lines(log) == [
+        "failed: ValueError: x",
+        "At:",
+        "  m.py(7): f",
+        "again: ValueError: x",
+        "Traceback (most recent call last):",
+        '  File "model.py", line 3, in <module>',
+        "ModuleNotFoundError: No module named 'torch'",
+        "terminate called after throwing an instance of 'std::runtime_error'",
+        "  what():  bad",
+        "error: creating server: Internal - failed to load all models",
+    ]
+    assert reason_lines(log, limit=2) == ["failed: ValueError: x", "At:"]
+    assert reason_lines("I1127 05:26:09.1 1 a.cc:1] fine\n| Option |\n") == []
 
 
 def test_a_kill_ends_the_server_at_once_and_is_no_crash(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ process, no thread, no file is touched here.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import signal
 import time
@@ -17,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
-__all__ = ["RestartPolicy", "ServerCrash", "ServerEvent", "crash_reason"]
+__all__ = ["RestartPolicy", "ServerCrash", "ServerEvent", "crash_reason", "reason_lines"]
 
 #: What a C++ abort prints: ``terminate called after throwing an instance of 'T'``.
 _TERMINATE_RE = re.compile(r"terminate called after throwing an instance of '([^']+)'")
@@ -26,6 +27,50 @@ _WHAT_RE = re.compile(r"^\s*what\(\):\s*(.+)$")
 _SIGNAL_RE = re.compile(r"Signal \((\d+)\) received")
 #: A line Triton logged as an error: ``E1127 05:26:09.123456 4016 file.cc:12] text``.
 _ERROR_RE = re.compile(r"^E\d{4} [\d:.]+\s+\d+\s+\S+\]\s*(.+)$")
+
+
+#: The start of any line Triton logs: ``I1127 05:26:09.123456 4016 file.cc:12] ``.
+_LOG_LINE_RE = re.compile(r"^[IWEF]\d{4} [\d:.]+\s+\d+\s+\S+\]")
+#: Error lines every start on a machine without a GPU logs: no reason for anything.
+_HARMLESS = ("CudaDriverHelper has not been initialized",)
+#: The most lines :func:`reason_lines` gives.
+REASON_LINES = 24
+
+
+def reason_lines(log: str, *, limit: int = REASON_LINES) -> list[str]:
+    """The lines of a ``tritonserver`` log that say why it failed, in their order, each once:
+    its error lines (a quoted message unquoted: a model's Python traceback comes with it), an
+    uncaught C++ exception (``terminate called ...``) and what it said, a Python traceback,
+    and its last words (``error: creating server: ...``). Not its tables of options and
+    models, which end every log.
+
+    Args:
+        log: What the server wrote to its log.
+        limit: The most lines returned (the first ones: the cause comes before its echoes).
+    """
+    found: list[str] = []
+    in_traceback = False
+    for line in log.splitlines():
+        error = _ERROR_RE.match(line)
+        if error:
+            in_traceback = False
+            message = error.group(1).strip()
+            if message.startswith('"') and message.endswith('"'):
+                try:
+                    message = json.loads(message)
+                except ValueError:
+                    pass
+            if not any(noise in message for noise in _HARMLESS):
+                found += message.splitlines()
+        elif _LOG_LINE_RE.match(line):
+            in_traceback = False
+        elif line.startswith("Traceback (most recent call last)") or in_traceback:
+            in_traceback = True
+            found.append(line)
+        elif _TERMINATE_RE.search(line) or _WHAT_RE.match(line) or line.startswith("error:"):
+            found.append(line)
+    kept = [line for line in dict.fromkeys(found) if line.strip()]
+    return kept[:limit]
 
 
 def _signal_name(number: int) -> str:

@@ -29,7 +29,7 @@ from pathlib import Path
 from types import TracebackType
 
 from .._exceptions import LocalServerError
-from ._crashes import RestartPolicy, ServerCrash, ServerEvent, crash_reason
+from ._crashes import RestartPolicy, ServerCrash, ServerEvent, crash_reason, reason_lines
 from ._install import TritonServerInstall, find_tritonserver
 from ._onnx import onnx_via_python_repository
 from ._repository import (
@@ -126,6 +126,15 @@ def log_tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
     except OSError as exc:
         return f"(log unavailable: {exc})"
     return "\n".join(data.splitlines()[-lines:])
+
+
+def _why(text: str, path: Path) -> str:
+    """What a log says of why the server did not start (:func:`reason_lines`), else its last
+    lines."""
+    lines = reason_lines(text)
+    if lines:
+        return "its log says:\n" + "\n".join(f"  {line}" for line in lines)
+    return f"last lines:\n{log_tail(path)}"
 
 
 def _kill_group(pgid: int, sig: int) -> None:
@@ -1057,7 +1066,7 @@ class LocalTritonServer:
                     self._keep_log()
                 message = (
                     f"tritonserver exited with code {code} during startup "
-                    f"(log: {self._log_path}); last lines:\n{log_tail(self._log_path)}"
+                    f"(log: {self._log_path}); {_why(text, self._log_path)}"
                 )
                 if bind_failure:
                     raise _BindFailure(message)
@@ -1070,7 +1079,7 @@ class LocalTritonServer:
                 self._keep_log()
                 raise LocalServerError(
                     f"tritonserver did not become ready within {self._startup_timeout_s:.0f} s "
-                    f"(log: {self._log_path}); last lines:\n{log_tail(self._log_path)}"
+                    f"(log: {self._log_path}); {_why(self._new_log_text(), self._log_path)}"
                 )
             time.sleep(0.2)
 
