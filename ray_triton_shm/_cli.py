@@ -154,6 +154,7 @@ def _cmd_serve_local(args: argparse.Namespace) -> int:
         host=args.host,
         grpc_port=args.grpc_port,
         http_port=args.http_port,
+        metrics_port=args.metrics_port,
         startup_timeout_s=args.startup_timeout_s,
         install=True,  # a command of its own: sets the server side up on first use
         restart_on_crash=not args.no_restart,
@@ -547,6 +548,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--grpc-port", type=int, metavar="PORT", help="gRPC port (default: free)")
     p.add_argument("--http-port", type=int, metavar="PORT", help="HTTP port (default: free)")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="Prometheus metrics port (default: free; give one for a scrape target that stays)",
+    )
     p.add_argument(
         "--model-repository",
         action="append",

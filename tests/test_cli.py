@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -79,7 +80,7 @@ def _identity_answers(grpc_port: int) -> None:
 
 
 def test_serve_local_answers_restarts_a_crashed_triton_then_stops_on_sigint() -> None:
-    grpc_port, http_port = free_ports(2)
+    grpc_port, http_port, metrics_port = free_ports(3)
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -90,6 +91,8 @@ def test_serve_local_answers_restarts_a_crashed_triton_then_stops_on_sigint() ->
             str(grpc_port),
             "--http-port",
             str(http_port),
+            "--metrics-port",
+            str(metrics_port),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -111,6 +114,7 @@ def test_serve_local_answers_restarts_a_crashed_triton_then_stops_on_sigint() ->
         text = "".join(lines)
         server_pid = int(re.search(r"pid (\d+)", text).group(1))  # type: ignore[union-attr]
         assert f"127.0.0.1:{grpc_port}" in text and f"127.0.0.1:{http_port}" in text
+        assert f"metrics: http://127.0.0.1:{metrics_port}/metrics" in text  # a steady target
         for model in ("identity", "classifier", "my_model", "large_image"):
             assert model in text
 
@@ -130,6 +134,9 @@ def test_serve_local_answers_restarts_a_crashed_triton_then_stops_on_sigint() ->
         assert kept.is_file()  # the evidence is kept, though no --log-file was given
         restarted_pid = int(re.search(r"pid (\d+)", line).group(1))  # type: ignore[union-attr]
         _identity_answers(grpc_port)
+        # The restarted Triton's metrics are where Prometheus looked for the first one's.
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as r:
+            assert b"nv_inference_request_success" in r.read()
 
         proc.send_signal(signal.SIGINT)
         _, stderr = proc.communicate(timeout=90)
