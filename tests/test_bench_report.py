@@ -353,3 +353,18 @@ def test_each_pool_size_answer_has_one_name_in_the_terminal_the_report_and_the_j
     assert f"classifier, {answers[POOL_SIZE_FOR_RATE]}" in summary_text
     assert re.search(r"\nclassifier +1 +Ray tasks .* 4\n", summary_text), summary_text
     assert "none needed" not in full + page and "for_rates" not in json.dumps(data)
+
+
+def test_an_elastic_pool_s_growth_says_what_held_it_back_and_what_was_no_reason() -> None:
+    from ray_triton_shm._bench._report import pool_growth
+
+    run = {"pool_sizes": [[0.1, 2], [0.4, 16], [2.0, 16]], "min_slots": 2}
+    run["pool_size_settled"] = 16
+    assert pool_growth(run) == "2 -> 16 slots within 0.4 s of load, 16 at the end"
+    short_waits = pool_growth({**run, "limited_by": "upscale_delay_s"})
+    assert short_waits is not None and "held back" not in short_waits
+    assert short_waits.endswith("(callers' waits shorter than upscale_delay_s did not grow it)")
+    both = pool_growth({**run, "limited_by": "max_slots,upscale_delay_s"})
+    assert both is not None and both.endswith(
+        "(held back by max_slots; callers' waits shorter than upscale_delay_s did not grow it)"
+    )

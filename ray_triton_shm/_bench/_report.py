@@ -278,8 +278,14 @@ _STEPS = 4
 
 
 def _held_back(numbers: Mapping[str, Any]) -> str:
-    limits = numbers.get("limited_by")
-    return f" (held back by {limits.replace(',', ', ')})" if limits else ""
+    """Why the pool did not grow while callers waited: a limit held it back, or their waits
+    were too short to be a reason (shorter than ``upscale_delay_s``)."""
+    limits = [limit for limit in (numbers.get("limited_by") or "").split(",") if limit]
+    held = [limit for limit in limits if limit != "upscale_delay_s"]
+    said = [f"held back by {', '.join(held)}"] if held else []
+    if "upscale_delay_s" in limits:
+        said.append("callers' waits shorter than upscale_delay_s did not grow it")
+    return f" ({'; '.join(said)})" if said else ""
 
 
 def pool_size_legend(bound_ms: float | None) -> str:
