@@ -618,6 +618,15 @@ def _object_store_in_shm(node_id: str) -> int:
     return store if space is not None and store <= space[1] else 0
 
 
+def _has_gpus(node_id: str) -> bool:
+    """Whether Ray counts GPUs on ``node_id`` (``True`` when it cannot tell)."""
+    try:
+        node = next(n for n in ray.nodes() if n.get("NodeID") == node_id)
+    except Exception:  # the GCS did not answer, or the node is gone: as if it had some
+        return True
+    return float(node.get("Resources", {}).get("GPU", 0)) > 0
+
+
 def _current_node_id() -> str:
     if not ray.is_initialized():  # a plain object outside Ray (tests)
         return "local"
@@ -701,13 +710,16 @@ def get_node_actor(
         concurrency_groups={"infer": slots + max_waiting + 1, "control": 4},
         allow_out_of_order_execution=False,  # see the module docstring
     )(TritonNodeActor)
+    # A runtime environment of its own costs a worker process started for it (a second); only
+    # a node whose GPUs Ray could hide from the actor needs one.
+    environment = {"runtime_env": {"env_vars": dict(NODE_ACTOR_ENV_VARS)}}
     return actor_class.options(
         name=actor_name(node),
         namespace=NAMESPACE,
         get_if_exists=True,
         lifetime="detached",
         num_cpus=0,
-        runtime_env={"env_vars": dict(NODE_ACTOR_ENV_VARS)},
+        **(environment if _has_gpus(node) else {}),
         max_restarts=-1,
         scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
     ).remote(config)
