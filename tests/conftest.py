@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -64,6 +65,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="duration of the load swinging between 1 and 32 callers in tests/test_scaling.py "
         f"(default {DEFAULT_SWING_S:g})",
     )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Ctrl-C works in this process and in every process the tests start. A suite started in
+    the background of a non-interactive shell inherits SIGINT ignored, and passes that on:
+    ``ray start --block`` would never stop on the SIGINT the tests send it."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
