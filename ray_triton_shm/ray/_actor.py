@@ -405,11 +405,7 @@ class TritonNodeActor:
         """Slots in use, waiting callers, abandoned slots, shared memory and counters per
         model, over every process of the node."""
         models = {}
-        for name in self._client.registered_models:
-            try:
-                pool = self._pools.get(name)
-            except TritonSHMError:
-                continue  # unregistered meanwhile
+        for name, pool in self._registered_pools():
             now = _node_slot_stats(pool)
             header = pool.header
             grows, shrinks = header.resizes
@@ -570,12 +566,7 @@ class TritonNodeActor:
     def _register_lost(self) -> bool:
         """Registers the pools Triton has no registration of again; whether it had none of
         any pool (the proof of a restart)."""
-        pools = []
-        for name in self._client.registered_models:
-            try:
-                pools.append(self._pools.get(name))
-            except TritonSHMError:
-                continue  # unregistered meanwhile
+        pools = [pool for _, pool in self._registered_pools()]
         if not pools:
             return False
         registered = registrations(self._client).keys()
@@ -587,6 +578,16 @@ class TritonNodeActor:
             )
             self._pools.register_slots(pool.memory, pool.slot_keys, model=pool.spec.name)
         return len(lost) == len(pools)
+
+    def _registered_pools(self) -> list[tuple[str, ModelPool]]:
+        """The registered models and their pools (but one unregistered meanwhile)."""
+        pools = []
+        for name in self._client.registered_models:
+            try:
+                pools.append((name, self._pools.get(name)))
+            except TritonSHMError:
+                continue  # unregistered meanwhile
+        return pools
 
     def _triton_up(self) -> bool:
         """Whether the node's Triton answers a liveness check (refusing the keys is an
@@ -609,22 +610,28 @@ def _object_store_in_shm(node_id: str) -> int:
     ``object_store_memory`` where that fits there (Ray then keeps it there), else none."""
     if not ray.is_initialized():  # a plain object outside Ray (tests): asking would start one
         return 0
-    try:
-        node = next(n for n in ray.nodes() if n.get("NodeID") == node_id)
-        store = int(node.get("Resources", {}).get("object_store_memory", 0))
-    except Exception:  # the GCS did not answer: no reservation
+    resources = _node_resources(node_id)
+    if resources is None:  # no reservation
         return 0
+    store = int(resources.get("object_store_memory", 0))
     space = shm_space()
     return store if space is not None and store <= space[1] else 0
 
 
 def _has_gpus(node_id: str) -> bool:
     """Whether Ray counts GPUs on ``node_id`` (``True`` when it cannot tell)."""
+    resources = _node_resources(node_id)
+    return resources is None or float(resources.get("GPU", 0)) > 0
+
+
+def _node_resources(node_id: str) -> Mapping[str, Any] | None:
+    """Ray's resources of ``node_id``; ``None`` when the GCS did not answer, or the node is
+    gone."""
     try:
         node = next(n for n in ray.nodes() if n.get("NodeID") == node_id)
-    except Exception:  # the GCS did not answer, or the node is gone: as if it had some
-        return True
-    return float(node.get("Resources", {}).get("GPU", 0)) > 0
+    except Exception:
+        return None
+    return dict(node.get("Resources", {}))
 
 
 def _current_node_id() -> str:
