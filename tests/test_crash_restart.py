@@ -187,6 +187,10 @@ def test_a_crashed_triton_comes_back_under_load_and_every_answer_is_exact(
     class Caller:
         def __init__(self, seed: int) -> None:
             self._seed, self._stop = seed, threading.Event()
+            self.answered = 0
+
+        def count(self) -> int:
+            return self.answered
 
         def loop(self) -> tuple[int, int, list[str]]:
             rng, answers, wrong, errors = np.random.default_rng(self._seed), 0, 0, []
@@ -198,6 +202,7 @@ def test_a_crashed_triton_comes_back_under_load_and_every_answer_is_exact(
                     errors.append(f"{type(exc).__name__}: {exc}")
                     continue
                 answers += 1
+                self.answered = answers
                 wrong += not np.array_equal(out, x)
             model.close()
             return answers, wrong, errors
@@ -210,6 +215,12 @@ def test_a_crashed_triton_comes_back_under_load_and_every_answer_is_exact(
     load = _Load(server.grpc_url, callers=4)
     downs = []
     try:
+        # Every caller under way before the first crash (their processes start one by one).
+        wait_for(
+            lambda: all(ray.get([c.count.remote() for c in callers])),
+            timeout_s=60,
+            what="an answer to every Ray caller",
+        )
         for number, sig in enumerate((signal.SIGABRT, signal.SIGSEGV), start=1):
             load.wait_for(load.answers + 50)  # answers before the crash
             pid = server.pid
