@@ -6,7 +6,8 @@
     ├── InvalidInputError (ValueError)         bad tensors, raised before any byte is written
     ├── ModelSpecError (ValueError)            specs that cannot be turned into a slot layout
     ├── ModelNotRegisteredError (LookupError)  infer on a model never registered
-    ├── StaleLeaseError (LookupError)          the Ray node actor restarted: bind again
+    ├── RegionReplacedError (LookupError)      the region a process bound to is gone or was
+    │                                          replaced (node actor restart, new layout)
     ├── SlotTimeoutError (TimeoutError)        no slot became free within ``slot_timeout_s``
     ├── OverloadedError (RuntimeError)         too many callers already waiting
     ├── ClientClosedError (RuntimeError)       the client or pool was closed
@@ -36,6 +37,7 @@ between processes.
 
 from __future__ import annotations
 
+import warnings
 from errno import EACCES, ENOSPC
 from typing import Any
 
@@ -51,11 +53,11 @@ __all__ = [
     "ModelNotRegisteredError",
     "ModelSpecError",
     "OverloadedError",
+    "RegionReplacedError",
     "ServerUnreachableError",
     "SharedMemoryFullError",
     "SharedMemoryNotAllowedError",
     "SlotTimeoutError",
-    "StaleLeaseError",
     "TLSHandshakeError",
     "TritonSHMError",
     "TritonServerError",
@@ -138,10 +140,12 @@ class ModelNotRegisteredError(TritonSHMError, LookupError):
     """Inference was requested for a model that has no shared-memory pool."""
 
 
-class StaleLeaseError(TritonSHMError, LookupError):
-    """The Ray node actor restarted since this process bound to it; its slots are gone.
+class RegionReplacedError(TritonSHMError, LookupError):
+    """The region this process bound to is gone or was replaced: the Ray node actor restarted
+    (its regions with it), or it laid the model's pool out anew.
 
-    ``ShmModel`` binds again and retries once when it sees this.
+    ``ShmModel`` binds again and retries when it sees this. (``StaleLeaseError``, its earlier
+    name, still works as a deprecated alias.)
 
     Attributes:
         incarnation: The actor incarnation the caller bound to.
@@ -432,3 +436,31 @@ def error_kind(exc: TritonSHMError) -> str:
     if isinstance(exc, TritonServerError) and exc.status == "StatusCode.DEADLINE_EXCEEDED":
         return "deadline"
     return "other"
+
+
+#: Names of earlier releases that still work, with a :class:`DeprecationWarning`: the name
+#: each stands for now.
+DEPRECATED_NAMES = {"StaleLeaseError": "RegionReplacedError"}
+
+
+def deprecated_name(module: str, name: str) -> Any:
+    """A module's ``__getattr__`` for :data:`DEPRECATED_NAMES`: warns, and gives the new
+    class.
+
+    Raises:
+        AttributeError: ``name`` is not a deprecated name of ``module``.
+    """
+    new = DEPRECATED_NAMES.get(name)
+    if new is None:
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    warnings.warn(
+        f"{module}.{name} is deprecated: it is {new} now (raised for node actor restarts and "
+        "new layouts alike)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return globals()[new]
+
+
+def __getattr__(name: str) -> Any:
+    return deprecated_name(__name__, name)

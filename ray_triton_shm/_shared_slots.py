@@ -49,7 +49,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from functools import cache
 
-from ._exceptions import ClientClosedError, OverloadedError, SlotTimeoutError, StaleLeaseError
+from ._exceptions import ClientClosedError, OverloadedError, SlotTimeoutError, RegionReplacedError
 from ._header import RegionHeader
 from ._pool import KEPT_WARNING_S, PoolStats, kept_note, warn_kept
 from ._shm import DEAD, SHM_DIR, owner_state
@@ -600,7 +600,7 @@ class SharedSlots:
                 return best
             # Every slot waits for Triton, until the owner settles them: unless it is gone.
             if owner_state(self._region_name) == DEAD:
-                raise StaleLeaseError(
+                raise RegionReplacedError(
                     f"the owner of the region of {self.name!r} is gone (the Ray node actor "
                     "restarted?) with every slot waiting for Triton; bind again",
                     model=self.name,

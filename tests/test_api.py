@@ -57,7 +57,7 @@ RAY = [
     "NodeStats",
     "ShmModel",
     "ShmPredictor",
-    "StaleLeaseError",
+    "RegionReplacedError",
     "TritonNodeActor",
     "URL_ENV_VAR",
     "check_cluster",
@@ -114,3 +114,20 @@ def test_every_error_is_in_the_one_tree_and_exported() -> None:
     assert all(issubclass(error, ray_triton_shm.TritonSHMError) for error in errors)
     exported = {*CORE, *RAY}
     assert {error.__name__ for error in errors} <= exported
+
+
+def test_the_earlier_names_still_work_and_say_their_new_ones() -> None:
+    from ray_triton_shm import _exceptions
+    from ray_triton_shm.ray._actor import NodeActorConfig
+
+    with pytest.warns(DeprecationWarning, match="RegionReplacedError"):
+        old = ray_triton_shm.ray.StaleLeaseError  # type: ignore[attr-defined]
+    assert old is ray_triton_shm.ray.RegionReplacedError
+    with pytest.warns(DeprecationWarning, match="RegionReplacedError"):
+        assert _exceptions.StaleLeaseError is _exceptions.RegionReplacedError  # type: ignore[attr-defined]
+    with pytest.warns(DeprecationWarning, match="metrics_interval_s"):
+        config = NodeActorConfig(sweep_interval_s=0.5)
+    assert config.metrics_interval_s == 0.5
+    assert NodeActorConfig().metrics_interval_s == 1.0
+    with pytest.raises(AttributeError, match="NoSuchError"):
+        ray_triton_shm.ray.NoSuchError  # type: ignore[attr-defined]  # noqa: B018

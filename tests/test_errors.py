@@ -28,7 +28,7 @@ from ray_triton_shm import (
     TritonSHMError,
 )
 from ray_triton_shm._client import registry_of
-from ray_triton_shm._exceptions import StaleLeaseError
+from ray_triton_shm._exceptions import RegionReplacedError
 from ray_triton_shm._specs import REGION_HEADER_BYTES
 from ray_triton_shm._triton_errors import translate_error
 
@@ -207,7 +207,7 @@ ALL_ERRORS = [
     ModelNotRegisteredError("m", model="x"),
     SlotTimeoutError("m", model="x", timeout_s=0.5),
     OverloadedError("m", model="x"),
-    StaleLeaseError("m", model="x", incarnation="abc"),
+    RegionReplacedError("m", model="x", incarnation="abc"),
     ClientClosedError("m"),
     TritonServerError("m", status="StatusCode.INTERNAL", server_message="s", model="x"),
     SharedMemoryNotAllowedError("m", status="StatusCode.UNAVAILABLE", server_message="s"),

@@ -52,7 +52,7 @@ from ray_triton_shm import (
     TritonSHMError,
 )
 from ray_triton_shm.local._server import LocalTritonServer
-from ray_triton_shm.ray import ShmModel, StaleLeaseError, get_node_actor
+from ray_triton_shm.ray import ShmModel, RegionReplacedError, get_node_actor
 
 # Ship this module's actor class and helpers by value (workers cannot import the test module).
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -157,7 +157,7 @@ def classify(exc: BaseException, *, deadline: bool) -> str:
         and exc.status == "StatusCode.DEADLINE_EXCEEDED"
     ):
         return "deadline"
-    if isinstance(exc, (StaleLeaseError, RayActorError)):
+    if isinstance(exc, (RegionReplacedError, RayActorError)):
         return "rebind"  # the node actor restarted, and the retry on its new region failed too
     if isinstance(exc, ClientClosedError):
         return "closed"

@@ -9,7 +9,10 @@ Importing this subpackage imports Ray (``pip install "ray-triton-shm[ray]"``)::
     outputs = model.infer({"INPUT0": images})    # or: await model.infer_async(...)
 """
 
-from .._exceptions import StaleLeaseError
+from typing import Any as _Any
+
+from .._exceptions import RegionReplacedError
+from .._exceptions import deprecated_name as _deprecated_name
 from ._actor import URL_ENV_VAR, NodeStats, TritonNodeActor, get_node_actor
 from ._dashboard import grafana_dashboard, install_grafana_dashboard
 from ._data import ShmPredictor
@@ -19,12 +22,16 @@ from ._handle import ShmModel
 __all__ = [
     "URL_ENV_VAR",
     "NodeStats",
+    "RegionReplacedError",
     "ShmModel",
     "ShmPredictor",
-    "StaleLeaseError",
     "TritonNodeActor",
     "check_cluster",
     "get_node_actor",
     "grafana_dashboard",
     "install_grafana_dashboard",
 ]
+
+
+def __getattr__(name: str) -> _Any:
+    return _deprecated_name(__name__, name)

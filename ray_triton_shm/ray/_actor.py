@@ -33,6 +33,7 @@ import logging
 import os
 import threading
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -45,7 +46,7 @@ from tritonclient.utils import InferenceServerException
 from .._client import TritonSHMClient, registry_of
 from .._defaults import DEFAULT_RECONNECT_TIMEOUT_S, DEFAULT_URL, URL_ENV_VAR
 from .._engine import ModelPool
-from .._exceptions import ModelSpecError, StaleLeaseError, TritonServerError, TritonSHMError
+from .._exceptions import ModelSpecError, RegionReplacedError, TritonServerError, TritonSHMError
 from .._header import RegionHeader
 from .._keys import Keys
 from .._reclaim import reclaim_regions, registrations
@@ -103,7 +104,7 @@ class NodeActorConfig:
             are at most this).
         max_waiting: Callers that may wait for a slot of one model on the node; past it,
             :class:`OverloadedError`.
-        sweep_interval_s: How often the actor updates the Ray metrics. (Callers that died
+        metrics_interval_s: How often the actor updates the Ray metrics. (Callers that died
             holding a slot or waiting for one are looked for every 0.25 s, and their slots
             come back within 50 ms of Triton being done with their requests.)
         reconnect_timeout_s: How long the actor's registrations wait for Triton while it is
@@ -124,18 +125,31 @@ class NodeActorConfig:
             ``slots``).
         shm_budget_bytes: The most bytes of the node's ``/dev/shm`` the actor's pools may hold
             (``None``: 90% of it, less Ray's object store where it lives there).
+        sweep_interval_s: Deprecated: the earlier name of ``metrics_interval_s``; given, it
+            sets it, with a :class:`DeprecationWarning`.
     """
 
     url: str | None = None
     slots: int = 64
     max_waiting: int = 64
-    sweep_interval_s: float = 1.0
+    metrics_interval_s: float = 1.0
     reconnect_timeout_s: float = DEFAULT_RECONNECT_TIMEOUT_S
     headers: Mapping[str, str] | None = field(default=None, repr=False)
     client_options: Mapping[str, Any] | None = field(default=None, repr=False)
     config_check_interval_s: float | None = 5.0
     autoscaling: SlotAutoscaling | None = None
     shm_budget_bytes: int | None = None
+    sweep_interval_s: float | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.sweep_interval_s is not None:
+            warnings.warn(
+                "NodeActorConfig(sweep_interval_s=) is deprecated: it is metrics_interval_s "
+                "(how often the actor updates the Ray metrics)",
+                DeprecationWarning,
+                stacklevel=3,
+            )
+            object.__setattr__(self, "metrics_interval_s", self.sweep_interval_s)
 
 
 @dataclass(frozen=True)
@@ -175,7 +189,7 @@ class NodeStats:
         shm_capacity: Size of the node's ``/dev/shm``.
         shm_budget: Bytes of ``/dev/shm`` the actor's pools may hold (``0``: no budget).
         triton_up: Whether Triton answered the actor's last liveness check (every
-            ``sweep_interval_s``).
+            ``metrics_interval_s``).
         triton_restarts: How often Triton restarted: the actor saw it answer again after it
             was down, or found that it had lost every registration of the node's regions
             (which it then registers again), however short the restart.
@@ -362,7 +376,7 @@ class TritonNodeActor:
         client does for its own pools.
 
         Raises:
-            StaleLeaseError: ``incarnation`` is not this actor's (it restarted).
+            RegionReplacedError: ``incarnation`` is not this actor's (it restarted).
             ModelChangedError: the model was registered with specs given by hand that no
                 longer match.
         """
@@ -384,14 +398,14 @@ class TritonNodeActor:
         """Registers the model's region in Triton again if Triton lost it (it restarted).
 
         Raises:
-            StaleLeaseError: ``incarnation`` is not this actor's (it restarted), or the
+            RegionReplacedError: ``incarnation`` is not this actor's (it restarted), or the
                 model's pool was laid out anew since ``generation``: bind again.
             TritonServerError: Triton refused.
         """
         self._check_incarnation(incarnation)
         pool = self._pools.get(model_name)
         if generation is not None and generation != pool.generation:
-            raise StaleLeaseError(
+            raise RegionReplacedError(
                 f"model {model_name!r} was laid out anew (generation {pool.generation}, the "
                 f"caller's {generation}); bind again",
                 model=model_name,
@@ -473,7 +487,7 @@ class TritonNodeActor:
         options of the call (``priority``, ``queue_timeout_s``, ``sequence_id``...).
 
         Raises:
-            StaleLeaseError: ``incarnation`` is not this actor's (it restarted): bind again.
+            RegionReplacedError: ``incarnation`` is not this actor's (it restarted): bind again.
             OverloadedError: ``max_waiting`` callers already wait for a slot of this model.
         """
         self._check_incarnation(incarnation)
@@ -510,7 +524,7 @@ class TritonNodeActor:
 
     def _check_incarnation(self, incarnation: str) -> None:
         if incarnation != self._incarnation:
-            raise StaleLeaseError(
+            raise RegionReplacedError(
                 "the node actor restarted since this process bound to it (incarnation "
                 f"{incarnation}, now {self._incarnation}); bind again",
                 incarnation=incarnation,
@@ -520,7 +534,7 @@ class TritonNodeActor:
         """Sweeps up after callers that died; exports the Ray metrics; compares the configs
         of the models whose pools follow them with their pools."""
         interval = self._config.config_check_interval_s
-        while not self._stop.wait(self._config.sweep_interval_s):
+        while not self._stop.wait(self._config.metrics_interval_s):
             for name in self._client.registered_models:
                 try:
                     pool = self._pools.get(name)

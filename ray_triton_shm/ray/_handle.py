@@ -28,7 +28,7 @@ from .. import _cuda
 from .._client import TritonSHMClient, registry_of
 from .._defaults import DEFAULT_RECONNECT_TIMEOUT_S
 from .._engine import PoolRetired, SuspectedChange
-from .._exceptions import ClientClosedError, InvalidInputError, StaleLeaseError
+from .._exceptions import ClientClosedError, InvalidInputError, RegionReplacedError
 from .._header import RegionHeader
 from .._inputs import InputValue
 from .._keys import Keys, normalize
@@ -46,7 +46,7 @@ from ._control import control_call, get
 __all__ = ["ShmModel"]
 
 #: What makes a call bind again and retry once: the node actor restarted.
-_REBIND_ON = (StaleLeaseError, RayActorError)
+_REBIND_ON = (RegionReplacedError, RayActorError)
 #: Pause before asking for the node actor again after finding it going away.
 _REBIND_PAUSE_S = 1.0
 #: What sends a call to the model's newer layout: the model changed on Triton (suspected from
