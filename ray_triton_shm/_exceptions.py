@@ -11,6 +11,8 @@
     ├── SlotTimeoutError (TimeoutError)        no slot became free within ``slot_timeout_s``
     ├── OverloadedError (RuntimeError)         too many callers already waiting
     ├── ClientClosedError (RuntimeError)       the client or pool was closed
+    ├── BlockingCallError (RuntimeError)       a blocking call on a thread that runs an
+    │                                          event loop (use the ``_async`` twin)
     ├── SharedMemoryFullError (OSError)        /dev/shm has no room for a pool (errno ENOSPC)
     ├── CudaError (RuntimeError)               GPU memory cannot be used here: no GPU or
     │   │                                      driver, no CUDA bindings, a GPU not visible
@@ -43,6 +45,7 @@ from typing import Any
 
 __all__ = [
     "AccessDeniedError",
+    "BlockingCallError",
     "ClientClosedError",
     "CudaError",
     "GPUMemoryFullError",
@@ -178,6 +181,13 @@ class OverloadedError(TritonSHMError, RuntimeError):
 
 class ClientClosedError(TritonSHMError, RuntimeError):
     """The client, or the pool being waited on, was closed."""
+
+
+class BlockingCallError(TritonSHMError, RuntimeError):
+    """A blocking call was made on a thread that runs an asyncio event loop (an ``async def``
+    Serve method): it would stop every other request of that loop until it returned. Await its
+    ``_async`` twin instead, as Ray Serve's ``DeploymentHandle.result()`` asks for ``await``.
+    """
 
 
 class SharedMemoryFullError(TritonSHMError, OSError):

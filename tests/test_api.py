@@ -54,6 +54,7 @@ CORE = [
     "region_status",
 ]
 RAY = [
+    "BlockingCallError",
     "NodeStats",
     "ShmModel",
     "ShmPredictor",

@@ -13,7 +13,7 @@ ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
 
 from ray_triton_shm import InvalidInputError  # noqa: E402
-from ray_triton_shm.ray import ShmModel, ShmPredictor  # noqa: E402
+from ray_triton_shm.ray import BlockingCallError, ShmModel, ShmPredictor  # noqa: E402
 
 
 def test_a_lease_in_a_task_and_in_an_async_serve_replica_answers_exactly(ray_local: str) -> None:
@@ -39,11 +39,29 @@ def test_a_lease_in_a_task_and_in_an_async_serve_replica_answers_exactly(ray_loc
                 np.copyto(lease.inputs["INPUT0"], images)
                 return np.array((await lease.infer_async())["OUTPUT0"])
 
+        async def blocking(self, images: np.ndarray) -> np.ndarray:
+            return self.model.infer({"INPUT0": images})["OUTPUT0"]
+
+        async def blocking_lease(self, images: np.ndarray) -> None:
+            with self.model.lease(batch=len(images)):
+                pass
+
+        def in_a_thread(self, images: np.ndarray) -> np.ndarray:
+            return self.model.infer({"INPUT0": images})["OUTPUT0"]
+
     try:
         handle = serve.run(Replica.bind(), name="lease", route_prefix=None)
         answers = [handle.remote(images[i : i + 2]) for i in range(0, 6, 2)]
         got = np.concatenate([answer.result(timeout_s=120) for answer in answers])
         np.testing.assert_array_equal(got, expected)
+        # A blocking call on the replica's event loop is refused, naming its async twin; a
+        # plain def method runs in a thread of Serve's own, where it is right.
+        with pytest.raises(BlockingCallError, match=r"await infer_async\(\)"):
+            handle.blocking.remote(images[:2]).result(timeout_s=120)
+        with pytest.raises(BlockingCallError, match=r"async with lease\(\)"):
+            handle.blocking_lease.remote(images[:2]).result(timeout_s=120)
+        got = handle.in_a_thread.remote(images[2:4]).result(timeout_s=120)
+        np.testing.assert_array_equal(got, expected[2:4])
     finally:
         serve.shutdown()
 

@@ -11,7 +11,7 @@ Importing this subpackage imports Ray (``pip install "ray-triton-shm[ray]"``)::
 
 from typing import Any as _Any
 
-from .._exceptions import RegionReplacedError
+from .._exceptions import BlockingCallError, RegionReplacedError
 from .._exceptions import deprecated_name as _deprecated_name
 from ._actor import URL_ENV_VAR, NodeStats, TritonNodeActor, get_node_actor
 from ._dashboard import grafana_dashboard, install_grafana_dashboard
@@ -20,6 +20,7 @@ from ._doctor import check_cluster
 from ._handle import ShmModel
 
 __all__ = [
+    "BlockingCallError",
     "URL_ENV_VAR",
     "NodeStats",
     "RegionReplacedError",

@@ -28,7 +28,12 @@ from .. import _cuda
 from .._client import TritonSHMClient, registry_of
 from .._defaults import DEFAULT_RECONNECT_TIMEOUT_S
 from .._engine import PoolRetired, SuspectedChange
-from .._exceptions import ClientClosedError, InvalidInputError, RegionReplacedError
+from .._exceptions import (
+    BlockingCallError,
+    ClientClosedError,
+    InvalidInputError,
+    RegionReplacedError,
+)
 from .._header import RegionHeader
 from .._inputs import InputValue
 from .._keys import Keys, normalize
@@ -524,7 +529,10 @@ class ShmModel:
             ModelChangedError: the model changed on Triton and its specs were given by hand.
             ModelNotLoadedError: the model is not loaded on Triton.
             ServerUnreachableError: Triton stayed unreachable for ``reconnect_timeout_s``.
+            BlockingCallError: called on a thread that runs an event loop (an ``async def``
+                Serve method): await :meth:`infer_async` there.
         """
+        _refuse_on_event_loop(self.model_name, "infer()", "await infer_async()")
         options = self._options(
             priority,
             queue_timeout_s,
@@ -605,6 +613,8 @@ class ShmModel:
             InvalidInputError: on entry, when this process cannot map the node's regions
                 (``zero_copy=False``, or no shared ``/dev/shm``: call :meth:`infer`), or
                 ``batch`` or ``shapes`` do not fit the model.
+            BlockingCallError: ``with`` on a thread that runs an event loop: use
+                ``async with`` there.
         """
         options = self._options(
             priority, queue_timeout_s, 0, False, False, parameters, outputs, None
@@ -657,6 +667,20 @@ def _register(actor: Any, name: str, args: Mapping[str, Any]) -> ModelRegistrati
     return get(actor.register.remote(name, **args))  # type: ignore[no-any-return]
 
 
+def _refuse_on_event_loop(model: str, call: str, instead: str) -> None:
+    """Raises :class:`BlockingCallError` on a thread that runs an event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    raise BlockingCallError(
+        f"model {model!r}: {call} blocks, and this thread runs an asyncio event loop (an "
+        f"async def method of a Serve deployment?): it would stop every other request of the "
+        f"loop until it returned; use {instead} there",
+        model=model,
+    )
+
+
 async def _awaited(ref: Any) -> Any:
     try:
         return await ref
@@ -693,6 +717,7 @@ class _ModelLease:
         )
 
     def __enter__(self) -> SlotLease:
+        _refuse_on_event_loop(self._model.model_name, "with lease()", "async with lease()")
         moves = self._model._moves(self._model._bind(), (PoolRetired,), {})
         self._lease = moves.run(lambda binding: self._new_lease(binding).__enter__())
         return self._lease
