@@ -20,8 +20,7 @@ import pytest
 from _helpers import registered_on
 from rich.console import Console
 
-from ray_triton_shm._bench import _gpu_paths, _pa_paths, _ray_paths, _runner, _serve_http
-from ray_triton_shm._bench import _paths as bench_paths
+from ray_triton_shm._bench import _runner
 from ray_triton_shm._bench._cases import ModelCase
 from ray_triton_shm._bench._config import (
     DEFAULT_PATHS,
@@ -37,11 +36,14 @@ from ray_triton_shm._bench._config import (
 from ray_triton_shm._bench._figures import curves_path, write_figures
 from ray_triton_shm._bench._format import num
 from ray_triton_shm._bench._html import SECTIONS
-from ray_triton_shm._bench._paths import BenchPath, SkipPath
 from ray_triton_shm._bench._report import bench_json, print_results
 from ray_triton_shm._bench._results import GOALS, BenchResults, ModelResult, RunResult
 from ray_triton_shm._bench._runner import run_bench
 from ray_triton_shm._bench._update import run_model_update
+from ray_triton_shm._bench.paths import _gpu, _http, _perf_analyzer, _plain, _ray, _shm
+from ray_triton_shm._bench.paths._base import BenchPath, SkipPath
+from ray_triton_shm._bench.paths._clients import infer
+from ray_triton_shm._bench.paths._regions import SHM_KEY_PREFIX
 from ray_triton_shm._cli import main
 from ray_triton_shm._specs import TensorSpec
 from ray_triton_shm.local._server import LocalTritonServer
@@ -60,7 +62,7 @@ def _env() -> dict[str, str]:
 
 def _regions_of(pid: int) -> list[str]:
     """Regions in /dev/shm created by ``pid`` through the library or the bench's manual path."""
-    prefixes = (f"rtshm_{pid}-", f"{bench_paths.SHM_KEY_PREFIX}{pid}_")
+    prefixes = (f"rtshm_{pid}-", f"{SHM_KEY_PREFIX}{pid}_")
     return sorted(p.name for p in SHM_DIR.iterdir() if p.name.startswith(prefixes))
 
 
@@ -262,7 +264,7 @@ def test_a_model_config_drives_the_case(triton: LocalTritonServer) -> None:
         "NAME": ((4, 1), "O"),
     }
     assert {len(name) for name in inputs["NAME"].flat} == {128}  # the default length
-    reference = bench_paths.infer(grpcclient.InferenceServerClient(triton.grpc_url), case, inputs)
+    reference = infer(grpcclient.InferenceServerClient(triton.grpc_url), case, inputs)
     case = case.with_reference(reference)
     registration = case.registration(2)
     assert registration["max_shapes"] == {"PIXELS": (2, 8), "POSITIVE": (2, 8)}
@@ -440,7 +442,7 @@ def test_bench_ctrl_c_cleans_up_and_reports_what_ran(
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "the bench never created its regions"
             time.sleep(0.1)
-        assert any(n.startswith(bench_paths.SHM_KEY_PREFIX) for n in _regions_of(proc.pid))
+        assert any(n.startswith(SHM_KEY_PREFIX) for n in _regions_of(proc.pid))
         time.sleep(0.5)
         proc.send_signal(signal.SIGINT)
         sent = time.monotonic()
@@ -510,7 +512,7 @@ def test_a_wrong_path_posts_no_numbers(
     assert results.goals() == [] and "Goals" not in printed
 
 
-class _TwoRounds(bench_paths.GrpcPath):
+class _TwoRounds(_plain.GrpcPath):
     """Plain gRPC in at most two rounds, like the Ray Data paths (a slice of theirs is a job)."""
 
     name, max_rounds = "test-two-rounds", 2
@@ -541,7 +543,7 @@ def test_a_path_runs_in_at_most_its_max_rounds(
     assert all(model.run(p).ok for p in ("grpc", _TwoRounds.name))  # type: ignore[union-attr]
 
 
-class _CrashesTheServer(bench_paths.GrpcPath):
+class _CrashesTheServer(_plain.GrpcPath):
     """Plain gRPC, but in the middle of its first run (its second slice) it crashes the
     embedded Triton with SIGABRT, as Triton's Python backend can crash itself."""
 
@@ -694,12 +696,12 @@ def test_bench_unreachable_server_or_model_fails_cleanly(
 
 
 def test_the_light_names_are_those_of_the_paths() -> None:
-    light = (*bench_paths.PATHS, *_pa_paths.PATHS)
-    assert tuple(cls.name for cls in light) == DEFAULT_PATHS
-    ray_paths = (*_ray_paths.PATHS, *_serve_http.PATHS)
+    light = (*_plain.PATHS, *_shm.PATHS, *_perf_analyzer.PATHS)
+    assert sorted(cls.name for cls in light) == sorted(DEFAULT_PATHS)
+    ray_paths = (*_ray.PATHS, *_http.PATHS)
     assert sorted(cls.name for cls in ray_paths) == sorted(RAY_PATHS)
     gpu_only = tuple(p for p in GPU_PATHS if p not in DEFAULT_PATHS)
-    assert tuple(cls.name for cls in _gpu_paths.PATHS) == gpu_only
+    assert tuple(cls.name for cls in _gpu.PATHS) == gpu_only
     assert tuple(_runner.PATHS) == (*DEFAULT_PATHS, *RAY_PATHS, *gpu_only)
     assert BenchConfig().ray_callers == DEFAULT_RAY_CALLERS
 

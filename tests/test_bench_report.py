@@ -19,7 +19,7 @@ from ray_triton_shm._bench._cases import ModelCase
 from ray_triton_shm._bench._config import ELASTIC, BenchConfig
 from ray_triton_shm._bench._figures import curves_path, write_figures
 from ray_triton_shm._bench._html import SECTIONS, write_report
-from ray_triton_shm._bench._paths import OpenLoop, SliceSummary, arrival_times, run_open_loop
+from ray_triton_shm._bench._load import OpenLoop, SliceSummary, arrival_times, run_open_loop
 from ray_triton_shm._bench._report import print_results, write_json
 from ray_triton_shm._bench._results import (
     ELASTIC_POOL,

@@ -19,6 +19,8 @@ from rich.console import Console
 from ray_triton_shm._bench._config import (
     CEILING_PATHS,
     CHURN,
+    CHURN_CASE,
+    DATA_CASE,
     DEFAULT_PATHS,
     ELASTIC,
     RAY_PATHS,
@@ -29,7 +31,6 @@ from ray_triton_shm._bench._config import (
     add_arguments,
     config_from_args,
 )
-from ray_triton_shm._bench._ray_paths import CHURN_CASE, DATA_CASE
 from ray_triton_shm._bench._report import _PLAIN_WIDTH, bench_json, print_results
 from ray_triton_shm._bench._runner import run_bench
 from ray_triton_shm._shm import ALIVE, owner_state
@@ -409,11 +410,11 @@ def test_a_caller_s_error_reaches_the_driver_as_itself(ray_local: str) -> None:
     them."""
     import ray
 
-    from ray_triton_shm._bench._ray_paths import (
+    from ray_triton_shm._bench.paths._ray_callers import (
+        Caller,
         CallerError,
-        _Caller,
-        _ChurnCaller,
-        _errors_reach_the_driver,
+        ChurnCaller,
+        errors_reach_the_driver,
     )
     from ray_triton_shm._plain_client import tritonclient_for
 
@@ -422,7 +423,7 @@ def test_a_caller_s_error_reaches_the_driver_as_itself(ray_local: str) -> None:
         def call(self) -> None:
             tritonclient_for("127.0.0.1:1").is_server_live(client_timeout=5.0)
 
-        @_errors_reach_the_driver
+        @errors_reach_the_driver
         def carried(self) -> None:
             self.call()
 
@@ -436,7 +437,7 @@ def test_a_caller_s_error_reaches_the_driver_as_itself(ray_local: str) -> None:
     assert "tritonclient.utils.InferenceServerException: [StatusCode.UNAVAILABLE]" in str(
         carried.value
     )
-    for method in (_Caller.add, _Caller.once, _Caller.loop, _ChurnCaller.start):
+    for method in (Caller.add, Caller.once, Caller.loop, ChurnCaller.start):
         assert method.__wrapped__  # type: ignore[attr-defined]
     ray.kill(actor)
 
@@ -445,8 +446,8 @@ def test_the_paths_made_for_one_model_skip_the_others(triton: LocalTritonServer)
     """The Ray Data job, the churn runs and the example HTTP app are made for the example
     classifier: on another model each says so at once (before any Ray is needed)."""
     from ray_triton_shm._bench._config import BenchConfig
-    from ray_triton_shm._bench._paths import BenchTarget, SkipPath
     from ray_triton_shm._bench._runner import PATHS, _prepare
+    from ray_triton_shm._bench.paths._base import BenchTarget, SkipPath
 
     target = BenchTarget(triton.grpc_url)
     case, inputs, reference = _prepare(BenchConfig().case("identity"), target)

@@ -1,7 +1,7 @@
 """``ray-triton-shm bench``: does shared memory help a model, and how many slots should it get?
 
 Any model on a running Triton, or the example models on the embedded one, through every path
-(:mod:`._paths`, :mod:`._ray_paths`) at every ``--concurrency`` level (:mod:`._runner`).
+(:mod:`.paths`) at every ``--concurrency`` level (:mod:`._runner`).
 Importing this package loads only the options (:mod:`._config`); the rest loads in :func:`main`.
 """
 

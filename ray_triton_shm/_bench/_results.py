@@ -7,11 +7,10 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ray_triton_shm._bench._cases import ModelCase
 from ray_triton_shm._bench._config import (
     APP_CASES,
     CEILING_PATHS,
@@ -24,8 +23,11 @@ from ray_triton_shm._bench._config import (
     SERVE_HTTP_PATHS,
     BenchConfig,
 )
-from ray_triton_shm._bench._paths import OpenLoop, SliceSummary
+from ray_triton_shm._bench._load import OpenLoop, SliceSummary
 from ray_triton_shm._bench._watch import Outage
+
+if TYPE_CHECKING:  # at run time, results are read without tritonclient (whose dtypes it needs)
+    from ray_triton_shm._bench._cases import ModelCase
 
 __all__ = ["CEILING", "GOALS", "BenchResults", "Goal", "ModelResult", "Progress", "RunResult"]
 __all__ += ["ELASTIC_POOL", "POOL_SIZE_FOR_RATE", "POOL_SIZE_FOR_THROUGHPUT", "RECOMMEND_SHARE"]
@@ -101,7 +103,7 @@ class RunResult:
     """One path at one concurrency (on ``slots`` slots, for the shm paths) on one model: its
     time, client CPU time (every thread of every client process) and the node actor's
     (``None``: not used) over the slices, every request's latency per caller (or, for a path
-    that times its slices itself, each slice's :class:`~._paths.SliceSummary`), why it was
+    that times its slices itself, each slice's :class:`~._load.SliceSummary`), why it was
     ``skipped`` or failed (``error``), and the path's own numbers (``extra``); see
     :meth:`numbers`. ``verified``: set up, and its first answer checked against the
     reference, but where ``unchecked`` says why it was not."""

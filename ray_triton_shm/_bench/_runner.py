@@ -6,7 +6,7 @@ that level, and the one-caller paths at level 1), the Serve and Ray Data paths (
 set up together, then measured in interleaved rounds (one time slice per run per round, the
 order rotating each round), so that load from other processes hits them alike. Each run's
 first request is checked against a plain gRPC reference before its numbers count, but for
-perf_analyzer's (:mod:`._pa_paths`), which never reads its outputs: theirs say so.
+perf_analyzer's (:mod:`.paths._perf_analyzer`), which never reads its outputs: theirs say so.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from typing import Any
 import numpy as np
 
 from ray_triton_shm import _cuda
-from ray_triton_shm._bench import _gpu_paths, _pa_paths, _paths, _ray_paths, _serve_http
 from ray_triton_shm._bench._cases import ModelCase
 from ray_triton_shm._bench._config import (
     CHURN,
@@ -38,14 +37,7 @@ from ray_triton_shm._bench._config import (
     BenchConfig,
     CaseSpec,
 )
-from ray_triton_shm._bench._paths import (
-    BenchPath,
-    BenchTarget,
-    SkipPath,
-    arrival_times,
-    check_outputs,
-)
-from ray_triton_shm._bench._ray_session import RayBenchSession, RayPath
+from ray_triton_shm._bench._load import arrival_times
 from ray_triton_shm._bench._results import (
     BenchResults,
     ModelResult,
@@ -56,6 +48,10 @@ from ray_triton_shm._bench._results import (
 )
 from ray_triton_shm._bench._update import run_model_update
 from ray_triton_shm._bench._watch import TritonGone, TritonWatch
+from ray_triton_shm._bench.paths import _gpu, _http, _perf_analyzer, _plain, _ray, _shm
+from ray_triton_shm._bench.paths._base import BenchPath, BenchTarget, SkipPath, check_outputs
+from ray_triton_shm._bench.paths._clients import infer
+from ray_triton_shm._bench.paths._ray_session import RayBenchSession, RayPath
 from ray_triton_shm._plain_client import tritonclient_for
 from ray_triton_shm.local._server import LocalTritonServer
 
@@ -65,11 +61,12 @@ __all__ = ["PATHS", "rate_groups", "run_bench", "run_groups"]
 _CLASSES = {
     cls.name: cls
     for cls in (
-        *_paths.PATHS,
-        *_pa_paths.PATHS,
-        *_ray_paths.PATHS,
-        *_serve_http.PATHS,
-        *_gpu_paths.PATHS,
+        *_plain.PATHS,
+        *_shm.PATHS,
+        *_perf_analyzer.PATHS,
+        *_ray.PATHS,
+        *_http.PATHS,
+        *_gpu.PATHS,
     )
 }
 PATHS: dict[str, type[BenchPath]] = {
@@ -129,7 +126,7 @@ def _prepare(
         config = client.get_model_config(spec.model, as_json=True)
         case = ModelCase.from_config(spec, config.get("config", config))
         inputs = case.make_inputs(seed=zlib.crc32(spec.model.encode()))
-        reference = {name: np.array(a) for name, a in _paths.infer(client, case, inputs).items()}
+        reference = {name: np.array(a) for name, a in infer(client, case, inputs).items()}
     finally:
         with contextlib.suppress(Exception):
             client.close()
@@ -147,7 +144,7 @@ def _fresh_node_actor(
 
 def _set_up(path: BenchPath, reference: Mapping[str, np.ndarray], config: BenchConfig) -> None:
     """Sets ``path`` up, checks its first answer against ``reference``, and warms it up (a
-    path whose answers are not checked, :attr:`~._paths.BenchPath.unchecked`: set up only)."""
+    path whose answers are not checked, :attr:`~.paths._base.BenchPath.unchecked`: set up only)."""
     path.setup()
     if path.unchecked is not None:
         return
@@ -241,7 +238,7 @@ def _slice(r: RunResult, path: BenchPath, config: BenchConfig) -> None:
     """One slice of ``r`` on ``path``, added to ``r``."""
     churn = r.path in _CHURN_PATHS
     slice_s = config.churn_s / config.rounds if churn else config.slice_s
-    if isinstance(path, _pa_paths.PerfAnalyzerPath):  # a run timed by perf_analyzer itself
+    if isinstance(path, _perf_analyzer.PerfAnalyzerPath):  # a run timed by perf_analyzer itself
         r.add_summary(path.measure_slice(slice_s * path.slice_factor))
         return
     cpu, side = path.cpu_time(), path.side_cpu_time()
@@ -487,7 +484,7 @@ def _embedded_server(config: BenchConfig, watch: TritonWatch) -> LocalTritonServ
     if config.memory != "cuda":
         return LocalTritonServer(**options)
     return LocalTritonServer(
-        _gpu_paths.GPU_MODEL_REPOSITORY,
+        _gpu.GPU_MODEL_REPOSITORY,
         extra_args=[f"--cuda-memory-pool-byte-size=0:{_CUDA_POOL_BYTES}"],
         **options,
     )

@@ -5,6 +5,8 @@ functions; the core imports no tool, no Ray and no bench; the bench's reports im
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "ray_triton_shm"
@@ -98,6 +100,7 @@ def test_the_core_imports_no_tool_no_ray_no_bench_and_no_embedded_server() -> No
 
 
 def test_the_bench_reports_are_drawn_without_ray() -> None:
+    """Nor with any path: a run's results are read and drawn anywhere."""
     for report in REPORTS:
         name = f"ray_triton_shm._bench.{report}"
         imported = _closure(name)
@@ -105,8 +108,22 @@ def test_the_bench_reports_are_drawn_without_ray() -> None:
         assert not {
             m
             for m in imported
-            if m.startswith(("ray_triton_shm.ray", "ray_triton_shm._bench._ray"))
+            if m.startswith(("ray_triton_shm.ray", "ray_triton_shm._bench.paths"))
         }, name
+
+
+def test_the_bench_reports_load_no_client() -> None:
+    """Imported, the reports load neither Ray nor tritonclient (a results module's types may
+    name the workload, whose dtypes are tritonclient's, for the type checker only)."""
+    names = [f"ray_triton_shm._bench.{report}" for report in REPORTS]
+    code = (
+        f"import importlib, sys\nfor name in {names!r}: importlib.import_module(name)\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'ray', 'tritonclient', 'grpc'}))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert loaded.strip() == "[]"
 
 
 def test_the_checks_see_a_circle_and_a_forbidden_import() -> None:

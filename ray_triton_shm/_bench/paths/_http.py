@@ -21,13 +21,14 @@ import time
 import zlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
 from ray_triton_shm._bench._config import APP_CASES, REPLICAS
-from ray_triton_shm._bench._paths import SkipPath, infer
-from ray_triton_shm._bench._ray_session import (
+from ray_triton_shm._bench.paths._base import SkipPath
+from ray_triton_shm._bench.paths._clients import Backend, infer
+from ray_triton_shm._bench.paths._ray_session import (
     SERVE_APP,
     RayBenchSession,
     RayPath,
@@ -87,10 +88,7 @@ async def _exchange(
 
 
 class _ServeHttpPath(RayPath):
-    """The example app with ``backend``, fed by ``concurrency`` HTTP clients."""
-
-    kind = "serve-http"
-    backend: ClassVar[str]
+    """The example app with its model on ``backend``, fed by ``concurrency`` HTTP clients."""
 
     @property
     def slice_factor(self) -> float:  # type: ignore[override]
@@ -116,7 +114,7 @@ class _ServeHttpPath(RayPath):
                 images = self.case.make_inputs(seed=zlib.crc32(f"http-{index}".encode()))
                 if index == 0:
                     images = dict(self.inputs)
-                if self.backend == "noop":
+                if self.backend == Backend.NOOP:
                     scores = np.zeros((self.case.batch_size, 1000), np.float32)
                 else:
                     scores = infer(client, self.case, images)["OUTPUT0"]
@@ -235,20 +233,22 @@ class _ServeHttpPath(RayPath):
 class ServeHttpGrpcPath(_ServeHttpPath):
     """The example app on plain gRPC (``tritonclient.grpc.aio``)."""
 
-    name, label, backend = "serve-http-grpc", "the example app over HTTP, plain gRPC", "grpc"
+    name, label = "serve-http-grpc", "the example app over HTTP, plain gRPC"
+    backend = Backend.GRPC
 
 
 class ServeHttpShmPath(_ServeHttpPath):
     """The example app as it ships (``ShmModel``)."""
 
-    name, label, backend = "serve-http-shm", "the example app over HTTP, ShmModel", "shm"
-    uses_node_actor = True
+    name, label = "serve-http-shm", "the example app over HTTP, ShmModel"
+    backend, uses_node_actor = Backend.SHM_MODEL, True
 
 
 class ServeHttpNoopPath(_ServeHttpPath):
     """The example app with a no-op model: Serve's own ceiling for it."""
 
-    name, label, backend = "serve-http-noop", "the example app over HTTP, no-op model", "noop"
+    name, label = "serve-http-noop", "the example app over HTTP, no-op model"
+    backend = Backend.NOOP
 
 
 def merge_stage_times(answers: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -265,7 +265,7 @@ def merge_stage_times(answers: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return merged
 
 
-def deploy_app(session: RayBenchSession, backend: str) -> tuple[str, Any]:
+def deploy_app(session: RayBenchSession, backend: Backend) -> tuple[str, Any]:
     """The route and handle of the example app (``deployments/classifier.py``) with its
     model ``backend``, as it ships but for its replicas (``REPLICAS``, asking for no CPU
     so that the three fit beside each other, and ending as soon as they are idle: nothing is
@@ -275,30 +275,30 @@ def deploy_app(session: RayBenchSession, backend: str) -> tuple[str, Any]:
     from ray import serve
 
     session.serve()
-    key = f"http-{backend}"
+    key = f"http-{backend.value}"
     if key not in session.apps:
         example = importlib.import_module("deployments.classifier")
         app = example.ClassifierDeployment.options(
-            name=f"classifier-{backend}",
+            name=f"classifier-{backend.value}",
             num_replicas=REPLICAS,
             ray_actor_options={"num_cpus": 0},
             graceful_shutdown_wait_loop_s=_IDLE_CHECK_S,
-        ).bind(backend=backend, url=session.target.grpc_url)
-        route = f"/classify-{backend}"
-        handle = serve.run(app, name=f"{SERVE_APP}-app-{backend}", route_prefix=route)
+        ).bind(backend=backend.value, url=session.target.grpc_url)
+        route = f"/classify-{backend.value}"
+        handle = serve.run(app, name=f"{SERVE_APP}-app-{backend.value}", route_prefix=route)
         session.apps[key] = route, handle
     return session.apps[key]
 
 
-def drop_app(session: RayBenchSession, backend: str) -> None:
+def drop_app(session: RayBenchSession, backend: Backend) -> None:
     """Deletes the example app with ``backend``, if it runs."""
     from ray import serve
 
-    kept = session.apps.pop(f"http-{backend}", None)
+    kept = session.apps.pop(f"http-{backend.value}", None)
     if kept is not None:
         end_handle(kept[1])
         with contextlib.suppress(Exception):
-            serve.delete(f"{SERVE_APP}-app-{backend}")
+            serve.delete(f"{SERVE_APP}-app-{backend.value}")
 
 
 def app_stage_times(handle: Any) -> dict[str, Any]:

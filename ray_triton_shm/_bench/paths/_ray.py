@@ -1,4 +1,5 @@
-"""The Ray paths of ``bench --ray``, on a private local Ray (:class:`RayBenchSession`).
+"""The Ray paths of ``bench --ray``, on a private local Ray
+(:class:`~._ray_session.RayBenchSession`).
 
 * Caller processes (Ray actors), each sending one request at a time: ``shm-model``
   (``ShmModel``, the model given ``slots`` node slots) and ``grpc-procs`` (plain gRPC).
@@ -9,349 +10,57 @@
 * Ray Data: the same ``map_batches`` job (one predictor actor per caller) with a plain gRPC
   predictor, ``ShmPredictor`` or a no-op one (the job's own ceiling), on ``classifier``. A
   slice is a whole job; a request's latency, the predictor's call.
+
+What runs in those processes is in :mod:`._ray_callers`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
-import inspect
 import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any, ClassVar, TypeVar
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import numpy as np
 
-from ray_triton_shm import TritonSHMClient
-from ray_triton_shm._bench._cases import ModelCase
 from ray_triton_shm._bench._config import (
     CHURN_CASE,
     CHURN_KILL_EVERY_S,
     DATA_CASE,
-    DATA_JOB_BATCHES,
     DATA_JOB_ROUNDS,
     ELASTIC,
     POOL_SAMPLE_S,
 )
-from ray_triton_shm._bench._paths import (
-    OpenLoop,
-    SkipPath,
-    by_value,
-    check_outputs,
-    infer,
-    run_open_loop,
-    run_until,
+from ray_triton_shm._bench._load import OpenLoop, merge_open_loops
+from ray_triton_shm._bench.paths._base import SkipPath, check_outputs
+from ray_triton_shm._bench.paths._clients import Backend
+from ray_triton_shm._bench.paths._ray_callers import (
+    LATENCY,
+    BenchReplica,
+    Caller,
+    ChurnCaller,
+    Predictor,
+    shm_model_options,
 )
-from ray_triton_shm._bench._ray_session import (
+from ray_triton_shm._bench.paths._ray_session import (
     SERVE_APP,
     RayBenchSession,
     RayPath,
     process_cpu_s,
-    reconnect_timeout_s,
 )
-from ray_triton_shm._exceptions import TritonSHMError
-from ray_triton_shm._keys import Keys
-from ray_triton_shm._plain_client import tritonclient_for
 
 with contextlib.suppress(ImportError):  # without the ray extra: the session says so
     import ray
 
-    from ray_triton_shm.ray import ShmModel, ShmPredictor
-
-__all__ = [
-    "CHURN_CASE",
-    "CallerError",
-    "CHURN_KILL_EVERY_S",
-    "DATA_CASE",
-    "DATA_JOB_BATCHES",
-    "DATA_JOB_ROUNDS",
-    "PATHS",
-    "POOL_SAMPLE_S",
-]
-
-#: The column in which the predictor reports its call's latency (on a batch's first row).
-_LATENCY = "__bench_latency_s"
-
-_Call = Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]]
-_F = TypeVar("_F", bound=Callable[..., Any])
-
-
-class CallerError(RuntimeError):
-    """An error a bench caller process raised, as it reaches the driver: its type and
-    message. tritonclient's exceptions do not survive Ray's wrapping of a task's error (the
-    driver sees "Failed to deserialize exception"); the library's own and the builtins do."""
-
-
-def _as_caller_error(exc: Exception) -> Exception:
-    if isinstance(exc, TritonSHMError) or type(exc).__module__ == "builtins":
-        return exc
-    kind = type(exc)
-    return CallerError(f"{kind.__module__}.{kind.__qualname__}: {exc}")
-
-
-@contextlib.contextmanager
-def _carried_to_the_driver() -> Iterator[None]:
-    """Lets an error through as itself where Ray can carry it to the driver, else as a
-    :class:`CallerError` naming it."""
-    try:
-        yield
-    except Exception as exc:
-        carried = _as_caller_error(exc)
-        if carried is exc:
-            raise
-        raise carried from None
-
-
-def _errors_reach_the_driver(method: _F) -> _F:
-    """``method`` (of a caller actor, sync or async) with :func:`_carried_to_the_driver`."""
-    if inspect.iscoroutinefunction(method):
-
-        @functools.wraps(method)
-        async def wrapper_async(*args: Any, **kwargs: Any) -> Any:
-            with _carried_to_the_driver():
-                return await method(*args, **kwargs)
-
-        return wrapper_async  # type: ignore[return-value]
-
-    @functools.wraps(method)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        with _carried_to_the_driver():
-            return method(*args, **kwargs)
-
-    return wrapper  # type: ignore[return-value]
-
-
-def _shm_model_options(case: ModelCase, slots: int) -> dict[str, Any]:
-    """``ShmModel``'s arguments for ``case`` on ``slots`` node slots (:data:`~._config.ELASTIC`:
-    the node actor's defaults), waiting the bench's reconnect timeout for Triton."""
-    wait_s = reconnect_timeout_s()
-    node = {"reconnect_timeout_s": wait_s, **({} if slots == ELASTIC else {"slots": slots})}
-    return {"actor_options": node, "reconnect_timeout_s": wait_s, **case.registration(slots)}
-
-
-def _client(kind: str, arg: Any, case: ModelCase) -> tuple[_Call, Callable[[], None]]:
-    """A call sending one request's inputs through ``kind``, and the close of what it holds:
-    ``"serve"`` (``arg``: a ``DeploymentHandle``), ``"shm-model"`` (``arg``: node slots, or
-    :data:`~._config.ELASTIC`: no ``pool_size``, on a node actor with its defaults) or
-    ``"grpc"`` (``arg``: the URL)."""
-    if kind == "serve":
-        return (lambda inputs: arg.remote(inputs).result()), (lambda: None)
-    if kind == "shm-model":
-        model = ShmModel(case.model, **_shm_model_options(case, arg))
-        return model.infer, model.close
-    client = tritonclient_for(arg)
-    return (lambda inputs: infer(client, case, inputs)), client.close
-
-
-class _Caller:
-    """A Ray actor (a process of its own) sending one request at a time; it holds a target per
-    (path, run): a call and its inputs (resolved once from the object store)."""
-
-    def __init__(self) -> None:
-        self._targets: dict[str, tuple[Callable[[], Any], Callable[[], None]]] = {}
-
-    @_errors_reach_the_driver
-    def add(self, key: str, kind: str, arg: Any, case: ModelCase, inputs: Any) -> int:
-        """Sends ``inputs`` as ``key`` through ``kind`` (:func:`_client`); binds, connects,
-        warms up. Returns this process's id."""
-        call, close = _client(kind, arg, case)
-        self._targets[key] = (lambda: call(inputs)), close
-        call(inputs)
-        return os.getpid()
-
-    @_errors_reach_the_driver
-    def once(self, key: str) -> dict[str, np.ndarray]:
-        """One request; returns its outputs."""
-        return dict(self._targets[key][0]())
-
-    @_errors_reach_the_driver
-    def loop(self, key: str, start_at: float, duration_s: float) -> tuple[np.ndarray, float]:
-        """Requests back to back from ``start_at`` (``time.time()``) for ``duration_s`` (at
-        least one); returns their latencies, and the seconds from the start to the last."""
-        time.sleep(max(0.0, start_at - time.time()))
-        start = time.perf_counter()
-        latencies = run_until(self._targets[key][0], start + duration_s)
-        return latencies, time.perf_counter() - start
-
-    @_errors_reach_the_driver
-    def open_loop(
-        self, key: str, start_at: float, due: np.ndarray, threads: int, give_up_s: float
-    ) -> OpenLoop:
-        """Requests at ``start_at`` (``time.time()``) plus each of ``due``: see
-        :func:`run_open_loop`."""
-        time.sleep(max(0.0, start_at - time.time()))
-        return run_open_loop(self._targets[key][0], due, time.perf_counter(), threads, give_up_s)
-
-    def remove(self, key: str) -> None:
-        """Forgets ``key``, closing what it held."""
-        self._targets.pop(key, (None, lambda: None))[1]()
-
-
-class _ChurnCaller:
-    """A caller process of the churn runs: ``ShmModel`` on inputs of its own, every answer
-    checked against plain gRPC's answer to them. What it completed can be taken while it runs
-    (it may be killed at any time)."""
-
-    def __init__(self) -> None:
-        self._lock, self._ready = threading.Lock(), threading.Event()
-        self._call: Callable[[], Mapping[str, np.ndarray]] | None = None
-        self._close: Callable[[], None] = lambda: None
-        self._reference: dict[str, np.ndarray] = {}
-        self._latencies: list[float] = []
-        self._wrong = 0
-
-    @_errors_reach_the_driver
-    def start(self, case: ModelCase, url: str, slots: int, inputs: Any) -> int:
-        """Sends ``inputs`` (or those of that seed, an ``int``) through ``ShmModel``; binds,
-        connects, warms up. Returns this process's id."""
-        try:
-            if isinstance(inputs, int):
-                inputs = case.make_inputs(seed=inputs)
-            grpc_call, grpc_close = _client("grpc", url, case)
-            try:
-                self._reference = {name: np.array(a) for name, a in grpc_call(inputs).items()}
-            finally:
-                grpc_close()
-            call, self._close = _client("shm-model", slots, case)
-            self._call = lambda: call(inputs)
-            self.once()
-        finally:
-            self._ready.set()  # a loop waiting for it returns, if it failed
-        return os.getpid()
-
-    @_errors_reach_the_driver
-    def once(self) -> dict[str, np.ndarray]:
-        """One request; returns its outputs, checked (``AssertionError`` if wrong)."""
-        assert self._call is not None
-        answer = dict(self._call())
-        check_outputs(answer, self._reference)
-        return answer
-
-    @_errors_reach_the_driver
-    def loop(self, end_at: float) -> tuple[list[float], int, float | None]:
-        """Requests back to back until ``end_at`` (``time.time()``), once started; returns what
-        :meth:`take` would, and when the last one completed (``None``: none did)."""
-        self._ready.wait()
-        last = None
-        while self._call is not None and time.time() < end_at:
-            sent = time.perf_counter()
-            answer = self._call()
-            latency = time.perf_counter() - sent
-            try:
-                check_outputs(answer, self._reference)
-                wrong = 0
-            except AssertionError:
-                wrong = 1
-            with self._lock:
-                self._latencies.append(latency)
-                self._wrong += wrong
-            last = time.time()
-        return (*self.take(), last)
-
-    def take(self) -> tuple[list[float], int]:
-        """The latencies of the requests completed since the last take, and how many of their
-        answers were wrong."""
-        with self._lock:
-            taken = self._latencies, self._wrong
-            self._latencies, self._wrong = [], 0
-        return taken
-
-    def close(self) -> None:
-        """Closes its ``ShmModel``."""
-        self._close()
-
-
-class _BenchReplica:
-    """The bench's Serve deployment: one replica for every backend, so that the Serve paths
-    differ only in it. Each backend is a method: ``grpc`` (``tritonclient.grpc.aio``), ``shm``
-    (``ShmModel``: the node's slots, straight to Triton) and ``inproc`` (a ``TritonSHMClient``
-    of the replica's own). It serves the case last :meth:`prepare` got."""
-
-    def __init__(self, url: str, slots: int) -> None:
-        self._url, self._slots = url, slots
-        self._case: ModelCase | None = None
-        self._clients: dict[str, Any] = {}
-
-    def prepare(self, case: ModelCase | None) -> int:
-        """Serves ``case`` from now on (``None``: nothing); returns the replica's pid."""
-        if case != self._case:
-            for client in self._clients.values():
-                with contextlib.suppress(Exception):
-                    client.close()
-            self._case, self._clients = case, {}
-        return os.getpid()
-
-    def _client(self, backend: str) -> tuple[ModelCase, Any]:
-        """The case, and the backend's client (made on first use, on the replica's loop)."""
-        case = self._case
-        assert case is not None
-        client = self._clients.get(backend)
-        if client is None and backend == "shm":
-            client = ShmModel(case.model, **_shm_model_options(case, self._slots))
-        elif client is None and backend == "inproc":
-            client = TritonSHMClient(
-                self._url, headers=Keys(environ=True), reconnect_timeout_s=reconnect_timeout_s()
-            )
-            client.register_shm_model(case.model, **case.registration(self._slots))
-        elif client is None:
-            client = tritonclient_for(self._url, aio=True)
-        self._clients[backend] = client
-        return case, client
-
-    @_errors_reach_the_driver
-    async def shm(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """One request through ``ShmModel``."""
-        _, client = self._client("shm")
-        return await client.infer_async(inputs)  # type: ignore[no-any-return]
-
-    @_errors_reach_the_driver
-    async def inproc(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """One request through the replica's own ``TritonSHMClient``."""
-        case, client = self._client("inproc")
-        return await client.infer_shm_async(case.model, inputs)  # type: ignore[no-any-return]
-
-    @_errors_reach_the_driver
-    async def grpc(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """One request through ``tritonclient.grpc.aio``."""
-        import tritonclient.grpc.aio as grpcclient
-
-        case, client = self._client("grpc")
-        names = [t.name for t in case.outputs]
-        infer_inputs, outputs = by_value(grpcclient, inputs, names)
-        result = await client.infer(case.model, infer_inputs, outputs=outputs)
-        return {name: result.as_numpy(name) for name in names}
-
-
-class _Predictor:
-    """The Ray Data job's predictor, timed: ``ShmPredictor`` (``"shm"``, ``arg``: its
-    arguments), plain gRPC (``"grpc"``, ``arg``: the URL) or none (``"noop"``, ``arg``: the
-    outputs to answer, computed before)."""
-
-    def __init__(self, kind: str, arg: Any, case: ModelCase) -> None:
-        if kind == "shm":
-            self._predict: _Call = ShmPredictor(**arg)
-        elif kind == "grpc":
-            self._predict, _ = _client("grpc", arg, case)
-        else:
-            self._predict = lambda batch: {
-                name: array[: len(next(iter(batch.values())))] for name, array in arg.items()
-            }
-
-    @_errors_reach_the_driver
-    def __call__(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        start = time.perf_counter()
-        out = dict(self._predict({n: a for n, a in batch.items() if n != "id"}))
-        latency = np.full(len(batch["id"]), np.nan)
-        latency[0] = time.perf_counter() - start
-        return {**out, _LATENCY: latency}
+__all__ = ["PATHS", "ShmModelPath"]
 
 
 class _CallerPath(RayPath):
-    """``concurrency`` caller processes, each sending one request at a time through ``kind``
-    (see :func:`_client`)."""
+    """``concurrency`` caller processes, each sending one request at a time through
+    :meth:`_through` (see :func:`~._ray_callers.connect`)."""
 
     _callers: list[Any] = []
     _replica: int | None = None
@@ -359,10 +68,15 @@ class _CallerPath(RayPath):
     def setup(self) -> None:
         super().setup()
         self._key = f"{self.name}:{self.concurrency}:{self.slots}"
-        self._callers = self.session.actors(_Caller, self.concurrency)
+        self._callers = self.session.actors(Caller, self.concurrency)
         arg, inputs = self._arg(), ray.put(self.inputs)
-        added = [c.add.remote(self._key, self.kind, arg, self.case, inputs) for c in self._callers]
+        through = self._through()
+        added = [c.add.remote(self._key, through, arg, self.case, inputs) for c in self._callers]
         self._pids = [os.getpid(), *ray.get(added)]
+
+    def _through(self) -> Backend:
+        """What the callers send their requests through: :attr:`backend`."""
+        return self.backend
 
     def run_once(self) -> Mapping[str, np.ndarray]:
         """One request from every caller at once; checks them all, returns the first."""
@@ -388,12 +102,7 @@ class _CallerPath(RayPath):
                 if len(due[seat::count])
             ]
         )
-        return OpenLoop(
-            np.concatenate([loop.latencies for loop in loops]),
-            sum(loop.dropped for loop in loops),
-            max(loop.wall_s for loop in loops),
-            float(np.median([loop.first_s for loop in loops])),
-        )
+        return merge_open_loops(loops)
 
     def cpu_time(self) -> float:
         return sum(map(process_cpu_s, self._pids + ([self._replica] if self._replica else [])))
@@ -448,7 +157,8 @@ class ShmModelPath(_CallerPath):
     :data:`~._config.ELASTIC`, its pool follows its load, and its size is read from its
     warm-up on (:class:`_PoolSizes`; the node actor's CPU includes its answers)."""
 
-    name, label, kind, uses_node_actor = "shm-model", "ShmModel in each caller", "shm-model", True
+    name, label, uses_node_actor = "shm-model", "ShmModel in each caller", True
+    backend = Backend.SHM_MODEL
     _sizes: _PoolSizes | None = None
     _warmup: tuple[int, float] = (0, 0.0)
 
@@ -508,11 +218,11 @@ class ShmModelPath(_CallerPath):
 class GrpcProcsPath(_CallerPath):
     """Plain ``tritonclient.grpc`` in every caller process: no limit."""
 
-    name, label, kind = "grpc-procs", "gRPC client in each caller", "grpc"
+    name, label, backend = "grpc-procs", "gRPC client in each caller", Backend.GRPC
 
 
 class _ChurnPath(ShmModelPath):
-    """``concurrency`` caller processes (:class:`_ChurnCaller`; the first on the bench's inputs,
+    """``concurrency`` caller processes (:class:`ChurnCaller`; the first on the bench's inputs,
     the others on inputs of their own), the model given ``slots`` node slots; with ``kills``,
     one of them is SIGKILLed every :data:`CHURN_KILL_EVERY_S` of the run (mid-request, as they
     loop) and replaced at once by a fresh one. The requests a killed caller had in flight are
@@ -524,7 +234,7 @@ class _ChurnPath(ShmModelPath):
         if self.case.name != CHURN_CASE:
             raise SkipPath(f"the churn runs on the example {CHURN_CASE!r} model only")
         RayPath.setup(self)
-        self._class = ray.remote(num_cpus=0, max_concurrency=2)(_ChurnCaller)  # type: ignore[call-overload]
+        self._class = ray.remote(num_cpus=0, max_concurrency=2)(ChurnCaller)  # type: ignore[call-overload]
         self._started = self._killed = self._wrong = 0
         self._run_s, self._next_kill_s = 0.0, CHURN_KILL_EVERY_S
         self._cpu: dict[int, float] = {}  # by pid, the last read (killed callers' included)
@@ -612,7 +322,7 @@ class ShmModelChurnPath(_ChurnPath):
     name, label, kills = "shm-model-churn", "ShmModel, a caller killed every 2 s", True
 
 
-def _deploy(session: RayBenchSession, backend: str, callers: int) -> Any:
+def _deploy(session: RayBenchSession, backend: Backend, callers: int) -> Any:
     """A ``DeploymentHandle`` on ``backend``'s method of the bench deployment (an app of its
     own, one replica for every backend), run on first use."""
     from ray import serve
@@ -620,22 +330,23 @@ def _deploy(session: RayBenchSession, backend: str, callers: int) -> Any:
     session.serve()
     if "bench" not in session.apps:
         deployment = serve.deployment(
-            _BenchReplica,
+            BenchReplica,
             name="triton-bench",
             max_ongoing_requests=max(8, 2 * callers),
             ray_actor_options={"num_cpus": 0},
         )
         app = deployment.bind(session.target.grpc_url, max(8, callers))  # type: ignore[attr-defined]
         session.apps["bench"] = serve.run(app, name=SERVE_APP, route_prefix=None)
-    return session.apps["bench"].options(method_name=backend)
+    return session.apps["bench"].options(method_name=backend.value)
 
 
 class _ServePath(_CallerPath):
-    """The same Serve deployment, fed by the callers; only its ``backend`` differs."""
+    """The same Serve deployment, fed by the callers; only its replica's ``backend`` differs."""
 
-    kind = "serve"
-    backend: ClassVar[str]
     _handle: Any = None
+
+    def _through(self) -> Backend:
+        return Backend.SERVE
 
     def _arg(self) -> Any:
         self._handle = _deploy(self.session, self.backend, self.concurrency)
@@ -651,23 +362,26 @@ class _ServePath(_CallerPath):
 class ServeGrpcPath(_ServePath):
     """The Serve replica calls Triton with ``tritonclient.grpc.aio``."""
 
-    name, label, backend = "serve-grpc", "Serve replica, plain gRPC", "grpc"
+    name, label, backend = "serve-grpc", "Serve replica, plain gRPC", Backend.GRPC
 
 
 class ServeShmPath(_ServePath):
     """The Serve replica calls Triton through ``ShmModel`` (the node's shared slots)."""
 
-    name, label, backend, uses_node_actor = "serve-shm", "Serve replica, ShmModel", "shm", True
+    name, label, uses_node_actor = "serve-shm", "Serve replica, ShmModel", True
+    backend = Backend.SHM_MODEL
 
 
 class ServeInProcessPath(_ServePath):
     """The Serve replica owns a ``TritonSHMClient`` (the upper bound of shared memory)."""
 
-    name, label, backend = "serve-inproc", "Serve replica, own TritonSHMClient", "inproc"
+    name, label = "serve-inproc", "Serve replica, own TritonSHMClient"
+    backend = Backend.SHM_CLIENT
 
 
 class _DataPath(RayPath):
-    """The same Ray Data job with the predictor ``kind`` (see :class:`_Predictor`)."""
+    """The same Ray Data job with the predictor on ``backend`` (see
+    :class:`~._ray_callers.Predictor`)."""
 
     # A slice is a whole job of the session's data_job_batches (seconds, whatever --slice-s
     # says).
@@ -692,8 +406,8 @@ class _DataPath(RayPath):
             ray.data.range(batches * size, override_num_blocks=batches)
             .map_batches(source, batch_size=size, batch_format="numpy")
             .map_batches(
-                _Predictor,
-                fn_constructor_args=(self.kind, self._arg(), self.case),
+                Predictor,
+                fn_constructor_args=(self.backend, self._arg(), self.case),
                 batch_size=size,
                 batch_format="numpy",
                 compute=ray.data.ActorPoolStrategy(size=actors),
@@ -707,7 +421,7 @@ class _DataPath(RayPath):
         # and more would not warm it up (each slice is a job of its own, its actors fresh).
         if not hasattr(self, "_first"):
             self._first = self._job(1, 1)[0]
-        return {name: array for name, array in self._first.items() if name != _LATENCY}
+        return {name: array for name, array in self._first.items() if name != LATENCY}
 
     def run_slice(self, slice_s: float) -> tuple[list[np.ndarray], float]:
         start = time.perf_counter()
@@ -715,32 +429,33 @@ class _DataPath(RayPath):
         wall_s = time.perf_counter() - start
         for batch in batches:  # every answer, as the first was
             check_outputs({n: a for n, a in batch.items() if n in self.reference}, self.reference)
-        latencies = np.concatenate([batch[_LATENCY] for batch in batches])
+        latencies = np.concatenate([batch[LATENCY] for batch in batches])
         return [latencies[~np.isnan(latencies)]], wall_s
 
 
 class DataGrpcPath(_DataPath):
     """Ray Data with a predictor calling Triton over plain gRPC."""
 
-    name, label, kind = "data-grpc", "Ray Data, plain gRPC predictor", "grpc"
+    name, label, backend = "data-grpc", "Ray Data, plain gRPC predictor", Backend.GRPC
 
 
 class DataShmPath(_DataPath):
     """Ray Data with ``ShmPredictor``."""
 
-    name, label, kind, uses_node_actor = "data-shm", "Ray Data, ShmPredictor", "shm", True
+    name, label, uses_node_actor = "data-shm", "Ray Data, ShmPredictor", True
+    backend = Backend.SHM_MODEL
 
     def _arg(self) -> Any:
         return {
             "model_name": self.case.model,
-            **_shm_model_options(self.case, max(8, self.concurrency)),
+            **shm_model_options(self.case, max(8, self.concurrency)),
         }
 
 
 class DataNoopPath(_DataPath):
     """Ray Data with a predictor that calls nothing (the ceiling of the job itself)."""
 
-    name, label, kind = "data-noop", "Ray Data, no-op predictor (ceiling)", "noop"
+    name, label, backend = "data-noop", "Ray Data, no-op predictor (ceiling)", Backend.NOOP
 
     def _arg(self) -> Any:
         return self.reference

@@ -1,5 +1,5 @@
 """The bench's private local Ray (:class:`RayBenchSession`), and what every Ray path shares
-(:class:`RayPath`): the Ray paths themselves are in :mod:`._ray_paths` and :mod:`._serve_http`.
+(:class:`RayPath`): the Ray paths themselves are in :mod:`._ray` and :mod:`._http`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ray_triton_shm._bench._config import DATA_JOB_BATCHES
-from ray_triton_shm._bench._paths import BenchPath, BenchTarget, SkipPath
+from ray_triton_shm._bench.paths._base import BenchPath, BenchTarget, SkipPath
+from ray_triton_shm._bench.paths._clients import Backend
 
 try:
     import ray
@@ -70,7 +71,7 @@ def end_handle(handle: Any) -> None:
 def example_app_root() -> Path | None:
     """The directory holding ``deployments/classifier.py`` (a checkout of this repository),
     or ``None``: an installed package comes without the example app."""
-    here = Path(__file__).resolve().parents[2]
+    here = Path(__file__).resolve().parents[3]
     for root in (here, Path.cwd()):
         if (root / "deployments" / "classifier.py").is_file():
             return root
@@ -247,10 +248,11 @@ class RayBenchSession:
 
 
 class RayPath(BenchPath):
-    """Shared by the Ray paths: ``kind`` and its argument (:meth:`_arg`), the session, and the
-    node actor's CPU when the path uses it."""
+    """Shared by the Ray paths: their ``backend`` and its argument (:meth:`_arg`), the
+    session, and the node actor's CPU when the path uses it."""
 
-    kind: ClassVar[str]
+    #: What the path's requests go through to Triton, in the end.
+    backend: ClassVar[Backend]
     _actor_pid: int | None = None
 
     def _arg(self) -> Any:

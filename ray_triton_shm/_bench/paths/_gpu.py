@@ -7,10 +7,6 @@ torch CUDA tensors too). One caller each; the model is ``identity_gpu`` (``gpu_m
 
 from __future__ import annotations
 
-import contextlib
-import math
-import os
-import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -19,15 +15,15 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import np_to_triton_dtype
 
-from ray_triton_shm._bench._paths import SHM_KEY_PREFIX, BenchPath, SkipPath, infer
-from ray_triton_shm._client import TritonSHMClient
-from ray_triton_shm._keys import Keys
+from ray_triton_shm._bench.paths._base import BenchPath, SkipPath
+from ray_triton_shm._bench.paths._clients import infer, shm_client
+from ray_triton_shm._bench.paths._regions import ManualRegions
 from ray_triton_shm._plain_client import tritonclient_for
 
 __all__ = ["GPU_MODEL_REPOSITORY", "PATHS"]
 
 #: The models ``bench --memory cuda`` serves on the embedded Triton.
-GPU_MODEL_REPOSITORY = Path(__file__).resolve().parent / "gpu_models"
+GPU_MODEL_REPOSITORY = Path(__file__).resolve().parents[1] / "gpu_models"
 
 
 def _torch() -> Any:
@@ -76,12 +72,12 @@ class ShmClientTorchPath(_OnGpu):
 
     def setup(self) -> None:
         super().setup()
-        self._client = TritonSHMClient(
+        self._client, _ = shm_client(
             self.target.grpc_url,
-            headers=Keys(environ=True),
+            self.case,
+            self.slots,
             reconnect_timeout_s=self.target.reconnect_timeout_s,
         )
-        self._client.register_shm_model(self.case.model, **self.case.registration(self.slots))
 
     def run_once(self) -> Mapping[str, Any]:
         return self._to_gpu(self._client.infer_shm(self.case.model, self._to_host()))
@@ -89,46 +85,32 @@ class ShmClientTorchPath(_OnGpu):
 
 class _CudaManual(BenchPath):
     """tritonclient's ``cuda_shared_memory`` by hand, as in Triton's
-    ``simple_grpc_cudashm_client``: a region per tensor on GPU 0, registered once."""
+    ``simple_grpc_cudashm_client``: a region per tensor on GPU 0, registered once
+    (:class:`~._regions.ManualRegions`)."""
+
+    _regions: ManualRegions
 
     def setup(self) -> None:
-        import tritonclient.utils.cuda_shared_memory as cudashm  # needs cuda-bindings
-
-        self._cudashm = cudashm
-        #: "in:NAME" / "out:NAME" -> (handle, region name, bytes), registered in this order.
-        self._regions: dict[str, tuple[Any, str, int]] = {}
         self._client = tritonclient_for(self.target.grpc_url)
-        tag = f"{SHM_KEY_PREFIX}{os.getpid()}_{uuid.uuid4().hex[:8]}"
-        for kind, tensors in (("in", self.case.inputs), ("out", self.case.outputs)):
-            for t in tensors:
-                region = f"{tag}_cuda_{kind}_{t.name}"
-                nbytes = math.prod(self.case.request_shape(t)) * t.dtype.itemsize
-                handle = cudashm.create_shared_memory_region(region, nbytes, 0)
-                self._regions[f"{kind}:{t.name}"] = (handle, region, nbytes)
-                raw = cudashm.get_raw_handle(handle)
-                self._client.register_cuda_shared_memory(region, raw, 0, nbytes)
+        self._regions = ManualRegions(self._client, "cuda")
+        self._cudashm = self._regions.utils
+        self._regions.create(self.case)
 
     def _send(self, shapes: Mapping[str, tuple[int, ...]]) -> Any:
-        infer_inputs, outputs = [], []
+        infer_inputs, regions = [], self._regions.regions
         for t in self.case.inputs:
-            _, region, nbytes = self._regions[f"in:{t.name}"]
+            _, region, nbytes = regions[f"in:{t.name}"]
             datatype = str(np_to_triton_dtype(t.dtype))
             infer_input = grpcclient.InferInput(t.name, list(shapes[t.name]), datatype)
             infer_input.set_shared_memory(region, nbytes)
             infer_inputs.append(infer_input)
-        for t in self.case.outputs:
-            _, region, nbytes = self._regions[f"out:{t.name}"]
-            outputs.append(grpcclient.InferRequestedOutput(t.name))
-            outputs[-1].set_shared_memory(region, nbytes)
+        outputs = self._regions.requested_outputs(self.case)
         return self._client.infer(self.case.model, infer_inputs, outputs=outputs)
 
     def teardown(self) -> None:
-        for handle, region, _ in reversed(getattr(self, "_regions", {}).values()):
-            with contextlib.suppress(Exception):
-                self._client.unregister_cuda_shared_memory(region)
-            with contextlib.suppress(Exception):
-                self._cudashm.destroy_shared_memory_region(handle)
-        self._regions = {}
+        regions = getattr(self, "_regions", None)
+        if regions is not None:
+            regions.close()
         super().teardown()
 
 
@@ -140,12 +122,12 @@ class CudaManualPath(_CudaManual):
 
     def run_once(self) -> Mapping[str, np.ndarray]:
         for name, array in self.inputs.items():
-            self._cudashm.set_shared_memory_region(self._regions[f"in:{name}"][0], [array])
+            self._cudashm.set_shared_memory_region(self._regions.regions[f"in:{name}"][0], [array])
         result = self._send({n: a.shape for n, a in self.inputs.items()})
         arrays = {}
         for t in self.case.outputs:
             output = result.get_output(t.name)
-            handle = self._regions[f"out:{t.name}"][0]
+            handle = self._regions.regions[f"out:{t.name}"][0]
             arrays[t.name] = self._cudashm.get_contents_as_numpy(
                 handle, t.dtype, list(output.shape)
             )
@@ -166,13 +148,13 @@ class CudaManualTorchPath(_CudaManual, _OnGpu):
     def run_once(self) -> Mapping[str, Any]:
         torch = self._torch
         for name, tensor in self._tensors.items():
-            handle = self._regions[f"in:{name}"][0]
+            handle = self._regions.regions[f"in:{name}"][0]
             self._cudashm.set_shared_memory_region_from_dlpack(handle, [tensor])
         result = self._send({n: tuple(t.shape) for n, t in self._tensors.items()})
         arrays = {}
         for t in self.case.outputs:
             output = result.get_output(t.name)
-            handle = self._regions[f"out:{t.name}"][0]
+            handle = self._regions.regions[f"out:{t.name}"][0]
             view = self._cudashm.as_shared_memory_tensor(handle, output.datatype, output.shape)
             arrays[t.name] = torch.from_dlpack(view).clone()
         return arrays
@@ -184,13 +166,14 @@ class CudaClientPath(BenchPath):
     name, label = "cuda-client", "TritonSHMClient (GPU memory), NumPy"
 
     def setup(self) -> None:
-        self._client = TritonSHMClient(
+        self._client, _ = shm_client(
             self.target.grpc_url,
-            headers=Keys(environ=True),
+            self.case,
+            self.slots,
             reconnect_timeout_s=self.target.reconnect_timeout_s,
+            memory="cuda",
+            device=0,
         )
-        registration = self.case.registration(self.slots)
-        self._client.register_shm_model(self.case.model, **registration, memory="cuda", device=0)
 
     def run_once(self) -> Mapping[str, Any]:
         return self._client.infer_shm(self.case.model, self.inputs)  # type: ignore[no-any-return]
@@ -204,13 +187,14 @@ class CudaClientTorchPath(_OnGpu):
 
     def setup(self) -> None:
         super().setup()
-        self._client = TritonSHMClient(
+        self._client, _ = shm_client(
             self.target.grpc_url,
-            headers=Keys(environ=True),
+            self.case,
+            self.slots,
             reconnect_timeout_s=self.target.reconnect_timeout_s,
+            memory="cuda",
+            device=0,
         )
-        registration = self.case.registration(self.slots)
-        self._client.register_shm_model(self.case.model, **registration, memory="cuda", device=0)
 
     def run_once(self) -> Mapping[str, Any]:
         out = self._client.infer_shm(self.case.model, self._tensors, outputs_as="torch")
@@ -218,7 +202,7 @@ class CudaClientTorchPath(_OnGpu):
 
 
 #: The GPU paths, in table order (their names are ``_config.GPU_PATHS`` but gRPC's and
-#: ``shm-client``, which are ``_paths``').
+#: ``shm-client``, which are :mod:`._plain`'s and :mod:`._shm`'s).
 PATHS: tuple[type[BenchPath], ...] = (
     CudaManualPath,
     CudaClientPath,
