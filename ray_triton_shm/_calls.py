@@ -24,16 +24,16 @@ import grpc
 
 from ._channel import Channel
 from ._engine import ModelPool, Step, Steps, run
-from ._exceptions import AccessDeniedError, InvalidInputError
+from ._exceptions import AccessDeniedError, InvalidInputError, TritonSHMError
 from ._gpu_tensors import OUTPUT_KINDS
 from ._http import Answer, HttpResponse, grpc_answer, http_headers
 from ._inputs import InputValue, prepare_batch
-from ._moves import Moves
+from ._moves import MOVED, Moves
 from ._options import RequestOptions, select_outputs
-from ._registry import MOVED, Registry
+from ._registry import Registry
 from ._transport import as_asyncio_future
 
-__all__ = ["Call"]
+__all__ = ["Call", "count_failure"]
 
 
 class Call:
@@ -91,7 +91,7 @@ class Call:
         return True
 
     def moved(self, exc: BaseException, options: RequestOptions | None) -> ModelPool:
-        """The pool the call goes on with after ``exc`` (one of :data:`._registry.MOVED`)
+        """The pool the call goes on with after ``exc`` (one of :data:`._moves.MOVED`)
         stopped it, or raises what the caller should get (see :meth:`Registry.next_pool`)."""
         self.pool = self.pools.next_pool(self.pool, exc, options, self.started)
         return self.pool
@@ -238,6 +238,12 @@ class Call:
         """Sends a chunk's request as a gRPC future (the way of multi-chunk calls, requests
         with a deadline, and requests sent again)."""
         chunk.call = self.triton.stub.ModelInfer.future(chunk.request, metadata=self._metadata)
+
+
+def count_failure(pool: ModelPool, exc: BaseException) -> None:
+    """Counts a failed call on the pool it ended on (the library's own errors, by kind)."""
+    if isinstance(exc, TritonSHMError):
+        pool.count_failure(exc)
 
 
 #: The requests over HTTP in flight. The event loop holds its tasks weakly, and a request

@@ -23,7 +23,7 @@ from typing import Any
 
 import tritonclient.grpc as grpcclient
 
-from ._calls import Call
+from ._calls import Call, count_failure
 from ._channel import Channel, tritonclient_options
 from ._defaults import DEFAULT_RECONNECT_TIMEOUT_S, DEFAULT_URL
 from ._engine import drive, drive_async
@@ -33,7 +33,7 @@ from ._inputs import InputValue
 from ._keys import REDACTED, Keys, Metadata
 from ._lease import SlotLease
 from ._memory import SYSTEM
-from ._options import ParameterValue, request_options, select_outputs
+from ._options import ParameterValue, RequestOptions, request_options, select_outputs
 from ._pool import PoolStats
 from ._reclaim import reclaim_dead_registrations
 from ._registry import Registry, plan_registration
@@ -382,7 +382,6 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             AccessDeniedError: Triton restricts inference, and the headers lack the key.
             ServerUnreachableError: Triton stayed unreachable for ``reconnect_timeout_s``.
         """
-        call = self._call(model_name, headers, client_timeout_s, reconnect_timeout_s)
         options = request_options(
             model_name,
             priority=priority,
@@ -393,17 +392,39 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             parameters=parameters,
             outputs=outputs,
         )
-        moves = call.moves(options)
-        try:
-            return moves.run(
-                lambda pool: drive(
-                    call.steps(pool, inputs, options, slot_timeout_s, request_id, outputs_as),
-                    call.do,
-                )
-            )
-        except TritonSHMError as exc:
-            moves.target.count_failure(exc)
-            raise
+        return self._infer(
+            model_name,
+            inputs,
+            options,
+            slot_timeout_s=slot_timeout_s,
+            client_timeout_s=client_timeout_s,
+            headers=headers,
+            request_id=request_id,
+            reconnect_timeout_s=reconnect_timeout_s,
+            outputs_as=outputs_as,
+        )
+
+    def _infer(
+        self,
+        model_name: str,
+        inputs: Mapping[str, InputValue],
+        options: RequestOptions | None,
+        *,
+        slot_timeout_s: float | None = None,
+        client_timeout_s: float | None = None,
+        headers: Mapping[str, str] | None = None,
+        request_id: str = "",
+        reconnect_timeout_s: float | None = None,
+        outputs_as: str = "numpy",
+    ) -> dict[str, Any]:
+        call = self._call(model_name, headers, client_timeout_s, reconnect_timeout_s)
+        return call.moves(options).run(
+            lambda pool: drive(
+                call.steps(pool, inputs, options, slot_timeout_s, request_id, outputs_as),
+                call.do,
+            ),
+            failed=count_failure,
+        )
 
     def lease(
         self,
@@ -458,7 +479,6 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
                 slot was taken).
         """
         call = self._call(model_name, headers, client_timeout_s, reconnect_timeout_s)
-        pool = call.pool
         try:
             options = request_options(
                 model_name,
@@ -467,7 +487,22 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
                 parameters=parameters,
                 outputs=outputs,
             )
-            chosen = None if options is None else select_outputs(pool.spec, options)
+        except TritonSHMError as exc:
+            count_failure(call.pool, exc)
+            raise
+        return self._lease(call, options, batch, shapes, slot_timeout_s, request_id)
+
+    def _lease(
+        self,
+        call: Call,
+        options: RequestOptions | None,
+        batch: int | None,
+        shapes: Mapping[str, Sequence[int]] | None,
+        slot_timeout_s: float | None,
+        request_id: str = "",
+    ) -> SlotLease:
+        try:
+            chosen = None if options is None else select_outputs(call.pool.spec, options)
             return SlotLease(
                 call,
                 batch=batch,
@@ -477,7 +512,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
                 request_id=request_id,
             )
         except TritonSHMError as exc:
-            pool.count_failure(exc)
+            count_failure(call.pool, exc)
             raise
 
     async def infer_shm_async(
@@ -504,7 +539,6 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         Waiting for a slot and for Triton's answer both happen on the event loop. Cancelling
         the coroutine is safe: slots come back once Triton has answered.
         """
-        call = self._call(model_name, headers, client_timeout_s, reconnect_timeout_s)
         options = request_options(
             model_name,
             priority=priority,
@@ -515,17 +549,39 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             parameters=parameters,
             outputs=outputs,
         )
-        moves = call.moves(options)
-        try:
-            return await moves.run_async(
-                lambda pool: drive_async(
-                    call.steps(pool, inputs, options, slot_timeout_s, request_id, outputs_as),
-                    call.do_async,
-                )
-            )
-        except TritonSHMError as exc:
-            moves.target.count_failure(exc)
-            raise
+        return await self._infer_async(
+            model_name,
+            inputs,
+            options,
+            slot_timeout_s=slot_timeout_s,
+            client_timeout_s=client_timeout_s,
+            headers=headers,
+            request_id=request_id,
+            reconnect_timeout_s=reconnect_timeout_s,
+            outputs_as=outputs_as,
+        )
+
+    async def _infer_async(
+        self,
+        model_name: str,
+        inputs: Mapping[str, InputValue],
+        options: RequestOptions | None,
+        *,
+        slot_timeout_s: float | None = None,
+        client_timeout_s: float | None = None,
+        headers: Mapping[str, str] | None = None,
+        request_id: str = "",
+        reconnect_timeout_s: float | None = None,
+        outputs_as: str = "numpy",
+    ) -> dict[str, Any]:
+        call = self._call(model_name, headers, client_timeout_s, reconnect_timeout_s)
+        return await call.moves(options).run_async(
+            lambda pool: drive_async(
+                call.steps(pool, inputs, options, slot_timeout_s, request_id, outputs_as),
+                call.do_async,
+            ),
+            failed=count_failure,
+        )
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -561,3 +617,42 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
 def registry_of(client: TritonSHMClient) -> Registry:
     """Internal API for the Ray layer (and the bench): the client's pools."""
     return client._pools
+
+
+def infer_with(
+    client: TritonSHMClient,
+    model_name: str,
+    inputs: Mapping[str, InputValue],
+    options: RequestOptions | None,
+    **settings: Any,
+) -> dict[str, Any]:
+    """Internal API for the Ray layer: :meth:`TritonSHMClient.infer_shm` with its request
+    options checked once, where the handle made them (``settings``: its other keywords)."""
+    return client._infer(model_name, inputs, options, **settings)
+
+
+async def infer_with_async(
+    client: TritonSHMClient,
+    model_name: str,
+    inputs: Mapping[str, InputValue],
+    options: RequestOptions | None,
+    **settings: Any,
+) -> dict[str, Any]:
+    """:func:`infer_with` for coroutines."""
+    return await client._infer_async(model_name, inputs, options, **settings)
+
+
+def lease_with(
+    client: TritonSHMClient,
+    model_name: str,
+    options: RequestOptions | None,
+    *,
+    batch: int | None,
+    shapes: Mapping[str, Sequence[int]] | None,
+    slot_timeout_s: float | None,
+    client_timeout_s: float | None,
+) -> SlotLease:
+    """Internal API for the Ray layer: :meth:`TritonSHMClient.lease` with its request options
+    checked once."""
+    call = client._call(model_name, None, client_timeout_s, None)
+    return client._lease(call, options, batch, shapes, slot_timeout_s)

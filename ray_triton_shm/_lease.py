@@ -47,7 +47,6 @@ from ._changes import answer_mismatch
 from ._engine import (
     Chunk,
     ModelPool,
-    PoolRetired,
     Step,
     SuspectedChange,
     _answer,
@@ -56,7 +55,7 @@ from ._engine import (
 )
 from ._exceptions import ClientClosedError, InvalidInputError, TritonServerError, TritonSHMError
 from ._http import Answer
-from ._moves import Moves
+from ._moves import RETIRED, Moves
 from ._options import RequestOptions
 from ._outputs import check_room, read_bytes
 from ._specs import TensorSpec
@@ -309,14 +308,14 @@ class SlotLease:
             self._sample_shapes = _sample_shapes(moved, self._rows, self._given)
             return moved
 
-        moves = Moves(call.pool, (PoolRetired, ClientClosedError), recover)
+        moves = Moves(call.pool, RETIRED, recover)
         while True:
             self._started_ns = time.monotonic_ns()
             try:
                 slot = yield Step.SLOT, self._slot_timeout_s
                 return moves.target.take(slot)
             except moves.handled as exc:
-                moves.after(exc)
+                moves = moves.increment(exc)
 
     def _take(self, slot: int) -> None:
         pool = self._call.pool

@@ -10,6 +10,7 @@ goes as it is. A call with options sends a copy of it with the options set.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -20,7 +21,15 @@ from tritonclient.grpc import service_pb2
 from ._exceptions import InvalidInputError
 from ._specs import ModelSpec
 
-__all__ = ["RESERVED_PARAMETERS", "RequestOptions", "request_options", "select_outputs"]
+__all__ = [
+    "NOT_GIVEN",
+    "RESERVED_PARAMETERS",
+    "NotGiven",
+    "RequestOptions",
+    "over_defaults",
+    "request_options",
+    "select_outputs",
+]
 
 #: Parameter names the library or Triton use themselves (a prefix ends with ``_``).
 RESERVED_PARAMETERS = (
@@ -38,6 +47,15 @@ RESERVED_PARAMETERS = (
 )
 
 ParameterValue = str | int | float | bool
+
+
+class NotGiven(enum.Enum):
+    """An argument left out, where ``None`` means something (httpx's ``USE_CLIENT_DEFAULT``)."""
+
+    NOT_GIVEN = "NOT_GIVEN"
+
+
+NOT_GIVEN = NotGiven.NOT_GIVEN
 
 
 @dataclass(frozen=True)
@@ -175,6 +193,52 @@ def request_options(
         parameters=tuple(checked),
         outputs=names,
     )
+
+
+def over_defaults(
+    model: str,
+    defaults: RequestOptions | None,
+    *,
+    priority: int | None = None,
+    queue_timeout_s: float | None = None,
+    sequence_id: int | str = 0,
+    sequence_start: bool = False,
+    sequence_end: bool = False,
+    parameters: Mapping[str, ParameterValue] | None = None,
+    outputs: Sequence[str] | None = None,
+) -> RequestOptions | None:
+    """A call's options over a handle's ``defaults`` (see :func:`request_options`): what the
+    call gives wins, ``None`` leaving the default (``priority=0`` is Triton's default level,
+    over a handle's own); its parameters are merged over the defaults'. ``None`` when every
+    option is Triton's default: such a call costs nothing.
+
+    Raises:
+        InvalidInputError: as :func:`request_options`.
+    """
+    own = request_options(
+        model,
+        priority=priority or 0,
+        queue_timeout_s=queue_timeout_s,
+        sequence_id=sequence_id,
+        sequence_start=sequence_start,
+        sequence_end=sequence_end,
+        parameters=parameters,
+        outputs=outputs,
+    )
+    if defaults is None:
+        return own
+    own = own or RequestOptions()
+    merged = dataclasses.replace(
+        own,
+        priority=defaults.priority if priority is None else own.priority,
+        queue_timeout_us=own.queue_timeout_us or defaults.queue_timeout_us,
+        parameters=tuple({**dict(defaults.parameters), **dict(own.parameters)}.items()),
+        outputs=defaults.outputs if outputs is None else own.outputs,
+    )
+    return None if merged == _NONE else merged
+
+
+_NONE = RequestOptions()
 
 
 def select_outputs(spec: ModelSpec, options: RequestOptions | None) -> RequestOptions | None:

@@ -3,8 +3,9 @@ laid out anew when the model changes on Triton, and released.
 
 The registry owns what looks after the pools besides their callers: the settler (slots given
 up while Triton still runs their request, :mod:`._settle`) and the scaler (pools that follow
-their load, :mod:`._scaling`). It also holds the core's one rule of where a call goes on when
-its pool stops it (:meth:`Registry.next_pool`). :class:`~._client.TritonSHMClient` is a facade
+their load, :mod:`._scaling`). It is the owner of its pools' layouts for the one rule of where
+a call goes on when its pool stops it (:func:`._moves.follow_model`, through
+:meth:`Registry.next_pool`). :class:`~._client.TritonSHMClient` is a facade
 over it; the Ray node actor and its callers use it through :func:`._client.registry_of`.
 """
 
@@ -24,10 +25,9 @@ from tritonclient.utils import InferenceServerException
 from . import _cuda, _gpu_choice
 from ._changes import Registration, changed_error, differences
 from ._channel import Channel
-from ._engine import ModelPool, PoolRetired, SuspectedChange
+from ._engine import ModelPool, SuspectedChange
 from ._exceptions import (
     ClientClosedError,
-    InvalidInputError,
     ModelNotRegisteredError,
     ModelSpecError,
     TritonServerError,
@@ -40,31 +40,28 @@ from ._memory import (
     SlotMemory,
     check_memory_options,
     check_numeric,
+    open_memory,
     region_bytes,
 )
+from ._moves import follow_model
 from ._options import RequestOptions
 from ._pool import PoolStats, SlotPool, SlotSource
 from ._reaper import watch
 from ._reconnect import Reconnect
 from ._scaling import Scaler, default_shm_budget
 from ._settle import Settler, unregister_slots
+from ._shared_slots import SharedSlots
 from ._shm import SharedMemoryRegion, ensure_room, mib, new_region_name, slot_key
 from ._sizing import SlotAutoscaling, pool_sizing
 from ._specs import ModelSpec, SlotLayout, SpecLike
 from ._triton_errors import status_and_message, translate_error
 
-__all__ = ["MOVED", "Registry", "SlotMaker", "plan_registration"]
+__all__ = ["Registry", "SlotMaker", "plan_registration"]
 
 logger = logging.getLogger(__name__)
 
 #: How long closing waits for in-flight requests before unmapping their memory anyway.
 CLOSE_WAIT_S = 30.0
-#: What may send a call to another pool of its model: the model changed on Triton (suspected
-#: from a refusal or an answer, or from inputs the pool's spec refuses), or its pool was
-#: replaced meanwhile.
-MOVED = (SuspectedChange, PoolRetired, ClientClosedError, InvalidInputError)
-#: Inputs the spec refuses make Triton's config be read again at most this often (per pool).
-_INPUT_RECHECK_S = 1.0
 #: An answer that does not fit its pool (or a fixed-size output refused as too large) proves
 #: the model changed, yet while Triton reloads it its config may still read as before: it is
 #: read again this often, for this long.
@@ -211,9 +208,7 @@ class Registry:
         self._triton = triton
         self._crash_cleanup = crash_cleanup
         self._config_check_interval_s = config_check_interval_s
-        #: Internal API for the Ray node actor: makes each new pool's slots, before anybody
-        #: uses them (the node actor's are shared with every process of the node).
-        self.make_slots: SlotMaker = _own_slots
+        self._make_slots: SlotMaker = _own_slots  # or shared: share_slots()
         self._pools: dict[str, ModelPool] = {}
         self._lock = threading.Lock()
         self._close_lock = threading.Lock()
@@ -325,27 +320,77 @@ class Registry:
         except InferenceServerException:
             pass
 
-    def attach(
+    def attach_region(
         self,
         spec: ModelSpec,
-        memory: SlotMemory,
-        slots: SlotSource,
+        region_name: str,
+        slot_count: int,
         reregister: Callable[[], None],
         generation: int = 0,
-    ) -> None:
+    ) -> bool:
         """Internal API for the Ray layer: uses a region somebody else owns and registered
-        (the node actor), on the slots ``slots`` hands out; replaces an earlier attachment of
-        the model."""
+        (the node actor), on its slots shared by every process of the machine (see
+        :class:`SharedSlots`); replaces an earlier attachment of the model.
+
+        Args:
+            spec: The model's spec, as the region is laid out for it.
+            region_name: The region.
+            slot_count: Slots the region has room for.
+            reregister: Asks the owner to register the region in Triton again (after a
+                restart of Triton).
+            generation: The layout's generation (grows with each new layout of the model).
+
+        Returns:
+            ``False`` when this process cannot map the region (another ``/dev/shm``).
+
+        Raises:
+            CudaError: a region in GPU memory on a GPU this process does not see.
+        """
         self.check_open()
-        header = RegionHeader(memory.region.buffer, memory.slot_count)
-        pool = ModelPool.over(spec, memory, slots, header, reregister, generation=generation)
-        if memory.kind == SYSTEM:
-            self._triton.prove_http(pool.slot_keys[0])
+        try:
+            region = SharedMemoryRegion.attach(region_name)
+        except OSError:
+            return False
+        header = RegionHeader(region.buffer, slot_count)
+        try:
+            memory = open_memory(region, SlotLayout.for_model(spec), slot_count)
+        except BaseException:
+            region.close()
+            raise
+        try:
+            slots = SharedSlots(region.name, header, slot_count, model=spec.name)
+        except OSError:
+            memory.release()
+            region.close()
+            return False
+        try:
+            pool = ModelPool.over(spec, memory, slots, header, reregister, generation=generation)
+            if memory.kind == SYSTEM:
+                self._triton.prove_http(pool.slot_keys[0])
+        except BaseException:
+            slots.close(wait_s=0)
+            memory.release()
+            region.close()
+            raise
         with self._lock:
             stale = self._pools.get(spec.name)
             self._pools[spec.name] = pool
         if stale is not None:
             _release_pool(stale, self._keepers, CLOSE_WAIT_S)
+        return True
+
+    def share_slots(self, *, max_waiting: int) -> None:
+        """Internal API for the Ray node actor: the pools made from now on hand their slots
+        out through their region, to every process of the machine (:class:`SharedSlots`),
+        with at most ``max_waiting`` callers waiting for one."""
+
+        def shared(
+            region: str, header: RegionHeader, model: str, size: int, capacity: int
+        ) -> SlotSource:
+            header.configure(max_waiting=max_waiting)
+            return SharedSlots(region, header, capacity, model=model)
+
+        self._make_slots = shared
 
     def unregister(self, model_name: str) -> None:
         """Releases the model's pool (after its requests in flight); idempotent."""
@@ -415,7 +460,7 @@ class Registry:
             header = RegionHeader(region.buffer, capacity)
             header.set_size(count)
             header.set_bounds(count if isinstance(sizing, int) else sizing.min_slots)
-            slots = self.make_slots(region.name, header, spec.name, count, capacity)
+            slots = self._make_slots(region.name, header, spec.name, count, capacity)
             pool = ModelPool.over(
                 spec,
                 memory,
@@ -609,27 +654,28 @@ class Registry:
         options: RequestOptions | None,
         started: float,
     ) -> ModelPool:
-        """The pool a call goes on with after ``exc`` (one of :data:`MOVED`) stopped it on
-        ``pool`` (the call started at ``started``), or raises what the caller should get."""
-        current = self._pools.get(pool.spec.name)
-        if isinstance(exc, (PoolRetired, ClientClosedError)):
-            if self.closed or current is None or current is pool or not pool.owned:
-                raise exc
-            return current
+        """The pool a call goes on with after ``exc`` (one of :data:`._moves.MOVED`) stopped it
+        on ``pool`` (the call started at ``started``), or raises what the caller should get:
+        :func:`._moves.follow_model`, with this registry as the layout's owner."""
         if not pool.owned:
             raise exc  # attached: the region's owner follows the model (ShmModel asks it)
-        if isinstance(exc, InvalidInputError):
-            if not pool.follows or exc.model is None:
-                raise exc
-            newer = self.follow(pool, since=time.monotonic() - _INPUT_RECHECK_S)
-        else:
-            assert isinstance(exc, SuspectedChange)
-            newer = self.follow_change(pool, since=started, cause=exc.error, proven=exc.proven)
-            if newer is not None and exc.executed and options is not None and options.is_sequence:
-                raise exc.error  # Triton ran this step: sending it again would apply it twice
-        if newer is None:
-            raise exc.error if isinstance(exc, SuspectedChange) else exc
-        return newer
+        sequence = options is not None and options.is_sequence
+        return follow_model(
+            pool, exc, self, follows=pool.follows, sequence=sequence, started=started
+        )
+
+    def replacement(self, pool: ModelPool, exc: BaseException) -> ModelPool | None:
+        """The pool that replaced ``pool`` (:class:`._moves.LayoutOwner`)."""
+        current = self._pools.get(pool.spec.name)
+        if self.closed or current is None or current is pool:
+            return None
+        return current
+
+    def newer(self, pool: ModelPool, exc: BaseException, since: float) -> ModelPool | None:
+        """The model's pool after ``exc`` suggested it changed (:class:`._moves.LayoutOwner`)."""
+        if isinstance(exc, SuspectedChange):
+            return self.follow_change(pool, since=since, cause=exc.error, proven=exc.proven)
+        return self.follow(pool, since=since)
 
     def maybe_check(self, pool: ModelPool) -> None:
         """Every ``config_check_interval_s``, compares the config of a model whose pool

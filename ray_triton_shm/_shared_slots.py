@@ -49,7 +49,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from functools import cache
 
-from ._exceptions import ClientClosedError, OverloadedError, SlotTimeoutError, RegionReplacedError
+from ._exceptions import ClientClosedError, OverloadedError, RegionReplacedError, SlotTimeoutError
 from ._header import RegionHeader
 from ._pool import KEPT_WARNING_S, PoolStats, kept_note, warn_kept
 from ._shm import DEAD, SHM_DIR, owner_state

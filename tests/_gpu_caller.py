@@ -17,11 +17,7 @@ import torch
 
 from ray_triton_shm import TritonSHMClient
 from ray_triton_shm._client import registry_of
-from ray_triton_shm._header import RegionHeader
-from ray_triton_shm._memory import open_memory
-from ray_triton_shm._shared_slots import SharedSlots
-from ray_triton_shm._shm import SharedMemoryRegion
-from ray_triton_shm._specs import ModelSpec, SlotLayout, TensorSpec
+from ray_triton_shm._specs import ModelSpec, TensorSpec
 
 #: gpu_affine as the owner registers it in the tests (max_shapes INPUT0/OUTPUT0: (256,)).
 SPEC = ModelSpec(
@@ -40,15 +36,11 @@ def main(argv: list[str]) -> int:
     url, region_name = argv[0], argv[1]
     slots, rows, calls, seed = (int(a) for a in argv[2:6])
     delay_ms = int(argv[6]) if len(argv) > 6 else 0
-    region = SharedMemoryRegion.attach(region_name)
-    memory = open_memory(region, SlotLayout.for_model(SPEC), slots)
-    header = RegionHeader(region.buffer, slots)
-    shared = SharedSlots(region.name, header, slots, model=SPEC.name)
     client = TritonSHMClient(url=url, crash_cleanup=False)
-    registry_of(client).attach(SPEC, memory, shared, lambda: None)
-    rng = np.random.default_rng(seed)
-    device = memory.device
+    assert registry_of(client).attach_region(SPEC, region_name, slots, lambda: None)
+    device = registry_of(client).get(SPEC.name).memory.device
     assert device is not None
+    rng = np.random.default_rng(seed)
     parameters = {"delay_ms": delay_ms} if delay_ms else None
     for call in range(calls):
         x = rng.random((rows, 256), dtype=np.float32)
@@ -59,8 +51,6 @@ def main(argv: list[str]) -> int:
             return 1
         print(f"answered {call}", flush=True)
     client.close()
-    memory.release()
-    region.close()
     print(f"ok {calls}", flush=True)
     return 0
 

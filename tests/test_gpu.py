@@ -30,7 +30,6 @@ import pytest
 from ray_triton_shm import CudaError, GPUMemoryFullError, TritonSHMClient, _cuda
 from ray_triton_shm._client import registry_of
 from ray_triton_shm._memory import CudaMemory
-from ray_triton_shm._shared_slots import SharedSlots
 from ray_triton_shm._shm import list_local_regions
 from ray_triton_shm.local import LocalTritonServer
 
@@ -153,12 +152,7 @@ def test_bad_gpu_input_is_refused_before_any_byte(client: TritonSHMClient) -> No
 
 def _share(client: TritonSHMClient) -> None:
     """Makes the client's new pools shared with other processes, as the node actor does."""
-
-    def share(region: str, header: Any, model: str, size: int, capacity: int) -> SharedSlots:
-        header.configure(max_waiting=64)
-        return SharedSlots(region, header, capacity, model=model)
-
-    registry_of(client).make_slots = share
+    registry_of(client).share_slots(max_waiting=64)
 
 
 def _caller(url: str, region: str, *args: int) -> subprocess.Popen[str]:

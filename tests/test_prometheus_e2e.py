@@ -224,7 +224,7 @@ class Caller:
 
     def sent(self) -> bool:
         """Whether a request of ``delay_echo`` is in Triton now (its slot says so)."""
-        binding = next((m._binding for m in self.models.values()), None)
+        binding = next((m._here.binding for m in self.models.values()), None)
         if binding is None or binding.client is None:
             return False  # not bound yet
         header = registry_of(binding.client).get("delay_echo").header

@@ -167,7 +167,7 @@ def test_handles_pickle_only_configuration(node_actor) -> None:  # type: ignore[
     data = pickle.dumps(model)
     assert len(data) < 2000
     clone = pickle.loads(data)
-    assert clone._binding is None
+    assert clone._here.binding is None
 
     @ray.remote(num_cpus=0)
     def use(handle: ShmModel, x: np.ndarray) -> tuple[np.ndarray, bool, int]:
@@ -186,7 +186,7 @@ def test_gpu_memory_without_a_gpu_says_so_in_the_caller_and_in_the_actor(node_ac
         ShmModel("identity", memory="gpu")  # refused where the handle is made
     model = ShmModel("identity", max_shapes=SHAPES, memory="cuda", outputs_as="torch")
     clone = pickle.loads(pickle.dumps(model))
-    assert clone._register_args["memory"] == "cuda" and clone._binding is None
+    assert clone._register_args["memory"] == "cuda" and clone._here.binding is None
 
     @ray.remote(num_cpus=0)
     def use(handle: ShmModel) -> Any:
@@ -277,7 +277,7 @@ def test_a_caller_killed_mid_request_frees_its_slot_once_triton_is_done_with_it(
 
         def sent(self) -> float:
             """When the slow request was sent, once its slot says so (zero before)."""
-            header = registry_of(self.model._binding.client).get("delay_echo").header
+            header = registry_of(self.model._here.binding.client).get("delay_echo").header
             busy = any(header.busy_since(slot) for slot in range(header.slot_count))
             return self.sent_at if busy else 0.0
 

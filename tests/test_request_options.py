@@ -224,3 +224,40 @@ def test_every_option_in_the_ray_layer(ray_local: str) -> None:
     assert result["awaited"] == {"DOUBLE": [2.0, 2.0]}
     assert result["sums"] == [5, 12, 10]
     assert "Request timeout expired" in result["rejected"]
+
+
+def test_options_make_a_handle_with_other_defaults_by_value_too(ray_local: str) -> None:
+    import ray
+
+    from ray_triton_shm.ray import ShmModel
+
+    model = ShmModel("echo_parameters", max_element_bytes={"PARAMETERS": 1024},
+                     parameters={"who": "handle"}, requested_outputs=["PARAMETERS"])  # fmt: skip
+    other = model.options(parameters={"who": "options"}, requested_outputs=None, priority=1)
+    by_value = ShmModel("echo_parameters", max_element_bytes={"PARAMETERS": 1024},
+                        zero_copy=False, parameters={"who": "by value"})  # fmt: skip
+    x = {"INPUT0": np.array([1.0, 2.0], np.float32)}
+    assert list(model.infer(x)) == ["PARAMETERS"]  # the first handle keeps its defaults
+    answer = other.infer(x)
+    assert set(answer) == {"PARAMETERS", "DOUBLE"}
+    assert json.loads(answer["PARAMETERS"][0]) == {"who": "options"}
+    assert other._here is model._here  # one binding in this process, shared
+
+    @ray.remote
+    def use(handle: ShmModel) -> dict:
+        x = {"INPUT0": np.array([3.0, 4.0], np.float32)}
+        answer = handle.infer(x, parameters={"call": 1}, priority=0)
+        return {"parameters": json.loads(answer["PARAMETERS"][0]), "outputs": sorted(answer),
+                "zero_copy": handle.zero_copy}  # fmt: skip
+
+    assert ray.get(use.remote(other)) == {
+        "parameters": {"who": "options", "call": 1},
+        "outputs": ["DOUBLE", "PARAMETERS"],
+        "zero_copy": True,
+    }
+    # By value, through the node actor: the same options, checked once in the caller.
+    answer = by_value.infer(x, parameters={"call": 2}, outputs=["PARAMETERS"])
+    assert not by_value.zero_copy
+    assert json.loads(answer["PARAMETERS"][0]) == {"who": "by value", "call": 2}
+    with pytest.raises(InvalidInputError, match="priority must be"):
+        model.options(priority=-1)

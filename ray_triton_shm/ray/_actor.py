@@ -43,12 +43,12 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from tritonclient.utils import InferenceServerException
 
-from .._client import TritonSHMClient, registry_of
+from .._client import TritonSHMClient, infer_with, registry_of
 from .._defaults import DEFAULT_RECONNECT_TIMEOUT_S, DEFAULT_URL, URL_ENV_VAR
 from .._engine import ModelPool
 from .._exceptions import ModelSpecError, RegionReplacedError, TritonServerError, TritonSHMError
-from .._header import RegionHeader
 from .._keys import Keys
+from .._options import RequestOptions
 from .._reclaim import reclaim_regions, registrations
 from .._scaling import default_shm_budget
 from .._shared_slots import NodeSlotStats, SharedSlots
@@ -279,7 +279,7 @@ class TritonNodeActor:
             **(config.client_options or {}),
         )
         self._pools = registry_of(self._client)
-        self._pools.make_slots = self._shared_slots
+        self._pools.share_slots(max_waiting=config.max_waiting)
         self._lock = threading.Lock()
         self._by_value: dict[str, int] = {}
         self._metrics = NodeMetrics(self._node_id)
@@ -475,7 +475,8 @@ class TritonNodeActor:
         reconnect_timeout_s: float | None = None,
         headers: Mapping[str, str] | None = None,
         client_timeout_s: float | None = None,
-        options: Mapping[str, Any] | None = None,
+        options: RequestOptions | Mapping[str, Any] | None = None,
+        outputs_as: str = "numpy",
     ) -> dict[str, np.ndarray]:
         """By-value inference: arrays in, arrays out (through Ray's object store), on the same
         slots as every other caller of the node.
@@ -484,7 +485,8 @@ class TritonNodeActor:
         unreachable (``None``: the actor's). ``headers`` are the caller's (its inference key),
         sent over the actor's own. ``client_timeout_s`` is the caller's deadline for Triton's
         answer (see :meth:`TritonSHMClient.infer_shm`). ``options`` are Triton's request
-        options of the call (``priority``, ``queue_timeout_s``, ``sequence_id``...).
+        options of the call, checked (or as keywords of ``infer_shm``: ``priority``,
+        ``queue_timeout_s``, ``sequence_id``...).
 
         Raises:
             RegionReplacedError: ``incarnation`` is not this actor's (it restarted): bind again.
@@ -493,14 +495,15 @@ class TritonNodeActor:
         self._check_incarnation(incarnation)
         with self._lock:
             self._by_value[model_name] = self._by_value.get(model_name, 0) + 1
-        return self._client.infer_shm(
-            model_name,
-            inputs,
-            reconnect_timeout_s=reconnect_timeout_s,
-            headers=headers,
-            client_timeout_s=client_timeout_s,
-            **(options or {}),
-        )
+        settings: dict[str, Any] = {
+            "reconnect_timeout_s": reconnect_timeout_s,
+            "headers": headers,
+            "client_timeout_s": client_timeout_s,
+            "outputs_as": outputs_as,
+        }
+        if isinstance(options, Mapping):
+            return self._client.infer_shm(model_name, inputs, **settings, **options)
+        return infer_with(self._client, model_name, inputs, options, **settings)
 
     # ---------------------------------------------------------------- internals
 
@@ -514,13 +517,6 @@ class TritonNodeActor:
             incarnation=self._incarnation,
             generation=pool.generation,
         )
-
-    def _shared_slots(
-        self, region: str, header: RegionHeader, model: str, size: int, capacity: int
-    ) -> SharedSlots:
-        """A new pool's slots, shared with every process of the node through its region."""
-        header.configure(max_waiting=self._config.max_waiting)
-        return SharedSlots(region, header, capacity, model=model)
 
     def _check_incarnation(self, incarnation: str) -> None:
         if incarnation != self._incarnation:

@@ -13,53 +13,54 @@ the actor.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
-from typing import Any
+from dataclasses import asdict, dataclass
+from typing import Any, TypeVar
 
 import ray
 from ray.exceptions import RayActorError
 
 from .. import _cuda
-from .._client import TritonSHMClient, registry_of
+from .._client import TritonSHMClient, infer_with, infer_with_async, lease_with, registry_of
 from .._defaults import DEFAULT_RECONNECT_TIMEOUT_S
-from .._engine import PoolRetired, SuspectedChange
+from .._engine import SuspectedChange
 from .._exceptions import (
     BlockingCallError,
     ClientClosedError,
     InvalidInputError,
     RegionReplacedError,
 )
-from .._header import RegionHeader
 from .._inputs import InputValue
 from .._keys import Keys, normalize
 from .._lease import SlotLease
-from .._memory import CUDA, SYSTEM, check_memory_options, open_memory
-from .._moves import Moves, surfaced
-from .._options import ParameterValue, request_options
-from .._shared_slots import SharedSlots
-from .._shm import SharedMemoryRegion
+from .._memory import CUDA, SYSTEM, check_memory_options
+from .._moves import MOVED, RETIRED, Moves, follow_model
+from .._options import (
+    NOT_GIVEN,
+    NotGiven,
+    ParameterValue,
+    RequestOptions,
+    over_defaults,
+    request_options,
+)
 from .._sizing import SlotAutoscaling
-from .._specs import ModelSpec, SlotLayout, SpecLike
+from .._specs import ModelSpec, SpecLike
 from ._actor import ModelRegistration, get_node_actor
 from ._control import control_call, get
 
 __all__ = ["ShmModel"]
 
-#: What makes a call bind again and retry once: the node actor restarted.
+#: What makes a call bind again and retry: the node actor restarted.
 _REBIND_ON = (RegionReplacedError, RayActorError)
+T = TypeVar("T")
+
 #: Pause before asking for the node actor again after finding it going away.
 _REBIND_PAUSE_S = 1.0
-#: What sends a call to the model's newer layout: the model changed on Triton (suspected from
-#: a refusal or an answer, or from inputs the old spec refuses), or the layout was replaced.
-_MOVED = (SuspectedChange, PoolRetired, InvalidInputError)
-#: Inputs the spec refuses make this process ask the node actor to check the model's config at
-#: most this often.
-_INPUT_RECHECK_S = 1.0
 
 
 class _Binding:
@@ -73,7 +74,6 @@ class _Binding:
         *,
         zero_copy: bool,
         reconnect_timeout_s: float,
-        client_timeout_s: float | None,
         headers: dict[str, str],
         keys: Keys,
         client_options: Mapping[str, Any],
@@ -81,46 +81,33 @@ class _Binding:
         self.actor = actor
         self.registration = registration
         self.reconnect_timeout_s = reconnect_timeout_s
-        self.client_timeout_s = client_timeout_s
         self.headers = headers
         self.pid = os.getpid()
         self.spec: ModelSpec = registration.spec
         self.client: TritonSHMClient | None = None
         if zero_copy:
+            client = TritonSHMClient(
+                url=registration.url,
+                crash_cleanup=False,
+                reconnect_timeout_s=reconnect_timeout_s,
+                headers=keys,
+                **client_options,
+            )
             try:
-                region = SharedMemoryRegion.attach(registration.region_name)
-            except OSError:
-                return  # no shared /dev/shm with the actor: by value
-            count = registration.slot_count
-            header = RegionHeader(region.buffer, count)
-            try:
-                memory = open_memory(region, SlotLayout.for_model(self.spec), count)
-            except BaseException:  # a GPU this process does not see: said at once
-                region.close()
-                raise
-            try:
-                slots = SharedSlots(region.name, header, count, model=self.spec.name)
-            except OSError:
-                memory.release()
-                region.close()
-                return
-            try:
-                client = TritonSHMClient(
-                    url=registration.url,
-                    crash_cleanup=False,
-                    reconnect_timeout_s=reconnect_timeout_s,
-                    headers=keys,
-                    **client_options,
-                )
-                registry_of(client).attach(
-                    self.spec, memory, slots, self._ensure_registered, registration.generation
+                attached = registry_of(client).attach_region(
+                    self.spec,
+                    registration.region_name,
+                    registration.slot_count,
+                    self._ensure_registered,
+                    registration.generation,
                 )
             except BaseException:
-                slots.close(wait_s=0)
-                memory.release()
-                region.close()
+                client.close()
                 raise
-            self.client = client
+            if attached:
+                self.client = client
+            else:  # no shared /dev/shm with the actor: by value
+                client.close()
 
     def _ensure_registered(self) -> None:
         actor, name = self.actor, self.spec.name
@@ -128,52 +115,69 @@ class _Binding:
         control_call(lambda: get(actor.ensure_registered.remote(name, incarnation, generation)))
 
     def infer(
-        self,
-        inputs: Mapping[str, InputValue],
-        slot_timeout_s: float | None,
-        options: Mapping[str, Any],
+        self, inputs: Mapping[str, InputValue], options: RequestOptions | None, call: _CallSettings
     ) -> Any:
         if self.client is None:
-            return get(self._by_value(inputs, options))
-        return self.client.infer_shm(
-            self.spec.name,
-            inputs,
-            slot_timeout_s=slot_timeout_s,
-            client_timeout_s=self.client_timeout_s,
-            **options,
-        )
+            return get(self._by_value(inputs, options, call))
+        return infer_with(self.client, self.spec.name, inputs, options, **call.settings())
 
     async def infer_async(
-        self,
-        inputs: Mapping[str, InputValue],
-        slot_timeout_s: float | None,
-        options: Mapping[str, Any],
+        self, inputs: Mapping[str, InputValue], options: RequestOptions | None, call: _CallSettings
     ) -> Any:
         if self.client is None:
-            return await _awaited(self._by_value(inputs, options))
-        return await self.client.infer_shm_async(
-            self.spec.name,
-            inputs,
-            slot_timeout_s=slot_timeout_s,
-            client_timeout_s=self.client_timeout_s,
-            **options,
+            return await _awaited(self._by_value(inputs, options, call))
+        return await infer_with_async(
+            self.client, self.spec.name, inputs, options, **call.settings()
         )
 
-    def _by_value(self, inputs: Mapping[str, InputValue], options: Mapping[str, Any]) -> Any:
-        incarnation = self.registration.incarnation
+    def _by_value(
+        self, inputs: Mapping[str, InputValue], options: RequestOptions | None, call: _CallSettings
+    ) -> Any:
         return self.actor.infer.remote(
             self.spec.name,
-            incarnation,
+            self.registration.incarnation,
             inputs,
             self.reconnect_timeout_s,
             self.headers or None,
-            self.client_timeout_s,
-            dict(options) or None,
+            call.client_timeout_s,
+            options,
+            call.outputs_as,
         )
 
     def close(self) -> None:
         if self.client is not None:
             self.client.close()
+
+
+@dataclass(frozen=True)
+class _CallSettings:
+    """What a handle's call takes besides Triton's request options."""
+
+    slot_timeout_s: float | None
+    client_timeout_s: float | None
+    outputs_as: str
+
+    def settings(self) -> dict[str, Any]:
+        return {
+            "slot_timeout_s": self.slot_timeout_s,
+            "client_timeout_s": self.client_timeout_s,
+            "outputs_as": self.outputs_as,
+        }
+
+
+class _InProcess:
+    """A handle's binding in this process, shared with the handles :meth:`ShmModel.options`
+    makes of it (never pickled)."""
+
+    def __init__(self) -> None:
+        self.binding: _Binding | None = None
+        self.lock = threading.Lock()
+        self.input_checked_at = float("-inf")
+
+    def current(self) -> _Binding | None:
+        """The binding, if it is this process's (a forked child's is its parent's)."""
+        binding = self.binding
+        return binding if binding is not None and binding.pid == os.getpid() else None
 
 
 class ShmModel:
@@ -282,20 +286,14 @@ class ShmModel:
     ) -> None:
         # Checked here, where the handle is made, not at its first call in a worker.
         check_memory_options(model_name, memory, device, triton_device_id)
-        request_options(
+        self._defaults = request_options(
             model_name,
             priority=priority,
             queue_timeout_s=queue_timeout_s,
             parameters=parameters,
             outputs=requested_outputs,
         )
-        self._defaults: dict[str, Any] = {
-            "priority": priority,
-            "queue_timeout_s": queue_timeout_s,
-            "parameters": dict(parameters or {}),
-            "outputs": None if requested_outputs is None else list(requested_outputs),
-            "outputs_as": outputs_as,
-        }
+        self._call = _CallSettings(slot_timeout_s, client_timeout_s, outputs_as)
         self.model_name = model_name
         self._register_args: dict[str, Any] = {
             "inputs": list(inputs) if inputs is not None else None,
@@ -312,27 +310,22 @@ class ShmModel:
         self._device = device
         self._url = url
         self._zero_copy = zero_copy
-        self._slot_timeout_s = slot_timeout_s
-        self._client_timeout_s = client_timeout_s
         self._reconnect_timeout_s = reconnect_timeout_s
         self._headers = normalize(headers)
         self._client_options = dict(client_options or {})
         self._actor_options = dict(actor_options or {})
-        self._binding: _Binding | None = None
-        self._bind_lock = threading.Lock()
-        self._input_checked_at = float("-inf")
+        self._here = _InProcess()
 
     # ---------------------------------------------------------------- pickling: config only
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_binding"] = None
-        del state["_bind_lock"]
+        del state["_here"]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._bind_lock = threading.Lock()
+        self._here = _InProcess()
 
     def __repr__(self) -> str:
         return f"ShmModel({self.model_name!r}, zero_copy={self._zero_copy})"
@@ -340,16 +333,16 @@ class ShmModel:
     # ---------------------------------------------------------------- binding
 
     def _bind(self) -> _Binding:
-        binding = self._binding
-        if binding is not None and binding.pid == os.getpid():
+        here = self._here
+        binding = here.current()
+        if binding is not None:
             return binding
-        with self._bind_lock:
-            if self._binding is not None and self._binding.pid != os.getpid():
-                self._binding = None  # a forked child: the parent's binding is not its own
-            if self._binding is None:
+        with here.lock:
+            binding = here.current()  # None too for a forked child: its parent's is not its own
+            if binding is None:
                 actor, registration = self._register()
-                self._binding = self._new_binding(actor, registration)
-            return self._binding
+                binding = here.binding = self._new_binding(actor, registration)
+            return binding
 
     def _new_binding(self, actor: Any, registration: ModelRegistration) -> _Binding:
         same_node = registration.node_id == ray.get_runtime_context().get_node_id()
@@ -358,7 +351,6 @@ class ShmModel:
             registration,
             zero_copy=self._zero_copy and same_node,
             reconnect_timeout_s=self._reconnect_timeout_s,
-            client_timeout_s=self._client_timeout_s,
             headers=self._headers,
             keys=Keys(self._headers, environ=True),
             client_options=self._client_options,
@@ -381,7 +373,7 @@ class ShmModel:
         raise AssertionError("unreachable")
 
     async def _bind_async(self) -> _Binding:
-        binding = self._binding
+        binding = self._here.current()
         if binding is not None:
             return binding
         # Binding is rare (once per process) and made of short control calls.
@@ -390,60 +382,37 @@ class ShmModel:
     def _rebind(self, stale: _Binding, registration: ModelRegistration | None = None) -> None:
         """Forgets a binding to a node actor that restarted, or to a layout of the model that
         was replaced by ``registration``'s; the next call binds again."""
-        with self._bind_lock:
-            if self._binding is not stale:
+        here = self._here
+        with here.lock:
+            if here.binding is not stale:
                 return  # another call replaced it first, and closes it
-            self._binding = None
+            here.binding = None
             if registration is not None:
-                self._binding = self._new_binding(stale.actor, registration)
+                here.binding = self._new_binding(stale.actor, registration)
         # Other calls may still finish on it: close it without holding anyone up.
         threading.Thread(target=stale.close, daemon=True).start()
 
     def _moves(
-        self, binding: _Binding, moved: tuple[type[BaseException], ...], options: Mapping[str, Any]
+        self,
+        binding: _Binding,
+        moved: tuple[type[BaseException], ...],
+        options: RequestOptions | None,
     ) -> Moves[_Binding]:
-        """Where a call on ``binding`` goes on: a new binding after its node actor restarted
-        or another call replaced it, the model's new layout after one of ``moved``."""
+        """Where a call on ``binding`` goes on: a new binding after its node actor restarted,
+        else where :func:`follow_model` says after one of ``moved``, the node actor being the
+        owner of the model's layouts."""
+        owner = _ActorLayouts(self)
+        sequence = options is not None and options.is_sequence
 
         def recover(binding: _Binding, exc: BaseException) -> _Binding:
             if isinstance(exc, _REBIND_ON):
                 self._rebind(binding)  # the node actor restarted: a new region
-            elif isinstance(exc, ClientClosedError):
-                if self._binding is binding:
-                    raise exc
-                # Another call rebound meanwhile and closed the binding this one waited on.
-            else:
-                self._move(binding, exc, options)
-            return self._bind()
+                return self._bind()
+            return follow_model(
+                binding, exc, owner, follows=self._follows, sequence=sequence, started=0.0
+            )
 
-        return Moves(binding, (*_REBIND_ON, ClientClosedError, *moved), recover)
-
-    def _move(self, binding: _Binding, exc: BaseException, options: Mapping[str, Any]) -> None:
-        """After ``exc`` stopped a call on ``binding``'s layout, asks the node actor for the
-        model's current one (it reads Triton's config once per node and change), and binds
-        to it; raises what the caller should get if the layout is still current."""
-        if isinstance(exc, InvalidInputError):
-            now = time.monotonic()
-            if (
-                exc.model is None
-                or not self._follows
-                or now - self._input_checked_at < (_INPUT_RECHECK_S)
-            ):
-                raise exc
-            self._input_checked_at = now
-        actor, name = binding.actor, self.model_name
-        incarnation, generation = binding.registration.incarnation, binding.registration.generation
-        plain = surfaced(exc)
-        proof = exc.error if isinstance(exc, SuspectedChange) and exc.proven else None
-        registration: ModelRegistration = control_call(
-            lambda: get(actor.follow.remote(name, incarnation, generation, proof))
-        )
-        if registration.generation == generation:
-            raise plain
-        if isinstance(exc, SuspectedChange) and exc.executed and options.get("sequence_id"):
-            self._rebind(binding, registration)
-            raise plain  # Triton ran this step: sending it again would apply it twice
-        self._rebind(binding, registration)
+        return Moves(binding, (*_REBIND_ON, *moved), recover)
 
     @property
     def _follows(self) -> bool:
@@ -475,8 +444,9 @@ class ShmModel:
             max_element_bytes=dict(max_element_bytes) if max_element_bytes else None,
         )
         actor, registration = self._register(replace=True)
-        with self._bind_lock:
-            stale, self._binding = self._binding, self._new_binding(actor, registration)
+        here = self._here
+        with here.lock:
+            stale, here.binding = here.binding, self._new_binding(actor, registration)
         if stale is not None:
             threading.Thread(target=stale.close, daemon=True).start()
         return registration.spec
@@ -496,8 +466,9 @@ class ShmModel:
 
         Waits for this process's calls in flight (up to 30 s) to give their slots back.
         """
-        with self._bind_lock:
-            binding, self._binding = self._binding, None
+        here = self._here
+        with here.lock:
+            binding, here.binding = here.binding, None
         if binding is not None:
             binding.close()
 
@@ -533,18 +504,18 @@ class ShmModel:
                 Serve method): await :meth:`infer_async` there.
         """
         _refuse_on_event_loop(self.model_name, "infer()", "await infer_async()")
-        options = self._options(
-            priority,
-            queue_timeout_s,
-            sequence_id,
-            sequence_start,
-            sequence_end,
-            parameters,
-            outputs,
+        options, call = self._prepare(
             outputs_as,
+            priority=priority,
+            queue_timeout_s=queue_timeout_s,
+            sequence_id=sequence_id,
+            sequence_start=sequence_start,
+            sequence_end=sequence_end,
+            parameters=parameters,
+            outputs=outputs,
         )
-        moves = self._moves(self._bind(), _MOVED, options)
-        return moves.run(lambda binding: binding.infer(inputs, self._slot_timeout_s, options))
+        moves = self._moves(self._bind(), MOVED, options)
+        return moves.run(lambda binding: binding.infer(inputs, options, call))
 
     async def infer_async(
         self,
@@ -563,20 +534,18 @@ class ShmModel:
 
         Cancelling is safe: a slot is reused only once Triton has answered.
         """
-        options = self._options(
-            priority,
-            queue_timeout_s,
-            sequence_id,
-            sequence_start,
-            sequence_end,
-            parameters,
-            outputs,
+        options, call = self._prepare(
             outputs_as,
+            priority=priority,
+            queue_timeout_s=queue_timeout_s,
+            sequence_id=sequence_id,
+            sequence_start=sequence_start,
+            sequence_end=sequence_end,
+            parameters=parameters,
+            outputs=outputs,
         )
-        moves = self._moves(await self._bind_async(), _MOVED, options)
-        return await moves.run_async(
-            lambda binding: binding.infer_async(inputs, self._slot_timeout_s, options)
-        )
+        moves = self._moves(await self._bind_async(), MOVED, options)
+        return await moves.run_async(lambda binding: binding.infer_async(inputs, options, call))
 
     def lease(
         self,
@@ -616,38 +585,106 @@ class ShmModel:
             BlockingCallError: ``with`` on a thread that runs an event loop: use
                 ``async with`` there.
         """
-        options = self._options(
-            priority, queue_timeout_s, 0, False, False, parameters, outputs, None
+        options = over_defaults(
+            self.model_name,
+            self._defaults,
+            priority=priority,
+            queue_timeout_s=queue_timeout_s,
+            parameters=parameters,
+            outputs=outputs,
         )
-        for name in ("outputs_as", "sequence_id", "sequence_start", "sequence_end"):
-            options.pop(name, None)
-        return _ModelLease(self, {"batch": batch, "shapes": shapes, **options})
+        return _ModelLease(self, options, batch, shapes)
 
-    def _options(
+    def _prepare(
+        self, outputs_as: str | None, **options: Any
+    ) -> tuple[RequestOptions | None, _CallSettings]:
+        """A call's request options over the handle's defaults, and its settings."""
+        call = self._call
+        if outputs_as is not None and outputs_as != call.outputs_as:
+            call = dataclasses.replace(call, outputs_as=outputs_as)
+        return over_defaults(self.model_name, self._defaults, **options), call
+
+    def options(
         self,
-        priority: int | None,
-        queue_timeout_s: float | None,
-        sequence_id: int | str,
-        sequence_start: bool,
-        sequence_end: bool,
-        parameters: Mapping[str, ParameterValue] | None,
-        outputs: Sequence[str] | None,
-        outputs_as: str | None,
-    ) -> dict[str, Any]:
-        """A call's options over the handle's defaults, as ``infer_shm`` keywords (only those
-        that are set: a call with none costs nothing)."""
-        defaults = self._defaults
-        chosen = {
-            "priority": defaults["priority"] if priority is None else priority,
-            "queue_timeout_s": queue_timeout_s or defaults["queue_timeout_s"],
-            "sequence_id": sequence_id,
-            "sequence_start": sequence_start,
-            "sequence_end": sequence_end,
-            "parameters": {**defaults["parameters"], **(parameters or {})},
-            "outputs": defaults["outputs"] if outputs is None else list(outputs),
-            "outputs_as": defaults["outputs_as"] if outputs_as is None else outputs_as,
-        }
-        return {k: v for k, v in chosen.items() if v not in (None, 0, "", False, {}, "numpy")}
+        *,
+        priority: int | NotGiven = NOT_GIVEN,
+        queue_timeout_s: float | None | NotGiven = NOT_GIVEN,
+        parameters: Mapping[str, ParameterValue] | None | NotGiven = NOT_GIVEN,
+        requested_outputs: Sequence[str] | None | NotGiven = NOT_GIVEN,
+        outputs_as: str | NotGiven = NOT_GIVEN,
+        slot_timeout_s: float | None | NotGiven = NOT_GIVEN,
+        client_timeout_s: float | None | NotGiven = NOT_GIVEN,
+    ) -> ShmModel:
+        """A handle like this one with other defaults for its calls, as Ray Serve's
+        ``DeploymentHandle.options()``: those given replace this handle's (``parameters``
+        too: they are not merged), the others stay. Both handles share this process's binding
+        to the model; each pickles on its own.
+
+        ```python
+        urgent = model.options(priority=1, client_timeout_s=0.5)
+        ```
+
+        Raises:
+            InvalidInputError: an option of the wrong type or range (see :meth:`infer`).
+        """
+        old, call = self._defaults or RequestOptions(), self._call
+        handle = object.__new__(ShmModel)
+        handle.__dict__.update(self.__dict__)  # not copy.copy(): that drops the binding
+        handle._defaults = request_options(
+            self.model_name,
+            priority=_pick(priority, old.priority),
+            queue_timeout_s=_pick(
+                queue_timeout_s, old.queue_timeout_us / 1e6 if old.queue_timeout_us else None
+            ),
+            parameters=_pick(parameters, dict(old.parameters)),
+            outputs=_pick(requested_outputs, old.outputs),
+        )
+        handle._call = _CallSettings(
+            _pick(slot_timeout_s, call.slot_timeout_s),
+            _pick(client_timeout_s, call.client_timeout_s),
+            _pick(outputs_as, call.outputs_as),
+        )
+        return handle
+
+
+class _ActorLayouts:
+    """The node actor as the owner of a model's layouts (:class:`LayoutOwner`): it reads
+    Triton's config once per node and change; a handle asks it and binds to what it says."""
+
+    def __init__(self, model: ShmModel) -> None:
+        self._model = model
+
+    def replacement(self, binding: _Binding, exc: BaseException) -> _Binding | None:
+        if isinstance(exc, ClientClosedError):
+            # Another call of this process bound anew meanwhile, and closed this binding.
+            return None if self._model._here.binding is binding else self._model._bind()
+        return self._ask(binding, None)
+
+    def newer(self, binding: _Binding, exc: BaseException, since: float) -> _Binding | None:
+        model = self._model
+        if isinstance(exc, InvalidInputError):
+            if model._here.input_checked_at > since:
+                return None  # asked lately: refused inputs are the caller's
+            model._here.input_checked_at = time.monotonic()
+        proof = exc.error if isinstance(exc, SuspectedChange) and exc.proven else None
+        return self._ask(binding, proof)
+
+    def _ask(self, binding: _Binding, proof: BaseException | None) -> _Binding | None:
+        """The binding of the model's current layout, as the node actor says; ``None`` if it
+        is ``binding``'s."""
+        actor, name = binding.actor, self._model.model_name
+        incarnation, generation = binding.registration.incarnation, binding.registration.generation
+        registration: ModelRegistration = control_call(
+            lambda: get(actor.follow.remote(name, incarnation, generation, proof))
+        )
+        if registration.generation == generation:
+            return None
+        self._model._rebind(binding, registration)
+        return self._model._bind()
+
+
+def _pick(value: T | NotGiven, kept: T) -> T:
+    return kept if isinstance(value, NotGiven) else value
 
 
 def _autoscaling_fields(
@@ -693,9 +730,17 @@ class _ModelLease:
     """A lease of :meth:`ShmModel.lease`: enters a lease of the model's current binding,
     binding again when the node actor restarted or the model moved to a new layout."""
 
-    def __init__(self, model: ShmModel, arguments: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        model: ShmModel,
+        options: RequestOptions | None,
+        batch: int | None,
+        shapes: Mapping[str, Sequence[int]] | None,
+    ) -> None:
         self._model = model
-        self._arguments = arguments
+        self._options = options
+        self._batch = batch
+        self._shapes = shapes
         self._lease: SlotLease | None = None
 
     def _new_lease(self, binding: _Binding) -> SlotLease:
@@ -709,21 +754,25 @@ class _ModelLease:
                 expected="zero_copy=True on the node actor's node",
                 actual="by value",
             )
-        return client.lease(
+        call = self._model._call
+        return lease_with(
+            client,
             self._model.model_name,
-            slot_timeout_s=self._model._slot_timeout_s,
-            client_timeout_s=binding.client_timeout_s,
-            **self._arguments,
+            self._options,
+            batch=self._batch,
+            shapes=self._shapes,
+            slot_timeout_s=call.slot_timeout_s,
+            client_timeout_s=call.client_timeout_s,
         )
 
     def __enter__(self) -> SlotLease:
         _refuse_on_event_loop(self._model.model_name, "with lease()", "async with lease()")
-        moves = self._model._moves(self._model._bind(), (PoolRetired,), {})
+        moves = self._model._moves(self._model._bind(), RETIRED, self._options)
         self._lease = moves.run(lambda binding: self._new_lease(binding).__enter__())
         return self._lease
 
     async def __aenter__(self) -> SlotLease:
-        moves = self._model._moves(await self._model._bind_async(), (PoolRetired,), {})
+        moves = self._model._moves(await self._model._bind_async(), RETIRED, self._options)
         self._lease = await moves.run_async(lambda binding: self._new_lease(binding).__aenter__())
         return self._lease
 
