@@ -33,10 +33,7 @@ from ray_triton_shm._bench._config import (
     BenchConfig,
     CaseSpec,
 )
-from ray_triton_shm._bench._figures import curves_path, write_figures
 from ray_triton_shm._bench._format import num
-from ray_triton_shm._bench._html import SECTIONS
-from ray_triton_shm._bench._report import bench_json, print_results
 from ray_triton_shm._bench._results import GOALS, BenchResults, ModelResult, RunResult
 from ray_triton_shm._bench._runner import run_bench
 from ray_triton_shm._bench._update import run_model_update
@@ -44,6 +41,10 @@ from ray_triton_shm._bench.paths import _gpu, _http, _perf_analyzer, _plain, _ra
 from ray_triton_shm._bench.paths._base import BenchPath, SkipPath
 from ray_triton_shm._bench.paths._clients import infer
 from ray_triton_shm._bench.paths._regions import SHM_KEY_PREFIX
+from ray_triton_shm._bench.report._console import print_results
+from ray_triton_shm._bench.report._figures import curves_path, write_figures
+from ray_triton_shm._bench.report._html import SECTIONS
+from ray_triton_shm._bench.report._json import bench_json
 from ray_triton_shm._cli import main
 from ray_triton_shm._specs import TensorSpec
 from ray_triton_shm.local._server import LocalTritonServer
@@ -576,9 +577,9 @@ def _crash_bench(
         **options,
     )
     results = run_bench(config)
-    from ray_triton_shm._bench import _html, _report
+    from ray_triton_shm._bench.report import _html, _json
 
-    document = json.loads(_report.write_json(results, tmp_path / "bench.json").read_text())
+    document = json.loads(_json.write_json(results, tmp_path / "bench.json").read_text())
     report = _html.write_report(results, tmp_path / "report.html").read_text()
     for outage in results.outages:  # the logs kept for the user; the test's own
         assert outage.crash is not None and outage.crash.log_path.is_file()

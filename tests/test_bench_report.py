@@ -17,10 +17,7 @@ from rich.console import Console
 
 from ray_triton_shm._bench._cases import ModelCase
 from ray_triton_shm._bench._config import ELASTIC, BenchConfig
-from ray_triton_shm._bench._figures import curves_path, write_figures
-from ray_triton_shm._bench._html import SECTIONS, write_report
 from ray_triton_shm._bench._load import OpenLoop, SliceSummary, arrival_times, run_open_loop
-from ray_triton_shm._bench._report import print_results, write_json
 from ray_triton_shm._bench._results import (
     ELASTIC_POOL,
     POOL_SIZE_FOR_RATE,
@@ -31,6 +28,10 @@ from ray_triton_shm._bench._results import (
 )
 from ray_triton_shm._bench._runner import rate_groups
 from ray_triton_shm._bench._summary import best_cell, summary
+from ray_triton_shm._bench.report._console import print_results
+from ray_triton_shm._bench.report._figures import curves_path, write_figures
+from ray_triton_shm._bench.report._html import SECTIONS, write_report
+from ray_triton_shm._bench.report._json import write_json
 from ray_triton_shm._cli import main
 from ray_triton_shm._specs import TensorSpec
 
@@ -356,7 +357,7 @@ def test_each_pool_size_answer_has_one_name_in_the_terminal_the_report_and_the_j
 
 
 def test_an_elastic_pool_s_growth_says_what_held_it_back_and_what_was_no_reason() -> None:
-    from ray_triton_shm._bench._report import pool_growth
+    from ray_triton_shm._bench.report._text import pool_growth
 
     run = {"pool_sizes": [[0.1, 2], [0.4, 16], [2.0, 16]], "min_slots": 2}
     run["pool_size_settled"] = 16

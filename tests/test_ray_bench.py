@@ -31,8 +31,9 @@ from ray_triton_shm._bench._config import (
     add_arguments,
     config_from_args,
 )
-from ray_triton_shm._bench._report import _PLAIN_WIDTH, bench_json, print_results
 from ray_triton_shm._bench._runner import run_bench
+from ray_triton_shm._bench.report._console import _PLAIN_WIDTH, print_results
+from ray_triton_shm._bench.report._json import bench_json
 from ray_triton_shm._shm import ALIVE, owner_state
 from ray_triton_shm.local._server import LocalTritonServer
 

@@ -26,8 +26,8 @@ def main(args: argparse.Namespace) -> int:
     """Run ``bench`` with parsed arguments; returns the exit status."""
     try:
         config = config_from_args(args)
-        from ray_triton_shm._bench import _report
         from ray_triton_shm._bench._runner import run_bench
+        from ray_triton_shm._bench.report import _console, _json
         from ray_triton_shm._memory import CUDA, CUDA_PREVIEW
     except (ValueError, ModuleNotFoundError) as exc:
         extra = "; pip install 'ray-triton-shm[bench]'" if isinstance(exc, ImportError) else ""
@@ -43,8 +43,8 @@ def main(args: argparse.Namespace) -> int:
             "callers. Run the bench on a node of its own.",
             file=sys.stderr,
         )
-    progress = _report.make_progress(
-        _report.make_console(stderr=True), enabled=not args.no_progress
+    progress = _console.make_progress(
+        _console.make_console(stderr=True), enabled=not args.no_progress
     )
     try:
         results = run_bench(config, progress=progress)
@@ -56,13 +56,13 @@ def main(args: argparse.Namespace) -> int:
         return 1
     finally:
         progress.stop()
-    _report.print_results(results, _report.make_console(), full=args.full)
+    _console.print_results(results, _console.make_console(), full=args.full)
     if args.json:
-        print(f"\nJSON results: {_report.write_json(results, args.json)}", file=sys.stderr)
+        print(f"\nJSON results: {_json.write_json(results, args.json)}", file=sys.stderr)
     summary_png, curves = None, {}
     if not args.no_plot and args.plot:
         try:
-            from ray_triton_shm._bench import _figures
+            from ray_triton_shm._bench.report import _figures
 
             written = _figures.write_figures(results, args.plot)
         except ModuleNotFoundError as exc:
@@ -76,7 +76,7 @@ def main(args: argparse.Namespace) -> int:
             }
             print(f"figures: {', '.join(map(str, written))}", file=sys.stderr)
     if not args.no_report and args.report:
-        from ray_triton_shm._bench import _html
+        from ray_triton_shm._bench.report import _html
 
         report = _html.write_report(results, args.report, summary_figure=summary_png, curves=curves)
         full = "" if args.full else " (every run's numbers; or --full here)"

@@ -4,8 +4,8 @@ makes is than plain gRPC in the same set-up, at every number of callers it ran w
 goals, and how near it comes to the ceiling: the better of perf_analyzer's runs at as many
 callers (:meth:`~._results.ModelResult.ceiling`).
 
-The terminal summary, the summary figure (:mod:`._figures`) and the report (:mod:`._html`)
-all read it from here.
+The terminal summary (:mod:`.report._console`), the summary figure (:mod:`.report._figures`),
+the report (:mod:`.report._html`) and the JSON (:mod:`.report._json`) all read it from here.
 """
 
 from __future__ import annotations

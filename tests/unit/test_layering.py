@@ -18,7 +18,8 @@ NOT_CORE = {"ray_triton_shm", "ray_triton_shm.__main__"} | {
 #: What the core never imports: Ray, the Ray layer, the bench, the embedded server, the tools.
 OUTSIDE_CORE = ("ray", "ray_triton_shm.ray", "ray_triton_shm._bench", "ray_triton_shm.local")
 #: The bench's results and their renderings: a report is drawn without Ray.
-REPORTS = ("_results", "_summary", "_report", "_html", "_figures", "_format", "_config")
+REPORTS = ("_results", "_summary", "_format", "_config", "_load", "report")
+REPORTS += tuple(f"report.{m}" for m in ("_text", "_console", "_json", "_html", "_figures"))
 
 
 def _modules() -> dict[str, Path]:

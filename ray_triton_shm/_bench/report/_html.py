@@ -1,6 +1,7 @@
 """The bench's report: one self-contained HTML file, its figures embedded, readable on a wide
 screen and on a phone. Its sections: the summary, the recommendations, the open loop, the
-goals, every run's numbers, and the configuration and machine."""
+goals, every run's numbers, and the configuration and machine. The wording it shares with the
+terminal is :mod:`._text`'s."""
 
 from __future__ import annotations
 
@@ -21,6 +22,14 @@ from ray_triton_shm._bench._summary import (
     summary,
     verdict,
     verdicts,
+)
+from ray_triton_shm._bench.report._text import (
+    CEILING_LEGEND,
+    crash_lines,
+    extra_lines,
+    model_rows,
+    pool_size_legend,
+    pool_size_lines,
 )
 
 __all__ = ["SECTIONS", "write_report"]
@@ -102,8 +111,6 @@ def _sustained(held: bool | None) -> str:
 
 
 def _summary(results: BenchResults, figure: Path | None) -> str:
-    from ray_triton_shm._bench._report import CEILING_LEGEND, pool_size_legend
-
     table = summary(results)
     bound = results.config.latency_bound_ms
     rows = []
@@ -174,8 +181,6 @@ _VERDICT_CLASS = {"faster": "met", "slower": "missed"}
 
 
 def _recommendations(results: BenchResults) -> str:
-    from ray_triton_shm._bench._report import pool_size_legend, pool_size_lines
-
     items = []
     bound = results.config.latency_bound_ms
     table = summary(results)
@@ -254,8 +259,6 @@ def _rates(results: BenchResults) -> str:
 
 def _crashes(results: BenchResults) -> str:
     """Every crash of Triton, with the runs it disturbed and its log's last lines."""
-    from ray_triton_shm._bench._report import crash_lines
-
     if not results.outages and not results.stopped:
         return "<p class=muted>Triton did not crash while the bench ran.</p>"
     parts = [
@@ -294,8 +297,6 @@ def _goals(results: BenchResults) -> str:
 
 
 def _runs(results: BenchResults, figures: dict[str, Path]) -> str:
-    from ray_triton_shm._bench._report import extra_lines, model_rows
-
     parts = []
     for model in results.models:
         parts.append(f"<h3 id='model-{_e(model.name)}'>{_e(model.name)}</h3>")
