@@ -55,7 +55,7 @@ from ray_triton_shm._bench.paths._ray_session import RayBenchSession, RayPath
 from ray_triton_shm._plain_client import tritonclient_for
 from ray_triton_shm.local._server import LocalTritonServer
 
-__all__ = ["PATHS", "rate_groups", "run_bench", "run_groups"]
+__all__ = ["PATHS", "RunContext", "Workload", "rate_groups", "run_bench", "run_groups"]
 
 #: Every path, by name: those without Ray, then the Ray paths.
 _CLASSES = {
@@ -114,6 +114,41 @@ def run_groups(config: BenchConfig) -> list[list[RunKey]]:
 def _describe(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+
+
+@dataclasses.dataclass(frozen=True)
+class RunContext:
+    """What every run of the bench shares: its options, its private Ray (``None``: no Ray
+    path runs), where its progress goes, and its watch on Triton."""
+
+    config: BenchConfig
+    session: RayBenchSession | None
+    progress: Progress
+    watch: TritonWatch
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """What every run on one model sends: the case, one request's inputs and the reference
+    answer (:func:`_prepare`), to the target."""
+
+    target: BenchTarget
+    case: ModelCase
+    inputs: Mapping[str, np.ndarray]
+    reference: Mapping[str, np.ndarray]
+
+    def path(self, key: RunKey, session: RayBenchSession | None) -> BenchPath:
+        """The path of run ``key`` on this workload (not set up)."""
+        name, concurrency, slots = key
+        return PATHS[name](
+            target=self.target,
+            case=self.case,
+            inputs=self.inputs,
+            reference=self.reference,
+            concurrency=concurrency,
+            slots=slots,
+            session=session,
+        )
 
 
 def _prepare(
@@ -181,31 +216,22 @@ def _guarded(
     watch.raise_if_gone()
 
 
-def _run_group(
-    group: list[RunKey],
-    model: ModelResult,
-    paths: Mapping[str, Any],
-    config: BenchConfig,
-    session: RayBenchSession | None,
-    progress: Progress,
-    watch: TritonWatch,
-) -> None:
+def _run_group(group: list[RunKey], model: ModelResult, work: Workload, ctx: RunContext) -> None:
     """Sets up the runs of ``group``, then measures them in interleaved rounds."""
-    assert model.case is not None
+    config, progress, watch = ctx.config, ctx.progress, ctx.watch
     with contextlib.ExitStack() as stack:
-        _fresh_node_actor(stack, session, group)
+        _fresh_node_actor(stack, ctx.session, group)
         active: list[tuple[RunResult, BenchPath]] = []
-        for name, concurrency, slots in group:
-            cls, case = PATHS[name], model.case
-            r = RunResult(name, concurrency, slots, case)
+        for key in group:
+            r = RunResult(*key, work.case)
             model.runs.append(r)
-            watch.run = f"{model.name}: {describe_run(name, concurrency, slots)}"
-            path = cls(concurrency=concurrency, slots=slots, session=session, **paths)
+            watch.run = f"{model.name}: {describe_run(*key)}"
+            path = work.path(key, ctx.session)
             stack.callback(path.teardown)
 
             def set_up(r: RunResult = r, path: BenchPath = path) -> None:
                 try:
-                    _set_up(path, paths["reference"], config)
+                    _set_up(path, work.reference, config)
                     r.verified, r.unchecked = True, path.unchecked
                     active.append((r, path))
                 except SkipPath as exc:
@@ -272,34 +298,26 @@ def rate_slice_s(config: BenchConfig, rate: float) -> float:
     return max(config.slice_s, min(25 / rate, 2.0))
 
 
-def _run_rates(
-    keys: list[RunKey],
-    model: ModelResult,
-    paths: Mapping[str, Any],
-    config: BenchConfig,
-    session: RayBenchSession | None,
-    progress: Progress,
-    watch: TritonWatch,
-) -> None:
+def _run_rates(keys: list[RunKey], model: ModelResult, work: Workload, ctx: RunContext) -> None:
     """The open loop at every ``--request-rate`` on ``model``: each path set up once, then
     every (path, rate) run measured in interleaved rounds, as :func:`_run_group` does."""
-    assert model.case is not None
+    config, progress, watch = ctx.config, ctx.progress, ctx.watch
     specs = config.rates_on(model.name)
     grpc = [r.numbers()["requests_per_s"] for r in model.runs if r.path == "grpc" and r.counts]
     with contextlib.ExitStack() as stack:
-        _fresh_node_actor(stack, session, keys)
+        _fresh_node_actor(stack, ctx.session, keys)
         active: list[tuple[BenchPath, RunResult]] = []
-        for name, concurrency, slots in keys:
-            runs = [RunResult(name, concurrency, slots, model.case, rate_spec=s) for s in specs]
+        for key in keys:
+            runs = [RunResult(*key, work.case, rate_spec=s) for s in specs]
             model.rate_runs += runs
-            watch.run = f"{model.name}: open loop, {describe_rate_path(name, concurrency, slots)}"
-            path = PATHS[name](concurrency=concurrency, slots=slots, session=session, **paths)
+            watch.run = f"{model.name}: open loop, {describe_rate_path(*key)}"
+            path = work.path(key, ctx.session)
             stack.callback(path.teardown)
 
             def set_up(runs: list[RunResult] = runs, path: BenchPath = path) -> None:
                 try:
                     rates = [config.rate(spec, max(grpc, default=None)) for spec in specs]
-                    _set_up(path, paths["reference"], config)
+                    _set_up(path, work.reference, config)
                     for r, rate in zip(runs, rates):
                         r.rate, r.verified = rate, True
                         active.append((path, r))
@@ -342,14 +360,10 @@ def _units(config: BenchConfig, name: str) -> int:
     return runs * (1 + config.rounds)
 
 
-def _run_model(
-    model: ModelResult,
-    target: BenchTarget,
-    config: BenchConfig,
-    session: RayBenchSession | None,
-    progress: Progress,
-    watch: TritonWatch,
-) -> None:
+def _run_model(model: ModelResult, target: BenchTarget, ctx: RunContext) -> None:
+    """Every run on ``model``: its case made from its configuration, then each group's runs,
+    then the open loop's."""
+    config, progress, watch = ctx.config, ctx.progress, ctx.watch
     spec = config.case(model.name)
     groups = run_groups(config)
     progress.stage(f"{spec.name}: reading the model configuration")
@@ -357,7 +371,7 @@ def _run_model(
     for attempt in range(2):  # again if a crash of Triton was why it failed
         start = time.time()
         try:
-            model.case, inputs, reference = _prepare(spec, target)
+            case, inputs, reference = _prepare(spec, target)
             break
         except Exception as exc:
             watch.wait_back()
@@ -365,16 +379,17 @@ def _run_model(
                 model.error = _describe(exc)
                 progress.advance(_units(config, spec.name))
                 return
-    paths = {"target": target, "case": model.case, "inputs": inputs, "reference": reference}
+    model.case = case
+    work = Workload(target, case, inputs, reference)
     for group in groups:
         progress.stage(f"{spec.name}: {', '.join(describe_run(*key) for key in group)}")
-        _run_group(group, model, paths, config, session, progress, watch)
+        _run_group(group, model, work, ctx)
     if config.rates_on(spec.name):
         rates = " ".join(config.rates_on(spec.name))
         for keys in rate_groups(config):
             runs = ", ".join(describe_rate_path(*key, detailed=True) for key in keys)
             progress.stage(f"{spec.name}: open loop at {rates} requests/s: {runs}")
-            _run_rates(keys, model, paths, config, session, progress, watch)
+            _run_rates(keys, model, work, ctx)
         _sort_rate_runs(model, config)
 
 
@@ -425,11 +440,12 @@ def run_bench(config: BenchConfig, *, progress: Progress | None = None) -> Bench
                 session = stack.enter_context(
                     RayBenchSession(target, data_job_batches=config.data_job_batches)
                 )
+            ctx = RunContext(config, session, progress, watch)
             for name in config.models:
                 models.append(ModelResult(name))
                 # A restart gives the embedded server a new process (its CPU is measured).
                 target = dataclasses.replace(target, server_pid=local.pid if local else None)
-                _run_model(models[-1], target, config, session, progress, watch)
+                _run_model(models[-1], target, ctx)
             progress.stage("cleaning up")
         if config.url is None and config.model_update_s > 0:  # alone: Ray and Triton are gone
             progress.stage("a model's config reloaded under load")
