@@ -26,7 +26,7 @@ import tritonclient.grpc as grpcclient
 from ._calls import Call, count_failure
 from ._channel import Channel, tritonclient_options
 from ._defaults import DEFAULT_RECONNECT_TIMEOUT_S, DEFAULT_URL
-from ._engine import drive, drive_async
+from ._drive import drive, drive_async
 from ._exceptions import TritonSHMError
 from ._http import AUTO
 from ._inputs import InputValue

@@ -31,7 +31,7 @@ import enum
 import threading
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -421,7 +421,7 @@ def run(
         waited = time.monotonic_ns() - started
         chunk = Chunk.write(pool, only, batch, 0, batch.size, request_id, options, started, waited)
         try:
-            response = yield from _answer(chunk)
+            response = yield from answer_steps(chunk)
         except BaseException:
             chunk.abandon()
             raise
@@ -433,7 +433,7 @@ def run(
             waiting = time.monotonic_ns()
             slot = pool.slots.try_acquire()
             while slot is None and pending:  # never wait for a slot while holding one
-                response = yield from _answer(pending[0])
+                response = yield from answer_steps(pending[0])
                 pending.popleft().collect(outputs, response)
                 slot = pool.slots.try_acquire()
             if slot is None:
@@ -446,7 +446,7 @@ def run(
             pending.append(chunk)
             yield from _send(pending[-1])
         while pending:
-            response = yield from _answer(pending[0])
+            response = yield from answer_steps(pending[0])
             pending.popleft().collect(outputs, response)
     except BaseException as exc:
         try:
@@ -463,7 +463,7 @@ def run(
     return outputs.result()
 
 
-def _answer(chunk: Chunk) -> Generator[tuple[Step, Any], Any, Answer]:
+def answer_steps(chunk: Chunk) -> Generator[tuple[Step, Any], Any, Answer]:
     """Waits for a chunk's answer, sending it again while :meth:`Chunk.recovery` finds a way.
 
     A request sent again after Triton was unreachable goes on the same slot: Triton answers
@@ -496,44 +496,6 @@ def _send(chunk: Chunk) -> Generator[tuple[Step, Any], Any, None]:
     except Exception:
         chunk.in_triton = False  # refused before it left (a closed channel)
         raise
-
-
-def drive(steps: Generator[tuple[Step, Any], Any, T], do: Callable[[Step, Any], Any]) -> T:
-    """Runs ``steps`` to the end, doing each step with ``do`` (which blocks)."""
-    result: Any = None
-    error: BaseException | None = None
-    try:
-        while True:
-            try:
-                step, argument = steps.send(result) if error is None else steps.throw(error)
-            except StopIteration as done:
-                return done.value  # type: ignore[no-any-return]
-            try:
-                result, error = do(step, argument), None
-            except BaseException as exc:  # the generator decides what to do with it
-                result, error = None, exc
-    finally:
-        steps.close()  # an interrupt between two steps: the generator gives its slots back
-
-
-async def drive_async(
-    steps: Generator[tuple[Step, Any], Any, T], do: Callable[[Step, Any], Awaitable[Any]]
-) -> T:
-    """:func:`drive` for coroutines: ``do`` returns an awaitable."""
-    result: Any = None
-    error: BaseException | None = None
-    try:
-        while True:
-            try:
-                step, argument = steps.send(result) if error is None else steps.throw(error)
-            except StopIteration as done:
-                return done.value  # type: ignore[no-any-return]
-            try:
-                result, error = await do(step, argument), None
-            except BaseException as exc:  # the generator decides what to do with it
-                result, error = None, exc
-    finally:
-        steps.close()
 
 
 def _call_answered(call: Any) -> bool:

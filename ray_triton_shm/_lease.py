@@ -44,14 +44,13 @@ import numpy as np
 
 from ._calls import Call
 from ._changes import answer_mismatch
+from ._drive import drive, drive_async
 from ._engine import (
     Chunk,
     ModelPool,
     Step,
     SuspectedChange,
-    _answer,
-    drive,
-    drive_async,
+    answer_steps,
 )
 from ._exceptions import ClientClosedError, InvalidInputError, TritonServerError, TritonSHMError
 from ._http import Answer
@@ -276,7 +275,7 @@ class SlotLease:
         """
         chunk = self._request()
         try:
-            response = drive(_answer(chunk), self._call.do)
+            response = drive(answer_steps(chunk), self._call.do)
         except BaseException as exc:
             error = self._failed(exc)
             if error is exc:
@@ -288,7 +287,7 @@ class SlotLease:
         """:meth:`infer` for coroutines; cancelling it leaves the slot to Triton's answer."""
         chunk = self._request()
         try:
-            response = await drive_async(_answer(chunk), self._call.do_async)
+            response = await drive_async(answer_steps(chunk), self._call.do_async)
         except BaseException as exc:
             error = self._failed(exc)
             if error is exc:

@@ -20,14 +20,16 @@ says it is not ready; from a ready server it is a real error.
 from __future__ import annotations
 
 import asyncio
+import enum
 import functools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import Any, TypeVar
 
 import grpc
 from tritonclient.grpc import MAX_GRPC_MESSAGE_SIZE, KeepAliveOptions, service_pb2, service_pb2_grpc
 
+from ._drive import drive, drive_async
 from ._exceptions import ServerUnreachableError, TLSHandshakeError
 from ._tls import may_be_tls
 from ._transport import as_asyncio_future
@@ -84,6 +86,28 @@ def channel_options(
     return options
 
 
+class _Wait(enum.Enum):
+    """What waiting for Triton needs done (see :meth:`Reconnect._waiting`)."""
+
+    #: A check that may block (asks Triton, reads TLS files): a callable -> ``None``.
+    CHECK = enum.auto()
+    #: A readiness question (a gRPC future) -> whether Triton is ready.
+    READY = enum.auto()
+    #: Seconds to pause -> ``None``.
+    PAUSE = enum.auto()
+
+
+def _do(step: _Wait, argument: Any) -> Any:
+    """Does a step of waiting, blocking."""
+    match step:
+        case _Wait.CHECK:
+            return argument()
+        case _Wait.READY:
+            return argument.result().ready
+        case _Wait.PAUSE:
+            return time.sleep(argument)
+
+
 class Reconnect:
     """The reconnect budget of one request: waits for the channel, at most ``timeout_s`` in
     all, counted from the request's first failure.
@@ -132,28 +156,30 @@ class Reconnect:
             AccessDeniedError: Triton refused the readiness question (health is restricted).
             TritonServerError: ``exc`` was the answer of a ready Triton, not a restart.
         """
-        self._check_restarting(exc)
-        self._check_tls(exc)
-        while True:
-            ready = self._stub.ServerReady.future(
-                _READY_REQUEST,
-                timeout=self._remaining(exc),
-                metadata=self._metadata,
-                wait_for_ready=True,
-            )
-            try:
-                if ready.result().ready:
-                    return
-            except grpc.RpcError as error:
-                exc = self._last_cause(exc, error)
-                self._check_tls(error)
-            time.sleep(min(_READY_PAUSE_S, self._remaining(exc)))
+        drive(self._waiting(exc), _do)
 
     async def wait_async(self, exc: BaseException, loop: asyncio.AbstractEventLoop) -> None:
-        """:meth:`wait` for coroutines."""
+        """:meth:`wait` for coroutines: the checks that block run in a thread."""
+
+        async def do(step: _Wait, argument: Any) -> Any:
+            match step:
+                case _Wait.CHECK:
+                    return await asyncio.to_thread(argument)
+                case _Wait.READY:
+                    try:
+                        return (await as_asyncio_future(argument, loop)).ready
+                    finally:
+                        argument.cancel()  # cancelled while waiting: stop the call too
+                case _Wait.PAUSE:
+                    return await asyncio.sleep(argument)
+
+        await drive_async(self._waiting(exc), do)
+
+    def _waiting(self, exc: BaseException) -> Generator[tuple[_Wait, Any], Any, None]:
+        """The one rule of waiting for Triton, sans I/O (see :mod:`._drive`)."""
         if not is_unreachable(exc):
-            await asyncio.to_thread(self._check_restarting, exc)
-        await asyncio.to_thread(self._check_tls, exc)
+            yield _Wait.CHECK, functools.partial(self._check_restarting, exc)
+        yield _Wait.CHECK, functools.partial(self._check_tls, exc)
         while True:
             ready = self._stub.ServerReady.future(
                 _READY_REQUEST,
@@ -162,14 +188,12 @@ class Reconnect:
                 wait_for_ready=True,
             )
             try:
-                if (await as_asyncio_future(ready, loop)).ready:
+                if (yield _Wait.READY, ready):
                     return
             except grpc.RpcError as error:
                 exc = self._last_cause(exc, error)
-                await asyncio.to_thread(self._check_tls, error)
-            finally:
-                ready.cancel()  # cancelled while waiting: stop the call too
-            await asyncio.sleep(min(_READY_PAUSE_S, self._remaining(exc)))
+                yield _Wait.CHECK, functools.partial(self._check_tls, error)
+            yield _Wait.PAUSE, min(_READY_PAUSE_S, self._remaining(exc))
 
     def call(self, action: Callable[[], T]) -> T:
         """Runs ``action`` (a tritonclient call), waiting and trying again while Triton is

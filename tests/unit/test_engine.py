@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from ray_triton_shm import TritonServerError
-from ray_triton_shm._engine import Chunk, ModelPool, Step, drive, drive_async, run
+from ray_triton_shm._drive import drive, drive_async
+from ray_triton_shm._engine import Chunk, ModelPool, Step, run
 from ray_triton_shm._header import RegionHeader
 from ray_triton_shm._inputs import prepare_batch
 from ray_triton_shm._memory import SlotMemory

@@ -102,8 +102,11 @@ def test_the_core_imports_no_tool_no_ray_no_bench_and_no_embedded_server() -> No
 
 def test_the_bench_reports_are_drawn_without_ray() -> None:
     """Nor with any path: a run's results are read and drawn anywhere."""
+    every_report = {m for m in MODULES if m.startswith("ray_triton_shm._bench.report")}
+    assert every_report <= {f"ray_triton_shm._bench.{report}" for report in REPORTS}
     for report in REPORTS:
         name = f"ray_triton_shm._bench.{report}"
+        assert name in MODULES, name  # a name moved away would pass every check below
         imported = _closure(name)
         assert "ray" not in imported, name
         assert not {
@@ -130,6 +133,6 @@ def test_the_bench_reports_load_no_client() -> None:
 def test_the_checks_see_a_circle_and_a_forbidden_import() -> None:
     """The graph is read right: a known import is in it (else every check above passes on
     an empty graph)."""
-    assert "ray_triton_shm._engine" in GRAPH["ray_triton_shm._client"]
+    assert "ray_triton_shm._drive" in GRAPH["ray_triton_shm._client"]
     assert "ray" in GRAPH["ray_triton_shm.ray._actor"]
     assert "ray_triton_shm._client" in _closure("ray_triton_shm.ray._handle")

@@ -1,0 +1,55 @@
+"""The two drivers of a sans-I/O rule: a generator that yields ``(step, argument)`` for what it
+needs done and is sent the result (or thrown the error) back, so that one rule serves blocking
+callers and coroutines, and only the waiting differs (as httpx drives its auth flows).
+
+The inference engine (:mod:`._engine`) and waiting for Triton while it restarts
+(:mod:`._reconnect`) are written this way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Generator
+from typing import Any, TypeVar
+
+__all__ = ["drive", "drive_async"]
+
+S = TypeVar("S")
+T = TypeVar("T")
+
+
+def drive(steps: Generator[tuple[S, Any], Any, T], do: Callable[[S, Any], Any]) -> T:
+    """Runs ``steps`` to the end, doing each step with ``do`` (which blocks)."""
+    result: Any = None
+    error: BaseException | None = None
+    try:
+        while True:
+            try:
+                step, argument = steps.send(result) if error is None else steps.throw(error)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            try:
+                result, error = do(step, argument), None
+            except BaseException as exc:  # the generator decides what to do with it
+                result, error = None, exc
+    finally:
+        steps.close()  # an interrupt between two steps: the generator cleans up (slots back)
+
+
+async def drive_async(
+    steps: Generator[tuple[S, Any], Any, T], do: Callable[[S, Any], Awaitable[Any]]
+) -> T:
+    """:func:`drive` for coroutines: ``do`` returns an awaitable."""
+    result: Any = None
+    error: BaseException | None = None
+    try:
+        while True:
+            try:
+                step, argument = steps.send(result) if error is None else steps.throw(error)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            try:
+                result, error = await do(step, argument), None
+            except BaseException as exc:  # the generator decides what to do with it
+                result, error = None, exc
+    finally:
+        steps.close()
