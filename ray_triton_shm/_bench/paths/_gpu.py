@@ -18,6 +18,7 @@ from tritonclient.utils import np_to_triton_dtype
 from ray_triton_shm._bench.paths._base import BenchPath, SkipPath
 from ray_triton_shm._bench.paths._clients import infer, shm_client
 from ray_triton_shm._bench.paths._regions import ManualRegions
+from ray_triton_shm._memory import CUDA
 from ray_triton_shm._plain_client import tritonclient_for
 
 __all__ = ["GPU_MODEL_REPOSITORY", "PATHS"]
@@ -92,7 +93,7 @@ class _CudaManual(BenchPath):
 
     def setup(self) -> None:
         self._client = tritonclient_for(self.target.grpc_url)
-        self._regions = ManualRegions(self._client, "cuda")
+        self._regions = ManualRegions(self._client, CUDA)
         self._cudashm = self._regions.utils
         self._regions.create(self.case)
 
@@ -171,7 +172,7 @@ class CudaClientPath(BenchPath):
             self.case,
             self.slots,
             reconnect_timeout_s=self.target.reconnect_timeout_s,
-            memory="cuda",
+            memory=CUDA,
             device=0,
         )
 
@@ -192,7 +193,7 @@ class CudaClientTorchPath(_OnGpu):
             self.case,
             self.slots,
             reconnect_timeout_s=self.target.reconnect_timeout_s,
-            memory="cuda",
+            memory=CUDA,
             device=0,
         )
 

@@ -14,6 +14,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.utils.shared_memory as shm
 
 from ray_triton_shm._bench._cases import ModelCase
+from ray_triton_shm._memory import CUDA, SYSTEM
 
 __all__ = ["SHM_KEY_PREFIX", "ManualRegions"]
 
@@ -35,9 +36,9 @@ class ManualRegions:
             order they were registered.
     """
 
-    def __init__(self, client: Any, memory: str = "system") -> None:
+    def __init__(self, client: Any, memory: str = SYSTEM) -> None:
         self._client, self._memory = client, memory
-        if memory == "cuda":
+        if memory == CUDA:
             import tritonclient.utils.cuda_shared_memory as cudashm  # needs cuda-bindings
 
             self.utils: Any = cudashm
@@ -53,7 +54,7 @@ class ManualRegions:
         for kind, tensors in (("in", case.inputs), ("out", case.outputs)):
             for t in tensors:
                 elements = math.prod(case.request_shape(t))
-                if self._memory == "cuda":
+                if self._memory == CUDA:
                     region, nbytes = f"{tag}_cuda_{kind}_{t.name}", elements * t.dtype.itemsize
                     handle = self.utils.create_shared_memory_region(region, nbytes, 0)
                     self.regions[f"{kind}:{t.name}"] = (handle, region, nbytes)
@@ -82,7 +83,7 @@ class ManualRegions:
         """Unregisters and destroys the regions, last first; never raises."""
         unregister = (
             self._client.unregister_cuda_shared_memory
-            if self._memory == "cuda"
+            if self._memory == CUDA
             else self._client.unregister_system_shared_memory
         )
         for handle, region, _ in reversed(self.regions.values()):
