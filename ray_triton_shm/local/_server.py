@@ -9,13 +9,11 @@ This module never imports Ray.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -24,7 +22,7 @@ import time
 import urllib.error
 import urllib.request
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -32,6 +30,7 @@ from .._exceptions import LocalServerError
 from ._crashes import RestartPolicy, ServerCrash, ServerEvent, crash_reason, reason_lines
 from ._install import TritonServerInstall, find_tritonserver
 from ._onnx import onnx_via_python_repository
+from ._process import ServerProcess, cleanup, proc_stats, terminate
 from ._repository import (
     available_backends,
     model_backends,
@@ -41,6 +40,9 @@ from ._repository import (
 
 __all__ = ["EXAMPLE_MODEL_REPOSITORY", "KEPT_LOG_DIR", "RESTRICTABLE_PROTOCOLS"]
 __all__ += ["LocalServerError", "LocalTritonServer", "ServerCrash", "ServerEvent", "log_tail"]
+
+#: Kept for the bench until it imports :func:`._process.proc_stats`.
+_proc_stats = proc_stats
 
 #: The example model repository that ships with the package (Python-backend models).
 EXAMPLE_MODEL_REPOSITORY: Path = Path(__file__).resolve().parent / "models"
@@ -115,6 +117,15 @@ def _port_is_free(host: str, port: int) -> bool:
     return True
 
 
+def _port_or_none(name: str, port: int | None) -> int | None:
+    """A port as given, ``None`` for any free one (0 says so too)."""
+    if port is None or port == 0:
+        return None
+    if not 0 < port < 65536:
+        raise ValueError(f"{name} must be a TCP port (1-65535, or 0 or None for a free one)")
+    return int(port)
+
+
 def log_tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
     """The last ``lines`` lines of the log at ``path`` (a note if it cannot be read)."""
     try:
@@ -135,101 +146,6 @@ def _why(text: str, path: Path) -> str:
     if lines:
         return "its log says:\n" + "\n".join(f"  {line}" for line in lines)
     return f"last lines:\n{log_tail(path)}"
-
-
-def _kill_group(pgid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
-def _proc_stats() -> Iterator[tuple[int, list[str]]]:
-    """Every process here: its pid and its ``/proc/<pid>/stat`` fields after the name (the
-    state first, then the parent, then the process group)."""
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except (OSError, IndexError):
-                continue
-            yield int(entry.name), fields
-
-
-def _group_alive(pgid: int) -> bool:
-    """Whether a process of the group ``pgid`` is still running (zombies do not count)."""
-    try:
-        os.killpg(pgid, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    return any(int(f[2]) == pgid and f[0] not in ("Z", "X") for _, f in _proc_stats())
-
-
-def _terminate(
-    proc: subprocess.Popen[bytes],
-    grace_s: float,
-    shm_prefix: str | None = None,
-    *,
-    graceful: bool = True,
-) -> None:
-    """Stop a server process and its process group (SIGINT, then SIGTERM, then SIGKILL; only
-    SIGKILL if not ``graceful``).
-
-    Module-level so that ``weakref.finalize`` does not capture the server object.
-    """
-    pgid = proc.pid  # started with start_new_session=True: pid == pgid
-    if proc.poll() is None and graceful:
-        for sig, wait_s in (
-            (signal.SIGINT, grace_s),
-            (signal.SIGTERM, 5.0),
-            (signal.SIGKILL, 10.0),
-        ):
-            _kill_group(pgid, sig)
-            try:
-                proc.wait(timeout=wait_s)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-    # Python-backend stubs live in the same group; make sure none is left behind.
-    _kill_group(pgid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=5.0)
-    # A killed stub takes a moment to exit (its mappings torn down): the group is gone, or as
-    # good as gone (reaped by init), before stop() returns.
-    deadline = time.monotonic() + 5.0
-    while _group_alive(pgid) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    if shm_prefix:
-        shm_dir = Path("/dev/shm")
-        with contextlib.suppress(OSError):
-            for leftover in shm_dir.glob(shm_prefix + "*"):
-                with contextlib.suppress(OSError):
-                    leftover.unlink()
-
-
-class _Process:
-    """The server's current process, shared with its finalizer and its watcher threads (so
-    that neither holds the server): ``stopping`` once a stop was asked for, which the
-    supervisor must not take for a crash; ``wake`` ends a supervisor's wait early."""
-
-    def __init__(self) -> None:
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.stopping = False
-        self.wake = threading.Event()
-        self.lock = threading.RLock()
-
-    def stop(self) -> subprocess.Popen[bytes] | None:
-        """Marks a stop as asked for; returns the process to end (now no longer current)."""
-        with self.lock:
-            self.stopping = True
-            self.wake.set()
-            proc, self.proc = self.proc, None
-        return proc
-
-
-def _cleanup(box: _Process, grace_s: float, shm_prefix: str, tmpdir: str) -> None:
-    proc = box.stop()
-    if proc is not None:
-        _terminate(proc, grace_s, shm_prefix)
-    shutil.rmtree(tmpdir, ignore_errors=True)
 
 
 def _watch(server: weakref.ref[LocalTritonServer], proc: subprocess.Popen[bytes]) -> None:
@@ -349,9 +265,9 @@ class LocalTritonServer:
         model_repository: One model repository, several (each becomes a
             ``--model-repository`` flag), or ``None`` for :data:`EXAMPLE_MODEL_REPOSITORY`.
         host: Address the gRPC, HTTP and metrics endpoints bind to.
-        grpc_port: gRPC port; a free port is picked if ``None``.
-        http_port: HTTP port; a free port is picked if ``None``.
-        metrics_port: Metrics port; a free port is picked if ``None``.
+        grpc_port: gRPC port; a free port is picked if ``None`` or 0.
+        http_port: HTTP port; a free port is picked if ``None`` or 0.
+        metrics_port: Metrics port; a free port is picked if ``None`` or 0.
         startup_timeout_s: How long :meth:`start` waits for the server and all models to
             become ready.
         stop_grace_s: How long :meth:`stop` waits after SIGINT before escalating.
@@ -445,6 +361,14 @@ class LocalTritonServer:
         self._auto_complete_config = auto_complete_config
         self._auto_complete = True
         self._host = host
+        grpc_port, http_port, metrics_port = (
+            _port_or_none(name, port)
+            for name, port in (
+                ("grpc_port", grpc_port),
+                ("http_port", http_port),
+                ("metrics_port", metrics_port),
+            )
+        )
         self._ports_fixed = {
             "grpc": grpc_port is not None,
             "http": http_port is not None,
@@ -489,15 +413,8 @@ class LocalTritonServer:
         self._crashes: list[ServerCrash] = []
         self._failure: str | None = None
         self._restarting = False
-        self._box = _Process()
-        self._finalizer = weakref.finalize(
-            self,
-            _cleanup,
-            self._box,
-            self._stop_grace_s,
-            self._shm_prefix,
-            self._tmpdir,
-        )
+        self._box = ServerProcess(shm_prefix=self._shm_prefix, tmpdir=self._tmpdir)
+        self._finalizer = weakref.finalize(self, cleanup, self._box, self._stop_grace_s)
 
     # ---- properties -------------------------------------------------------------------
 
@@ -525,6 +442,11 @@ class LocalTritonServer:
     def metrics_port(self) -> int | None:
         """The metrics port (``None`` before the first :meth:`start` if auto-picked)."""
         return self._metrics_port
+
+    @property
+    def shm_prefix(self) -> str:
+        """The prefix of the names of the server's Python-backend regions in ``/dev/shm``."""
+        return self._shm_prefix
 
     @property
     def grpc_url(self) -> str:
@@ -734,7 +656,7 @@ class LocalTritonServer:
         raise AssertionError("unreachable")
 
     def _discard(self, proc: subprocess.Popen[bytes]) -> None:
-        _terminate(proc, 2.0, self._shm_prefix)
+        terminate(proc, 2.0, self._shm_prefix)
         with self._box.lock:
             if self._box.proc is proc:
                 self._box.proc = None
@@ -763,7 +685,7 @@ class LocalTritonServer:
     def _recover(self, proc: subprocess.Popen[bytes]) -> None:
         while True:
             crash = self._record_crash(proc)
-            _terminate(proc, 0.0, self._shm_prefix)  # its stubs and their regions
+            terminate(proc, 0.0, self._shm_prefix)  # its stubs and their regions
             delay = self._policy.crashed() if self._restart_on_crash else None
             if delay is None:
                 return self._give_up(proc, crash)
@@ -788,7 +710,7 @@ class LocalTritonServer:
                     if self._box.stopping:
                         return
                 if proc.poll() is None:  # never became ready: ended like a crash
-                    _terminate(proc, 0.0, self._shm_prefix)
+                    terminate(proc, 0.0, self._shm_prefix)
                 continue  # crashed again while starting: counted as another crash
             back = time.time()
             self._crashes = [
@@ -856,7 +778,7 @@ class LocalTritonServer:
         """
         proc = self._box.stop()
         if proc is not None:
-            _terminate(proc, self._stop_grace_s, self._shm_prefix)
+            terminate(proc, self._stop_grace_s, self._shm_prefix)
 
     def kill(self) -> None:
         """Stop the server at once (SIGKILL to its process group), without Triton's graceful
@@ -864,7 +786,7 @@ class LocalTritonServer:
         Python-backend regions are removed as by :meth:`stop`, and it can be started again."""
         proc = self._box.stop()
         if proc is not None:
-            _terminate(proc, 0.0, self._shm_prefix, graceful=False)
+            terminate(proc, 0.0, self._shm_prefix, graceful=False)
 
     def restart(
         self, *, restricted_protocols: Mapping[str, tuple[str, str]] | None = None
@@ -1013,18 +935,7 @@ class LocalTritonServer:
             log.write(header.encode())
             log.flush()
             self._log_offset = log.tell()
-            proc = subprocess.Popen(
-                self._command(),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=self._install.environ(),
-                cwd=self._tmpdir,
-                start_new_session=True,
-                close_fds=True,
-            )
-        self._box.proc = proc
-        return proc
+            return self._box.spawn(self._command(), log=log, env=self._install.environ())
 
     def _new_log_text(self) -> str:
         try:
