@@ -5,7 +5,6 @@ run's results imports neither)."""
 from __future__ import annotations
 
 import dataclasses
-import sys
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +28,7 @@ from ray_triton_shm._bench._watch import Outage
 if TYPE_CHECKING:  # at run time, results are read without tritonclient (whose dtypes it needs)
     from ray_triton_shm._bench._cases import ModelCase
 
-__all__ = ["CEILING", "GOALS", "BenchResults", "Goal", "ModelResult", "Progress", "RunResult"]
+__all__ = ["CEILING", "GOALS", "BenchResults", "Goal", "ModelResult", "RunResult"]
 __all__ += ["ELASTIC_POOL", "POOL_SIZE_FOR_RATE", "POOL_SIZE_FOR_THROUGHPUT", "RECOMMEND_SHARE"]
 __all__ += ["UPDATE_CALLERS", "UPDATE_SLOTS", "UpdateResult", "describe_rate_path", "describe_run"]
 __all__ += ["describe_slots", "host_info", "mb_ratio", "mb_ratio_spread", "ratio"]
@@ -43,20 +42,6 @@ RECOMMEND_SHARE = 0.95
 POOL_SIZE_FOR_THROUGHPUT = "pool_size_for_throughput"
 ELASTIC_POOL = "elastic_pool"
 POOL_SIZE_FOR_RATE = "pool_size_for_rate"
-
-
-class Progress:
-    """Where the runner reports progress, here nowhere: ``start(total)`` units of work, a new
-    ``stage(text)``, ``advance(units)`` done, and ``stop()`` when the run is over; and where
-    it says what happened to Triton as it happens (``say(text)``, on stderr here)."""
-
-    def start(self, total: int) -> None: ...
-    def stage(self, text: str) -> None: ...
-    def advance(self, units: int = 1) -> None: ...
-    def stop(self) -> None: ...
-
-    def say(self, text: str) -> None:
-        print(text, file=sys.stderr, flush=True)
 
 
 def describe_slots(slots: int | None) -> str:

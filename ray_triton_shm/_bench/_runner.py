@@ -38,10 +38,10 @@ from ray_triton_shm._bench._config import (
     CaseSpec,
 )
 from ray_triton_shm._bench._load import arrival_times
+from ray_triton_shm._bench._progress import Progress
 from ray_triton_shm._bench._results import (
     BenchResults,
     ModelResult,
-    Progress,
     RunResult,
     describe_rate_path,
     describe_run,

@@ -14,11 +14,11 @@ from rich.text import Text
 
 from ray_triton_shm._bench._config import DATA_JOB_ROUNDS
 from ray_triton_shm._bench._format import num, per_s
+from ray_triton_shm._bench._progress import Progress
 from ray_triton_shm._bench._results import (
     POOL_SIZE_FOR_THROUGHPUT,
     BenchResults,
     ModelResult,
-    Progress,
 )
 from ray_triton_shm._bench._summary import (
     best_cell,
