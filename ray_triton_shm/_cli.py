@@ -148,19 +148,23 @@ def _cmd_serve_local(args: argparse.Namespace) -> int:
     from ray_triton_shm.local._server import LocalServerError, LocalTritonServer
 
     repos = args.model_repository or None
-    server = LocalTritonServer(
-        repos,
-        log_path=args.log_file,
-        host=args.host,
-        grpc_port=args.grpc_port,
-        http_port=args.http_port,
-        metrics_port=args.metrics_port,
-        startup_timeout_s=args.startup_timeout_s,
-        install=True,  # a command of its own: sets the server side up on first use
-        restart_on_crash=not args.no_restart,
-        on_event=_print_server_event,
-        onnx_via_python=args.onnx_via_python,
-    )
+    try:
+        server = LocalTritonServer(
+            repos,
+            log_path=args.log_file,
+            host=args.host,
+            grpc_port=args.grpc_port,
+            http_port=args.http_port,
+            metrics_port=args.metrics_port,
+            startup_timeout_s=args.startup_timeout_s,
+            install=True,  # a command of its own: sets the server side up on first use
+            restart_on_crash=not args.no_restart,
+            on_event=_print_server_event,
+            onnx_via_python=args.onnx_via_python,
+        )
+    except ValueError as exc:  # a port out of range
+        print(f"{PROG} serve-local: error: {exc}", file=sys.stderr)
+        return 2
     interrupted = False
     try:
         print("Starting Triton ...", file=sys.stderr, flush=True)
@@ -546,13 +550,18 @@ def build_parser() -> argparse.ArgumentParser:
         description="Start the embedded Triton server, print its endpoints and models, and "
         "wait until Ctrl-C (or SIGTERM), then stop it cleanly.",
     )
-    p.add_argument("--grpc-port", type=int, metavar="PORT", help="gRPC port (default: free)")
-    p.add_argument("--http-port", type=int, metavar="PORT", help="HTTP port (default: free)")
+    p.add_argument(
+        "--grpc-port", type=int, metavar="PORT", help="gRPC port (default, or 0: a free one)"
+    )
+    p.add_argument(
+        "--http-port", type=int, metavar="PORT", help="HTTP port (default, or 0: a free one)"
+    )
     p.add_argument(
         "--metrics-port",
         type=int,
         metavar="PORT",
-        help="Prometheus metrics port (default: free; give one for a scrape target that stays)",
+        help="Prometheus metrics port (default, or 0: a free one; give one for a scrape target "
+        "that stays)",
     )
     p.add_argument(
         "--model-repository",
