@@ -154,7 +154,7 @@ class _PoolSizes:
 
 class ShmModelPath(_CallerPath):
     """``ShmModel`` in every caller process, the model given ``slots`` node slots; on
-    :data:`~._config.ELASTIC`, its pool follows its load, and its size is read from its
+    :data:`~.._config.ELASTIC`, its pool follows its load, and its size is read from its
     warm-up on (:class:`_PoolSizes`; the node actor's CPU includes its answers)."""
 
     name, label, uses_node_actor = "shm-model", "ShmModel in each caller", True

@@ -89,7 +89,7 @@ def errors_reach_the_driver(method: _F) -> _F:
 
 
 def shm_model_options(case: ModelCase, slots: int) -> dict[str, Any]:
-    """``ShmModel``'s arguments for ``case`` on ``slots`` node slots (:data:`~._config.ELASTIC`:
+    """``ShmModel``'s arguments for ``case`` on ``slots`` node slots (:data:`~.._config.ELASTIC`:
     the node actor's defaults), waiting the bench's reconnect timeout for Triton."""
     wait_s = reconnect_timeout_s()
     node = {"reconnect_timeout_s": wait_s, **({} if slots == ELASTIC else {"slots": slots})}
