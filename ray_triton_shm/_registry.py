@@ -53,6 +53,7 @@ from ._settle import Settler, unregister_slots
 from ._shared_slots import SharedSlots
 from ._shm import SharedMemoryRegion, ensure_room, mib, new_region_name, slot_key
 from ._sizing import SlotAutoscaling, pool_sizing
+from ._snapshot import PoolSnapshot
 from ._specs import ModelSpec, SlotLayout, SpecLike
 from ._triton_errors import status_and_message, translate_error
 
@@ -249,13 +250,16 @@ class Registry:
     def stats(self, model_name: str) -> PoolStats:
         """The model's slots in use and callers waiting, its size now and its bounds."""
         pool = self.get(model_name)
-        header = pool.header
-        return dataclasses.replace(
-            pool.slots.stats(),
-            min_size=header.min_size,
-            max_size=header.slot_count,
-            limited_by=header.limited_by,
-            shm_bytes=pool.region.allocated if pool.owned else 0,
+        now = PoolSnapshot.of(pool)
+        return PoolStats(
+            size=now.size,
+            in_use=now.in_use,
+            waiting=now.waiting,
+            abandoned=now.abandoned,
+            min_size=now.min_size,
+            max_size=now.max_size,
+            limited_by=now.limited_by,
+            shm_bytes=now.shm_bytes if pool.owned else 0,
             protocol="http" if self._triton.http is not None and pool.requests.path else "grpc",
             protocol_reason=self._triton.protocol_reason
             if pool.requests.path

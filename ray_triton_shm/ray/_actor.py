@@ -51,11 +51,11 @@ from .._keys import Keys
 from .._options import RequestOptions
 from .._reclaim import reclaim_regions, registrations
 from .._scaling import default_shm_budget
-from .._shared_slots import NodeSlotStats, SharedSlots
 from .._shm import DEAD, list_local_regions, shm_space
 from .._sizing import SlotAutoscaling
+from .._snapshot import PoolSnapshot
 from .._specs import ModelSpec
-from ._metrics import NodeMetrics, pool_counters
+from ._metrics import NodeMetrics
 
 __all__ = [
     "NAMESPACE",
@@ -420,29 +420,27 @@ class TritonNodeActor:
         model, over every process of the node."""
         models = {}
         for name, pool in self._registered_pools():
-            now = _node_slot_stats(pool)
-            header = pool.header
-            grows, shrinks = header.resizes
+            now = PoolSnapshot.of(pool, node_wide=True)
             models[name] = {
-                "slots": header.size,
-                "min_slots": header.min_size,
-                "max_slots": header.slot_count,
-                "limited_by": header.limited_by,
-                "grows": grows,
-                "shrinks": shrinks,
+                "slots": now.size,
+                "min_slots": now.min_size,
+                "max_slots": now.max_size,
+                "limited_by": now.limited_by,
+                "grows": now.grows,
+                "shrinks": now.shrinks,
                 "in_use": now.in_use,
                 "waiting": now.waiting,
                 "abandoned": now.abandoned,
-                "overloads": pool.header.overloads,
-                "shm_bytes": pool.region.allocated,
-                "shm_max_bytes": pool.region.size,
+                "overloads": now.overloads,
+                "shm_bytes": now.shm_bytes,
+                "shm_max_bytes": now.shm_max_bytes,
                 "by_value": self._by_value.get(name, 0),
-                "wait_p99_us": round(pool.header.wait_quantile_s(0.99) * 1e6),
-                "settle_p99_us": round(pool.header.settle_quantile_s(0.99) * 1e6),
-                "latency_p99_us": round(pool.header.latency_quantile_s(0.99) * 1e6),
-                "failures": pool.header.failures(),
-                "generation": pool.generation,
-                **pool_counters(pool),
+                "wait_p99_us": now.wait_p99_us,
+                "settle_p99_us": now.settle_p99_us,
+                "latency_p99_us": now.latency_p99_us,
+                "failures": now.failures,
+                "generation": now.generation,
+                **now.counters,
             }
         free, capacity = shm_space() or (0, 0)
         return NodeStats(
@@ -534,7 +532,7 @@ class TritonNodeActor:
             for name in self._client.registered_models:
                 try:
                     pool = self._pools.get(name)
-                    self._metrics.export(name, pool, _node_slot_stats(pool))
+                    self._metrics.export(name, PoolSnapshot.of(pool, node_wide=True))
                     if interval is not None and pool.follows:
                         self._pools.follow(pool, since=time.monotonic() - interval)
                 except TritonSHMError:
@@ -606,13 +604,6 @@ class TritonNodeActor:
             return bool(self._client.is_server_live(client_timeout=_LIVENESS_TIMEOUT_S))
         except InferenceServerException as exc:
             return exc.status() not in _UNREACHABLE
-
-
-def _node_slot_stats(pool: ModelPool) -> NodeSlotStats:
-    slots = pool.slots
-    assert isinstance(slots, SharedSlots)  # shared before the pool is published
-    slots.sweep()  # so that a holder that just died counts as abandoned
-    return slots.node_stats()
 
 
 def _object_store_in_shm(node_id: str) -> int:

@@ -12,10 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from .._engine import ModelPool
 from .._exceptions import ERROR_KINDS
 from .._header import BUCKET_BOUNDS_S, LIMITS
-from .._shared_slots import NodeSlotStats
+from .._snapshot import PoolSnapshot
 
 __all__ = [
     "ABANDONED_REQUESTS",
@@ -181,7 +180,7 @@ METRICS = (
     DEAD_OWNER_REGIONS,
 )
 
-#: The counters of a pool's header, by the key of :func:`pool_counters`.
+#: The counters of a pool's header, by their key in :attr:`PoolSnapshot.counters`.
 _COUNTERS = {
     "requests": REQUESTS,
     "samples": SAMPLES,
@@ -199,13 +198,6 @@ _GAUGES = {
     "waiting": CALLERS_WAITING,
     "abandoned": SLOTS_ABANDONED,
 }
-
-
-def pool_counters(pool: ModelPool) -> dict[str, int]:
-    """The counters of a pool's header, under the names of ``NodeStats``."""
-    counters = vars(pool.header.totals())
-    counters["abandoned_requests"] = counters.pop("abandoned")
-    return counters
 
 
 def _make(metric: Metric, **kwargs: Any) -> Any:
@@ -268,29 +260,27 @@ class NodeMetrics:
         self._started.set(started_s, tags)
         self._dead_regions.set(dead_regions, tags)
 
-    def export(self, model: str, pool: ModelPool, now: NodeSlotStats) -> None:
+    def export(self, model: str, now: PoolSnapshot) -> None:
         """Adds what the counters and histograms gained since the last export; sets the
         gauges."""
         tags = {"model": model, "node_id": self._node_id}
-        header = pool.header
-        grows, shrinks = header.resizes
         totals: dict[str, Any] = {
-            **pool_counters(pool),
-            "failures": header.failures(),
-            "generation": pool.generation,
-            "grows": grows,
-            "shrinks": shrinks,
-            "histograms": header.histograms(),
+            **now.counters,
+            "failures": now.failures,
+            "generation": now.generation,
+            "grows": now.grows,
+            "shrinks": now.shrinks,
+            "histograms": now.histograms,
         }
         last = self._exported.get(model)
         if last is None:
             self._zero(tags)
-        if last is None or last["region"] != pool.region.name:
+        if last is None or last["region"] != now.region:
             # A new region (registered anew, or a new layout): its counts start at zero.
-            last = {"region": pool.region.name, "failures": {}, "histograms": {}}
+            last = {"region": now.region, "failures": {}, "histograms": {}}
             if model in self._exported:
                 last["generation"] = self._exported[model].get("generation", 0)
-        totals["region"] = pool.region.name
+        totals["region"] = now.region
         for key, metric in self._counters.items():
             _inc(metric, totals[key] - last.get(key, 0), tags)
         for kind, count in totals["failures"].items():
@@ -308,17 +298,16 @@ class NodeMetrics:
                     histogram.observe(value, tags)
         self._exported[model] = totals
         gauges = {
-            "slots": header.size,
-            "max_slots": header.slot_count,
+            "slots": now.size,
+            "max_slots": now.max_size,
             "in_use": now.in_use,
             "waiting": now.waiting,
             "abandoned": now.abandoned,
         }
         for name, value in gauges.items():
             self._gauges[name].set(value, tags)
-        limited_by = header.limited_by
         for reason in LIMITS[1:]:
-            self._limited.set(int(reason == limited_by), {**tags, "reason": reason})
+            self._limited.set(int(reason == now.limited_by), {**tags, "reason": reason})
 
     def _zero(self, tags: dict[str, str]) -> None:
         """Makes a model's counters exist at zero, every label of them, before their first
