@@ -37,7 +37,7 @@ from ray_triton_shm._bench.paths._ray_session import (
     process_cpu_s,
 )
 from ray_triton_shm._plain_client import tritonclient_for
-from ray_triton_shm.local._server import _proc_stats
+from ray_triton_shm.local._process import proc_stats
 
 __all__ = ["APP_CASES", "BODIES", "PATHS", "REPLICAS", "app_stage_times", "deploy_app", "drop_app"]
 
@@ -52,7 +52,7 @@ TOP_K = 5
 def _proxy_pids() -> list[int]:
     """Serve's HTTP proxies on this machine (Ray titles the process ``ray::ProxyActor``)."""
     pids = []
-    for pid, _ in _proc_stats():
+    for pid, _ in proc_stats():
         with contextlib.suppress(OSError):
             if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ray::ProxyActor"):
                 pids.append(pid)
@@ -185,7 +185,7 @@ class _ServeHttpPath(RayPath):
         """CPU seconds so far of the clients (this process), the proxy, the replicas and the
         embedded Triton (its Python-backend stubs too)."""
         triton = self.target.server_pid
-        group = [pid for pid, f in _proc_stats() if int(f[2]) == triton] if triton else []
+        group = [pid for pid, f in proc_stats() if int(f[2]) == triton] if triton else []
         return {
             "clients": time.process_time(),
             "proxy": sum(map(process_cpu_s, self._proxies)),
