@@ -15,23 +15,18 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
-import os
-import threading
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import asdict
 from typing import Any, TypeVar
 
 import ray
 from ray.exceptions import RayActorError
 
 from .. import _cuda
-from .._client import TritonSHMClient, infer_with, infer_with_async, lease_with, registry_of
+from .._client import lease_with
 from .._defaults import DEFAULT_RECONNECT_TIMEOUT_S
-from .._engine import SuspectedChange
 from .._exceptions import (
-    BlockingCallError,
-    ClientClosedError,
     InvalidInputError,
     RegionReplacedError,
 )
@@ -51,6 +46,13 @@ from .._options import (
 from .._sizing import SlotAutoscaling
 from .._specs import ModelSpec, SpecLike
 from ._actor import ModelRegistration, get_node_actor
+from ._binding import (
+    ActorLayouts,
+    Binding,
+    CallSettings,
+    InProcess,
+    refuse_on_event_loop,
+)
 from ._control import control_call, get
 
 __all__ = ["ShmModel"]
@@ -61,123 +63,6 @@ T = TypeVar("T")
 
 #: Pause before asking for the node actor again after finding it going away.
 _REBIND_PAUSE_S = 1.0
-
-
-class _Binding:
-    """Per-process state: the actor handle, the registration, and (zero-copy) a client on
-    the model's attached region and its shared slots."""
-
-    def __init__(
-        self,
-        actor: Any,
-        registration: ModelRegistration,
-        *,
-        zero_copy: bool,
-        reconnect_timeout_s: float,
-        headers: dict[str, str],
-        keys: Keys,
-        client_options: Mapping[str, Any],
-    ) -> None:
-        self.actor = actor
-        self.registration = registration
-        self.reconnect_timeout_s = reconnect_timeout_s
-        self.headers = headers
-        self.pid = os.getpid()
-        self.spec: ModelSpec = registration.spec
-        self.client: TritonSHMClient | None = None
-        if zero_copy:
-            client = TritonSHMClient(
-                url=registration.url,
-                crash_cleanup=False,
-                reconnect_timeout_s=reconnect_timeout_s,
-                headers=keys,
-                **client_options,
-            )
-            try:
-                attached = registry_of(client).attach_region(
-                    self.spec,
-                    registration.region_name,
-                    registration.slot_count,
-                    self._ensure_registered,
-                    registration.generation,
-                )
-            except BaseException:
-                client.close()
-                raise
-            if attached:
-                self.client = client
-            else:  # no shared /dev/shm with the actor: by value
-                client.close()
-
-    def _ensure_registered(self) -> None:
-        actor, name = self.actor, self.spec.name
-        incarnation, generation = self.registration.incarnation, self.registration.generation
-        control_call(lambda: get(actor.ensure_registered.remote(name, incarnation, generation)))
-
-    def infer(
-        self, inputs: Mapping[str, InputValue], options: RequestOptions | None, call: _CallSettings
-    ) -> Any:
-        if self.client is None:
-            return get(self._by_value(inputs, options, call))
-        return infer_with(self.client, self.spec.name, inputs, options, **call.settings())
-
-    async def infer_async(
-        self, inputs: Mapping[str, InputValue], options: RequestOptions | None, call: _CallSettings
-    ) -> Any:
-        if self.client is None:
-            return await _awaited(self._by_value(inputs, options, call))
-        return await infer_with_async(
-            self.client, self.spec.name, inputs, options, **call.settings()
-        )
-
-    def _by_value(
-        self, inputs: Mapping[str, InputValue], options: RequestOptions | None, call: _CallSettings
-    ) -> Any:
-        return self.actor.infer.remote(
-            self.spec.name,
-            self.registration.incarnation,
-            inputs,
-            self.reconnect_timeout_s,
-            self.headers or None,
-            call.client_timeout_s,
-            options,
-            call.outputs_as,
-        )
-
-    def close(self) -> None:
-        if self.client is not None:
-            self.client.close()
-
-
-@dataclass(frozen=True)
-class _CallSettings:
-    """What a handle's call takes besides Triton's request options."""
-
-    slot_timeout_s: float | None
-    client_timeout_s: float | None
-    outputs_as: str
-
-    def settings(self) -> dict[str, Any]:
-        return {
-            "slot_timeout_s": self.slot_timeout_s,
-            "client_timeout_s": self.client_timeout_s,
-            "outputs_as": self.outputs_as,
-        }
-
-
-class _InProcess:
-    """A handle's binding in this process, shared with the handles :meth:`ShmModel.options`
-    makes of it (never pickled)."""
-
-    def __init__(self) -> None:
-        self.binding: _Binding | None = None
-        self.lock = threading.Lock()
-        self.input_checked_at = float("-inf")
-
-    def current(self) -> _Binding | None:
-        """The binding, if it is this process's (a forked child's is its parent's)."""
-        binding = self.binding
-        return binding if binding is not None and binding.pid == os.getpid() else None
 
 
 class ShmModel:
@@ -293,7 +178,7 @@ class ShmModel:
             parameters=parameters,
             outputs=requested_outputs,
         )
-        self._call = _CallSettings(slot_timeout_s, client_timeout_s, outputs_as)
+        self._call = CallSettings(slot_timeout_s, client_timeout_s, outputs_as)
         self.model_name = model_name
         self._register_args: dict[str, Any] = {
             "inputs": list(inputs) if inputs is not None else None,
@@ -314,7 +199,7 @@ class ShmModel:
         self._headers = normalize(headers)
         self._client_options = dict(client_options or {})
         self._actor_options = dict(actor_options or {})
-        self._here = _InProcess()
+        self._here = InProcess()
 
     # ---------------------------------------------------------------- pickling: config only
 
@@ -325,28 +210,19 @@ class ShmModel:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._here = _InProcess()
+        self._here = InProcess()
 
     def __repr__(self) -> str:
         return f"ShmModel({self.model_name!r}, zero_copy={self._zero_copy})"
 
     # ---------------------------------------------------------------- binding
 
-    def _bind(self) -> _Binding:
-        here = self._here
-        binding = here.current()
-        if binding is not None:
-            return binding
-        with here.lock:
-            binding = here.current()  # None too for a forked child: its parent's is not its own
-            if binding is None:
-                actor, registration = self._register()
-                binding = here.binding = self._new_binding(actor, registration)
-            return binding
+    def _bind(self) -> Binding:
+        return self._here.get(lambda: self._new_binding(*self._register()))
 
-    def _new_binding(self, actor: Any, registration: ModelRegistration) -> _Binding:
+    def _new_binding(self, actor: Any, registration: ModelRegistration) -> Binding:
         same_node = registration.node_id == ray.get_runtime_context().get_node_id()
-        return _Binding(
+        return Binding(
             actor,
             registration,
             zero_copy=self._zero_copy and same_node,
@@ -372,41 +248,28 @@ class ShmModel:
                 time.sleep(_REBIND_PAUSE_S)
         raise AssertionError("unreachable")
 
-    async def _bind_async(self) -> _Binding:
+    async def _bind_async(self) -> Binding:
         binding = self._here.current()
         if binding is not None:
             return binding
         # Binding is rare (once per process) and made of short control calls.
         return await asyncio.to_thread(self._bind)
 
-    def _rebind(self, stale: _Binding, registration: ModelRegistration | None = None) -> None:
-        """Forgets a binding to a node actor that restarted, or to a layout of the model that
-        was replaced by ``registration``'s; the next call binds again."""
-        here = self._here
-        with here.lock:
-            if here.binding is not stale:
-                return  # another call replaced it first, and closes it
-            here.binding = None
-            if registration is not None:
-                here.binding = self._new_binding(stale.actor, registration)
-        # Other calls may still finish on it: close it without holding anyone up.
-        threading.Thread(target=stale.close, daemon=True).start()
-
     def _moves(
         self,
-        binding: _Binding,
+        binding: Binding,
         moved: tuple[type[BaseException], ...],
         options: RequestOptions | None,
-    ) -> Moves[_Binding]:
+    ) -> Moves[Binding]:
         """Where a call on ``binding`` goes on: a new binding after its node actor restarted,
         else where :func:`follow_model` says after one of ``moved``, the node actor being the
         owner of the model's layouts."""
-        owner = _ActorLayouts(self)
+        owner = ActorLayouts(self.model_name, self._here, self._bind, self._new_binding)
         sequence = options is not None and options.is_sequence
 
-        def recover(binding: _Binding, exc: BaseException) -> _Binding:
+        def recover(binding: Binding, exc: BaseException) -> Binding:
             if isinstance(exc, _REBIND_ON):
-                self._rebind(binding)  # the node actor restarted: a new region
+                self._here.replace(binding, None)  # the node actor restarted: a new region
                 return self._bind()
             return follow_model(
                 binding, exc, owner, follows=self._follows, sequence=sequence, started=0.0
@@ -444,11 +307,7 @@ class ShmModel:
             max_element_bytes=dict(max_element_bytes) if max_element_bytes else None,
         )
         actor, registration = self._register(replace=True)
-        here = self._here
-        with here.lock:
-            stale, here.binding = here.binding, self._new_binding(actor, registration)
-        if stale is not None:
-            threading.Thread(target=stale.close, daemon=True).start()
+        self._here.replace(None, lambda: self._new_binding(actor, registration))
         return registration.spec
 
     @property
@@ -503,7 +362,7 @@ class ShmModel:
             BlockingCallError: called on a thread that runs an event loop (an ``async def``
                 Serve method): await :meth:`infer_async` there.
         """
-        _refuse_on_event_loop(self.model_name, "infer()", "await infer_async()")
+        refuse_on_event_loop(self.model_name, "infer()", "await infer_async()")
         options, call = self._prepare(
             outputs_as,
             priority=priority,
@@ -593,11 +452,23 @@ class ShmModel:
             parameters=parameters,
             outputs=outputs,
         )
-        return _ModelLease(self, options, batch, shapes)
+
+        async def moves_async() -> Moves[Binding]:
+            return self._moves(await self._bind_async(), RETIRED, options)
+
+        return _ModelLease(
+            self.model_name,
+            options,
+            batch,
+            shapes,
+            self._call,
+            lambda: self._moves(self._bind(), RETIRED, options),
+            moves_async,
+        )
 
     def _prepare(
         self, outputs_as: str | None, **options: Any
-    ) -> tuple[RequestOptions | None, _CallSettings]:
+    ) -> tuple[RequestOptions | None, CallSettings]:
         """A call's request options over the handle's defaults, and its settings."""
         call = self._call
         if outputs_as is not None and outputs_as != call.outputs_as:
@@ -639,48 +510,12 @@ class ShmModel:
             parameters=_pick(parameters, dict(old.parameters)),
             outputs=_pick(requested_outputs, old.outputs),
         )
-        handle._call = _CallSettings(
+        handle._call = CallSettings(
             _pick(slot_timeout_s, call.slot_timeout_s),
             _pick(client_timeout_s, call.client_timeout_s),
             _pick(outputs_as, call.outputs_as),
         )
         return handle
-
-
-class _ActorLayouts:
-    """The node actor as the owner of a model's layouts (:class:`LayoutOwner`): it reads
-    Triton's config once per node and change; a handle asks it and binds to what it says."""
-
-    def __init__(self, model: ShmModel) -> None:
-        self._model = model
-
-    def replacement(self, binding: _Binding, exc: BaseException) -> _Binding | None:
-        if isinstance(exc, ClientClosedError):
-            # Another call of this process bound anew meanwhile, and closed this binding.
-            return None if self._model._here.binding is binding else self._model._bind()
-        return self._ask(binding, None)
-
-    def newer(self, binding: _Binding, exc: BaseException, since: float) -> _Binding | None:
-        model = self._model
-        if isinstance(exc, InvalidInputError):
-            if model._here.input_checked_at > since:
-                return None  # asked lately: refused inputs are the caller's
-            model._here.input_checked_at = time.monotonic()
-        proof = exc.error if isinstance(exc, SuspectedChange) and exc.proven else None
-        return self._ask(binding, proof)
-
-    def _ask(self, binding: _Binding, proof: BaseException | None) -> _Binding | None:
-        """The binding of the model's current layout, as the node actor says; ``None`` if it
-        is ``binding``'s."""
-        actor, name = binding.actor, self._model.model_name
-        incarnation, generation = binding.registration.incarnation, binding.registration.generation
-        registration: ModelRegistration = control_call(
-            lambda: get(actor.follow.remote(name, incarnation, generation, proof))
-        )
-        if registration.generation == generation:
-            return None
-        self._model._rebind(binding, registration)
-        return self._model._bind()
 
 
 def _pick(value: T | NotGiven, kept: T) -> T:
@@ -704,75 +539,68 @@ def _register(actor: Any, name: str, args: Mapping[str, Any]) -> ModelRegistrati
     return get(actor.register.remote(name, **args))  # type: ignore[no-any-return]
 
 
-def _refuse_on_event_loop(model: str, call: str, instead: str) -> None:
-    """Raises :class:`BlockingCallError` on a thread that runs an event loop."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return
-    raise BlockingCallError(
-        f"model {model!r}: {call} blocks, and this thread runs an asyncio event loop (an "
-        f"async def method of a Serve deployment?): it would stop every other request of the "
-        f"loop until it returned; use {instead} there",
-        model=model,
-    )
-
-
-async def _awaited(ref: Any) -> Any:
-    try:
-        return await ref
-    except ray.exceptions.RayTaskError as exc:
-        cause = getattr(exc, "cause", None)
-        raise (cause if isinstance(cause, BaseException) else exc) from None
-
-
 class _ModelLease:
     """A lease of :meth:`ShmModel.lease`: enters a lease of the model's current binding,
-    binding again when the node actor restarted or the model moved to a new layout."""
+    binding again when the node actor restarted or the model moved to a new layout.
+
+    Args:
+        model: The model's name.
+        options: The request's options, checked.
+        batch: As for :meth:`ShmModel.lease`.
+        shapes: As for :meth:`ShmModel.lease`.
+        call: The handle's call settings.
+        moves: Where the lease starts, and where it goes on after its layout was retired.
+        moves_async: :obj:`moves` for coroutines (binds in a thread).
+    """
 
     def __init__(
         self,
-        model: ShmModel,
+        model: str,
         options: RequestOptions | None,
         batch: int | None,
         shapes: Mapping[str, Sequence[int]] | None,
+        call: CallSettings,
+        moves: Callable[[], Moves[Binding]],
+        moves_async: Callable[[], Awaitable[Moves[Binding]]],
     ) -> None:
         self._model = model
         self._options = options
         self._batch = batch
         self._shapes = shapes
+        self._call = call
+        self._moves = moves
+        self._moves_async = moves_async
         self._lease: SlotLease | None = None
 
-    def _new_lease(self, binding: _Binding) -> SlotLease:
+    def _new_lease(self, binding: Binding) -> SlotLease:
         client = binding.client
         if client is None:
             raise InvalidInputError(
-                f"model {self._model.model_name!r}: a lease writes into the node's shared "
-                "memory, which this process cannot map (zero_copy=False, or another /dev/shm "
-                "than the node actor's): call infer(), which sends the inputs by value",
-                model=self._model.model_name,
+                f"model {self._model!r}: a lease writes into the node's shared memory, which "
+                "this process cannot map (zero_copy=False, or another /dev/shm than the node "
+                "actor's): call infer(), which sends the inputs by value",
+                model=self._model,
                 expected="zero_copy=True on the node actor's node",
                 actual="by value",
             )
-        call = self._model._call
         return lease_with(
             client,
-            self._model.model_name,
+            self._model,
             self._options,
             batch=self._batch,
             shapes=self._shapes,
-            slot_timeout_s=call.slot_timeout_s,
-            client_timeout_s=call.client_timeout_s,
+            slot_timeout_s=self._call.slot_timeout_s,
+            client_timeout_s=self._call.client_timeout_s,
         )
 
     def __enter__(self) -> SlotLease:
-        _refuse_on_event_loop(self._model.model_name, "with lease()", "async with lease()")
-        moves = self._model._moves(self._model._bind(), RETIRED, self._options)
+        refuse_on_event_loop(self._model, "with lease()", "async with lease()")
+        moves = self._moves()
         self._lease = moves.run(lambda binding: self._new_lease(binding).__enter__())
         return self._lease
 
     async def __aenter__(self) -> SlotLease:
-        moves = self._model._moves(await self._model._bind_async(), RETIRED, self._options)
+        moves = await self._moves_async()
         self._lease = await moves.run_async(lambda binding: self._new_lease(binding).__aenter__())
         return self._lease
 

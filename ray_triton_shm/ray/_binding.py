@@ -1,0 +1,244 @@
+"""A :class:`~ray_triton_shm.ray.ShmModel`'s life in one process: its binding to the node
+actor's region of the model (zero-copy, or by value through the actor), the settings of its
+calls, and the node actor as the owner of the model's layouts, which a call asks where to go on
+(see :func:`~ray_triton_shm._moves.follow_model`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+
+from .._client import TritonSHMClient, infer_with, infer_with_async, registry_of
+from .._engine import SuspectedChange
+from .._exceptions import BlockingCallError, ClientClosedError, InvalidInputError
+from .._inputs import InputValue
+from .._keys import Keys
+from .._options import RequestOptions
+from .._specs import ModelSpec
+from ._actor import ModelRegistration
+from ._control import control_call, get
+
+__all__ = ["ActorLayouts", "Binding", "CallSettings", "InProcess", "refuse_on_event_loop"]
+
+
+class Binding:
+    """Per-process state: the actor handle, the registration, and (zero-copy) a client on
+    the model's attached region and its shared slots."""
+
+    def __init__(
+        self,
+        actor: Any,
+        registration: ModelRegistration,
+        *,
+        zero_copy: bool,
+        reconnect_timeout_s: float,
+        headers: dict[str, str],
+        keys: Keys,
+        client_options: Mapping[str, Any],
+    ) -> None:
+        self.actor = actor
+        self.registration = registration
+        self.reconnect_timeout_s = reconnect_timeout_s
+        self.headers = headers
+        self.pid = os.getpid()
+        self.spec: ModelSpec = registration.spec
+        self.client: TritonSHMClient | None = None
+        if zero_copy:
+            client = TritonSHMClient(
+                url=registration.url,
+                crash_cleanup=False,
+                reconnect_timeout_s=reconnect_timeout_s,
+                headers=keys,
+                **client_options,
+            )
+            try:
+                attached = registry_of(client).attach_region(
+                    self.spec,
+                    registration.region_name,
+                    registration.slot_count,
+                    self._ensure_registered,
+                    registration.generation,
+                )
+            except BaseException:
+                client.close()
+                raise
+            if attached:
+                self.client = client
+            else:  # no shared /dev/shm with the actor: by value
+                client.close()
+
+    def _ensure_registered(self) -> None:
+        actor, name = self.actor, self.spec.name
+        incarnation, generation = self.registration.incarnation, self.registration.generation
+        control_call(lambda: get(actor.ensure_registered.remote(name, incarnation, generation)))
+
+    def infer(
+        self, inputs: Mapping[str, InputValue], options: RequestOptions | None, call: CallSettings
+    ) -> Any:
+        if self.client is None:
+            return get(self._by_value(inputs, options, call))
+        return infer_with(self.client, self.spec.name, inputs, options, **call.settings())
+
+    async def infer_async(
+        self, inputs: Mapping[str, InputValue], options: RequestOptions | None, call: CallSettings
+    ) -> Any:
+        if self.client is None:
+            return await awaited(self._by_value(inputs, options, call))
+        return await infer_with_async(
+            self.client, self.spec.name, inputs, options, **call.settings()
+        )
+
+    def _by_value(
+        self, inputs: Mapping[str, InputValue], options: RequestOptions | None, call: CallSettings
+    ) -> Any:
+        return self.actor.infer.remote(
+            self.spec.name,
+            self.registration.incarnation,
+            inputs,
+            self.reconnect_timeout_s,
+            self.headers or None,
+            call.client_timeout_s,
+            options,
+            call.outputs_as,
+        )
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+
+
+@dataclass(frozen=True)
+class CallSettings:
+    """What a handle's call takes besides Triton's request options."""
+
+    slot_timeout_s: float | None
+    client_timeout_s: float | None
+    outputs_as: str
+
+    def settings(self) -> dict[str, Any]:
+        return {
+            "slot_timeout_s": self.slot_timeout_s,
+            "client_timeout_s": self.client_timeout_s,
+            "outputs_as": self.outputs_as,
+        }
+
+
+class InProcess:
+    """A handle's binding in this process, shared with the handles :meth:`ShmModel.options`
+    makes of it (never pickled)."""
+
+    def __init__(self) -> None:
+        self.binding: Binding | None = None
+        self.lock = threading.Lock()
+        self.input_checked_at = float("-inf")
+
+    def current(self) -> Binding | None:
+        """The binding, if it is this process's (a forked child's is its parent's)."""
+        binding = self.binding
+        return binding if binding is not None and binding.pid == os.getpid() else None
+
+    def get(self, make: Callable[[], Binding]) -> Binding:
+        """This process's binding, made by ``make`` if there is none yet."""
+        binding = self.current()
+        if binding is not None:
+            return binding
+        with self.lock:
+            binding = self.current()  # None too for a forked child: its parent's is not its own
+            if binding is None:
+                binding = self.binding = make()
+            return binding
+
+    def replace(self, stale: Binding | None, make: Callable[[], Binding] | None) -> None:
+        """Forgets ``stale`` (the node actor restarted, or the model moved to a new layout)
+        for what ``make`` makes, or for none: the next call binds again. Unless another call
+        replaced it first (``stale`` then is not current; ``None``: whatever is)."""
+        with self.lock:
+            old = self.binding
+            if stale is not None and old is not stale:
+                return  # another call replaced it first, and closes it
+            self.binding = None if make is None else make()
+        if old is not None:  # other calls may still finish on it: closed without waiting
+            threading.Thread(target=old.close, daemon=True).start()
+
+
+class ActorLayouts:
+    """The node actor as the owner of a model's layouts (:class:`LayoutOwner`): it reads
+    Triton's config once per node and change; a handle asks it and binds to what it says.
+
+
+    Args:
+        model: The model's name.
+        here: The process's binding.
+        bind: The binding now (made if there is none).
+        bind_to: A binding to a registration of the model (on the same actor).
+    """
+
+    def __init__(
+        self,
+        model: str,
+        here: InProcess,
+        bind: Callable[[], Binding],
+        bind_to: Callable[[Any, ModelRegistration], Binding],
+    ) -> None:
+        self._model = model
+        self._here = here
+        self._bind = bind
+        self._bind_to = bind_to
+
+    def replacement(self, binding: Binding, exc: BaseException) -> Binding | None:
+        if isinstance(exc, ClientClosedError):
+            # Another call of this process bound anew meanwhile, and closed this binding.
+            return None if self._here.binding is binding else self._bind()
+        return self._ask(binding, None)
+
+    def newer(self, binding: Binding, exc: BaseException, since: float) -> Binding | None:
+        here = self._here
+        if isinstance(exc, InvalidInputError):
+            if here.input_checked_at > since:
+                return None  # asked lately: refused inputs are the caller's
+            here.input_checked_at = time.monotonic()
+        proof = exc.error if isinstance(exc, SuspectedChange) and exc.proven else None
+        return self._ask(binding, proof)
+
+    def _ask(self, binding: Binding, proof: BaseException | None) -> Binding | None:
+        """The binding of the model's current layout, as the node actor says; ``None`` if it
+        is ``binding``'s."""
+        actor, name = binding.actor, self._model
+        incarnation, generation = binding.registration.incarnation, binding.registration.generation
+        registration: ModelRegistration = control_call(
+            lambda: get(actor.follow.remote(name, incarnation, generation, proof))
+        )
+        if registration.generation == generation:
+            return None
+        self._here.replace(binding, lambda: self._bind_to(actor, registration))
+        return self._bind()
+
+
+def refuse_on_event_loop(model: str, call: str, instead: str) -> None:
+    """Raises :class:`BlockingCallError` on a thread that runs an event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    raise BlockingCallError(
+        f"model {model!r}: {call} blocks, and this thread runs an asyncio event loop (an "
+        f"async def method of a Serve deployment?): it would stop every other request of the "
+        f"loop until it returned; use {instead} there",
+        model=model,
+    )
+
+
+async def awaited(ref: Any) -> Any:
+    try:
+        return await ref
+    except ray.exceptions.RayTaskError as exc:
+        cause = getattr(exc, "cause", None)
+        raise (cause if isinstance(cause, BaseException) else exc) from None
