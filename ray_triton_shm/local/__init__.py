@@ -10,14 +10,11 @@ The server side lives in its own environment (``tritonserver`` from ``nvidia-pyt
 ``numpy<2``), set up by ``ray-triton-shm setup-server``, by ``make``, or with ``install=True``.
 """
 
+from ._config import EXAMPLE_MODEL_REPOSITORY, RESTRICTABLE_PROTOCOLS
 from ._crashes import ServerCrash, ServerEvent
 from ._install import TritonServerInstall, ensure_server_env, find_tritonserver
-from ._server import (
-    EXAMPLE_MODEL_REPOSITORY,
-    KEPT_LOG_DIR,
-    RESTRICTABLE_PROTOCOLS,
-    LocalTritonServer,
-)
+from ._log import KEPT_LOG_DIR
+from ._server import LocalTritonServer
 
 __all__ = [
     "EXAMPLE_MODEL_REPOSITORY",
