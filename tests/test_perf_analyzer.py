@@ -19,12 +19,12 @@ from ray_triton_shm._bench import _runner
 from ray_triton_shm._bench._cases import ModelCase
 from ray_triton_shm._bench._config import BenchConfig
 from ray_triton_shm._bench._load import SliceSummary
+from ray_triton_shm._bench._results import CEILING, BenchResults, Goal, ModelResult, RunResult
+from ray_triton_shm._bench._summary import verdict_lines, verdicts
 from ray_triton_shm._bench.paths._base import BenchTarget, SkipPath
 from ray_triton_shm._bench.paths._perf_analyzer import PATHS, UNCHECKED, perf_analyzer_args
 from ray_triton_shm._bench.report._console import print_results
 from ray_triton_shm._bench.report._json import bench_json
-from ray_triton_shm._bench._results import CEILING, BenchResults, Goal, ModelResult, RunResult
-from ray_triton_shm._bench._summary import verdict_lines, verdicts
 from ray_triton_shm._exceptions import LocalServerError
 from ray_triton_shm._specs import TensorSpec
 from ray_triton_shm.local._perf_analyzer import find_perf_analyzer
