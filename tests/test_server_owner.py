@@ -24,9 +24,15 @@ SHM_DIR = Path("/dev/shm")
 GONE_WITHIN_S = 5.0
 
 _OWNER = """
-import os, sys, time
+import os, signal, sys, time
 from ray_triton_shm.local import LocalTritonServer
 server = LocalTritonServer(sys.argv[1], grpc_port=0, http_port=0, metrics_port=0).start()
+if sys.argv[2:] == ["crash"]:  # the supervisor restarts it, from its watcher thread
+    crashed = server.pid
+    os.kill(crashed, signal.SIGKILL)
+    while server.pid in (None, crashed) or server.is_restarting:
+        time.sleep(0.05)
+    assert len(server.crashes) == 1
 print(os.getpid(), server.pid, server.shm_prefix, server.grpc_url, flush=True)
 time.sleep(600)
 """
@@ -90,13 +96,17 @@ def processes() -> Iterator[list[subprocess.Popen[str]]]:
         proc.wait(timeout=30)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+@pytest.mark.parametrize(
+    ("sig", "crash"),
+    [(signal.SIGKILL, False), (signal.SIGTERM, False), (signal.SIGKILL, True)],
+    ids=["SIGKILL", "SIGTERM", "SIGKILL-after-a-restart"],
+)
 def test_a_killed_owner_takes_its_server_along(
-    sig: signal.Signals, tmp_path: Path, processes: list[subprocess.Popen[str]]
+    sig: signal.Signals, crash: bool, tmp_path: Path, processes: list[subprocess.Popen[str]]
 ) -> None:
     repo = model_repository(tmp_path / "repo", "identity")
     owner = subprocess.Popen(
-        [sys.executable, "-c", _OWNER, str(repo)],
+        [sys.executable, "-c", _OWNER, str(repo), *(["crash"] if crash else [])],
         stdout=subprocess.PIPE,
         text=True,
         env=_env(),
