@@ -33,7 +33,13 @@ if sys.argv[2:] == ["crash"]:  # the supervisor restarts it, from its watcher th
     while server.pid in (None, crashed) or server.is_restarting:
         time.sleep(0.05)
     assert len(server.crashes) == 1
-print(os.getpid(), server.pid, server.shm_prefix, server.grpc_url, flush=True)
+forked = 0
+if sys.argv[2:] == ["fork"]:  # a child that shares the owner's file descriptors
+    forked = os.fork()
+    if forked == 0:
+        time.sleep(600)
+        os._exit(0)
+print(os.getpid(), server.pid, server.shm_prefix, server.grpc_url, forked, flush=True)
 time.sleep(600)
 """
 
@@ -97,16 +103,21 @@ def processes() -> Iterator[list[subprocess.Popen[str]]]:
 
 
 @pytest.mark.parametrize(
-    ("sig", "crash"),
-    [(signal.SIGKILL, False), (signal.SIGTERM, False), (signal.SIGKILL, True)],
-    ids=["SIGKILL", "SIGTERM", "SIGKILL-after-a-restart"],
+    ("sig", "mode"),
+    [
+        (signal.SIGKILL, None),
+        (signal.SIGTERM, None),
+        (signal.SIGKILL, "crash"),
+        (signal.SIGKILL, "fork"),
+    ],
+    ids=["SIGKILL", "SIGTERM", "SIGKILL-after-a-restart", "SIGKILL-with-a-forked-child-left"],
 )
 def test_a_killed_owner_takes_its_server_along(
-    sig: signal.Signals, crash: bool, tmp_path: Path, processes: list[subprocess.Popen[str]]
+    sig: signal.Signals, mode: str | None, tmp_path: Path, processes: list[subprocess.Popen[str]]
 ) -> None:
     repo = model_repository(tmp_path / "repo", "identity")
     owner = subprocess.Popen(
-        [sys.executable, "-c", _OWNER, str(repo), *(["crash"] if crash else [])],
+        [sys.executable, "-c", _OWNER, str(repo), *([mode] if mode else [])],
         stdout=subprocess.PIPE,
         text=True,
         env=_env(),
@@ -115,14 +126,17 @@ def test_a_killed_owner_takes_its_server_along(
     assert owner.stdout is not None
     line = owner.stdout.readline()
     assert line, f"the owner ended before its server was ready ({owner.wait()})"
-    owner_pid, server_pid, prefix, grpc_url = line.split()
+    owner_pid, server_pid, prefix, grpc_url, forked = line.split()
     assert int(owner_pid) == owner.pid
     pgid = int(server_pid)
-    _assert_serving(pgid, prefix, grpc_url)
-
-    owner.send_signal(sig)
-    assert owner.wait(timeout=10) == -sig
-    _wait_gone(pgid, prefix)
+    try:
+        _assert_serving(pgid, prefix, grpc_url)
+        owner.send_signal(sig)
+        assert owner.wait(timeout=10) == -sig
+        _wait_gone(pgid, prefix)
+    finally:
+        if int(forked):
+            os.kill(int(forked), signal.SIGKILL)
 
 
 def test_a_killed_serve_local_takes_its_server_along_and_says_its_free_ports(

@@ -194,7 +194,8 @@ class OwnerGuard:
 
     def _forget(self) -> None:
         """In a forked child: the owner is the parent, whose guard this child must not hold
-        open (nor dismiss)."""
+        open (nor dismiss); its lock may have been held by a thread the fork left behind."""
+        self._lock = threading.Lock()
         self._closed = True
         self._proc = None
         pipe, self._pipe = self._pipe, None
