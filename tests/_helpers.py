@@ -16,6 +16,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -239,6 +240,25 @@ def wait_for(condition: Callable[[], T], *, timeout_s: float = 30.0, what: str =
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
         time.sleep(0.02)
+
+
+def queued_in_triton(metrics_url: str, model: str) -> int:
+    """How many requests wait in Triton's queue of ``model`` now (its metric
+    ``nv_inference_pending_request_count``): an event a test can wait for, where one request
+    must be running and others queued behind it."""
+    with urllib.request.urlopen(metrics_url, timeout=5) as response:
+        text = response.read().decode()
+    prefix = f'nv_inference_pending_request_count{{model="{model}",'
+    return sum(
+        int(float(line.rsplit(" ", 1)[1])) for line in text.splitlines() if line.startswith(prefix)
+    )
+
+
+def request_sent(pool: Any) -> bool:
+    """Whether a request of ``pool`` (a ``ModelPool``) has left for Triton: its slot says
+    since when it is busy."""
+    header = pool.header
+    return any(header.busy_since(slot) for slot in range(header.slot_count))
 
 
 def registered_on(url: str) -> set[str]:

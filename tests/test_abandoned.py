@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from _helpers import registered_on
+from _helpers import registered_on, request_sent, wait_for
 
 from ray_triton_shm import TritonServerError, TritonSHMClient
 from ray_triton_shm._client import registry_of
@@ -190,10 +190,8 @@ def test_a_close_from_another_thread_meanwhile_waits_for_the_first(
 
     caller = threading.Thread(target=call)
     caller.start()
-    deadline = time.monotonic() + 5
-    while client.shm_stats("delay_echo").in_use == 0 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    time.sleep(0.1)  # the request is in Triton now
+    pool = registry_of(client).get("delay_echo")
+    wait_for(lambda: request_sent(pool), timeout_s=5, what="the request sent to Triton")
     closers = [threading.Thread(target=client.close) for _ in range(2)]
     for thread in closers:
         thread.start()

@@ -10,10 +10,12 @@ import time
 
 import numpy as np
 import pytest
+from _helpers import queued_in_triton, request_sent, wait_for
 
 from ray_triton_shm import InvalidInputError, TritonServerError, TritonSHMClient
 from ray_triton_shm._client import registry_of
 from ray_triton_shm._specs import REGION_HEADER_BYTES
+from ray_triton_shm.local import LocalTritonServer
 
 
 def _drive_sequences(url: str, first_id: int, steps: int) -> list[str]:
@@ -69,7 +71,9 @@ def _queued(delay_ms: int, value: float) -> dict[str, np.ndarray]:
     }
 
 
-def test_a_high_priority_request_overtakes_a_queue_of_low_ones(client: TritonSHMClient) -> None:
+def test_a_high_priority_request_overtakes_a_queue_of_low_ones(
+    client: TritonSHMClient, triton: LocalTritonServer
+) -> None:
     client.register_shm_model("queued", pool_size=8)
     done: list[str] = []
     lock = threading.Lock()
@@ -82,11 +86,13 @@ def test_a_high_priority_request_overtakes_a_queue_of_low_ones(client: TritonSHM
 
     threads = [threading.Thread(target=call, args=("blocker", 800, 2))]
     threads[0].start()
-    time.sleep(0.2)  # the blocker runs; what comes next queues behind it
+    pool = registry_of(client).get("queued")
+    wait_for(lambda: request_sent(pool), what="the blocker's request sent")
     for i in range(4):
         threads.append(threading.Thread(target=call, args=(f"low{i}", 50, 2)))
         threads[-1].start()
-    time.sleep(0.2)
+    # One instance: four queued means the blocker, sent first on the channel, runs.
+    wait_for(lambda: queued_in_triton(triton.metrics_url, "queued") == 4, what="4 queued")
     threads.append(threading.Thread(target=call, args=("high", 50, 1)))
     threads[-1].start()
     for thread in threads:
@@ -95,21 +101,29 @@ def test_a_high_priority_request_overtakes_a_queue_of_low_ones(client: TritonSHM
     assert sorted(done[2:]) == ["low0", "low1", "low2", "low3"]
 
 
-def test_tritons_queue_timeout_rejects_and_frees_the_slot_at_once(client: TritonSHMClient) -> None:
-    client.register_shm_model("queued", pool_size=2)
+def test_tritons_queue_timeout_rejects_and_frees_the_slot_at_once(
+    client: TritonSHMClient, triton: LocalTritonServer
+) -> None:
+    client.register_shm_model("queued", pool_size=3)
+    pool = registry_of(client).get("queued")
     blocker = threading.Thread(target=client.infer_shm, args=("queued", _queued(1500, 1.0)))
     blocker.start()
-    time.sleep(0.2)
+    wait_for(lambda: request_sent(pool), what="the blocker's request sent")
+    # A second request queued behind it: then the blocker runs (one instance).
+    second = threading.Thread(target=client.infer_shm, args=("queued", _queued(10, 3.0)))
+    second.start()
+    wait_for(lambda: queued_in_triton(triton.metrics_url, "queued") == 1, what="one queued")
     started = time.monotonic()
     with pytest.raises(TritonServerError, match="timeout") as info:
         client.infer_shm("queued", _queued(10, 2.0), queue_timeout_s=0.1)
     waited = time.monotonic() - started
     assert info.value.status == "StatusCode.UNAVAILABLE"
     assert "Request timeout expired" in info.value.server_message
-    # Triton never ran it: its slot is free at once (the blocker holds the other one).
-    assert client.shm_stats("queued").in_use == 1
+    # Triton never ran it: its slot is free at once (the blocker and the second hold theirs).
+    assert client.shm_stats("queued").in_use == 2
     assert client.shm_stats("queued").abandoned == 0
     blocker.join(30)
+    second.join(30)
     assert client.shm_stats("queued").in_use == 0
     assert waited < 10  # refused by Triton, not waited out as an unreachable server
 
