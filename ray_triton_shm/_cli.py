@@ -550,18 +550,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="Start the embedded Triton server, print its endpoints and models, and "
         "wait until Ctrl-C (or SIGTERM), then stop it cleanly.",
     )
-    p.add_argument(
-        "--grpc-port", type=int, metavar="PORT", help="gRPC port (default, or 0: a free one)"
-    )
-    p.add_argument(
-        "--http-port", type=int, metavar="PORT", help="HTTP port (default, or 0: a free one)"
-    )
+    p.add_argument("--grpc-port", type=int, metavar="PORT", help="gRPC port (default or 0: free)")
+    p.add_argument("--http-port", type=int, metavar="PORT", help="HTTP port (default or 0: free)")
     p.add_argument(
         "--metrics-port",
         type=int,
         metavar="PORT",
-        help="Prometheus metrics port (default, or 0: a free one; give one for a scrape target "
-        "that stays)",
+        help="Prometheus metrics port (default or 0: free; give one for a steady scrape target)",
     )
     p.add_argument(
         "--model-repository",
