@@ -121,6 +121,26 @@ class PoolRetired(Exception):
         self.pool = pool
 
 
+@dataclass
+class FollowState:
+    """A pool's part in following its model on Triton (see :class:`._follow.Follower`).
+
+    Attributes:
+        successor: The pool that replaced it, once the model changed on Triton.
+        checked_at: When Triton's config was last compared with the spec
+            (``time.monotonic``).
+        check_error: What that found: the error of hand-given specs that no longer match,
+            or ``None``.
+        next_check: When the config of a pool that follows the model is next compared with
+            it.
+    """
+
+    successor: ModelPool | None = None
+    checked_at: float = float("-inf")
+    check_error: BaseException | None = None
+    next_check: float = 0.0
+
+
 @dataclass(eq=False)
 class ModelPool:
     """A registered model: its spec, its region cut into slots, and a request per slot.
@@ -158,14 +178,8 @@ class ModelPool:
     sizing: int | SlotAutoscaling | None = None
     #: Bumped on every new layout of the model (the model changed on Triton).
     generation: int = 0
-    #: The pool that replaced this one, once the model changed on Triton.
-    successor: ModelPool | None = None
-    #: When Triton's config was last compared with the spec (``time.monotonic``), and what
-    #: that found: the error of hand-given specs that no longer match, or ``None``.
-    checked_at: float = float("-inf")
-    check_error: BaseException | None = None
-    #: When the config of a pool that follows the model is next compared with it.
-    next_check: float = 0.0
+    #: How it follows its model on Triton (see :mod:`._follow`), under :attr:`lock`.
+    following: FollowState = field(default_factory=FollowState)
 
     @property
     def owned(self) -> bool:

@@ -23,7 +23,7 @@ import grpc
 from tritonclient.utils import InferenceServerException
 
 from . import _cuda, _gpu_choice
-from ._changes import Registration, changed_error, differences
+from ._changes import Registration
 from ._channel import Channel
 from ._engine import ModelPool, SuspectedChange
 from ._exceptions import (
@@ -32,6 +32,7 @@ from ._exceptions import (
     ModelSpecError,
     TritonServerError,
 )
+from ._follow import Follower
 from ._header import RegionHeader
 from ._memory import (
     CUDA,
@@ -63,11 +64,6 @@ logger = logging.getLogger(__name__)
 
 #: How long closing waits for in-flight requests before unmapping their memory anyway.
 CLOSE_WAIT_S = 30.0
-#: An answer that does not fit its pool (or a fixed-size output refused as too large) proves
-#: the model changed, yet while Triton reloads it its config may still read as before: it is
-#: read again this often, for this long.
-_CONFIG_POLL_S = 0.1
-_CONFIG_CATCH_UP_S = 5.0
 #: The size of a pool in GPU memory when none is given (GPU pools do not follow their load).
 _GPU_POOL_SIZE = 4
 
@@ -219,6 +215,12 @@ class Registry:
         budget = default_shm_budget() if shm_budget_bytes is None else shm_budget_bytes
         self._scaler = Scaler(budget, self._pools)
         self._keepers = _Keepers(triton, self._settler, self._scaler)
+        self._follower = Follower(
+            triton,
+            self._replace,
+            config_check_interval_s=config_check_interval_s,
+            closed=lambda: self.closed,
+        )
         # Captures the pools and their keepers, never self: the registry can still be collected.
         self._finalizer = weakref.finalize(self, _release_pools, self._pools, self._keepers)
 
@@ -474,7 +476,7 @@ class Registry:
                 generation=generation,
                 sizing=sizing,
             )
-            pool.next_check = time.monotonic() + (self._config_check_interval_s or 0)
+            pool.following.next_check = time.monotonic() + (self._config_check_interval_s or 0)
         except BaseException as exc:
             # Registered, or interrupted (Ctrl-C) while Triton may have been registering it.
             held: list[int] = []
@@ -555,8 +557,8 @@ class Registry:
         its slots moves to the new pool, and once Triton is done with every request on it,
         it is unregistered and unlinked (in the background)."""
         with old.lock:
-            if old.successor is not None:
-                return old.successor
+            if old.following.successor is not None:
+                return old.following.successor
             # As large as the old one is now: the load that made it so goes on.
             new = self._create(
                 spec, sizing, registration, old.generation + 1, initial=old.slots.size
@@ -564,7 +566,7 @@ class Registry:
             with self._lock:
                 if self._pools.get(spec.name) is old:
                     self._pools[spec.name] = new
-            old.successor = new
+            old.following.successor = new
             old.header.retire()
         logger.info(
             "ray-triton-shm: model %r laid out anew for its config on Triton (generation %d)",
@@ -586,70 +588,14 @@ class Registry:
     def follow(
         self, pool: ModelPool, *, since: float, cause: BaseException | None = None
     ) -> ModelPool | None:
-        """Compares Triton's config of the model with the pool's spec (unless that was done
-        after ``since``, a ``time.monotonic()``), and lays the pool out anew if it follows the
-        model and the model changed; internal API for the Ray node actor too.
-
-        Returns:
-            The pool to use now, or ``None`` if the model did not change.
-
-        Raises:
-            ModelChangedError: specs given by hand that no longer match the model.
-            ModelSpecError: the new config cannot be laid out (a ``-1`` dim without a maximum).
-            ModelNotLoadedError: the model is not loaded on Triton.
-        """
-        registration = pool.registration
-        if registration is None:
-            return None
-        name = pool.spec.name
-        with pool.lock:
-            if pool.successor is not None:
-                return pool.successor
-            if pool.checked_at >= since:
-                if pool.check_error is not None:
-                    raise pool.check_error
-                return None
-            pool.checked_at = time.monotonic()
-            config = self._triton.model_config(name, registration.model_version)
-            if not registration.follows:
-                current = registration.resolve_from_config(name, config)
-                found = [] if current is None else differences(pool.spec, current)
-                pool.check_error = changed_error(pool.spec, found, cause) if found else None
-                if pool.check_error is not None:
-                    raise pool.check_error
-                return None
-            spec = registration.resolve(name, lambda: config)
-            if spec == pool.spec:
-                return None
-        assert pool.sizing is not None  # a pool this client owns
-        return self._replace(pool, spec, pool.sizing, registration)
+        """:meth:`Follower.follow`; internal API for the Ray node actor too."""
+        return self._follower.follow(pool, since=since, cause=cause)
 
     def follow_change(
         self, pool: ModelPool, *, since: float, cause: TritonServerError, proven: bool
     ) -> ModelPool | None:
-        """:meth:`follow` after a call failed in a way a change of the model explains; where
-        it proves the change (``proven``), Triton's config is read again until it shows it,
-        for a while Triton reloads a model its config may still read as before. Internal API
-        for the Ray node actor too.
-
-        Returns:
-            The pool to use now, or ``None`` if the model did not change.
-        """
-        newer = self.follow(pool, since=since, cause=cause)
-        if newer is None and proven:
-            newer = self._catch_up(pool, cause)
-        return newer
-
-    def _catch_up(self, pool: ModelPool, cause: TritonServerError) -> ModelPool | None:
-        """The pool of the model's new config, read again until it differs from ``pool``'s
-        (``None``: it did not within :data:`_CONFIG_CATCH_UP_S`)."""
-        deadline = time.monotonic() + _CONFIG_CATCH_UP_S
-        while time.monotonic() < deadline and not self.closed:
-            time.sleep(_CONFIG_POLL_S)
-            newer = self.follow(pool, since=time.monotonic(), cause=cause)
-            if newer is not None:
-                return newer
-        return None
+        """:meth:`Follower.follow_change`; internal API for the Ray node actor too."""
+        return self._follower.follow_change(pool, since=since, cause=cause, proven=proven)
 
     def next_pool(
         self,
@@ -682,23 +628,8 @@ class Registry:
         return self.follow(pool, since=since)
 
     def maybe_check(self, pool: ModelPool) -> None:
-        """Every ``config_check_interval_s``, compares the config of a model whose pool
-        follows it with the pool, in the background."""
-        if self._config_check_interval_s is None or not pool.follows:
-            return
-        now = time.monotonic()
-        if now < pool.next_check:
-            return
-        pool.next_check = now + self._config_check_interval_s
-        threading.Thread(
-            target=self._check_quietly, args=(pool,), name="ray-triton-shm-config", daemon=True
-        ).start()
-
-    def _check_quietly(self, pool: ModelPool) -> None:
-        try:
-            self.follow(pool, since=time.monotonic())
-        except Exception as exc:  # a request that meets the problem reports it
-            logger.debug("ray-triton-shm: checking the config of %r: %s", pool.spec.name, exc)
+        """:meth:`Follower.maybe_check`."""
+        self._follower.maybe_check(pool)
 
 
 def _slot_memory(
