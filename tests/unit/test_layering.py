@@ -136,3 +136,84 @@ def test_the_checks_see_a_circle_and_a_forbidden_import() -> None:
     assert "ray_triton_shm._drive" in GRAPH["ray_triton_shm._client"]
     assert "ray" in GRAPH["ray_triton_shm.ray._actor"]
     assert "ray_triton_shm._client" in _closure("ray_triton_shm.ray._handle")
+
+
+#: The core's modules the Ray layer may use, through the internal APIs named for it (a module
+#: added here is a decision: say which API of it the Ray layer needs).
+RAY_USES = {
+    f"ray_triton_shm.{name}"
+    for name in (
+        # the client, its pools (registry_of, attach_region, share_slots), its calls
+        # (infer_with, lease_with), one reading of a pool (PoolSnapshot)
+        "_client",
+        "_snapshot",
+        "_engine",  # ModelPool, SuspectedChange
+        "_moves",  # the one rule of where a call goes on (follow_model)
+        "_options",  # RequestOptions, checked once where a handle makes them
+        # the vocabulary: errors, specs, inputs, keys, sizes, where slots live, defaults
+        "_exceptions",
+        "_specs",
+        "_inputs",
+        "_lease",
+        "_keys",
+        "_sizing",
+        "_memory",
+        "_cuda",
+        "_defaults",
+        "_header",  # the histograms' buckets and the growth limits, for the metrics
+        "_shm",  # /dev/shm: its room, the regions on the node and their owners
+        "_scaling",  # the /dev/shm budget
+        "_reclaim",  # what dead owners left
+        "_doctor",  # the doctor's node checks, run on every node
+    )
+}
+
+
+def test_the_ray_layer_uses_only_the_core_modules_named_for_it() -> None:
+    used = {
+        m
+        for name in MODULES
+        if name.startswith("ray_triton_shm.ray")
+        for m in GRAPH[name]
+        if m.startswith("ray_triton_shm.") and not m.startswith("ray_triton_shm.ray")
+    }
+    assert used - RAY_USES == set()
+    assert RAY_USES - used == set()  # the list is not stale
+
+
+def _layer(name: str) -> str:
+    parts = name.split(".")
+    return parts[1] if len(parts) > 2 and parts[1] in ("ray", "_bench", "local") else "core"
+
+
+def test_no_module_reaches_a_private_name_of_another_layer() -> None:
+    """``from ray_triton_shm.local._server import _proc_stats`` is a private of another layer;
+    ``from .. import _cuda`` (a module) is not."""
+    reached = []
+    for name, path in MODULES.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                module = node.module or ""
+            if not module.startswith("ray_triton_shm") or _layer(module) == _layer(name):
+                continue
+            reached += [
+                f"{name}: {module}.{alias.name}"
+                for alias in node.names
+                if alias.name.startswith("_") and f"{module}.{alias.name}" not in MODULES
+            ]
+    assert reached == []
+
+
+def test_no_file_of_the_package_is_over_750_lines() -> None:
+    long = {
+        str(path.relative_to(PACKAGE)): lines
+        for path in MODULES.values()
+        if (lines := len(path.read_text().splitlines())) > 750
+    }
+    assert long == {}
