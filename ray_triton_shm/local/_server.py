@@ -27,13 +27,12 @@ from ._config import (
     Served,
     ServerConfig,
     parse_restrictions,
-    shown,
 )
 from ._crashes import RestartPolicy, ServerCrash, ServerEvent
 from ._install import TritonServerInstall, find_tritonserver
 from ._log import KEPT_LOG_DIR, ServerLog, log_tail
 from ._onnx import onnx_via_python_repository
-from ._process import ServerProcess, cleanup, proc_stats, terminate
+from ._process import ServerProcess, cleanup, terminate
 from ._repository import (
     available_backends,
     model_backends,
@@ -44,12 +43,6 @@ from ._supervisor import Supervisor
 
 __all__ = ["EXAMPLE_MODEL_REPOSITORY", "KEPT_LOG_DIR", "RESTRICTABLE_PROTOCOLS"]
 __all__ += ["LocalServerError", "LocalTritonServer", "ServerCrash", "ServerEvent", "log_tail"]
-
-#: Old names, kept while modules still import them from here: ``_process.proc_stats`` and
-#: ``_config.shown``.
-_proc_stats = proc_stats
-_shown = shown
-
 
 class LocalTritonServer:
     """A ``tritonserver`` child process on local ports.

@@ -30,7 +30,7 @@ from ray_triton_shm._triton_errors import (
     translate_error,
 )
 from ray_triton_shm.local import LocalTritonServer
-from ray_triton_shm.local._server import _shown
+from ray_triton_shm.local._config import shown as _shown
 
 SECRET = "s3cret-value-never-shown"
 ADMIN, INFER, READ = (f"triton-grpc-protocol-{k}-key" for k in ("admin", "infer", "read"))
