@@ -172,6 +172,26 @@ class Channel:
             http_url=http_url,
         )
 
+    @classmethod
+    def open(
+        cls, url: str, tls: TlsFiles | None, keys: Keys, *, reconnect_timeout_s: float
+    ) -> Channel:
+        """A channel of its own, with no tritonclient client around it (a tool's: ``doctor``):
+        TLS with ``tls``'s files (read again when they change), else plain text; no HTTP
+        route. Close it with :meth:`close`."""
+        options = channel_options(None, None)
+        if tls is not None:
+            return cls.replacing(url, tls, options, keys, reconnect_timeout_s=reconnect_timeout_s)
+        channel = grpc.insecure_channel(url, options=options)
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        return cls(url, channel, stub, keys, plain=True, reconnect_timeout_s=reconnect_timeout_s)
+
+    def close(self) -> None:
+        """Closes the gRPC channel and the HTTP route's connections (a channel :meth:`open`
+        made; a client closes its own)."""
+        self.close_http()
+        self.channel.close()
+
     def metadata(
         self, headers: Mapping[str, str] | None = None, keys: Metadata | None = None
     ) -> Metadata:

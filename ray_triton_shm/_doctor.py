@@ -24,28 +24,45 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import functools
 import os
 import platform
 import socket
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Mapping, Sequence
 from importlib import metadata as importlib_metadata
 from pathlib import Path
 from typing import Any
 
 import grpc
-from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.grpc import service_pb2
 
+from ._channel import Channel
 from ._defaults import DEFAULT_URL, HTTP_URL_ENV_VAR, URL_ENV_VAR
+from ._doctor_report import FAIL, OK, SKIP, WARN, CheckResult, NodeReport, format_reports
 from ._http import HttpRoute, default_http_url, http_headers, prove_same_triton
-from ._keys import KEYS_DIR_ENV_VAR, Keys, env_var_for, headers_from_env
+from ._keys import KEYS_DIR_ENV_VAR, Keys, env_var_for
 from ._region_status import region_status
-from ._shm import DEAD, SHM_DIR, SharedMemoryRegion, mib, new_region_name, shm_space
-from ._sizing import SlotAutoscaling
+from ._shm import (
+    DEAD,
+    SHM_DIR,
+    SharedMemoryRegion,
+    mib,
+    new_region_name,
+    object_store_in_dev_shm,
+    own_raylet,
+    shm_space,
+)
+from ._sizing import default_autoscaling
 from ._specs import SlotLayout, resolve_model_spec
 from ._tls import TLS_DIR_ENV_VAR, TlsFiles, diagnose
-from ._triton_errors import expected_header, never_reached, status_and_message, translate_error
+from ._triton_errors import (
+    expected_header,
+    is_unopenable,
+    never_reached,
+    status_and_message,
+    translate_error,
+)
 
 __all__ = [
     "FAIL",
@@ -59,63 +76,11 @@ __all__ = [
     "url_for_node",
 ]
 
-OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 #: Below this much ``/dev/shm`` with nothing else known, it is most likely Docker's default.
 _DOCKER_DEFAULT_SHM = 64 * 2**20
 #: A model no Triton serves: a call about it that Triton answers "unknown" was allowed.
 _NO_MODEL = "__ray_triton_shm_doctor__"
 _PROBE_BYTES = 4096
-
-
-@dataclass(frozen=True)
-class CheckResult:
-    """The result of one check.
-
-    Attributes:
-        name: ``tls``, ``triton``, ``region``, ``http``, ``keys``, ``models``, ``dev_shm``,
-            ``leftovers`` or ``versions``.
-        status: ``ok``, ``warn``, ``fail``, or ``skip`` (not tried: another check failed).
-        summary: What was found, in one line.
-        fix: What to do about it, in one line (empty when nothing is to be done).
-        details: What was measured, for ``--json``.
-    """
-
-    name: str
-    status: str
-    summary: str
-    fix: str = ""
-    details: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class NodeReport:
-    """Every check of one machine.
-
-    Attributes:
-        node: The Ray node id, or ``""`` outside Ray.
-        hostname: The machine's hostname.
-        url: The Triton address checked.
-        url_source: Where that address came from (``--url``, ``$RAY_TRITON_SHM_URL``, the node
-            actor, or the default).
-        checks: The checks, in order.
-        elapsed_s: How long the checks took.
-    """
-
-    node: str
-    hostname: str
-    url: str
-    url_source: str
-    checks: list[CheckResult]
-    elapsed_s: float
-
-    @property
-    def failed(self) -> bool:
-        """Whether a check failed."""
-        return any(c.status == FAIL for c in self.checks)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The report as plain data, for JSON."""
-        return {**asdict(self), "failed": self.failed}
 
 
 def url_for_node(url: str | None) -> tuple[str, str]:
@@ -166,10 +131,9 @@ def check_node(
     started = time.monotonic()
     chosen, source = url_for_node(url)
     try:
-        keys = Keys(environ=True)
-        headers, keys_dir, keys_error = keys.headers, keys.keys_dir, None
+        keys, keys_error = Keys(environ=True), None
     except ValueError as exc:  # names the directory, never a value
-        headers, keys_dir, keys_error = headers_from_env(), None, str(exc)
+        keys, keys_error = Keys(environ=True, files=False), str(exc)
     store = object_store_bytes
     checks: list[CheckResult] = []
     given = {
@@ -183,10 +147,9 @@ def check_node(
         tls_error = None
     except ValueError as exc:
         tls, tls_error = None, str(exc)
-    with _channel(chosen, tls) as ch:
-        triton = _Triton(chosen, ch, headers, timeout_s)
-        triton.keys_dir, triton.keys_error = keys_dir, keys_error
-        triton.node = node
+    # The doctor waits out no restart: an unreachable Triton fails within timeout_s.
+    with contextlib.closing(Channel.open(chosen, tls, keys, reconnect_timeout_s=0.0)) as channel:
+        triton = _Triton(channel, timeout_s, keys_error, node)
         for name, run in (
             ("tls", lambda: _check_tls(triton, tls, tls_error)),
             ("triton", triton.check),
@@ -210,20 +173,6 @@ def check_node(
         checks=checks,
         elapsed_s=round(time.monotonic() - started, 3),
     )
-
-
-@contextlib.contextmanager
-def _channel(url: str, tls: TlsFiles | None) -> Iterator[grpc.Channel]:
-    if tls is not None:
-        pem = tls.read()
-        credentials = grpc.ssl_channel_credentials(pem[0], pem[1], pem[2])
-        channel = grpc.secure_channel(url, credentials)
-    else:
-        channel = grpc.insecure_channel(url)
-    try:
-        yield channel
-    finally:
-        channel.close()
 
 
 def _check_tls(triton: _Triton, tls: TlsFiles | None, error: str | None) -> CheckResult:
@@ -269,23 +218,23 @@ class _Triton:
     """The doctor's calls to Triton, and what the first of them found out."""
 
     def __init__(
-        self, url: str, channel: grpc.Channel, headers: Mapping[str, str], timeout_s: float
+        self, channel: Channel, timeout_s: float, keys_error: str | None, node: str
     ) -> None:
-        self.url = url
-        self.headers = dict(headers)
-        self.stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        self.channel = channel
+        self.url = channel.url
+        self.headers = channel.keys.headers
         self.timeout_s = timeout_s
         self.reachable = False
         self.version = ""
         self.refused: dict[str, str] = {}  # protocol -> the header Triton wants
-        self.keys_dir: Path | None = None
-        self.keys_error: str | None = None
+        self.keys_dir: Path | None = channel.keys.keys_dir
+        self.keys_error = keys_error
         self.tls_problem: str | None = None
-        self.node = ""  # the Ray node id, if the check runs for one
+        self.node = node  # the Ray node id, if the check runs for one
 
     def call(self, method: str, request: Any) -> Any:
-        rpc: Callable[..., Any] = getattr(self.stub, method)
-        return rpc(request, metadata=tuple(self.headers.items()), timeout=self.timeout_s)
+        rpc: Callable[..., Any] = getattr(self.channel.stub, method)
+        return rpc(request, metadata=self.channel.metadata(), timeout=self.timeout_s)
 
     def check(self) -> CheckResult:
         try:
@@ -415,8 +364,8 @@ def _check_region(triton: _Triton) -> CheckResult:
         return CheckResult(
             "region", SKIP, "not tried: Triton refused the shared-memory protocol (see keys)"
         )
-    translated = translate_error(error, action="registering a region")
-    if "Unable to open shared memory region" not in translated.server_message:
+    if not is_unopenable(error):
+        translated = translate_error(error, action="registering a region")
         return CheckResult("region", FAIL, str(translated), "", {"server_message": error.details()})
     # Triton cannot open our region: a region anyone may open tells a uid from a /dev/shm.
     if _register_probe(triton, mode=0o666) is None:
@@ -638,7 +587,7 @@ def _check_dev_shm(
         return CheckResult("dev_shm", WARN, f"{SHM_DIR} cannot be read: is it mounted?")
     free, total = space
     least, new, unsized = _pool_sizes(triton, models)
-    in_dev_shm = _object_store_in_dev_shm(object_store_bytes, total, triton.node)
+    in_dev_shm = object_store_in_dev_shm(object_store_bytes, triton.node, total)
     store = object_store_bytes if in_dev_shm else 0
     # Pools that follow their load are counted at their largest: what they may come to hold.
     demand = sum(held.values()) + sum(new.values()) + store
@@ -650,7 +599,7 @@ def _check_dev_shm(
         "new_least": least,
         "unsized": unsized,
         "object_store": store,
-        "raylet": _own_raylet(triton.node) if object_store_bytes else None,
+        "raylet": own_raylet(triton.node) if object_store_bytes else None,
         "demand": demand,
     }
     parts = [f"pools held {mib(sum(held.values()))}"] if held else []
@@ -717,72 +666,15 @@ def _pool_sizes(
                 max_batch_size=None,
                 model_version="",
                 max_shapes=None,
-                load_config=lambda model=model: _model_config(triton, model),  # type: ignore[misc]
+                load_config=functools.partial(triton.channel.model_config, model, ""),
             )
         except Exception as exc:
             unsized[model] = str(exc)
             continue
-        layout, elastic = SlotLayout.for_model(spec), SlotAutoscaling()
+        layout, elastic = SlotLayout.for_model(spec), default_autoscaling()
         least[model] = layout.region_bytes(pool_size or elastic.min_slots)
         sizes[model] = layout.region_bytes(pool_size or elastic.max_slots)
     return least, sizes, unsized
-
-
-def _model_config(triton: _Triton, model: str) -> Mapping[str, Any]:
-    from google.protobuf.json_format import MessageToDict
-
-    try:
-        answer = triton.call("ModelConfig", service_pb2.ModelConfigRequest(name=model))
-    except grpc.RpcError as exc:
-        raise translate_error(exc, model=model, action="reading the model configuration") from exc
-    return MessageToDict(answer.config, preserving_proto_field_name=True)
-
-
-def _object_store_in_dev_shm(object_store_bytes: int, shm_total: int, node: str = "") -> bool:
-    """Whether Ray's object store of this node lives in ``/dev/shm``.
-
-    The node's own raylet says (where several raylets share a host, the others say nothing
-    about this node): the ``--plasma_directory`` it was started with, or a file it maps under
-    ``/dev/shm``. Where it cannot be found, Ray's own rule: the store goes to ``/dev/shm`` when
-    it fits there, else to ``/tmp``.
-    """
-    if not object_store_bytes or object_store_bytes > shm_total:
-        return False
-    pid = _own_raylet(node)
-    if pid is None:
-        return True
-    try:
-        argv = (Path("/proc") / str(pid) / "cmdline").read_bytes().decode(errors="replace")
-        for arg in argv.split("\0"):
-            if arg.startswith("--plasma_directory="):
-                return arg.partition("=")[2].rstrip("/") == str(SHM_DIR)
-        return f" {SHM_DIR}/" in (Path("/proc") / str(pid) / "maps").read_text()
-    except OSError:
-        return True
-
-
-def _own_raylet(node: str) -> int | None:
-    """The pid of this node's raylet: an ancestor of this process (a Ray worker's), else the
-    raylet started for ``node``, else the only raylet of this host; ``None`` if unknown."""
-    proc = Path("/proc")
-    pid = os.getpid()
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        while pid > 1:
-            if (proc / str(pid) / "comm").read_text().strip() == "raylet":
-                return pid
-            pid = int((proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
-    raylets = []
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError):
-            if (entry / "comm").read_text().strip() != "raylet":
-                continue
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-            if node and f"--node_id={node}".encode() in argv:
-                return int(entry.name)
-            raylets.append(int(entry.name))
-    return raylets[0] if len(raylets) == 1 else None
 
 
 # ---- leftovers, versions --------------------------------------------------------------
@@ -816,27 +708,3 @@ def _check_versions(triton: _Triton) -> CheckResult:
     versions["triton"] = triton.version or "unknown"
     summary = ", ".join(f"{name} {version}" for name, version in versions.items())
     return CheckResult("versions", OK, summary, "", versions)
-
-
-def format_reports(reports: Sequence[NodeReport]) -> str:
-    """The reports as text, one block per node."""
-    lines: list[str] = []
-    for report in reports:
-        node = f"node {report.node[:12]} ({report.hostname})" if report.node else report.hostname
-        if report.url:
-            lines.append(
-                f"{node}: Triton at {report.url} (from {report.url_source}), "
-                f"checked in {report.elapsed_s:.2f} s"
-            )
-        else:
-            lines.append(f"{node}: not checked")
-        for check in report.checks:
-            lines.append(f"  {check.status:<5} {check.name:<10} {check.summary}")
-            if check.fix and check.status in (FAIL, WARN):
-                lines.append(f"  {'':<5} {'':<10} fix: {check.fix}")
-    failed = sum(r.failed for r in reports)
-    lines.append(
-        f"{len(reports)} node(s): "
-        + (f"{failed} with a failed check" if failed else "no check failed")
-    )
-    return "\n".join(lines)

@@ -188,6 +188,8 @@ class Keys:
         environ: Also read ``RAY_TRITON_SHM_HEADER_*`` variables (see
             :func:`headers_from_env`).
         check_interval_s: How often the key files are looked at again.
+        files: Read key files at all (``False``: none, whatever ``keys_dir`` and
+            ``$RAY_TRITON_SHM_KEYS_DIR`` say: a tool's way on where they cannot be read).
 
     Raises:
         ValueError: ``keys_dir`` is not a readable directory of key files.
@@ -200,10 +202,13 @@ class Keys:
         keys_dir: str | os.PathLike[str] | None = None,
         environ: bool = False,
         check_interval_s: float = 1.0,
+        files: bool = True,
     ) -> None:
         self._given = normalize(headers)
         if keys_dir is None:
             keys_dir = os.environ.get(KEYS_DIR_ENV_VAR) or None
+        if not files:
+            keys_dir = None
         self.keys_dir = None if keys_dir is None else Path(keys_dir)
         self._env = headers_from_env() if environ else {}
         self._check_interval_s = check_interval_s

@@ -28,6 +28,7 @@ full ``/dev/shm`` is a :class:`SharedMemoryFullError` and not a ``SIGBUS`` on fi
 from __future__ import annotations
 
 import _posixshmem  # CPython's shm_open/shm_unlink, as used by multiprocessing.shared_memory
+import contextlib
 import errno
 import fcntl
 import functools
@@ -56,6 +57,8 @@ __all__ = [
     "list_local_regions",
     "mib",
     "new_region_name",
+    "object_store_in_dev_shm",
+    "own_raylet",
     "owner_state",
     "pid_alive",
     "pid_namespace",
@@ -199,6 +202,64 @@ def _full(
         needed=needed,
         free=free,
     )
+
+
+def object_store_in_dev_shm(
+    object_store_bytes: int, node: str = "", shm_total: int | None = None
+) -> bool:
+    """Whether Ray's object store of this node lives in ``/dev/shm`` (and so takes its room).
+
+    The node's own raylet says (where several raylets share a host, the others say nothing
+    about this node): the ``--plasma_directory`` it was started with, or a file it maps under
+    ``/dev/shm``. Where it cannot be found, Ray's own rule: the store goes to ``/dev/shm`` when
+    it fits there, else to ``/tmp``.
+
+    Args:
+        object_store_bytes: The size of the node's object store; ``0``: no Ray, or unknown.
+        node: The Ray node id, to find its raylet (see :func:`own_raylet`).
+        shm_total: The size of ``/dev/shm``; ``None``: read now.
+    """
+    if shm_total is None:
+        space = shm_space()
+        shm_total = 0 if space is None else space[1]
+    if not object_store_bytes or object_store_bytes > shm_total:
+        return False
+    pid = own_raylet(node)
+    if pid is None:
+        return True
+    try:
+        argv = (Path("/proc") / str(pid) / "cmdline").read_bytes().decode(errors="replace")
+        for arg in argv.split("\0"):
+            if arg.startswith("--plasma_directory="):
+                return arg.partition("=")[2].rstrip("/") == str(SHM_DIR)
+        return f" {SHM_DIR}/" in (Path("/proc") / str(pid) / "maps").read_text()
+    except OSError:
+        return True
+
+
+def own_raylet(node: str = "") -> int | None:
+    """The pid of this node's raylet: an ancestor of this process (a Ray worker's), else the
+    raylet started for ``node`` (a Ray node id), else the only raylet of this host; ``None``
+    if unknown."""
+    proc = Path("/proc")
+    pid = os.getpid()
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        while pid > 1:
+            if (proc / str(pid) / "comm").read_text().strip() == "raylet":
+                return pid
+            pid = int((proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    raylets = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if (entry / "comm").read_text().strip() != "raylet":
+                continue
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            if node and f"--node_id={node}".encode() in argv:
+                return int(entry.name)
+            raylets.append(int(entry.name))
+    return raylets[0] if len(raylets) == 1 else None
 
 
 def mib(size: int) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 from ._exceptions import ModelSpecError
 from ._header import MAX_SLOTS
 
-__all__ = ["SlotAutoscaling", "pool_sizing"]
+__all__ = ["SlotAutoscaling", "default_autoscaling", "pool_sizing"]
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,16 @@ class SlotAutoscaling:
                 f"{[f.name for f in fields(cls)]}"
             )
         return cls(**{**defaults, **given})
+
+
+def default_autoscaling(limit: int = MAX_SLOTS) -> SlotAutoscaling:
+    """How a pool given neither ``pool_size`` nor ``autoscaling`` follows its load: between
+    :class:`SlotAutoscaling`'s default bounds, each at most ``limit`` slots (a node actor's
+    ``slots``)."""
+    bounds = SlotAutoscaling()
+    return SlotAutoscaling(
+        min_slots=min(bounds.min_slots, limit), max_slots=min(bounds.max_slots, limit)
+    )
 
 
 def pool_sizing(

@@ -32,6 +32,7 @@ __all__ = [
     "is_queue_refusal",
     "is_restart_symptom",
     "is_unknown_model",
+    "is_unopenable",
     "is_unreachable",
     "never_reached",
     "output_overflow",
@@ -90,6 +91,13 @@ def is_missing_region(exc: BaseException) -> bool:
     """Whether Triton no longer knows our region (it restarted, or someone unregistered it)."""
     _, message = status_and_message(exc)
     return "Unable to find shared memory region" in message
+
+
+def is_unopenable(exc: BaseException) -> bool:
+    """Whether Triton could not open a region it was asked to register (it runs as another
+    uid, or sees another ``/dev/shm``: it does not say which)."""
+    _, message = status_and_message(exc)
+    return _UNOPENABLE in message
 
 
 def expected_header(exc: BaseException) -> str | None:

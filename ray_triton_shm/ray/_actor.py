@@ -51,8 +51,8 @@ from .._keys import Keys
 from .._options import RequestOptions
 from .._reclaim import reclaim_regions, registrations
 from .._scaling import default_shm_budget
-from .._shm import DEAD, list_local_regions, shm_space
-from .._sizing import SlotAutoscaling
+from .._shm import DEAD, list_local_regions, object_store_in_dev_shm, shm_space
+from .._sizing import SlotAutoscaling, default_autoscaling
 from .._snapshot import PoolSnapshot
 from .._specs import ModelSpec
 from ._metrics import NodeMetrics
@@ -328,9 +328,7 @@ class TritonNodeActor:
                 model=model_name,
             )
         if pool_size is None and memory == "system":
-            base = self._config.autoscaling or SlotAutoscaling(
-                min_slots=min(2, limit), max_slots=min(64, limit)
-            )
+            base = self._config.autoscaling or default_autoscaling(limit)
             autoscaling = SlotAutoscaling.of(autoscaling, **asdict(base))
             if autoscaling.max_slots > limit:
                 raise ModelSpecError(
@@ -608,15 +606,15 @@ class TritonNodeActor:
 
 def _object_store_in_shm(node_id: str) -> int:
     """The bytes Ray's object store on ``node_id`` may take of ``/dev/shm``: all of its
-    ``object_store_memory`` where that fits there (Ray then keeps it there), else none."""
+    ``object_store_memory`` where it lives there (see :func:`object_store_in_dev_shm`), else
+    none."""
     if not ray.is_initialized():  # a plain object outside Ray (tests): asking would start one
         return 0
     resources = _node_resources(node_id)
     if resources is None:  # no reservation
         return 0
     store = int(resources.get("object_store_memory", 0))
-    space = shm_space()
-    return store if space is not None and store <= space[1] else 0
+    return store if object_store_in_dev_shm(store, node_id) else 0
 
 
 def _has_gpus(node_id: str) -> bool:
