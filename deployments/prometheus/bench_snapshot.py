@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import re
+import runpy
 import shutil
 import socket
 import subprocess
@@ -64,6 +65,21 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _command(argv: list[str]) -> int:
+    """Runs ``ray-triton-shm ARGV`` (``python -m ray_triton_shm``) in this process, so that the
+    bench's Ray paths run on this driver's Ray, whose metrics Prometheus scrapes (a process of
+    its own would start a private Ray); returns its exit status."""
+    saved = sys.argv
+    sys.argv = ["ray-triton-shm", *argv]
+    try:
+        runpy.run_module("ray_triton_shm", run_name="__main__")
+    except SystemExit as done:
+        return done.code if isinstance(done.code, int) else int(done.code is not None)
+    finally:
+        sys.argv = saved
+    return 0
+
+
 def _get(url: str, path: str, **params: Any) -> Any:
     query = urllib.parse.urlencode(params)
     with urllib.request.urlopen(f"{url}{path}?{query}", timeout=30) as answer:
@@ -97,7 +113,6 @@ def main(argv: list[str] | None = None) -> int:
     import matplotlib.pyplot as plt
     import ray
 
-    from ray_triton_shm._cli import main as cli
     from ray_triton_shm.local import LocalTritonServer
     from ray_triton_shm.ray import URL_ENV_VAR
     from ray_triton_shm.ray._dashboard import _panel_queries, grafana_dashboard
@@ -141,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         url = f"http://127.0.0.1:{port}"
         try:
             start = time.time()
-            code = cli(
+            code = _command(
                 [*BENCH_ARGS, "--url", triton.grpc_url, "--http-url", triton.http_url]
                 + args.bench_args
             )
