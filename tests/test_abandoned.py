@@ -144,10 +144,11 @@ def test_many_threads_with_deadlines_on_few_slots_never_get_another_requests_dat
         for thread in threads:
             thread.join()
         # Every slot comes back once Triton has answered the requests given up on.
-        deadline = time.monotonic() + 5
-        while client.shm_stats("delay_echo").in_use and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert client.shm_stats("delay_echo").in_use == 0
+        wait_for(
+            lambda: client.shm_stats("delay_echo").in_use == 0,
+            timeout_s=5,
+            what="every slot back once Triton answered",
+        )
     assert wrong == []
     assert counts["deadline"] > 0 and counts["answered"] + counts["deadline"] == 240
 

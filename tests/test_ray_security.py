@@ -19,6 +19,7 @@ from _helpers import (
     identity_job,
     model_repository,
     self_signed_certificate,
+    wait_for,
 )
 
 from ray_triton_shm import AccessDeniedError
@@ -38,13 +39,14 @@ def _end(actor: Any) -> None:
     node = ray.get_runtime_context().get_node_id()
     from ray_triton_shm.ray._actor import NAMESPACE, actor_name
 
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+    def gone() -> bool:
         try:
             ray.get_actor(actor_name(node), namespace=NAMESPACE)
         except ValueError:
-            return
-        time.sleep(0.1)
+            return True
+        return False
+
+    wait_for(gone, timeout_s=30, what="the killed node actor's name free")
 
 
 def _only(keys: dict[str, str], *names: str) -> dict[str, str]:

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import requests
-from _helpers import free_ports
+from _helpers import free_ports, wait_for
 
 from ray_triton_shm import region_status
 from ray_triton_shm.local._server import LocalTritonServer
@@ -98,7 +98,8 @@ def test_serve_run_answers_http_and_ctrl_c_leaves_nothing(
         log.close()
 
     # The node actor was killed with Ray, not shut down: its reaper cleans up after it.
-    deadline = time.monotonic() + 30
-    while (left := _leftovers(triton.grpc_url)) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert left == [], f"left behind by the killed node actor: {left}"
+    wait_for(
+        lambda: _leftovers(triton.grpc_url) == [],
+        timeout_s=30,
+        what="the killed node actor's reaper to clean up after it",
+    )

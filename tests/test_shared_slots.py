@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
+from _helpers import wait_for
 
 from ray_triton_shm import OverloadedError, SlotTimeoutError
 from ray_triton_shm._header import RegionHeader
@@ -188,11 +189,11 @@ def test_a_cancelled_async_waiter_loses_no_slot(make_region) -> None:  # type: i
     region.slots.release(slot)
     # The waits given up are still in the kernel's queue: each takes the slot in turn, from
     # its own thread, and hands it straight back.
-    deadline = time.monotonic() + 5
-    while region.slots.stats().waiting or region.slots.node_stats().in_use:
-        if time.monotonic() > deadline:
-            break
-        time.sleep(0.01)
+    wait_for(
+        lambda: not (region.slots.stats().waiting or region.slots.node_stats().in_use),
+        timeout_s=5,
+        what="the waits given up to take and hand back the slot",
+    )
     stats = region.slots.stats()
     assert (stats.in_use, stats.waiting, region.slots.node_stats().in_use) == (0, 0, 0)
 
