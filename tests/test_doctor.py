@@ -306,6 +306,25 @@ def test_a_restricted_triton_without_keys_names_each_missing_header_never_a_valu
     assert not registrations_left(restricted, keys)
 
 
+def test_key_files_that_cannot_be_read_fail_keys_and_the_environment_s_keys_do_the_rest(
+    restricted: LocalTritonServer, keys: dict[str, str], tmp_path: Path
+) -> None:
+    missing = tmp_path / "no-such-secret"
+    env = {env_var_for(h): v for h, v in keys.items()}
+    code, report, text = _doctor(
+        "--url", restricted.grpc_url, env=_env(**env, RAY_TRITON_SHM_KEYS_DIR=str(missing))
+    )
+    checks = _checks(report)
+    assert code == 1 and checks["keys"]["status"] == "fail", report
+    assert str(missing) in checks["keys"]["summary"]
+    assert "RAY_TRITON_SHM_KEYS_DIR" in checks["keys"]["fix"]
+    # The other checks ask Triton with the environment's keys, which it takes.
+    assert checks["triton"]["status"] == "ok" and checks["region"]["status"] == "ok", report
+    for value in keys.values():
+        assert value not in text
+    assert not registrations_left(restricted, keys)
+
+
 def registrations_left(server: LocalTritonServer, keys: Mapping[str, str]) -> list[str]:
     import tritonclient.grpc as grpcclient
 
