@@ -17,7 +17,9 @@ request that meets it; :func:`check_node` finds them all before any traffic, eac
 * ``leftovers``: regions whose owner is gone;
 * ``versions``: Python, numpy, tritonclient, Ray, this library and Triton.
 
-It leaves nothing behind, and an unreachable Triton fails within ``timeout_s``.
+It leaves nothing behind, and an unreachable Triton fails within ``timeout_s``. It talks to
+Triton as the library's clients do, over a :class:`~._channel.Channel`; what it found, and that
+as text, is :mod:`._doctor_report`.
 """
 
 from __future__ import annotations
@@ -215,7 +217,8 @@ def _listens(url: str, timeout_s: float) -> bool:
 
 
 class _Triton:
-    """The doctor's calls to Triton, and what the first of them found out."""
+    """The doctor's calls to Triton over ``channel``, each waiting ``timeout_s`` at most, and
+    what the first of them found out."""
 
     def __init__(
         self, channel: Channel, timeout_s: float, keys_error: str | None, node: str
@@ -435,7 +438,7 @@ def _check_http(triton: _Triton, tls: TlsFiles | None) -> CheckResult:
     found: list[tuple[HttpRoute | None, str]] = []
 
     def prove(region: str) -> None:
-        found.append(prove_same_triton(url, region, http_headers(list(triton.headers.items()))))
+        found.append(prove_same_triton(url, region, http_headers(triton.channel.metadata())))
 
     error = _register_probe(triton, mode=0o600, then=prove)
     if error is not None or not found:
