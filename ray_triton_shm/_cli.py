@@ -311,19 +311,11 @@ def _node_actor_reports(address: str | None, *, timeout_s: float) -> list[dict[s
         ImportError: Ray is not installed.
         ConnectionError: No Ray cluster at ``address``.
     """
-    import logging
-
     import ray
 
-    from ray_triton_shm.ray._actor import NAMESPACE, node_actor_names
+    from ray_triton_shm.ray._actor import NAMESPACE, joined_cluster, node_actor_names
 
-    ray.init(
-        address=address or "auto",
-        namespace=NAMESPACE,
-        logging_level=logging.ERROR,
-        log_to_driver=False,
-    )
-    try:
+    with joined_cluster(address):
         reports: list[dict[str, Any]] = []
         for name in node_actor_names():
             try:
@@ -334,8 +326,6 @@ def _node_actor_reports(address: str | None, *, timeout_s: float) -> list[dict[s
             except Exception as exc:
                 reports.append({"name": name, "error": f"{type(exc).__name__}: {exc}"})
         return reports
-    finally:
-        ray.shutdown()
 
 
 def _print_node_actors(address: str | None, *, timeout_s: float) -> int:

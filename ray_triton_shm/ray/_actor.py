@@ -29,12 +29,13 @@ any Ray task, so a Ray cancellation never reaches them (see :mod:`._control`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -647,6 +648,19 @@ def find_node_actor(node_id: str | None = None) -> Any | None:
         return ray.get_actor(actor_name(node), namespace=NAMESPACE)
     except ValueError:
         return None
+
+
+@contextlib.contextmanager
+def joined_cluster(address: str | None) -> Iterator[None]:
+    """Joins the Ray cluster at ``address`` (``None``: the one running here) quietly, in the
+    node actors' namespace, for a tool; leaves it after. (``ConnectionError``: no cluster.)"""
+    ray.init(
+        address or "auto", namespace=NAMESPACE, logging_level=logging.ERROR, log_to_driver=False
+    )
+    try:
+        yield
+    finally:
+        ray.shutdown()
 
 
 def node_actor_names() -> list[str]:

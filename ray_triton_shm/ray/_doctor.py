@@ -8,7 +8,6 @@ the ``RAY_TRITON_SHM_HEADER_*`` keys are read on the node, as the node actor rea
 
 from __future__ import annotations
 
-import logging
 import socket
 from collections.abc import Mapping
 from typing import Any
@@ -17,7 +16,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from .._doctor import FAIL, SKIP, CheckResult, NodeReport, check_node
-from ._actor import NAMESPACE, find_node_actor
+from ._actor import find_node_actor, joined_cluster
 
 __all__ = ["check_cluster"]
 
@@ -51,13 +50,7 @@ def check_cluster(
     Raises:
         ConnectionError: No Ray cluster at ``address``.
     """
-    ray.init(
-        address=address or "auto",
-        namespace=NAMESPACE,
-        logging_level=logging.ERROR,
-        log_to_driver=False,
-    )
-    try:
+    with joined_cluster(address):
         check = ray.remote(num_cpus=0, max_retries=0)(_check_here)
         nodes = sorted((n for n in ray.nodes() if n.get("Alive")), key=lambda n: n["NodeID"])
         pending = {}
@@ -103,8 +96,6 @@ def check_cluster(
                 why = f"the check task did not run within {wait_s:g} s"
             reports.append(_unchecked(node, why))
         return sorted(reports, key=lambda r: r.node)
-    finally:
-        ray.shutdown()
 
 
 def _check_here(options: dict[str, Any]) -> NodeReport:

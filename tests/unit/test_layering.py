@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "ray_triton_shm"
 #: The modules of the package root that are no part of the core: the public facade, and the
 #: tools (the command line, the doctor, the regions report).
 NOT_CORE = {"ray_triton_shm", "ray_triton_shm.__main__"} | {
-    f"ray_triton_shm.{name}" for name in ("_cli", "_doctor", "_region_status")
+    f"ray_triton_shm.{name}" for name in ("_cli", "_doctor", "_doctor_report", "_region_status")
 }
 #: What the core never imports: Ray, the Ray layer, the bench, the embedded server, the tools.
 OUTSIDE_CORE = ("ray", "ray_triton_shm.ray", "ray_triton_shm._bench", "ray_triton_shm.local")
