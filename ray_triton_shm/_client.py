@@ -619,27 +619,12 @@ def registry_of(client: TritonSHMClient) -> Registry:
     return client._pools
 
 
-def infer_with(
-    client: TritonSHMClient,
-    model_name: str,
-    inputs: Mapping[str, InputValue],
-    options: RequestOptions | None,
-    **settings: Any,
-) -> dict[str, Any]:
-    """Internal API for the Ray layer: :meth:`TritonSHMClient.infer_shm` with its request
-    options checked once, where the handle made them (``settings``: its other keywords)."""
-    return client._infer(model_name, inputs, options, **settings)
-
-
-async def infer_with_async(
-    client: TritonSHMClient,
-    model_name: str,
-    inputs: Mapping[str, InputValue],
-    options: RequestOptions | None,
-    **settings: Any,
-) -> dict[str, Any]:
-    """:func:`infer_with` for coroutines."""
-    return await client._infer_async(model_name, inputs, options, **settings)
+#: Internal API for the Ray layer: ``infer_with(client, model, inputs, options, **settings)``
+#: is :meth:`TritonSHMClient.infer_shm` with its request options checked once, where the handle
+#: made them (``settings``: its other keywords). The method itself: no call more per request.
+infer_with = TritonSHMClient._infer
+#: :data:`infer_with` for coroutines.
+infer_with_async = TritonSHMClient._infer_async
 
 
 def lease_with(

@@ -11,7 +11,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import ray
@@ -85,16 +85,14 @@ class Binding:
     ) -> Any:
         if self.client is None:
             return get(self._by_value(inputs, options, call))
-        return infer_with(self.client, self.spec.name, inputs, options, **call.settings())
+        return infer_with(self.client, self.spec.name, inputs, options, **call.keywords)
 
     async def infer_async(
         self, inputs: Mapping[str, InputValue], options: RequestOptions | None, call: CallSettings
     ) -> Any:
         if self.client is None:
             return await awaited(self._by_value(inputs, options, call))
-        return await infer_with_async(
-            self.client, self.spec.name, inputs, options, **call.settings()
-        )
+        return await infer_with_async(self.client, self.spec.name, inputs, options, **call.keywords)
 
     def _by_value(
         self, inputs: Mapping[str, InputValue], options: RequestOptions | None, call: CallSettings
@@ -122,13 +120,16 @@ class CallSettings:
     slot_timeout_s: float | None
     client_timeout_s: float | None
     outputs_as: str
+    #: The same, as keywords of ``infer_shm`` (made once: a call only reads them).
+    keywords: dict[str, Any] = field(init=False, repr=False, compare=False)
 
-    def settings(self) -> dict[str, Any]:
-        return {
+    def __post_init__(self) -> None:
+        keywords = {
             "slot_timeout_s": self.slot_timeout_s,
             "client_timeout_s": self.client_timeout_s,
             "outputs_as": self.outputs_as,
         }
+        object.__setattr__(self, "keywords", keywords)
 
 
 class InProcess:

@@ -264,13 +264,13 @@ class ShmModel:
         """Where a call on ``binding`` goes on: a new binding after its node actor restarted,
         else where :func:`follow_model` says after one of ``moved``, the node actor being the
         owner of the model's layouts."""
-        owner = ActorLayouts(self.model_name, self._here, self._bind, self._new_binding)
         sequence = options is not None and options.is_sequence
 
         def recover(binding: Binding, exc: BaseException) -> Binding:
             if isinstance(exc, _REBIND_ON):
                 self._here.replace(binding, None)  # the node actor restarted: a new region
                 return self._bind()
+            owner = ActorLayouts(self.model_name, self._here, self._bind, self._new_binding)
             return follow_model(
                 binding, exc, owner, follows=self._follows, sequence=sequence, started=0.0
             )
