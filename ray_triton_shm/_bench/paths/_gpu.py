@@ -167,14 +167,7 @@ class CudaClientPath(BenchPath):
     name, label = "cuda-client", "TritonSHMClient (GPU memory), NumPy"
 
     def setup(self) -> None:
-        self._client, _ = shm_client(
-            self.target.grpc_url,
-            self.case,
-            self.slots,
-            reconnect_timeout_s=self.target.reconnect_timeout_s,
-            memory=CUDA,
-            device=0,
-        )
+        self._client = _cuda_client(self)
 
     def run_once(self) -> Mapping[str, Any]:
         return self._client.infer_shm(self.case.model, self.inputs)  # type: ignore[no-any-return]
@@ -188,14 +181,7 @@ class CudaClientTorchPath(_OnGpu):
 
     def setup(self) -> None:
         super().setup()
-        self._client, _ = shm_client(
-            self.target.grpc_url,
-            self.case,
-            self.slots,
-            reconnect_timeout_s=self.target.reconnect_timeout_s,
-            memory=CUDA,
-            device=0,
-        )
+        self._client = _cuda_client(self)
 
     def run_once(self) -> Mapping[str, Any]:
         out = self._client.infer_shm(self.case.model, self._tensors, outputs_as="torch")
@@ -212,3 +198,16 @@ PATHS: tuple[type[BenchPath], ...] = (
     CudaManualTorchPath,
     CudaClientTorchPath,
 )
+
+
+def _cuda_client(path: BenchPath) -> Any:
+    """The measured client of a path, its pool in GPU memory on GPU 0."""
+    client, _ = shm_client(
+        path.target.grpc_url,
+        path.case,
+        path.slots,
+        reconnect_timeout_s=path.target.reconnect_timeout_s,
+        memory=CUDA,
+        device=0,
+    )
+    return client
