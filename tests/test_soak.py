@@ -52,7 +52,7 @@ from ray_triton_shm import (
     TritonSHMError,
 )
 from ray_triton_shm.local._server import LocalTritonServer
-from ray_triton_shm.ray import ShmModel, RegionReplacedError, get_node_actor
+from ray_triton_shm.ray import RegionReplacedError, ShmModel, get_node_actor
 
 # Ship this module's actor class and helpers by value (workers cannot import the test module).
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
