@@ -44,6 +44,7 @@ from ._supervisor import Supervisor
 __all__ = ["EXAMPLE_MODEL_REPOSITORY", "KEPT_LOG_DIR", "RESTRICTABLE_PROTOCOLS"]
 __all__ += ["LocalServerError", "LocalTritonServer", "ServerCrash", "ServerEvent", "log_tail"]
 
+
 class LocalTritonServer:
     """A ``tritonserver`` child process on local ports.
 

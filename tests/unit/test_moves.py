@@ -65,9 +65,7 @@ def test_an_executed_sequence_step_is_never_sent_again() -> None:
     assert follow_model(1, _refused(), Owner(2), follows=True, sequence=True, started=0) == 2
 
 
-def test_refused_inputs_move_only_a_layout_that_follows_the_model_asked_at_most_so_often() -> (
-    None
-):
+def test_refused_inputs_move_only_a_layout_that_follows_the_model_asked_at_most_so_often() -> None:
     owner = Owner(2)
     with pytest.raises(InvalidInputError):
         follow_model(1, _bad_input(), owner, follows=False, sequence=False, started=0)
