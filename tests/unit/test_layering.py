@@ -32,6 +32,10 @@ def _modules() -> dict[str, Path]:
 
 
 MODULES = _modules()
+#: Each module's syntax tree, parsed once at collection. (Parsed later, after other tests ran
+#: in the same process, CPython 3.11.7's ``ast.parse`` once raised "SystemError: AST
+#: constructor recursion depth mismatch", a bug of its own.)
+TREES = {name: ast.parse(path.read_text()) for name, path in MODULES.items()}
 
 
 def _imports(name: str) -> set[str]:
@@ -40,7 +44,7 @@ def _imports(name: str) -> set[str]:
     path = MODULES[name]
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(TREES[name]):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 found.add(alias.name if alias.name in MODULES else alias.name.split(".")[0])
@@ -192,7 +196,7 @@ def test_no_module_reaches_a_private_name_of_another_layer() -> None:
     reached = []
     for name, path in MODULES.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(TREES[name]):
             if not isinstance(node, ast.ImportFrom):
                 continue
             if node.level:
