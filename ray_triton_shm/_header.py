@@ -41,6 +41,7 @@ from ._specs import REGION_HEADER_BYTES
 __all__ = [
     "BUCKET_BOUNDS_S",
     "HISTOGRAMS",
+    "histogram_quantile_s",
     "LIMITS",
     "MAX_SEATS",
     "MAX_SLOTS",
@@ -369,7 +370,12 @@ def _bucket(duration_ns: int) -> int:
 
 
 def _quantile_s(per_slot: np.ndarray, q: float) -> float:
-    histogram = per_slot.sum(axis=0)
+    return histogram_quantile_s(per_slot.sum(axis=0), q)
+
+
+def histogram_quantile_s(histogram: np.ndarray, q: float) -> float:
+    """The ``q`` quantile of one of :meth:`RegionHeader.histograms`, in seconds (its bucket's
+    upper bound; ``0.0`` for an empty histogram)."""
     total = int(histogram.sum())
     if total == 0:
         return 0.0

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._engine import ModelPool
+from ._header import histogram_quantile_s
 from ._pool import PoolStats
 from ._shared_slots import NodeSlotStats, SharedSlots
 
@@ -88,6 +89,7 @@ class PoolSnapshot:
         grows, shrinks = header.resizes
         counters = vars(header.totals())
         counters["abandoned_requests"] = counters.pop("abandoned")
+        histograms = header.histograms()  # read once: the percentiles come from it
         return cls(
             region=pool.region.name,
             generation=pool.generation,
@@ -103,10 +105,14 @@ class PoolSnapshot:
             overloads=header.overloads,
             shm_bytes=pool.region.allocated,
             shm_max_bytes=pool.region.size,
-            wait_p99_us=round(header.wait_quantile_s(0.99) * 1e6),
-            settle_p99_us=round(header.settle_quantile_s(0.99) * 1e6),
-            latency_p99_us=round(header.latency_quantile_s(0.99) * 1e6),
+            wait_p99_us=_p99_us(histograms["wait"]),
+            settle_p99_us=_p99_us(histograms["settle"]),
+            latency_p99_us=_p99_us(histograms["latency"]),
             failures=header.failures(),
             counters=counters,
-            histograms=header.histograms(),
+            histograms=histograms,
         )
+
+
+def _p99_us(histogram: np.ndarray) -> int:
+    return round(histogram_quantile_s(histogram, 0.99) * 1e6)
