@@ -169,7 +169,7 @@ class Call:
                         if body is not None:
                             assert http is not None
                             return http.exchange(requests.path, body, self._http_headers).answer()
-                        call = self.triton.stub.ModelInfer
+                        call = self._infer(arg)
                         return grpc_answer(call(arg.request, metadata=self._metadata))
                     self._send(arg)
                 try:
@@ -237,7 +237,11 @@ class Call:
     def _send(self, chunk: Any) -> None:
         """Sends a chunk's request as a gRPC future (the way of multi-chunk calls, requests
         with a deadline, and requests sent again)."""
-        chunk.call = self.triton.stub.ModelInfer.future(chunk.request, metadata=self._metadata)
+        chunk.call = self._infer(chunk).future(chunk.request, metadata=self._metadata)
+
+    def _infer(self, chunk: Any) -> Any:
+        """The gRPC method of a chunk's request: a message, or a pool by value's bytes."""
+        return self.triton.infer_bytes if chunk.pool.by_value else self.triton.stub.ModelInfer
 
 
 def count_failure(pool: ModelPool, exc: BaseException) -> None:

@@ -23,7 +23,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from . import _cuda, _gpu_choice
 from ._exceptions import ModelChangedError, ModelSpecError
+from ._memory import CUDA, check_memory_options
+from ._route import check_transport
+from ._sizing import SlotAutoscaling, pool_sizing
 from ._specs import ModelSpec, SpecLike, TensorSpec, resolve_model_spec
 from ._triton_errors import status_and_message
 
@@ -32,6 +36,7 @@ __all__ = [
     "answer_mismatch",
     "changed_error",
     "differences",
+    "plan_registration",
 ]
 
 
@@ -71,6 +76,8 @@ class Registration:
         memory: Where the slots live: ``"system"`` or ``"cuda"`` (see :mod:`._memory`).
         device: For ``"cuda"``, the GPU's UUID.
         triton_device_id: For ``"cuda"``, the index Triton knows that GPU by.
+        transport: How the tensors reach Triton: ``"auto"``, ``"shm"`` or ``"inline"`` (see
+            :mod:`._route`).
     """
 
     inputs: tuple[SpecLike, ...] | None = None
@@ -82,6 +89,7 @@ class Registration:
     memory: str = "system"
     device: str | None = None
     triton_device_id: int | None = None
+    transport: str = "auto"
 
     @classmethod
     def of(
@@ -96,6 +104,7 @@ class Registration:
         memory: str = "system",
         device: str | None = None,
         triton_device_id: int | None = None,
+        transport: str = "auto",
     ) -> Registration:
         """The registration of these arguments (hashable, comparable)."""
         return cls(
@@ -108,6 +117,7 @@ class Registration:
             memory=memory,
             device=device,
             triton_device_id=triton_device_id,
+            transport=transport,
         )
 
     @property
@@ -233,3 +243,61 @@ def changed_error(
         server_message=message,
         model=registered.name,
     )
+
+
+#: The size of a pool in GPU memory when none is given (GPU pools do not follow their load).
+_GPU_POOL_SIZE = 4
+
+
+def plan_registration(
+    model_name: str,
+    *,
+    inputs: Sequence[SpecLike] | None,
+    outputs: Sequence[SpecLike] | None,
+    max_batch_size: int | None,
+    pool_size: int | None,
+    autoscaling: SlotAutoscaling | Mapping[str, Any] | None,
+    model_version: str,
+    max_shapes: Mapping[str, Sequence[int]] | None,
+    max_element_bytes: Mapping[str, int] | None,
+    memory: str,
+    device: int | str | None,
+    triton_device_id: int | None,
+    transport: str = "auto",
+) -> tuple[Registration, int | SlotAutoscaling]:
+    """What ``register_shm_model``'s arguments ask for: the registration and the pool's size,
+    checked (a GPU given by its UUID: the same in every process and every layout).
+
+    Raises:
+        ModelSpecError: options that do not go together.
+        CudaError: ``memory="cuda"`` and the GPU cannot be found.
+    """
+    check_memory_options(model_name, memory, device, triton_device_id)
+    check_transport(model_name, transport)
+    if memory == CUDA and pool_size is None:
+        if autoscaling is not None:
+            raise ModelSpecError(
+                f"model {model_name!r}: a pool in GPU memory has a fixed size: pass "
+                "pool_size, not autoscaling",
+                model=model_name,
+            )
+        pool_size = _GPU_POOL_SIZE
+    sizing = pool_sizing(model_name, pool_size, autoscaling)
+    gpu = None
+    if memory == CUDA:
+        gpu = _cuda.find_device(device)
+        if triton_device_id is None:
+            triton_device_id = _gpu_choice.triton_device_id(gpu)
+    registration = Registration.of(
+        inputs=inputs,
+        outputs=outputs,
+        max_batch_size=max_batch_size,
+        model_version=model_version,
+        max_shapes=max_shapes,
+        max_element_bytes=max_element_bytes,
+        memory=memory,
+        device=None if gpu is None else gpu.uuid,
+        triton_device_id=triton_device_id,
+        transport=transport,
+    )
+    return registration, sizing

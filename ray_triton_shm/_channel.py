@@ -25,7 +25,10 @@ from ._reconnect import Reconnect, channel_options
 from ._tls import ReloadingChannel, TlsFiles, diagnose
 from ._triton_errors import translate_error
 
-__all__ = ["Channel", "tritonclient_options"]
+__all__ = ["INFER_METHOD", "Channel", "tritonclient_options"]
+
+#: Triton's gRPC method of an inference request.
+INFER_METHOD = "/inference.GRPCInferenceService/ModelInfer"
 
 T = TypeVar("T")
 
@@ -89,6 +92,13 @@ class Channel:
         self.url = url
         self.channel = channel
         self.stub = stub
+        #: ``ModelInfer`` for a request already serialized (a pool by value's, see
+        #: :class:`._transport.ValueRequests`).
+        self.infer_bytes = channel.unary_unary(
+            INFER_METHOD,
+            request_serializer=None,
+            response_deserializer=service_pb2.ModelInferResponse.FromString,
+        )
         self.keys = keys
         self.plain = plain
         self.reconnect_timeout_s = reconnect_timeout_s

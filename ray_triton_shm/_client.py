@@ -24,10 +24,11 @@ from typing import Any
 import tritonclient.grpc as grpcclient
 
 from ._calls import Call, count_failure
+from ._changes import plan_registration
 from ._channel import Channel, tritonclient_options
 from ._defaults import DEFAULT_RECONNECT_TIMEOUT_S, DEFAULT_URL
 from ._drive import drive, drive_async
-from ._exceptions import TritonSHMError
+from ._exceptions import InvalidInputError, TritonSHMError
 from ._http import AUTO
 from ._inputs import InputValue
 from ._keys import REDACTED, Keys, Metadata
@@ -36,7 +37,7 @@ from ._memory import SYSTEM
 from ._options import ParameterValue, RequestOptions, request_options, select_outputs
 from ._pool import PoolStats
 from ._reclaim import reclaim_dead_registrations
-from ._registry import Registry, plan_registration
+from ._registry import Registry
 from ._sizing import SlotAutoscaling
 from ._specs import ModelSpec, SpecLike
 
@@ -50,7 +51,9 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
     still works. It is a drop-in replacement for ``triton_shm_client.TritonSHMClient``.
 
     Args:
-        url: Triton's gRPC address, ``host:port``. The server must run on this machine.
+        url: Triton's gRPC address, ``host:port``. Where Triton cannot map this process's
+            shared memory (another host, a container with its own ``/dev/shm``), models send
+            their tensors by value (see ``transport`` of :meth:`register_shm_model`).
         verbose: Passed to tritonclient.
         *args: Passed to :class:`tritonclient.grpc.InferenceServerClient`: ``ssl``,
             ``root_certificates``, ``private_key``, ``certificate_chain`` and ``creds`` (TLS),
@@ -172,6 +175,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         memory: str = SYSTEM,
         device: int | str | None = None,
         triton_device_id: int | None = None,
+        transport: str = "auto",
     ) -> ModelSpec:
         """Allocates a slot pool for a model and registers it with Triton.
 
@@ -222,6 +226,16 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             triton_device_id: For ``memory="cuda"``, the index Triton knows that GPU by;
                 ``None`` guesses it from ``CUDA_VISIBLE_DEVICES`` (right where Triton sees every
                 GPU of the machine, as in its container by default).
+            transport: How the tensors reach Triton. ``"auto"`` (the default): through shared
+                memory where Triton proves it maps this process's (it opens the region, and a
+                probe request, one per registration, lands in it), else by value, in the
+                requests (a Triton on another host, in a container with its own
+                ``/dev/shm``); GPU memory Triton cannot open falls back to system memory
+                first. Proven again when Triton restarts elsewhere, and every
+                ``config_check_interval_s`` while by value. ``"shm"``: shared memory or
+                :class:`SharedMemoryUnreachableError`; ``"inline"``: by value. The same API,
+                errors, answers and backpressure either way (but :meth:`lease`, which needs
+                shared memory). ``shm_stats()`` says which, and why.
 
         Returns:
             The resolved :class:`ModelSpec`.
@@ -238,6 +252,8 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
                 missing, a GPU not visible, Triton cannot open the GPU memory); nothing was
                 left behind.
             GPUMemoryFullError: the GPU has no room for the pool (nothing was left behind).
+            SharedMemoryUnreachableError: ``transport="shm"``, and Triton cannot map this
+                process's shared memory (nothing was left behind).
         """
 
         self._pools.check_open()
@@ -254,6 +270,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             memory=memory,
             device=device,
             triton_device_id=triton_device_id,
+            transport=transport,
         )
         self._pools.sweep_once(model_name, lambda: reclaim_dead_registrations(self))
         return self._triton.rotating(
@@ -502,7 +519,17 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         request_id: str = "",
     ) -> SlotLease:
         try:
-            chosen = None if options is None else select_outputs(call.pool.spec, options)
+            pool = call.pool
+            if pool.by_value:
+                raise InvalidInputError(
+                    f"model {pool.spec.name!r} sends its tensors by value "
+                    f"({pool.transport.reason}): a lease writes into shared memory Triton "
+                    "maps; call infer_shm() there",
+                    model=pool.spec.name,
+                    expected="transport 'shm'",
+                    actual="inline",
+                )
+            chosen = None if options is None else select_outputs(pool.spec, options)
             return SlotLease(
                 call,
                 batch=batch,

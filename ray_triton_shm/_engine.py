@@ -44,14 +44,15 @@ from ._gpu_tensors import DeviceOutputs
 from ._header import RegionHeader
 from ._http import Answer
 from ._inputs import Batch
-from ._memory import SlotIO, SlotMemory
+from ._memory import INLINE, SlotIO, SlotMemory
 from ._options import RequestOptions
 from ._outputs import OutputAssembler, empty_outputs, overflow_message, overflowed_output
 from ._pool import SlotSource
+from ._route import SHM, Transport
 from ._shm import SharedMemoryRegion, slot_key
 from ._sizing import SlotAutoscaling
 from ._specs import ModelSpec, SlotLayout
-from ._transport import SlotRequests
+from ._transport import SlotRequests, ValueRequests
 from ._triton_errors import (
     answered_or_never_sent,
     is_change_symptom,
@@ -133,20 +134,24 @@ class FollowState:
             or ``None``.
         next_check: When the config of a pool that follows the model is next compared with
             it.
+        probed_at: When a pool by value of its own choice last asked whether Triton maps
+            this process's shared memory now (see :meth:`._registry.Registry.reprobe`).
     """
 
     successor: ModelPool | None = None
     checked_at: float = float("-inf")
     check_error: BaseException | None = None
     next_check: float = 0.0
+    probed_at: float = float("-inf")
 
 
 @dataclass(eq=False)
 class ModelPool:
     """A registered model: its spec, its region cut into slots, and a request per slot.
 
-    Where the slots' bytes live (the region's pages, or a GPU) is its ``memory``'s concern
-    alone (see :mod:`._memory`).
+    Where the slots' bytes live (the region's pages, a GPU, or the requests themselves for a
+    pool by value) is its ``memory``'s concern alone (see :mod:`._memory`), and how a chunk
+    becomes a request its ``requests``' (see :mod:`._transport`).
 
     The client either owns the region (it created and registered it, and unregisters and
     unlinks it) or attached a region somebody else owns (the Ray node actor), in which case
@@ -158,7 +163,7 @@ class ModelPool:
     region: SharedMemoryRegion
     memory: SlotMemory
     slots: SlotSource
-    requests: SlotRequests
+    requests: SlotRequests | ValueRequests
     #: Every slot's tensors, as the engine writes and reads them.
     views: list[SlotIO]
     header: RegionHeader
@@ -180,6 +185,13 @@ class ModelPool:
     generation: int = 0
     #: How it follows its model on Triton (see :mod:`._follow`), under :attr:`lock`.
     following: FollowState = field(default_factory=FollowState)
+    #: How its tensors reach Triton, and why (see :mod:`._route`).
+    transport: Transport = Transport(SHM, "")
+
+    @property
+    def by_value(self) -> bool:
+        """Whether its tensors travel in the requests (Triton maps none of its memory)."""
+        return self.memory.kind == INLINE
 
     @property
     def owned(self) -> bool:
@@ -204,18 +216,26 @@ class ModelPool:
         registration: Registration | None = None,
         generation: int = 0,
         sizing: int | SlotAutoscaling | None = None,
+        transport: Transport | None = None,
     ) -> ModelPool:
         """A pool over the slots of ``memory``, laid out for ``spec``."""
         region, count = memory.region, memory.slot_count
         keys = [slot_key(region.name, slot) for slot in range(count)]
         bases = [memory.offset(slot) for slot in range(count)]
+        requests: SlotRequests | ValueRequests
+        if memory.kind == INLINE:
+            requests = ValueRequests(spec, count)
+        else:
+            requests = SlotRequests(spec, memory.layout, keys, bases)
+        if transport is None:
+            transport = Transport(INLINE if memory.kind == INLINE else SHM, "")
         return cls(
             spec=spec,
             layout=memory.layout,
             region=region,
             memory=memory,
             slots=slots,
-            requests=SlotRequests(spec, memory.layout, keys, bases),
+            requests=requests,
             views=memory.views(spec),
             header=header,
             slot_keys=keys,
@@ -223,6 +243,7 @@ class ModelPool:
             registration=registration,
             generation=generation,
             sizing=sizing,
+            transport=transport,
         )
 
     def take(self, slot: int) -> int:
@@ -237,8 +258,9 @@ class ModelPool:
         return slot
 
     def finish(self, slot: int, answered: bool, sent_ns: int) -> None:
-        """Frees a slot whose request ended: at once if Triton answered it, else abandoned."""
-        if answered:
+        """Frees a slot whose request ended: at once if Triton answered it (or could never
+        write into it: a pool by value), else abandoned."""
+        if answered or self.by_value:
             self.slots.release(slot)
         else:
             self.abandon(slot, sent_ns)
@@ -267,7 +289,8 @@ class Chunk:
     pool: ModelPool
     slot: int
     start: int
-    request: service_pb2.ModelInferRequest
+    #: The request: a message pointing at the slot, or a pool by value's serialized bytes.
+    request: service_pb2.ModelInferRequest | bytes
     epoch: int
     rows: int
     bytes_in: int
@@ -299,11 +322,9 @@ class Chunk:
         """Writes rows ``start:stop`` into a slot, waited for ``wait_ns``, and prepares their
         request; the slot is the chunk's now (released here if writing fails)."""
         try:
-            written = batch.write_chunk(pool.views[slot], start, stop)
-            rows = stop - start if batch.batched else None
-            request = pool.requests.prepare(slot, rows, batch.sample_shapes, written, request_id)
-            if options is not None:
-                request = options.apply(request)
+            request, written = pool.requests.write(
+                slot, pool.views[slot], batch, start, stop, request_id, options
+            )
         except BaseException:
             pool.slots.release(slot)
             raise
@@ -426,7 +447,7 @@ def run(
         return empty_outputs(pool.spec, names)
     outputs: OutputAssembler | DeviceOutputs
     if outputs_as == "numpy" or pool.memory.device is None:
-        outputs = OutputAssembler(pool.spec, batch.size, names)
+        outputs = OutputAssembler(pool.spec, batch.size, names, by_value=pool.by_value)
     else:
         outputs = DeviceOutputs(pool.spec, batch.size, names, outputs_as, pool.memory.device)
     started = time.monotonic_ns()

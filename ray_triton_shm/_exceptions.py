@@ -24,6 +24,8 @@
         ├── ModelNotLoadedError (LookupError)  the model is not loaded on Triton (unloaded,
         │                                      or failed to load)
         ├── SharedMemoryNotAllowedError        the server refuses client shared memory
+        ├── SharedMemoryUnreachableError       ``transport="shm"``, and Triton cannot map this
+        │                                      process's shared memory (names node and why)
         ├── AccessDeniedError                  a restricted protocol, and the request lacked
         │   (PermissionError)                  its key; names the header Triton expects
         ├── ServerUnreachableError             Triton stayed unreachable for
@@ -60,6 +62,7 @@ __all__ = [
     "ServerUnreachableError",
     "SharedMemoryFullError",
     "SharedMemoryNotAllowedError",
+    "SharedMemoryUnreachableError",
     "SlotTimeoutError",
     "TLSHandshakeError",
     "TritonSHMError",
@@ -334,6 +337,32 @@ class SharedMemoryNotAllowedError(TritonServerError):
     Newer Triton releases only accept client shared memory when started with
     ``--allow-client-shm=true`` (or an equivalent setting).
     """
+
+
+class SharedMemoryUnreachableError(TritonServerError):
+    """``transport="shm"`` was asked for, and Triton cannot map this process's shared memory:
+    it runs on another host, in a container with another ``/dev/shm``, or as a user that
+    cannot open the region. With ``transport="auto"`` (the default) the model sends its
+    tensors by value instead.
+
+    Attributes:
+        node: The host (and Ray node, in the Ray layer) whose memory Triton cannot map.
+        reason: What proved it (Triton's refusal, or a probe request).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        node: str = "",
+        reason: str = "",
+        status: str | None = None,
+        server_message: str = "",
+        model: str | None = None,
+    ) -> None:
+        super().__init__(message, status=status, server_message=server_message, model=model)
+        self.node = node
+        self.reason = reason
 
 
 class AccessDeniedError(TritonServerError, PermissionError):

@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from ._changes import Registration, changed_error, differences
 from ._channel import Channel
@@ -30,8 +31,19 @@ logger = logging.getLogger(__name__)
 _CONFIG_POLL_S = 0.1
 _CONFIG_CATCH_UP_S = 5.0
 
-#: Lays a pool out anew: ``replace(old, spec, sizing, registration)`` -> the new pool.
-Replace = Callable[[ModelPool, ModelSpec, "int | SlotAutoscaling", Registration], ModelPool]
+
+class Replace(Protocol):
+    """Lays a pool out anew (the registry's): ``replace(old, spec, sizing, registration,
+    cause)`` -> the new pool; ``cause`` says why, in the log."""
+
+    def __call__(
+        self,
+        old: ModelPool,
+        spec: ModelSpec,
+        sizing: int | SlotAutoscaling,
+        registration: Registration,
+        cause: str = ...,
+    ) -> ModelPool: ...
 
 
 class Follower:

@@ -55,7 +55,7 @@ _SIZE, _MIN_SIZE, _LIMITED, _GROWS, _SHRINKS = 4, 5, 6, 7, 8
 #: Why a pool's growth stopped short of its callers, as the header word ``_LIMITED`` stores it.
 LIMITS = ("", "max_slots", "shm_budget", "shm_full", "upscale_delay_s")
 #: The kinds of memory a region's slots live in, as the header word ``_MEMORY`` stores them.
-_MEMORY_KINDS = ("system", "cuda")
+_MEMORY_KINDS = ("system", "cuda", "inline")
 #: Failed calls by kind (see :func:`._exceptions.error_kind`), one word each from ``_FAILURES``:
 #: written by any process, under the region's mutex.
 _FAILURES = 16
@@ -144,7 +144,8 @@ class RegionHeader:
         self._word[_MAX_WAITING] = min(max_waiting, MAX_SEATS)
 
     def set_memory(self, kind: str) -> None:
-        """Records where the slots' bytes live (``"system"`` or ``"cuda"``; by the owner)."""
+        """Records where the slots' bytes live (``"system"``, ``"cuda"``, or ``"inline"``: in
+        the requests themselves; by the owner)."""
         self._word[_MEMORY] = _MEMORY_KINDS.index(kind)
 
     @property

@@ -100,6 +100,39 @@ class Batch:
         slot.commit(written, staged)
         return written
 
+    def chunk_values(self, start: int, stop: int) -> list[memoryview | bytes]:
+        """The bytes of samples ``start:stop`` of every input, in the model's order, for a
+        request by value: a view of the caller's array where it is contiguous (no copy),
+        else a contiguous copy.
+
+        Raises:
+            TypeError: a GPU tensor (a pool by value takes NumPy arrays, as one in system
+                memory does; refused when the inputs are checked).
+        """
+        values: list[memoryview | bytes] = []
+        for tensor in self.spec.inputs:
+            encoded = self.encoded.get(tensor.name)
+            if encoded is not None:
+                values.append(encoded.chunk(start, stop))
+                continue
+            value = self.values[tensor.name]
+            if isinstance(value, DeviceInput):
+                raise TypeError(f"input {tensor.name!r}: a GPU tensor for a request by value")
+            if isinstance(value, np.ndarray):
+                whole = not self.batched or (start == 0 and stop == len(value))
+                values.append(_raw(value if whole else value[start:stop]))
+            else:
+                values.append(_raw(np.stack(value[start:stop])))
+        return values
+
+
+def _raw(array: np.ndarray) -> memoryview | bytes:
+    """An array's bytes, in C order: a view where it is contiguous."""
+    if array.size == 0:
+        return b""
+    flat: Any = np.ascontiguousarray(array).reshape(-1)
+    return memoryview(flat).cast("B")
+
 
 def prepare_batch(
     spec: ModelSpec, inputs: Mapping[str, InputValue], device: Device | None = None

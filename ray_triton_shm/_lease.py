@@ -58,6 +58,7 @@ from ._moves import RETIRED, Moves
 from ._options import RequestOptions
 from ._outputs import check_room, read_bytes
 from ._specs import TensorSpec
+from ._transport import SlotRequests
 
 __all__ = ["SlotLease"]
 
@@ -349,6 +350,7 @@ class SlotLease:
             fate = self._fate
         pool, slot = fate.pool, fate.slot
         sizes = [self._inputs[t.name].nbytes for t in pool.spec.inputs]
+        assert isinstance(pool.requests, SlotRequests)  # a pool by value leases nothing
         request = pool.requests.prepare(
             slot, self._rows, self._sample_shapes, sizes, self._request_id
         )

@@ -1,5 +1,6 @@
-"""Where a pool's slots live: in the region's own pages (system shared memory) or on a GPU
-(CUDA shared memory). The one seam between the two kinds.
+"""Where a pool's slots live: in the region's own pages (system shared memory), on a GPU
+(CUDA shared memory), or nowhere (by value: the tensors travel in the requests, for a Triton
+that cannot map this process's memory). The one seam between the kinds.
 
 Every region is a POSIX shm file that starts with its header (:mod:`._header`): the slot locks,
 queue, counters and retirement work the same for both kinds. What differs is behind
@@ -17,6 +18,10 @@ its own registration, and is proven free exactly as a system slot, see :mod:`._s
 the region's file holds, after the header, a table every process reads to use them: the GPU's
 UUID, the slot size, and each slot's IPC handle. The owner allocates and exports; every other
 process opens the handles once (:meth:`CudaMemory.attach`), on the GPU it finds by UUID.
+
+A pool **by value** (:class:`InlineMemory`) has a region of its header alone: its slots are
+locks that bound the requests in flight (on a node, over every process), and nothing is
+registered in Triton.
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ __all__ = [
     "SYSTEM",
     "CudaMemory",
     "CudaSlotViews",
+    "INLINE",
+    "InlineMemory",
     "SlotIO",
     "SlotMemory",
     "SlotViews",
@@ -53,6 +60,8 @@ __all__ = [
 ]
 
 SYSTEM, CUDA = "system", "cuda"
+#: Where the slots of a pool by value "live": in the requests themselves.
+INLINE = "inline"
 #: What ``memory=`` takes.
 MEMORY_KINDS = (SYSTEM, CUDA)
 #: What GPU memory is worth as long as its GPU tests have not passed on a GPU: said by
@@ -91,7 +100,9 @@ def check_memory_options(
 
 def region_bytes(memory: str, layout: SlotLayout, slots: int) -> int:
     """Size of a region's file in ``/dev/shm`` for ``slots`` slots of ``layout``."""
-    return layout.region_bytes(slots) if memory == SYSTEM else REGION_HEADER_BYTES + _TABLE_BYTES
+    if memory == SYSTEM:
+        return layout.region_bytes(slots)
+    return REGION_HEADER_BYTES + (_TABLE_BYTES if memory == CUDA else 0)
 
 
 class SlotIO(Protocol):
@@ -516,10 +527,61 @@ class CudaMemory(SlotMemory):
                 pass  # a context already torn down (the process exits): nothing left to free
 
 
+# ------------------------------------------------------------------ by value
+
+
+class _NoViews:
+    """A slot by value holds no tensors: its requests carry them (see
+    :class:`._transport.ValueRequests`)."""
+
+    inputs: dict[str, np.ndarray] = {}
+    outputs: dict[str, np.ndarray] = {}
+
+    def write_device(self, name: str, value: Any, start: int, nbytes: int) -> None:
+        raise TypeError(f"input {name!r}: a slot by value holds no tensor")
+
+    def commit(self, written: Sequence[int], staged: Sequence[bool]) -> None:
+        """Nothing to do: the request carries the inputs."""
+
+    def output(self, name: str, nbytes: int) -> np.ndarray:
+        raise TypeError(f"output {name!r}: a slot by value holds no tensor")
+
+    def close(self) -> None:
+        """Nothing to free."""
+
+
+class InlineMemory(SlotMemory):
+    """The slots of a pool whose tensors go by value, in the requests: locks in a region of
+    the header alone, which Triton never maps (nothing is registered in it)."""
+
+    kind = INLINE
+
+    def views(self, spec: ModelSpec) -> list[SlotIO]:
+        return [_NoViews()] * self.slot_count
+
+    def offset(self, slot: int) -> int:
+        return 0
+
+    def register(self, stub: Any, key: str, slot: int, metadata: Metadata) -> None:
+        """Nothing to register: Triton gets the tensors in the request."""
+
+    def unregister(self, stub: Any, key: str, metadata: Metadata) -> None:
+        """Nothing registered."""
+
+    def back(self, slot: int) -> None:
+        """No pages: a slot by value is a lock."""
+
+    def unback(self, slot: int) -> None:
+        """No pages."""
+
+
 def open_memory(region: SharedMemoryRegion, layout: SlotLayout, slot_count: int) -> SlotMemory:
     """The memory of a region another process owns, of the kind its header says."""
-    if RegionHeader(region.buffer, slot_count).memory == CUDA:
+    kind = RegionHeader(region.buffer, slot_count).memory
+    if kind == CUDA:
         return CudaMemory.attach(region, layout, slot_count)
+    if kind == INLINE:
+        return InlineMemory(region, layout, slot_count)
     return SlotMemory(region, layout, slot_count)
 
 

@@ -35,12 +35,22 @@ class OutputAssembler:
         spec: The model.
         total: Samples in the whole call.
         names: The outputs asked for, in the model's order (``None``: all of them).
+        by_value: Whether Triton answers every output in its response (a pool by value),
+            not in the slot.
     """
 
-    def __init__(self, spec: ModelSpec, total: int, names: tuple[str, ...] | None = None) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        total: int,
+        names: tuple[str, ...] | None = None,
+        *,
+        by_value: bool = False,
+    ) -> None:
         self._spec = spec
         self._total = total
         self._names = names
+        self._by_value = by_value
         self._arrays: dict[str, np.ndarray] = {}
 
     def add(
@@ -66,7 +76,11 @@ class OutputAssembler:
         for name, _, shape, contents in answered:
             strings = name in self._spec.bytes_outputs
             if strings:
-                values, used = read_bytes(self._spec, slot, name, shape, contents)
+                values, used = read_bytes(
+                    self._spec, slot, name, shape, contents, by_value=self._by_value
+                )
+            elif self._by_value:
+                values, used = self._answered_numbers(name, shape, contents)
             else:
                 values, used = self._read_numbers(name, slot, shape)
             copied += used
@@ -81,6 +95,20 @@ class OutputAssembler:
         count = check_room(self._spec, name, space, shape)
         view = slot.output(name, count * space.itemsize)[:count].reshape(shape)
         return view, view.nbytes
+
+    def _answered_numbers(
+        self, name: str, shape: tuple[int, ...], contents: bytes
+    ) -> tuple[np.ndarray, int]:
+        """An output Triton answered in its response, as a read-only view of it."""
+        dtype = self._spec.outputs_by_name[name].dtype
+        count = math.prod(shape)
+        if len(contents) != count * dtype.itemsize:
+            raise TritonServerError(
+                f"model {self._spec.name!r}: output {name!r} of shape {shape} came back as "
+                f"{len(contents)} bytes, not the {count * dtype.itemsize} of {count} {dtype}",
+                model=self._spec.name,
+            )
+        return np.frombuffer(contents, dtype, count).reshape(shape), len(contents)
 
     def _place(self, name: str, values: np.ndarray, start: int, *, fresh: bool) -> None:
         """Puts one chunk's ``values`` at ``start`` in the caller's array (copied out of the
@@ -127,16 +155,22 @@ def check_room(spec: ModelSpec, name: str, space: np.ndarray, shape: tuple[int, 
 
 
 def read_bytes(
-    spec: ModelSpec, slot: SlotIO, name: str, shape: tuple[int, ...], contents: bytes
+    spec: ModelSpec,
+    slot: SlotIO,
+    name: str,
+    shape: tuple[int, ...],
+    contents: bytes,
+    *,
+    by_value: bool = False,
 ) -> tuple[np.ndarray, int]:
     """A BYTES output as a new object array of ``shape``, and the serialized bytes it took:
-    from Triton's response (``contents``) for one of the model's ``inline_outputs``, else
-    from its place in ``slot``.
+    from Triton's response (``contents``) for one of the model's ``inline_outputs`` or a pool
+    ``by_value``, else from its place in ``slot``.
 
     Raises:
         TritonServerError: the elements run past the place the slot has for them.
     """
-    inline = name in spec.inline_outputs
+    inline = by_value or name in spec.inline_outputs
     space = np.frombuffer(contents, np.uint8) if inline else slot.outputs[name]
     decoded = decode(space, math.prod(shape))
     if decoded is None:

@@ -53,6 +53,9 @@ class PoolStats:
         protocol: What carries the requests that point Triton at a slot: ``"http"``
             (Triton's HTTP endpoint, proven the same Triton) or ``"grpc"``.
         protocol_reason: Why (``"http_url=None"``, ``"no Triton HTTP endpoint at ..."``...).
+        transport: How the tensors reach Triton: ``"shm"`` (shared memory Triton maps) or
+            ``"inline"`` (by value, in the requests).
+        transport_reason: Why: what proved it, or that it was asked for.
     """
 
     size: int
@@ -65,6 +68,8 @@ class PoolStats:
     shm_bytes: int = 0
     protocol: str = "grpc"
     protocol_reason: str = ""
+    transport: str = "shm"
+    transport_reason: str = ""
 
 
 class SlotSource(Protocol):

@@ -16,16 +16,15 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
 import grpc
 from tritonclient.utils import InferenceServerException
 
-from . import _cuda, _gpu_choice
+from . import _cuda
 from ._changes import Registration
 from ._channel import Channel
-from ._engine import ModelPool, SuspectedChange
+from ._engine import ModelPool, PoolRetired, SuspectedChange
 from ._exceptions import (
     ClientClosedError,
     ModelNotRegisteredError,
@@ -36,10 +35,11 @@ from ._follow import Follower
 from ._header import RegionHeader
 from ._memory import (
     CUDA,
+    INLINE,
     SYSTEM,
     CudaMemory,
+    InlineMemory,
     SlotMemory,
-    check_memory_options,
     check_numeric,
     open_memory,
     region_bytes,
@@ -49,23 +49,31 @@ from ._options import RequestOptions
 from ._pool import PoolStats, SlotPool, SlotSource
 from ._reaper import watch
 from ._reconnect import Reconnect
+from ._reroute import Rerouter
+from ._route import (
+    SHM,
+    Transport,
+    Unmappable,
+    attempts,
+    probe,
+    refusal_reason,
+    unreachable_error,
+)
 from ._scaling import Scaler, default_shm_budget
 from ._settle import Settler, unregister_slots
 from ._shared_slots import SharedSlots
 from ._shm import SharedMemoryRegion, ensure_room, mib, new_region_name, slot_key
-from ._sizing import SlotAutoscaling, pool_sizing
+from ._sizing import SlotAutoscaling
 from ._snapshot import PoolSnapshot
-from ._specs import ModelSpec, SlotLayout, SpecLike
-from ._triton_errors import status_and_message, translate_error
+from ._specs import ModelSpec, SlotLayout
+from ._triton_errors import is_unopenable, status_and_message, translate_error
 
-__all__ = ["Registry", "SlotMaker", "plan_registration"]
+__all__ = ["Registry", "SlotMaker"]
 
 logger = logging.getLogger(__name__)
 
 #: How long closing waits for in-flight requests before unmapping their memory anyway.
 CLOSE_WAIT_S = 30.0
-#: The size of a pool in GPU memory when none is given (GPU pools do not follow their load).
-_GPU_POOL_SIZE = 4
 
 #: Makes a new pool's slots: ``(region name, header, model, size now, capacity)``.
 SlotMaker = Callable[[str, RegionHeader, str, int, int], SlotSource]
@@ -75,57 +83,6 @@ def _own_slots(
     region: str, header: RegionHeader, model: str, size: int, capacity: int
 ) -> SlotSource:
     return SlotPool(size, name=model, capacity=capacity)
-
-
-def plan_registration(
-    model_name: str,
-    *,
-    inputs: Sequence[SpecLike] | None,
-    outputs: Sequence[SpecLike] | None,
-    max_batch_size: int | None,
-    pool_size: int | None,
-    autoscaling: SlotAutoscaling | Mapping[str, Any] | None,
-    model_version: str,
-    max_shapes: Mapping[str, Sequence[int]] | None,
-    max_element_bytes: Mapping[str, int] | None,
-    memory: str,
-    device: int | str | None,
-    triton_device_id: int | None,
-) -> tuple[Registration, int | SlotAutoscaling]:
-    """What ``register_shm_model``'s arguments ask for: the registration and the pool's size,
-    checked (a GPU given by its UUID: the same in every process and every layout).
-
-    Raises:
-        ModelSpecError: options that do not go together.
-        CudaError: ``memory="cuda"`` and the GPU cannot be found.
-    """
-    check_memory_options(model_name, memory, device, triton_device_id)
-    if memory == CUDA and pool_size is None:
-        if autoscaling is not None:
-            raise ModelSpecError(
-                f"model {model_name!r}: a pool in GPU memory has a fixed size: pass "
-                "pool_size, not autoscaling",
-                model=model_name,
-            )
-        pool_size = _GPU_POOL_SIZE
-    sizing = pool_sizing(model_name, pool_size, autoscaling)
-    gpu = None
-    if memory == CUDA:
-        gpu = _cuda.find_device(device)
-        if triton_device_id is None:
-            triton_device_id = _gpu_choice.triton_device_id(gpu)
-    registration = Registration.of(
-        inputs=inputs,
-        outputs=outputs,
-        max_batch_size=max_batch_size,
-        model_version=model_version,
-        max_shapes=max_shapes,
-        max_element_bytes=max_element_bytes,
-        memory=memory,
-        device=None if gpu is None else gpu.uuid,
-        triton_device_id=triton_device_id,
-    )
-    return registration, sizing
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,6 +178,9 @@ class Registry:
             config_check_interval_s=config_check_interval_s,
             closed=lambda: self.closed,
         )
+        self._rerouter = Rerouter(
+            triton, self._replace, self.register_slots, interval_s=config_check_interval_s
+        )
         # Captures the pools and their keepers, never self: the registry can still be collected.
         self._finalizer = weakref.finalize(self, _release_pools, self._pools, self._keepers)
 
@@ -263,9 +223,9 @@ class Registry:
             limited_by=now.limited_by,
             shm_bytes=now.shm_bytes if pool.owned else 0,
             protocol="http" if self._triton.http is not None and pool.requests.path else "grpc",
-            protocol_reason=self._triton.protocol_reason
-            if pool.requests.path
-            else f"model name {model_name!r} cannot be in an HTTP path",
+            protocol_reason=_protocol_reason(pool, self._triton.protocol_reason),
+            transport=pool.transport.kind,
+            transport_reason=pool.transport.reason,
         )
 
     def check_open(self) -> None:
@@ -299,7 +259,8 @@ class Registry:
             same_memory = existing.registration is None or (
                 existing.registration.memory,
                 existing.registration.device,
-            ) == (registration.memory, registration.device)
+                existing.registration.transport,
+            ) == (registration.memory, registration.device, registration.transport)
             if existing.spec == spec and existing.sizing == sizing and same_memory:
                 return spec
             # The same request of a pool that follows the model: the model changed meanwhile.
@@ -308,7 +269,8 @@ class Registry:
                 raise ModelSpecError(
                     f"model {model_name!r} is already registered with other specs "
                     f"({_sizing_text(existing.sizing)}, memory {existing.memory.kind!r}, "
-                    f"{existing.spec}); pass replace=True, "
+                    f"transport {existing.transport.asked!r}, {existing.spec}); pass "
+                    "replace=True, "
                     "or call unregister_shm_model first",
                     model=model_name,
                 )
@@ -333,6 +295,7 @@ class Registry:
         slot_count: int,
         reregister: Callable[[], None],
         generation: int = 0,
+        transport: Transport | None = None,
     ) -> bool:
         """Internal API for the Ray layer: uses a region somebody else owns and registered
         (the node actor), on its slots shared by every process of the machine (see
@@ -345,6 +308,9 @@ class Registry:
             reregister: Asks the owner to register the region in Triton again (after a
                 restart of Triton).
             generation: The layout's generation (grows with each new layout of the model).
+            transport: How the owner's pool reaches Triton, and why; one by value uses the
+                region's slots as locks alone (a caller by value of a pool in shared memory
+                too).
 
         Returns:
             ``False`` when this process cannot map the region (another ``/dev/shm``).
@@ -358,8 +324,12 @@ class Registry:
         except OSError:
             return False
         header = RegionHeader(region.buffer, slot_count)
+        layout = SlotLayout.for_model(spec)
         try:
-            memory = open_memory(region, SlotLayout.for_model(spec), slot_count)
+            if transport is not None and transport.by_value:
+                memory: SlotMemory = InlineMemory(region, layout, slot_count)
+            else:
+                memory = open_memory(region, layout, slot_count)
         except BaseException:
             region.close()
             raise
@@ -370,7 +340,9 @@ class Registry:
             region.close()
             return False
         try:
-            pool = ModelPool.over(spec, memory, slots, header, reregister, generation=generation)
+            pool = ModelPool.over(
+                spec, memory, slots, header, reregister, generation=generation, transport=transport
+            )
             if memory.kind == SYSTEM:
                 self._triton.prove_http(pool.slot_keys[0])
         except BaseException:
@@ -421,10 +393,50 @@ class Registry:
         generation: int = 0,
         initial: int | None = None,
     ) -> ModelPool:
-        """A new pool for ``spec``, registered in Triton; one that follows its load starts
-        with ``initial`` slots (default: its ``min_slots``), its region room for the most."""
+        """A new pool for ``spec``, in the first memory of :func:`._route.attempts` that
+        Triton maps (registered in Triton, proven by a probe request), else by value; one
+        that follows its load starts with ``initial`` slots (default: its ``min_slots``), its
+        region room for the most.
+
+        Raises:
+            SharedMemoryUnreachableError: ``transport="shm"``, and Triton maps no memory of
+                this process.
+        """
+        reasons: list[str] = []
+        for kind in attempts(registration.transport, registration.memory):
+            try:
+                pool = self._create_in(
+                    kind, spec, sizing, registration, generation, initial, reasons
+                )
+            except Unmappable as exc:
+                reasons.append(str(exc))
+                continue
+            if pool.by_value and reasons:
+                logger.info(
+                    "ray-triton-shm: model %r sends its tensors by value: %s",
+                    spec.name,
+                    pool.transport.reason,
+                )
+            return pool
+        raise unreachable_error(spec.name, self._triton.url, reasons)
+
+    def _create_in(
+        self,
+        kind: str,
+        spec: ModelSpec,
+        sizing: int | SlotAutoscaling,
+        registration: Registration,
+        generation: int,
+        initial: int | None,
+        reasons: Sequence[str],
+    ) -> ModelPool:
+        """A new pool in memory of ``kind``, registered in Triton and proven mapped there
+        (one by value: registered nowhere, after ``reasons`` the others failed).
+
+        Raises:
+            Unmappable: Triton cannot map this memory (nothing was left behind).
+        """
         layout = SlotLayout.for_model(spec)
-        kind = registration.memory
         if kind == CUDA:
             check_numeric(spec)
         if isinstance(sizing, SlotAutoscaling):
@@ -434,15 +446,16 @@ class Registry:
             capacity = count = sizing
         size = region_bytes(kind, layout, capacity)
         backed = region_bytes(kind, layout, count)
-        where = "" if kind == SYSTEM else " (their table; the slots are on the GPU)"
-        ensure_room(
-            backed,
-            what=f"model {spec.name!r}: a pool of {count} slot(s) of {mib(layout.slot_bytes)}"
-            + where,
-            model=spec.name,
-            fix="register the model with a smaller pool_size, min_slots or max_batch_size",
-        )
-        if self._crash_cleanup:
+        if kind != INLINE:
+            where = "" if kind == SYSTEM else " (their table; the slots are on the GPU)"
+            ensure_room(
+                backed,
+                what=f"model {spec.name!r}: a pool of {count} slot(s) of "
+                f"{mib(layout.slot_bytes)}" + where,
+                model=spec.name,
+                fix="register the model with a smaller pool_size, min_slots or max_batch_size",
+            )
+        if self._crash_cleanup and kind != INLINE:
             watch(self._triton.url)
         region = SharedMemoryRegion.create(
             new_region_name(spec.name),
@@ -451,7 +464,7 @@ class Registry:
             backed=backed,
         )
         try:
-            memory = _slot_memory(region, layout, capacity, registration, spec.name)
+            memory = _slot_memory(kind, region, layout, capacity, registration, spec.name)
         except BaseException:
             region.unlink()
             region.close()
@@ -459,11 +472,27 @@ class Registry:
         keys = [slot_key(region.name, slot) for slot in range(capacity)]
         registered = False
         try:
-            self.register_slots(memory, keys, model=spec.name)
-            registered = True
-            if kind == SYSTEM:
-                self._triton.prove_http(keys[0])
+            if kind == INLINE:
+                asked = registration.transport
+                why = "; ".join(reasons) or f"transport={asked!r} was asked for"
+            else:
+                self.register_slots(memory, keys, model=spec.name)
+                registered = True
+                if kind == SYSTEM:
+                    why = probe(
+                        self._triton.stub,
+                        self._triton.metadata(),
+                        memory,
+                        spec,
+                        keys[0],
+                        self._triton.url,
+                    )
+                    self._triton.prove_http(keys[0])
+                else:
+                    why = f"Triton at {self._triton.url} opened the GPU memory of every slot"
             header = RegionHeader(region.buffer, capacity)
+            if kind == INLINE:
+                header.set_memory(INLINE)
             header.set_size(count)
             header.set_bounds(count if isinstance(sizing, int) else sizing.min_slots)
             slots = self._make_slots(region.name, header, spec.name, count, capacity)
@@ -475,12 +504,14 @@ class Registry:
                 registration=registration,
                 generation=generation,
                 sizing=sizing,
+                transport=Transport(INLINE if kind == INLINE else SHM, why, registration.transport),
             )
             pool.following.next_check = time.monotonic() + (self._config_check_interval_s or 0)
+            pool.following.probed_at = time.monotonic()
         except BaseException as exc:
             # Registered, or interrupted (Ctrl-C) while Triton may have been registering it.
             held: list[int] = []
-            if registered or not isinstance(exc, Exception):
+            if kind != INLINE and (registered or not isinstance(exc, Exception)):
                 held = unregister_slots(
                     self._triton.stub, memory, keys, self._triton.keys.metadata()
                 )
@@ -507,6 +538,7 @@ class Registry:
         for the Ray node actor too, after Triton forgot a region (it restarted).
 
         Raises:
+            Unmappable: Triton cannot map the memory (it runs elsewhere now).
             TritonServerError: Triton refused.
             ServerUnreachableError: Triton stayed unreachable.
         """
@@ -524,25 +556,51 @@ class Registry:
                         )
                     )
                 except grpc.RpcError as exc:
-                    if status_and_message(exc)[0] != str(grpc.StatusCode.ALREADY_EXISTS):
-                        error = translate_error(
-                            exc, model=model, action="registering shared memory"
-                        )
-                        raise memory.explain(error) from exc
+                    if status_and_message(exc)[0] == str(grpc.StatusCode.ALREADY_EXISTS):
+                        continue
+                    if memory.kind == SYSTEM and is_unopenable(exc):
+                        raise Unmappable(refusal_reason(triton.url, key, exc)) from exc
+                    error = translate_error(exc, model=model, action="registering shared memory")
+                    explained = memory.explain(error)
+                    if explained is not error:  # GPU memory Triton cannot open
+                        raise Unmappable(str(explained)) from exc
+                    raise explained from exc
 
         triton.rotating(register)
 
     def reregister(self, pool: ModelPool, epoch: int, reconnect: Reconnect) -> None:
         """Registers the pool's region again after Triton forgot it (e.g. it restarted), once
-        per ``epoch`` of the pool's registrations."""
+        per ``epoch`` of the pool's registrations.
+
+        Raises:
+            PoolRetired: the restarted Triton cannot map the region: the model was laid out
+                anew (by value), where the call goes on.
+            SharedMemoryUnreachableError: the same, with ``transport="shm"``.
+        """
         with pool.lock:
             if pool.epoch != epoch:
                 return  # another request already did it
-            if pool.reregister is not None:
-                pool.reregister()
-            else:
-                self.register_slots(pool.memory, pool.slot_keys, reconnect, model=pool.spec.name)
-            pool.epoch += 1
+            try:
+                if pool.reregister is not None:
+                    pool.reregister()
+                else:
+                    self.register_slots(
+                        pool.memory, pool.slot_keys, reconnect, model=pool.spec.name
+                    )
+                pool.epoch += 1
+                return
+            except Unmappable as exc:
+                unmappable = exc
+        self._rerouter.moved_away(pool, unmappable)
+        raise PoolRetired(pool)
+
+    def register_again(self, pool: ModelPool) -> ModelPool:
+        """:meth:`Rerouter.register_again`; internal API for the Ray node actor."""
+        return self._rerouter.register_again(pool)
+
+    def reprobe(self, pool: ModelPool, *, since: float) -> ModelPool | None:
+        """:meth:`Rerouter.reprobe`; internal API for the Ray node actor."""
+        return self._rerouter.reprobe(pool, since=since)
 
     # ------------------------------------------------------------------ model changes
 
@@ -552,6 +610,7 @@ class Registry:
         spec: ModelSpec,
         sizing: int | SlotAutoscaling,
         registration: Registration,
+        cause: str = "for its config on Triton",
     ) -> ModelPool:
         """Lays a model's pool out anew; the old one is retired: a caller that takes one of
         its slots moves to the new pool, and once Triton is done with every request on it,
@@ -569,9 +628,12 @@ class Registry:
             old.following.successor = new
             old.header.retire()
         logger.info(
-            "ray-triton-shm: model %r laid out anew for its config on Triton (generation %d)",
+            "ray-triton-shm: model %r laid out anew %s (generation %d, transport %s: %s)",
             spec.name,
+            cause,
             new.generation,
+            new.transport.kind,
+            new.transport.reason,
         )
         retiring = self._keepers.retiring
         retiring[:] = [thread for thread in retiring if thread.is_alive()]
@@ -628,21 +690,24 @@ class Registry:
         return self.follow(pool, since=since)
 
     def maybe_check(self, pool: ModelPool) -> None:
-        """:meth:`Follower.maybe_check`."""
+        """:meth:`Follower.maybe_check` and :meth:`Rerouter.maybe_reprobe`."""
         self._follower.maybe_check(pool)
+        self._rerouter.maybe_reprobe(pool)
 
 
 def _slot_memory(
+    kind: str,
     region: SharedMemoryRegion,
     layout: SlotLayout,
     pool_size: int,
     registration: Registration,
     model: str,
 ) -> SlotMemory:
-    """The memory of a new region's slots, as ``registration`` asks (GPU memory is allocated
-    here)."""
-    if registration.memory == SYSTEM:
+    """The memory of a new region's slots, of ``kind`` (GPU memory is allocated here)."""
+    if kind == SYSTEM:
         return SlotMemory(region, layout, pool_size)
+    if kind == INLINE:
+        return InlineMemory(region, layout, pool_size)
     assert registration.triton_device_id is not None
     device = _cuda.find_device(registration.device)
     return CudaMemory.create(
@@ -654,3 +719,11 @@ def _sizing_text(sizing: int | SlotAutoscaling | None) -> str:
     if isinstance(sizing, SlotAutoscaling):
         return f"autoscaling {sizing.min_slots} to {sizing.max_slots} slots"
     return f"pool_size {sizing}"
+
+
+def _protocol_reason(pool: ModelPool, reason: str) -> str:
+    if pool.by_value:
+        return "requests by value go over gRPC"
+    if not pool.requests.path:
+        return f"model name {pool.spec.name!r} cannot be in an HTTP path"
+    return reason

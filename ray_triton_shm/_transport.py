@@ -1,8 +1,12 @@
-"""The small request that points Triton at a slot, and the bridge from gRPC futures to asyncio.
+"""The request of a slot, and the bridge from gRPC futures to asyncio.
 
-Builds the ``ModelInferRequest`` of each slot (one prebuilt message per slot, only shapes and
-sizes change per call) and its JSON for Triton's HTTP endpoint (written again only when they
-change). What Triton's errors say is :mod:`._triton_errors`'.
+:class:`SlotRequests` builds the small request that points Triton at a slot in shared memory
+(one prebuilt ``ModelInferRequest`` per slot, only shapes and sizes change per call) and its
+JSON for Triton's HTTP endpoint (written again only when they change). :class:`ValueRequests`
+builds the request of a pool by value, for a Triton that cannot map this process's memory: the
+tensors travel in it, as plain gRPC sends them, but written once, straight from the caller's
+arrays into the message's bytes (a plain client copies them three times: into a ``bytes``, into
+the message, and into its serialization). What Triton's errors say is :mod:`._triton_errors`'.
 """
 
 from __future__ import annotations
@@ -15,9 +19,15 @@ import grpc
 from tritonclient.grpc import service_pb2
 
 from ._http import http_body, http_path
+from ._inputs import Batch
+from ._memory import SlotIO
+from ._options import RequestOptions
 from ._specs import ModelSpec, SlotLayout
 
-__all__ = ["SlotRequests", "as_asyncio_future"]
+__all__ = ["SlotRequests", "ValueRequests", "as_asyncio_future"]
+
+#: The tag of ``ModelInferRequest.raw_input_contents`` (field 7, length-delimited).
+_RAW_INPUT_TAG = b"\x3a"
 
 
 class SlotRequests:
@@ -74,6 +84,23 @@ class SlotRequests:
             ]
         return request
 
+    def write(
+        self,
+        slot: int,
+        views: SlotIO,
+        batch: Batch,
+        start: int,
+        stop: int,
+        request_id: str,
+        options: RequestOptions | None,
+    ) -> tuple[service_pb2.ModelInferRequest, list[int]]:
+        """Writes rows ``start:stop`` of ``batch`` into the slot's ``views``; returns the
+        slot's request for them (a copy with ``options``) and the bytes of each input."""
+        written = batch.write_chunk(views, start, stop)
+        rows = stop - start if batch.batched else None
+        request = self.prepare(slot, rows, batch.sample_shapes, written, request_id)
+        return (request if options is None else options.apply(request)), written
+
     def prepare(
         self,
         slot: int,
@@ -124,6 +151,96 @@ class SlotRequests:
         if body is None:
             body = self._bodies[slot] = http_body(request)
         return body
+
+
+class ValueRequests:
+    """The requests of a pool by value: each one's tensors in its own bytes, serialized here.
+
+    Per slot, the request without its tensors (model, shapes, id) is serialized once per
+    shape; a call appends its inputs' bytes as ``raw_input_contents`` fields (protobuf merges
+    repeated fields written one after another), and Triton answers its outputs in the
+    response. Sent as bytes (see :attr:`._channel.Channel.infer_bytes`).
+
+    Args:
+        spec: The model.
+        slot_count: Slots of the pool.
+    """
+
+    #: Requests by value go over gRPC.
+    path = b""
+
+    def __init__(self, spec: ModelSpec, slot_count: int) -> None:
+        self._spec = spec
+        self._requests = [self._build(spec) for _ in range(slot_count)]
+        self._shapes: list[list[tuple[int, ...] | None]] = [
+            [None] * len(spec.inputs) for _ in range(slot_count)
+        ]
+        #: Each slot's request without its tensors, serialized, while it is as last sent.
+        self._heads: list[bytes | None] = [None] * slot_count
+
+    @staticmethod
+    def _build(spec: ModelSpec) -> service_pb2.ModelInferRequest:
+        request = service_pb2.ModelInferRequest(model_name=spec.name, model_version=spec.version)
+        for tensor in spec.inputs:
+            request.inputs.add(name=tensor.name, datatype=tensor.datatype)
+        for tensor in spec.outputs:
+            request.outputs.add(name=tensor.name)
+        return request
+
+    def write(
+        self,
+        slot: int,
+        views: SlotIO,
+        batch: Batch,
+        start: int,
+        stop: int,
+        request_id: str,
+        options: RequestOptions | None,
+    ) -> tuple[bytes, list[int]]:
+        """The serialized request of rows ``start:stop`` of ``batch`` on ``slot`` (``views``
+        holds nothing by value), and the bytes of each input."""
+        request = self._requests[slot]
+        head = self._heads[slot]
+        if request.id != request_id:
+            request.id = request_id
+            head = None
+        last = self._shapes[slot]
+        for index, tensor in enumerate(self._spec.inputs):
+            sample_shape = batch.sample_shapes[tensor.name]
+            shape = (stop - start, *sample_shape) if batch.batched else sample_shape
+            if last[index] != shape:
+                last[index] = shape
+                entry = request.inputs[index]
+                del entry.shape[:]
+                entry.shape.extend(shape)
+                head = None
+        if options is not None:
+            head = options.apply(request).SerializeToString()
+        elif head is None:
+            head = self._heads[slot] = request.SerializeToString()
+        values = batch.chunk_values(start, stop)
+        parts: list[Any] = [head]
+        written = []
+        for value in values:
+            size = len(value)
+            written.append(size)
+            parts.append(_RAW_INPUT_TAG)
+            parts.append(_varint(size))
+            parts.append(value)
+        return b"".join(parts), written
+
+    def body(self, slot: int, request: Any) -> bytes | None:
+        """Requests by value go over gRPC."""
+        return None
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
 
 
 def _point_at(parameters: Any, region_name: str, offset: int) -> None:
