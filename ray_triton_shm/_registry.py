@@ -357,6 +357,22 @@ class Registry:
             _release_pool(stale, self._keepers, CLOSE_WAIT_S)
         return True
 
+    def own_by_value(self, spec: ModelSpec, slot_count: int, reason: str) -> None:
+        """Internal API for the Ray layer: a pool of ``slot_count`` slots by value, of a
+        process that cannot map its node actor's region of the model (``reason``)."""
+        registration = Registration(
+            inputs=spec.inputs,
+            outputs=spec.outputs,
+            max_batch_size=spec.max_batch_size,
+            model_version=spec.version,
+            transport=INLINE,
+        )
+        pool = self._create_in(INLINE, spec, slot_count, registration, 0, None, [reason])
+        with self._lock:
+            stale, self._pools[spec.name] = self._pools.get(spec.name), pool
+        if stale is not None:
+            _release_pool(stale, self._keepers, CLOSE_WAIT_S)
+
     def share_slots(self, *, max_waiting: int) -> None:
         """Internal API for the Ray node actor: the pools made from now on hand their slots
         out through their region, to every process of the machine (:class:`SharedSlots`),

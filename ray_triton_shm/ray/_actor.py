@@ -34,9 +34,8 @@ import logging
 import os
 import threading
 import time
-import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
@@ -51,11 +50,12 @@ from .._exceptions import ModelSpecError, RegionReplacedError, TritonServerError
 from .._keys import Keys
 from .._options import RequestOptions
 from .._reclaim import reclaim_regions, registrations
+from .._route import check_transport
 from .._scaling import default_shm_budget
 from .._shm import DEAD, list_local_regions, object_store_in_dev_shm, shm_space
 from .._sizing import SlotAutoscaling, default_autoscaling
 from .._snapshot import PoolSnapshot
-from .._specs import ModelSpec
+from ._config import ModelRegistration, NodeActorConfig, NodeStats
 from ._metrics import NodeMetrics
 
 __all__ = [
@@ -91,159 +91,6 @@ NODE_ACTOR_ENV_VARS: Mapping[str, str] = {NOSET_VISIBLE_DEVICES_ENV_VAR: "1"}
 def actor_name(node_id: str) -> str:
     """The name of the node actor of ``node_id``."""
     return f"triton-shm-{node_id}"
-
-
-@dataclass(frozen=True)
-class NodeActorConfig:
-    """Configuration of a node actor; the only thing shipped to it.
-
-    Attributes:
-        url: Triton's gRPC address; ``None`` reads ``$RAY_TRITON_SHM_URL`` on the actor's node,
-            then falls back to ``localhost:8001``.
-        slots: The most slots one model may have on the node: its most requests in flight
-            there, by-value calls included (a fixed ``pool_size`` and a pool's ``max_slots``
-            are at most this).
-        max_waiting: Callers that may wait for a slot of one model on the node; past it,
-            :class:`OverloadedError`.
-        metrics_interval_s: How often the actor updates the Ray metrics. (Callers that died
-            holding a slot or waiting for one are looked for every 0.25 s, and their slots
-            come back within 50 ms of Triton being done with their requests.)
-        reconnect_timeout_s: How long the actor's registrations wait for Triton while it is
-            unreachable (restarting); by-value calls wait as long as their caller says.
-        headers: gRPC headers of every call the actor makes: Triton's access keys for the
-            control plane (shared memory, and model configuration if restricted), over those
-            of the node: its key files (``RAY_TRITON_SHM_KEYS_DIR``, a mounted Secret, read
-            again when they change) and its ``RAY_TRITON_SHM_HEADER_*`` variables. Never
-            shown; but these travel with the config, so prefer the node's key files.
-        client_options: Keyword arguments of the actor's :class:`TritonSHMClient` (TLS:
-            ``ssl=True``, ``root_certificates=``, ``private_key=``, ``certificate_chain=``).
-        config_check_interval_s: How often the actor compares the config of each model whose
-            pool follows it with the pool, to pick up changes no request runs into (a larger
-            ``max_batch_size``, an output added); ``None``: only when a request runs into
-            one.
-        autoscaling: How the pools of models registered without ``pool_size`` or
-            ``autoscaling`` of their own follow their load (``None``: 2 slots up to
-            ``slots``).
-        shm_budget_bytes: The most bytes of the node's ``/dev/shm`` the actor's pools may hold
-            (``None``: 90% of it, less Ray's object store where it lives there).
-        sweep_interval_s: Deprecated: the earlier name of ``metrics_interval_s``; given, it
-            sets it, with a :class:`DeprecationWarning`.
-    """
-
-    url: str | None = None
-    slots: int = 64
-    max_waiting: int = 64
-    metrics_interval_s: float = 1.0
-    reconnect_timeout_s: float = DEFAULT_RECONNECT_TIMEOUT_S
-    headers: Mapping[str, str] | None = field(default=None, repr=False)
-    client_options: Mapping[str, Any] | None = field(default=None, repr=False)
-    config_check_interval_s: float | None = 5.0
-    autoscaling: SlotAutoscaling | None = None
-    shm_budget_bytes: int | None = None
-    sweep_interval_s: float | None = field(default=None, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        if self.sweep_interval_s is not None:
-            warnings.warn(
-                "NodeActorConfig(sweep_interval_s=) is deprecated: it is metrics_interval_s "
-                "(how often the actor updates the Ray metrics)",
-                DeprecationWarning,
-                stacklevel=3,
-            )
-            object.__setattr__(self, "metrics_interval_s", self.sweep_interval_s)
-
-
-@dataclass(frozen=True)
-class ModelRegistration:
-    """What a process needs to use a model's slots directly.
-
-    Attributes:
-        spec: The model's spec.
-        region_name: The region holding the slots.
-        slot_count: Slots the region has room for (the pool's size now is in its header).
-        node_id: The node the region lives on.
-        url: The Triton the region is registered with.
-        incarnation: Changes when the actor restarts (and its regions with it).
-        generation: Grows each time the model's pool is laid out anew (the model changed on
-            Triton, or it was registered again with other specs).
-    """
-
-    spec: ModelSpec
-    region_name: str
-    slot_count: int
-    node_id: str
-    url: str
-    incarnation: str
-    generation: int = 0
-
-
-@dataclass(frozen=True)
-class NodeStats:
-    """A snapshot of a node actor.
-
-    Attributes:
-        node_id: The actor's node.
-        url: The Triton it talks to.
-        pid: The actor's process id.
-        incarnation: Changes on every restart.
-        shm_free: Bytes free in the node's ``/dev/shm`` (Ray's object store lives there too).
-        shm_capacity: Size of the node's ``/dev/shm``.
-        shm_budget: Bytes of ``/dev/shm`` the actor's pools may hold (``0``: no budget).
-        triton_up: Whether Triton answered the actor's last liveness check (every
-            ``metrics_interval_s``).
-        triton_restarts: How often Triton restarted: the actor saw it answer again after it
-            was down, or found that it had lost every registration of the node's regions
-            (which it then registers again), however short the restart.
-        models: Per model, over every process of the node: ``slots`` (the pool's size now),
-            ``min_slots`` and ``max_slots`` (its bounds: both its size if fixed),
-            ``limited_by`` (why it did not grow although callers waited lately, ``""`` for
-            nothing: ``"upscale_delay_s"`` (their waits ended before that delay did),
-            ``"max_slots"``, ``"shm_budget"`` or ``"shm_full"``), ``grows`` and ``shrinks``
-            (how often it resized), ``in_use`` (slots held
-            now), ``waiting`` (callers queued for a slot), ``abandoned`` (slots out of use
-            now until Triton is done with a request whose caller gave up or died),
-            ``overloads`` (callers refused past ``max_waiting``), ``shm_bytes`` (what its
-            region holds of ``/dev/shm`` now), ``shm_max_bytes`` (what it would hold at
-            ``max_slots``), ``by_value`` (calls the actor served by value),
-            ``wait_p99_us`` (the 99th percentile of every request's wait for a slot, zero for
-            those that found one free), ``settle_p99_us`` (the 99th percentile of how long
-            abandoned slots waited for Triton), ``latency_p99_us`` (the 99th percentile of the
-            requests' latency, from the caller's first wait to its answer), ``failures``
-            (failed calls by kind: ``overloaded``, ``deadline``, ``access_denied``, ``tls``,
-            ``unavailable``, ``model_changed``, ``bad_input``, ``other``), ``generation``
-            (new layouts since the model was registered: it changed on Triton), and the
-            counters ``requests``, ``samples``, ``bytes_in``, ``bytes_out``, ``errors``
-            (failed requests to Triton), ``waits`` (requests that queued for a slot),
-            ``wait_ns`` (their total wait), ``abandoned_requests`` (requests given up while
-            Triton ran them), ``settle_ns`` (how long their slots waited for Triton, in all)
-            and ``latency_ns`` (the answered requests' latency, in all).
-    """
-
-    node_id: str
-    url: str
-    pid: int
-    incarnation: str
-    models: dict[str, dict[str, Any]] = field(default_factory=dict)
-    shm_free: int = 0
-    shm_capacity: int = 0
-    shm_budget: int = 0
-    triton_up: bool = True
-    triton_restarts: int = 0
-
-    @property
-    def slots_total(self) -> int:
-        """Slots over every model."""
-        return sum(m["slots"] for m in self.models.values())
-
-    @property
-    def slots_in_use(self) -> int:
-        """Slots in use over every model."""
-        return sum(m["in_use"] for m in self.models.values())
-
-    @property
-    def shm_bytes(self) -> int:
-        """Shared memory held over every model."""
-        return sum(m["shm_bytes"] for m in self.models.values())
 
 
 class TritonNodeActor:
@@ -352,6 +199,7 @@ class TritonNodeActor:
             memory=memory,
             device=device,
             triton_device_id=triton_device_id,
+            transport=self._config.transport,
         )
         del spec  # the pool's own spec: another caller may have laid it out anew meanwhile
         return self._registration(self._pools.get(model_name))
@@ -398,7 +246,8 @@ class TritonNodeActor:
 
         Raises:
             RegionReplacedError: ``incarnation`` is not this actor's (it restarted), or the
-                model's pool was laid out anew since ``generation``: bind again.
+                model's pool was laid out anew since ``generation`` (or now: Triton moved
+                where it cannot map the region): bind again.
             TritonServerError: Triton refused.
         """
         self._check_incarnation(incarnation)
@@ -411,7 +260,13 @@ class TritonNodeActor:
                 incarnation=incarnation,
             )
         self._note_triton(up=True)  # the node's other regions too, if Triton restarted
-        self._pools.register_slots(pool.memory, pool.slot_keys, model=model_name)
+        if self._pools.register_again(pool) is not pool:
+            raise RegionReplacedError(
+                f"model {model_name!r} was laid out anew: Triton can no longer map the node's "
+                "region (it restarted elsewhere); bind again",
+                model=model_name,
+                incarnation=incarnation,
+            )
 
     @ray.method(concurrency_group="control")
     def stats(self) -> NodeStats:
@@ -439,6 +294,8 @@ class TritonNodeActor:
                 "latency_p99_us": now.latency_p99_us,
                 "failures": now.failures,
                 "generation": now.generation,
+                "transport": pool.transport.kind,
+                "transport_reason": pool.transport.reason,
                 **now.counters,
             }
         free, capacity = shm_space() or (0, 0)
@@ -513,6 +370,8 @@ class TritonNodeActor:
             url=self._url,
             incarnation=self._incarnation,
             generation=pool.generation,
+            transport=pool.transport.kind,
+            transport_reason=pool.transport.reason,
         )
 
     def _check_incarnation(self, incarnation: str) -> None:
@@ -534,6 +393,8 @@ class TritonNodeActor:
                     self._metrics.export(name, PoolSnapshot.of(pool, node_wide=True))
                     if interval is not None and pool.follows:
                         self._pools.follow(pool, since=time.monotonic() - interval)
+                    if interval is not None:
+                        self._pools.reprobe(pool, since=time.monotonic() - interval)
                 except TritonSHMError:
                     continue  # unregistered meanwhile
                 except Exception:  # the next round tries again; never end the thread
@@ -573,7 +434,7 @@ class TritonNodeActor:
     def _register_lost(self) -> bool:
         """Registers the pools Triton has no registration of again; whether it had none of
         any pool (the proof of a restart)."""
-        pools = [pool for _, pool in self._registered_pools()]
+        pools = [pool for _, pool in self._registered_pools() if not pool.by_value]
         if not pools:
             return False
         registered = registrations(self._client).keys()
@@ -583,7 +444,7 @@ class TritonNodeActor:
                 "ray-triton-shm: Triton lost model %r's region; registering it again",
                 pool.spec.name,
             )
-            self._pools.register_slots(pool.memory, pool.slot_keys, model=pool.spec.name)
+            self._pools.register_again(pool)
         return len(lost) == len(pools)
 
     def _registered_pools(self) -> list[tuple[str, ModelPool]]:
@@ -684,6 +545,7 @@ def get_node_actor(
     node_id: str | None = None,
     autoscaling: SlotAutoscaling | Mapping[str, Any] | None = None,
     shm_budget_bytes: int | None = None,
+    transport: str = "auto",
 ) -> ray.actor.ActorHandle:
     """Returns the node actor of this node (or of ``node_id``), creating it when missing.
 
@@ -709,7 +571,13 @@ def get_node_actor(
             fields; ``None``: 2 slots up to ``slots``).
         shm_budget_bytes: The most bytes of the node's ``/dev/shm`` its pools may hold
             (``None``: 90% of it, less Ray's object store where it lives there).
+        transport: How the node's models reach its Triton (see :class:`NodeActorConfig`):
+            ``"auto"``, ``"shm"`` or ``"inline"``.
+
+    Raises:
+        ModelSpecError: an unknown ``transport``.
     """
+    check_transport("the node actor's models", transport)
     node = node_id or ray.get_runtime_context().get_node_id()
     actor = find_node_actor(node)
     if actor is not None:
@@ -723,6 +591,7 @@ def get_node_actor(
         client_options=dict(client_options) if client_options else None,
         autoscaling=None if autoscaling is None else SlotAutoscaling.of(autoscaling),
         shm_budget_bytes=shm_budget_bytes,
+        transport=transport,
     )
     actor_class = ray.remote(  # type: ignore[call-overload]
         # By-value calls wait for a slot in the region, where they are counted (and refused

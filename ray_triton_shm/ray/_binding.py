@@ -1,7 +1,7 @@
 """A :class:`~ray_triton_shm.ray.ShmModel`'s life in one process: its binding to the node
-actor's region of the model (zero-copy, or by value through the actor), the settings of its
-calls, and the node actor as the owner of the model's layouts, which a call asks where to go on
-(see :func:`~ray_triton_shm._moves.follow_model`).
+actor's region of the model (through shared memory, or by value: straight to Triton either
+way), the settings of its calls, and the node actor as the owner of the model's layouts, which
+a call asks where to go on (see :func:`~ray_triton_shm._moves.follow_model`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,11 @@ from .._engine import SuspectedChange
 from .._exceptions import BlockingCallError, ClientClosedError, InvalidInputError
 from .._inputs import InputValue
 from .._keys import Keys
+from .._memory import INLINE
 from .._options import RequestOptions
+from .._pool import PoolStats
+from .._registry import Registry
+from .._route import SHM, Transport, unreachable_error
 from .._specs import ModelSpec
 from ._actor import ModelRegistration
 from ._control import control_call, get
@@ -30,50 +34,81 @@ __all__ = ["ActorLayouts", "Binding", "CallSettings", "InProcess", "refuse_on_ev
 
 
 class Binding:
-    """Per-process state: the actor handle, the registration, and (zero-copy) a client on
-    the model's attached region and its shared slots."""
+    """Per-process state: the actor handle, the registration, and a client on the model's
+    attached region, whose slots it takes (shared with every process of the node) and whose
+    requests go straight to Triton, through the region or by value.
+
+    Args:
+        actor: The node actor.
+        registration: The model's registration with it.
+        transport: This handle's ``transport=``: ``"auto"`` (the node pool's), ``"shm"`` (it
+            must be shared memory) or ``"inline"`` (by value, on the node's slots).
+        reconnect_timeout_s: How long a call waits for an unreachable Triton.
+        keys: The caller's keys.
+        client_options: Keyword arguments of the caller's client.
+
+    Raises:
+        SharedMemoryUnreachableError: ``transport="shm"``, and Triton cannot map the node's
+            region (or this process cannot).
+    """
 
     def __init__(
         self,
         actor: Any,
         registration: ModelRegistration,
         *,
-        zero_copy: bool,
+        transport: str,
         reconnect_timeout_s: float,
-        headers: dict[str, str],
         keys: Keys,
         client_options: Mapping[str, Any],
     ) -> None:
         self.actor = actor
         self.registration = registration
-        self.reconnect_timeout_s = reconnect_timeout_s
-        self.headers = headers
         self.pid = os.getpid()
         self.spec: ModelSpec = registration.spec
-        self.client: TritonSHMClient | None = None
-        if zero_copy:
-            client = TritonSHMClient(
-                url=registration.url,
-                crash_cleanup=False,
-                reconnect_timeout_s=reconnect_timeout_s,
-                headers=keys,
-                **client_options,
-            )
-            try:
-                attached = registry_of(client).attach_region(
-                    self.spec,
-                    registration.region_name,
-                    registration.slot_count,
-                    self._ensure_registered,
-                    registration.generation,
-                )
-            except BaseException:
-                client.close()
-                raise
-            if attached:
-                self.client = client
-            else:  # no shared /dev/shm with the actor: by value
-                client.close()
+        client = TritonSHMClient(
+            url=registration.url,
+            crash_cleanup=False,
+            reconnect_timeout_s=reconnect_timeout_s,
+            headers=keys,
+            **client_options,
+        )
+        try:
+            self._attach(registry_of(client), transport)
+        except BaseException:
+            client.close()
+            raise
+        self.client = client
+
+    def _attach(self, pools: Registry, transport: str) -> None:
+        """Attaches the node's region of the model, as ``transport`` asks; a process that
+        cannot map it (another ``/dev/shm`` than the node actor's) gets a pool by value of its
+        own, as large."""
+        registration, name = self.registration, self.spec.name
+        if transport == SHM and registration.transport == INLINE:
+            reason = registration.transport_reason
+            raise unreachable_error(name, registration.url, [f"the node actor found: {reason}"])
+        chosen = Transport(registration.transport, registration.transport_reason)
+        if transport == INLINE and not chosen.by_value:
+            chosen = Transport(INLINE, "transport='inline' was asked for (this handle)", INLINE)
+        attached = pools.attach_region(
+            self.spec,
+            registration.region_name,
+            registration.slot_count,
+            self._ensure_registered,
+            registration.generation,
+            chosen,
+        )
+        if attached:
+            return
+        reason = (
+            f"this process cannot map the node actor's region /dev/shm/"
+            f"{registration.region_name} (another /dev/shm than the actor's): by value, on "
+            "slots of this process alone"
+        )
+        if transport == SHM:
+            raise unreachable_error(name, registration.url, [reason])
+        pools.own_by_value(self.spec, registration.slot_count, reason)
 
     def _ensure_registered(self) -> None:
         actor, name = self.actor, self.spec.name
@@ -83,34 +118,20 @@ class Binding:
     def infer(
         self, inputs: Mapping[str, InputValue], options: RequestOptions | None, call: CallSettings
     ) -> Any:
-        if self.client is None:
-            return get(self._by_value(inputs, options, call))
         return infer_with(self.client, self.spec.name, inputs, options, **call.keywords)
 
     async def infer_async(
         self, inputs: Mapping[str, InputValue], options: RequestOptions | None, call: CallSettings
     ) -> Any:
-        if self.client is None:
-            return await awaited(self._by_value(inputs, options, call))
         return await infer_with_async(self.client, self.spec.name, inputs, options, **call.keywords)
 
-    def _by_value(
-        self, inputs: Mapping[str, InputValue], options: RequestOptions | None, call: CallSettings
-    ) -> Any:
-        return self.actor.infer.remote(
-            self.spec.name,
-            self.registration.incarnation,
-            inputs,
-            self.reconnect_timeout_s,
-            self.headers or None,
-            call.client_timeout_s,
-            options,
-            call.outputs_as,
-        )
+    @property
+    def stats(self) -> PoolStats:
+        """This process's share of the node's pool of the model, and its transport."""
+        return self.client.shm_stats(self.spec.name)
 
     def close(self) -> None:
-        if self.client is not None:
-            self.client.close()
+        self.client.close()
 
 
 @dataclass(frozen=True)

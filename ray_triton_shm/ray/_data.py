@@ -44,7 +44,9 @@ class ShmPredictor:
             or the names of those to keep (e.g. ``["id"]``). Outputs must not collide with them.
         cast: Convert input columns to the model's dtypes (e.g. float64 -> float32) instead of
             rejecting them.
-        **model_options: Passed to :class:`ShmModel` (``url``, ``max_shapes``, ``zero_copy``,
+        **model_options: Passed to :class:`ShmModel` (``url``, ``max_shapes``, ``transport``
+            (``"auto"``, ``"shm"`` or ``"inline"``: by value, for a Triton that cannot map the
+            node's shared memory; ``"auto"`` finds which),
             ``memory="cuda"`` for slots on the GPU, ``slot_timeout_s``, ``actor_options``,
             and Triton's request options ``priority``,
             ``queue_timeout_s``, ``parameters``...). Only the outputs ``output_columns``
@@ -104,6 +106,11 @@ class ShmPredictor:
     def zero_copy(self) -> bool:
         """Whether this worker writes batches straight into shared memory (else by value)."""
         return self._model.zero_copy
+
+    @property
+    def transport(self) -> str:
+        """How this worker's batches reach Triton: ``"shm"`` or ``"inline"`` (by value)."""
+        return self._model.shm_stats().transport
 
     def __call__(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Runs the model on one batch (``batch_format="numpy"``).

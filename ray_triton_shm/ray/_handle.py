@@ -4,10 +4,11 @@ Pass it to Serve deployments and Ray Data workers. In the process that uses it, 
 it registers the model with its node's actor (a no-op if already done), attaches the model's
 region, and from then on takes the region's slots **through the region itself**, shared with
 every other process of the node (see :mod:`ray_triton_shm._shared_slots`), and sends requests
-**straight to the node's Triton**. A request writes the inputs into a slot, makes one small gRPC
-call that names the region, and reads the outputs back; it makes no Ray call, at any load. Where
-the region cannot be attached (another ``/dev/shm``, another node), arrays go by value through
-the actor.
+**straight to the node's Triton**. A request writes the inputs into a slot, makes one small
+call that names the region, and reads the outputs back; it makes no Ray call, at any load.
+Where Triton cannot map the node's shared memory (it runs on another node, or in a container
+with its own ``/dev/shm``), the node actor's probe says so and the tensors go by value, in the
+requests, still straight from the caller and still on the node's slots (``transport``).
 """
 
 from __future__ import annotations
@@ -20,20 +21,18 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any, TypeVar
 
-import ray
 from ray.exceptions import RayActorError
 
 from .. import _cuda
 from .._client import lease_with
 from .._defaults import DEFAULT_RECONNECT_TIMEOUT_S
 from .._exceptions import (
-    InvalidInputError,
     RegionReplacedError,
 )
 from .._inputs import InputValue
 from .._keys import Keys, normalize
 from .._lease import SlotLease
-from .._memory import CUDA, SYSTEM, check_memory_options
+from .._memory import CUDA, INLINE, SYSTEM, check_memory_options
 from .._moves import MOVED, RETIRED, Moves, follow_model
 from .._options import (
     NOT_GIVEN,
@@ -43,6 +42,8 @@ from .._options import (
     over_defaults,
     request_options,
 )
+from .._pool import PoolStats
+from .._route import SHM, check_transport
 from .._sizing import SlotAutoscaling
 from .._specs import ModelSpec, SpecLike
 from ._actor import ModelRegistration, get_node_actor
@@ -88,9 +89,15 @@ class ShmModel:
         max_element_bytes: The longest element of each BYTES (string) tensor, e.g.
             ``{"TEXT": 256, "UPPER": 256}``.
         model_version: Model version (``""`` lets Triton choose).
-        url: Triton's gRPC address on the node (see :func:`get_node_actor`).
-        zero_copy: Send requests straight to Triton on the node's shared slots when possible;
-            ``False`` always passes arrays by value through the actor.
+        url: Triton's gRPC address on the node (see :func:`get_node_actor`): a Triton on
+            another node gets the tensors by value.
+        transport: How this handle's calls reach Triton: ``"auto"`` (the default: as the
+            node actor's probe found, shared memory where Triton maps the node's, else by
+            value), ``"shm"`` (shared memory, or :class:`SharedMemoryUnreachableError` naming
+            the node and why) or ``"inline"`` (by value). Either way straight from the caller,
+            on the node's slots, with no Ray call per request. :meth:`shm_stats` says which,
+            and why.
+        zero_copy: ``False`` is ``transport="inline"`` (the earlier name).
         slot_timeout_s: How long a call waits for a slot (``None``: no limit).
         client_timeout_s: How long a call waits for Triton's answer to each request, from
             when it is sent (``None``: no limit); past it the call raises
@@ -153,6 +160,7 @@ class ShmModel:
         max_element_bytes: Mapping[str, int] | None = None,
         model_version: str = "",
         url: str | None = None,
+        transport: str = "auto",
         zero_copy: bool = True,
         slot_timeout_s: float | None = None,
         client_timeout_s: float | None = None,
@@ -171,6 +179,7 @@ class ShmModel:
     ) -> None:
         # Checked here, where the handle is made, not at its first call in a worker.
         check_memory_options(model_name, memory, device, triton_device_id)
+        check_transport(model_name, transport)
         self._defaults = request_options(
             model_name,
             priority=priority,
@@ -194,7 +203,7 @@ class ShmModel:
         }
         self._device = device
         self._url = url
-        self._zero_copy = zero_copy
+        self._transport = transport if zero_copy else INLINE
         self._reconnect_timeout_s = reconnect_timeout_s
         self._headers = normalize(headers)
         self._client_options = dict(client_options or {})
@@ -213,7 +222,7 @@ class ShmModel:
         self._here = InProcess()
 
     def __repr__(self) -> str:
-        return f"ShmModel({self.model_name!r}, zero_copy={self._zero_copy})"
+        return f"ShmModel({self.model_name!r}, transport={self._transport!r})"
 
     # ---------------------------------------------------------------- binding
 
@@ -221,13 +230,11 @@ class ShmModel:
         return self._here.get(lambda: self._new_binding(*self._register()))
 
     def _new_binding(self, actor: Any, registration: ModelRegistration) -> Binding:
-        same_node = registration.node_id == ray.get_runtime_context().get_node_id()
         return Binding(
             actor,
             registration,
-            zero_copy=self._zero_copy and same_node,
+            transport=self._transport,
             reconnect_timeout_s=self._reconnect_timeout_s,
-            headers=self._headers,
             keys=Keys(self._headers, environ=True),
             client_options=self._client_options,
         )
@@ -317,8 +324,15 @@ class ShmModel:
 
     @property
     def zero_copy(self) -> bool:
-        """Whether calls in this process go straight to Triton (binds if needed)."""
-        return self._bind().client is not None
+        """Whether calls in this process reach Triton through shared memory, not by value
+        (binds if needed)."""
+        return self.shm_stats().transport == SHM
+
+    def shm_stats(self) -> PoolStats:
+        """The model's pool as this process sees it (binds if needed): slots in use, callers
+        waiting, and its ``transport`` (``"shm"`` or ``"inline"``) with ``transport_reason``
+        (the node's totals: the node actor's ``stats()``)."""
+        return self._bind().stats
 
     def close(self) -> None:
         """Detaches this process from the model's region (also done at exit).
@@ -438,9 +452,9 @@ class ShmModel:
             outputs: As for :meth:`infer`.
 
         Raises:
-            InvalidInputError: on entry, when this process cannot map the node's regions
-                (``zero_copy=False``, or no shared ``/dev/shm``: call :meth:`infer`), or
-                ``batch`` or ``shapes`` do not fit the model.
+            InvalidInputError: on entry, when the model's calls here go by value
+                (``transport="inline"``, or a Triton that cannot map the node's memory: call
+                :meth:`infer`), or ``batch`` or ``shapes`` do not fit the model.
             BlockingCallError: ``with`` on a thread that runs an event loop: use
                 ``async with`` there.
         """
@@ -573,18 +587,8 @@ class _ModelLease:
         self._lease: SlotLease | None = None
 
     def _new_lease(self, binding: Binding) -> SlotLease:
-        client = binding.client
-        if client is None:
-            raise InvalidInputError(
-                f"model {self._model!r}: a lease writes into the node's shared memory, which "
-                "this process cannot map (zero_copy=False, or another /dev/shm than the node "
-                "actor's): call infer(), which sends the inputs by value",
-                model=self._model,
-                expected="zero_copy=True on the node actor's node",
-                actual="by value",
-            )
         return lease_with(
-            client,
+            binding.client,
             self._model,
             self._options,
             batch=self._batch,

@@ -150,6 +150,7 @@ RAY_USES = {
         # the client, its pools (registry_of, attach_region, share_slots), its calls
         # (infer_with, lease_with), one reading of a pool (PoolSnapshot)
         "_client",
+        "_registry",  # the type of those pools, for the binding that attaches them
         "_snapshot",
         "_engine",  # ModelPool, SuspectedChange
         "_moves",  # the one rule of where a call goes on (follow_model)
@@ -165,6 +166,8 @@ RAY_USES = {
         "_cuda",
         "_defaults",
         "_header",  # the histograms' buckets and the growth limits, for the metrics
+        "_pool",  # PoolStats, of a handle's pool in its process
+        "_route",  # how a model reaches Triton: transport values, Transport, their errors
         "_shm",  # /dev/shm: its room, the regions on the node and their owners
         "_scaling",  # the /dev/shm budget
         "_reclaim",  # what dead owners left
