@@ -259,7 +259,7 @@ class Scaler:
     def _grow(self, pool: ModelPool, state: _Elastic, size: int, want: int) -> tuple[int, str]:
         """Reserves the memory of slots ``size .. want-1`` as the budget and ``/dev/shm``
         allow; the size reached, and what stopped it short (``""``: nothing)."""
-        slot_bytes = pool.layout.slot_bytes
+        slot_bytes = 0 if pool.by_value else pool.layout.slot_bytes  # by value: locks only
         room = None
         if self.budget_bytes is not None:
             owned = [p for p in list(self._all_pools.values()) if p.owned]
@@ -267,7 +267,7 @@ class Scaler:
         for slot in range(size, want):
             if slot in state.backed:
                 continue
-            if room is not None and room < slot_bytes:
+            if slot_bytes and room is not None and room < slot_bytes:
                 return slot, "shm_budget"
             try:
                 pool.memory.back(slot)
