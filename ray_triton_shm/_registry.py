@@ -471,8 +471,8 @@ class Registry:
                 model=spec.name,
                 fix="register the model with a smaller pool_size, min_slots or max_batch_size",
             )
-        if self._crash_cleanup and kind != INLINE:
-            watch(self._triton.url)
+        if self._crash_cleanup:  # by value too: its region's file is ours to unlink
+            watch(None if kind == INLINE else self._triton.url)
         region = SharedMemoryRegion.create(
             new_region_name(spec.name),
             size,
