@@ -92,8 +92,8 @@ def test_concurrent_requests_match_numpy_and_use_zero_copy(classifier_url: str) 
     requests_made = after["requests"] - before.get("requests", 0)
     assert 0 < requests_made <= images_sent
     assert after["errors"] == before.get("errors", 0)
-    # The replica sent every request straight to Triton on the node's slots: none by value.
-    assert after["by_value"] == before.get("by_value", 0)
+    # The replica sent every request through the node's shared memory, none by value.
+    assert after["transport"] == "shm", after["transport_reason"]
     assert after["in_use"] == after["waiting"] == 0
 
 

@@ -16,13 +16,14 @@ send their requests straight to Triton: a request makes no Ray call, at any load
 part is the control plane: create and register the regions (again, after Triton restarts), set
 their limits, resize them, sweep up after callers that died and put their slots back in use as
 soon as Triton is done with their requests (:mod:`ray_triton_shm._settle`), sum the counters
-from the regions' headers, and serve by value the callers that cannot attach a region.
+from the regions' headers. Where its Triton cannot map the node's shared memory (another
+node, a container with its own ``/dev/shm``) the regions hold the slots' locks alone and
+callers send their tensors by value, straight to Triton too (:mod:`ray_triton_shm._route`).
 
-It is a threaded actor whose methods run in two concurrency groups: ``"infer"`` (by-value
-inference, which may wait for a slot) and ``"control"`` (registration, stats). The actor
-executes calls in order: Ray's out-of-order execution (the default for threaded actors) can
-crash the actor inside Ray core when callers die with calls in flight, which is what Ray Data
-does at the end of every job. In-order execution stalls a caller's later calls behind a
+It is a threaded actor whose methods run in one concurrency group, ``"control"``
+(registration, stats). The actor executes calls in order: Ray's out-of-order execution (the
+default for threaded actors) can crash the actor inside Ray core when callers die with calls in
+flight, which is what Ray Data does at the end of every job. In-order execution stalls a caller's later calls behind a
 cancelled one; callers therefore make their control calls from a thread of their own, outside
 any Ray task, so a Ray cancellation never reaches them (see :mod:`._control`).
 """
@@ -38,17 +39,15 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
-import numpy as np
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from tritonclient.utils import InferenceServerException
 
-from .._client import TritonSHMClient, infer_with, registry_of
+from .._client import TritonSHMClient, registry_of
 from .._defaults import DEFAULT_RECONNECT_TIMEOUT_S, DEFAULT_URL, URL_ENV_VAR
 from .._engine import ModelPool
 from .._exceptions import ModelSpecError, RegionReplacedError, TritonServerError, TritonSHMError
 from .._keys import Keys
-from .._options import RequestOptions
 from .._reclaim import reclaim_regions, registrations
 from .._route import check_transport
 from .._scaling import default_shm_budget
@@ -129,7 +128,6 @@ class TritonNodeActor:
         self._pools = registry_of(self._client)
         self._pools.share_slots(max_waiting=config.max_waiting)
         self._lock = threading.Lock()
-        self._by_value: dict[str, int] = {}
         self._metrics = NodeMetrics(self._node_id)
         self._stop = threading.Event()
         threading.Thread(target=self._housekeeping, name="housekeeping", daemon=True).start()
@@ -288,7 +286,6 @@ class TritonNodeActor:
                 "overloads": now.overloads,
                 "shm_bytes": now.shm_bytes,
                 "shm_max_bytes": now.shm_max_bytes,
-                "by_value": self._by_value.get(name, 0),
                 "wait_p99_us": now.wait_p99_us,
                 "settle_p99_us": now.settle_p99_us,
                 "latency_p99_us": now.latency_p99_us,
@@ -317,47 +314,6 @@ class TritonNodeActor:
         """Unregisters every model and frees its memory (the actor can then be killed)."""
         self._stop.set()
         self._client.close()
-
-    # ---------------------------------------------------------------- infer group
-
-    @ray.method(concurrency_group="infer")
-    def infer(
-        self,
-        model_name: str,
-        incarnation: str,
-        inputs: Mapping[str, Any],
-        reconnect_timeout_s: float | None = None,
-        headers: Mapping[str, str] | None = None,
-        client_timeout_s: float | None = None,
-        options: RequestOptions | Mapping[str, Any] | None = None,
-        outputs_as: str = "numpy",
-    ) -> dict[str, np.ndarray]:
-        """By-value inference: arrays in, arrays out (through Ray's object store), on the same
-        slots as every other caller of the node.
-
-        ``reconnect_timeout_s`` is the caller's: how long to wait for Triton while it is
-        unreachable (``None``: the actor's). ``headers`` are the caller's (its inference key),
-        sent over the actor's own. ``client_timeout_s`` is the caller's deadline for Triton's
-        answer (see :meth:`TritonSHMClient.infer_shm`). ``options`` are Triton's request
-        options of the call, checked (or as keywords of ``infer_shm``: ``priority``,
-        ``queue_timeout_s``, ``sequence_id``...).
-
-        Raises:
-            RegionReplacedError: ``incarnation`` is not this actor's (it restarted): bind again.
-            OverloadedError: ``max_waiting`` callers already wait for a slot of this model.
-        """
-        self._check_incarnation(incarnation)
-        with self._lock:
-            self._by_value[model_name] = self._by_value.get(model_name, 0) + 1
-        settings: dict[str, Any] = {
-            "reconnect_timeout_s": reconnect_timeout_s,
-            "headers": headers,
-            "client_timeout_s": client_timeout_s,
-            "outputs_as": outputs_as,
-        }
-        if isinstance(options, Mapping):
-            return self._client.infer_shm(model_name, inputs, **settings, **options)
-        return infer_with(self._client, model_name, inputs, options, **settings)
 
     # ---------------------------------------------------------------- internals
 
@@ -594,9 +550,7 @@ def get_node_actor(
         transport=transport,
     )
     actor_class = ray.remote(  # type: ignore[call-overload]
-        # By-value calls wait for a slot in the region, where they are counted (and refused
-        # past max_waiting), not in Ray's queue.
-        concurrency_groups={"infer": slots + max_waiting + 1, "control": 4},
+        concurrency_groups={"control": 4},
         allow_out_of_order_execution=False,  # see the module docstring
     )(TritonNodeActor)
     # A runtime environment of its own costs a worker process started for it (a second); only

@@ -24,7 +24,7 @@ class NodeActorConfig:
         url: Triton's gRPC address; ``None`` reads ``$RAY_TRITON_SHM_URL`` on the actor's node,
             then falls back to ``localhost:8001``.
         slots: The most slots one model may have on the node: its most requests in flight
-            there, by-value calls included (a fixed ``pool_size`` and a pool's ``max_slots``
+            there, calls by value included (a fixed ``pool_size`` and a pool's ``max_slots``
             are at most this).
         max_waiting: Callers that may wait for a slot of one model on the node; past it,
             :class:`OverloadedError`.
@@ -32,7 +32,7 @@ class NodeActorConfig:
             holding a slot or waiting for one are looked for every 0.25 s, and their slots
             come back within 50 ms of Triton being done with their requests.)
         reconnect_timeout_s: How long the actor's registrations wait for Triton while it is
-            unreachable (restarting); by-value calls wait as long as their caller says.
+            unreachable (restarting); calls wait as long as their caller says.
         headers: gRPC headers of every call the actor makes: Triton's access keys for the
             control plane (shared memory, and model configuration if restricted), over those
             of the node: its key files (``RAY_TRITON_SHM_KEYS_DIR``, a mounted Secret, read
@@ -136,14 +136,16 @@ class NodeStats:
             now until Triton is done with a request whose caller gave up or died),
             ``overloads`` (callers refused past ``max_waiting``), ``shm_bytes`` (what its
             region holds of ``/dev/shm`` now), ``shm_max_bytes`` (what it would hold at
-            ``max_slots``), ``by_value`` (calls the actor served by value),
+            ``max_slots``),
             ``wait_p99_us`` (the 99th percentile of every request's wait for a slot, zero for
             those that found one free), ``settle_p99_us`` (the 99th percentile of how long
             abandoned slots waited for Triton), ``latency_p99_us`` (the 99th percentile of the
             requests' latency, from the caller's first wait to its answer), ``failures``
             (failed calls by kind: ``overloaded``, ``deadline``, ``access_denied``, ``tls``,
             ``unavailable``, ``model_changed``, ``bad_input``, ``other``), ``generation``
-            (new layouts since the model was registered: it changed on Triton), and the
+            (new layouts since the model was registered: it changed on Triton, or Triton
+            moved), ``transport`` (``"shm"``, or ``"inline"``: by value) and
+            ``transport_reason`` (why), and the
             counters ``requests``, ``samples``, ``bytes_in``, ``bytes_out``, ``errors``
             (failed requests to Triton), ``waits`` (requests that queued for a slot),
             ``wait_ns`` (their total wait), ``abandoned_requests`` (requests given up while
