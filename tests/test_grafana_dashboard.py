@@ -54,6 +54,7 @@ MODEL_GAUGES = {
     "ray_triton_shm_callers_waiting",
     "ray_triton_shm_slots_abandoned",
     "ray_triton_shm_growth_limited",
+    "ray_triton_shm_transport",
 }
 NODE_GAUGES = {
     "ray_triton_shm_triton_up",
@@ -280,6 +281,73 @@ def test_max_is_a_dashed_line_as_in_rays_panels(dashboard: dict[str, Any]) -> No
     assert any(t["legendFormat"] == "MAX" for t in slots["targets"])
     (override,) = [o for o in slots["seriesOverrides"] if o["alias"] == "MAX"]
     assert override["dashes"] and not override["stack"]
+
+
+def test_transport_by_model_counts_the_nodes_of_each_transport(dashboard: dict[str, Any]) -> None:
+    (panel,) = [p for p in _panels(dashboard) if p["title"] == "Transport by model"]
+    (target,) = panel["targets"]
+    assert panel["type"] == "stat" and target["legendFormat"] == "{{model}} {{transport}}"
+    assert target["expr"].startswith("count(max(ray_triton_shm_transport{")
+    # The series of the transport in use (1), one per node however often its actor restarted.
+    assert target["expr"].endswith(
+        " == 1) by (model, node_id, transport)) by (model, transport)"
+    ), target["expr"]
+
+
+def test_the_transport_gauge_says_one_transport_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A switch sets the old transport's series to 0: no series left saying both."""
+    import numpy as np
+
+    from ray_triton_shm._header import HISTOGRAMS as HEADER_HISTOGRAMS
+    from ray_triton_shm._snapshot import PoolSnapshot
+    from ray_triton_shm.ray import _metrics
+
+    values: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+
+    class Recorder:
+        def __init__(self, name: str, *args: Any, **kwargs: Any) -> None:
+            self.name = name
+
+        def set(self, value: float, tags: dict[str, str]) -> None:
+            values[(self.name, tuple(sorted(tags.items())))] = value
+
+        def inc(self, value: float, tags: dict[str, str]) -> None:
+            self.set(value, tags)
+
+        observe = inc
+
+    monkeypatch.setattr(_metrics, "_make", lambda m, **kw: Recorder(m.name))
+    fields = dict.fromkeys(PoolSnapshot.__dataclass_fields__, 0)
+    snapshot = PoolSnapshot(
+        **{
+            **fields,
+            "region": "rtshm_1-a",
+            "limited_by": "",
+            "failures": {},
+            "counters": dict.fromkeys(("requests", "samples", "bytes_in", "bytes_out"), 0)
+            | {"abandoned_requests": 0},
+            "histograms": {h: np.zeros(40, np.int64) for h in HEADER_HISTOGRAMS},
+        }
+    )
+    exporter = _metrics.NodeMetrics("n1")
+
+    def transport() -> dict[str, float]:
+        return {
+            dict(tags)["transport"]: value
+            for (name, tags), value in values.items()
+            if name == _metrics.TRANSPORT.name and dict(tags)["model"] == "m"
+        }
+
+    exporter.export("m", snapshot)
+    assert transport() == {}  # not told: not exported
+    exporter.export("m", snapshot, transport="shm")
+    assert transport() == {"shm": 1, "inline": 0}
+    exporter.export("m", snapshot, transport="inline")
+    assert transport() == {"shm": 0, "inline": 1}
+    assert _metrics.TRANSPORT.prometheus == "ray_triton_shm_transport"
+    assert _metrics.TRANSPORT.tags == ("model", "node_id", "transport")
 
 
 def test_the_panel_queries_replace_every_variable(dashboard_json: str) -> None:

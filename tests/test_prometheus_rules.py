@@ -60,6 +60,7 @@ _GAUGES = (
     "callers_waiting",
     "slots_abandoned",
     "growth_limited",
+    "transport",
     "triton_up",
     "node_actor_start_time_seconds",
     "dead_owner_regions",
@@ -96,6 +97,7 @@ LABEL_VALUES = {
     ),
     "reason": frozenset({"max_slots", "shm_budget", "shm_full"}),
     "direction": frozenset({"grow", "shrink"}),
+    "transport": frozenset({"shm", "inline"}),
 }
 SEVERITIES = frozenset({"critical", "warning", "info"})
 #: What the runbooks, together, must tell the reader to run and to set.
@@ -112,7 +114,7 @@ RUNBOOK_MUST_NAME = (
 _METRIC = re.compile(r"(?<![\w:])(?:ray_triton_shm_|nv_)\w+")
 _RECORDED = re.compile(r"(?<![\w:])[a-z_]+:[a-z0-9_]+:[a-z0-9_]+(?![\w:])")
 _RECORD_NAME = re.compile(r"^[a-z_]+:[a-z0-9_]+:[a-z0-9_]+$")
-_MATCHER = re.compile(r"\b(kind|reason|direction)\s*(=~|!~|=|!=)\s*\"([^\"]*)\"")
+_MATCHER = re.compile(r"\b(kind|reason|direction|transport)\s*(=~|!~|=|!=)\s*\"([^\"]*)\"")
 _TEMPLATE_LABEL = re.compile(r"\$labels\.(\w+)")
 _ALERTS_LABELS = re.compile(r"(\w+)=\"([^\"]*)\"")
 

@@ -47,6 +47,7 @@ from ._metrics import (
     SLOTS_ABANDONED,
     SLOTS_IN_USE,
     SLOTS_MAX,
+    TRANSPORT,
     TRITON_UP,
 )
 
@@ -408,6 +409,27 @@ def _dashboard_config() -> Any:
                 Target(
                     expr=f"max({_series(DEAD_OWNER_REGIONS.prometheus, _BY_NODE)}) by (node_id)",
                     legend="{{node_id}}",
+                )
+            ],
+        ),
+        Panel(
+            id=19,
+            title="Transport by model",
+            description="Nodes whose pool of each model reaches Triton through shared memory "
+            "(shm), or by value, in the requests (inline: Triton cannot map the node's "
+            "/dev/shm, as on another host, in another container or as another user; or "
+            "transport='inline' was asked for). `ray-triton-shm status --ray` and `doctor` "
+            "say why.",
+            unit="short",
+            template=PanelTemplate.STAT,
+            thresholds=[{"color": "blue", "value": None}],
+            targets=[
+                Target(
+                    # One per node: a restarted node actor exports new series (its WorkerId).
+                    expr="count(max("
+                    + _series(TRANSPORT.prometheus, _BY_MODEL)
+                    + " == 1) by (model, node_id, transport)) by (model, transport)",
+                    legend="{{model}} {{transport}}",
                 )
             ],
         ),

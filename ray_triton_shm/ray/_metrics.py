@@ -14,6 +14,7 @@ import numpy as np
 
 from .._exceptions import ERROR_KINDS
 from .._header import BUCKET_BOUNDS_S, LIMITS
+from .._route import INLINE, SHM
 from .._snapshot import PoolSnapshot
 
 __all__ = [
@@ -38,6 +39,8 @@ __all__ = [
     "SLOTS_MAX",
     "SLOT_WAIT",
     "TRITON_RESTARTS",
+    "TRANSPORT",
+    "TRANSPORTS",
     "TRITON_UP",
     "Metric",
     "NodeMetrics",
@@ -129,6 +132,15 @@ GROWTH_LIMITED = Metric(
     "1 while callers wait and the pool cannot grow, by reason (max_slots, shm_budget, shm_full)",
     (*_MODEL, "reason"),
 )
+#: The values of :data:`TRANSPORT`'s ``transport`` label.
+TRANSPORTS = (SHM, INLINE)
+TRANSPORT = Metric(
+    "triton_shm_transport",
+    "gauge",
+    "1 for how the model's pool reaches Triton, by transport: shm (shared memory Triton maps) "
+    "or inline (by value, in the requests); 0 for the other",
+    (*_MODEL, "transport"),
+)
 TRITON_UP = Metric(
     "triton_shm_triton_up",
     "gauge",
@@ -174,6 +186,7 @@ METRICS = (
     CALLERS_WAITING,
     SLOTS_ABANDONED,
     GROWTH_LIMITED,
+    TRANSPORT,
     TRITON_UP,
     TRITON_RESTARTS,
     NODE_ACTOR_START_TIME,
@@ -242,6 +255,7 @@ class NodeMetrics:
         ]
         self._gauges = {key: _make(metric) for key, metric in _GAUGES.items()}
         self._limited = _make(GROWTH_LIMITED)
+        self._transport = _make(TRANSPORT)
         self._triton_up = _make(TRITON_UP)
         self._triton_restarts = _make(TRITON_RESTARTS)
         self._triton_restarts_exported = 0
@@ -260,9 +274,17 @@ class NodeMetrics:
         self._started.set(started_s, tags)
         self._dead_regions.set(dead_regions, tags)
 
-    def export(self, model: str, now: PoolSnapshot) -> None:
+    def export(self, model: str, now: PoolSnapshot, transport: str | None = None) -> None:
         """Adds what the counters and histograms gained since the last export; sets the
-        gauges."""
+        gauges.
+
+        Args:
+            model: The model.
+            now: Its pool, read now.
+            transport: How the pool reaches Triton now (``"shm"`` or ``"inline"``): its
+                :data:`TRANSPORT` series is 1, the other's 0, so a switch leaves no series
+                saying both; ``None``: not exported.
+        """
         tags = {"model": model, "node_id": self._node_id}
         totals: dict[str, Any] = {
             **now.counters,
@@ -308,6 +330,9 @@ class NodeMetrics:
             self._gauges[name].set(value, tags)
         for reason in LIMITS[1:]:
             self._limited.set(int(reason == now.limited_by), {**tags, "reason": reason})
+        if transport is not None:
+            for kind in TRANSPORTS:
+                self._transport.set(int(kind == transport), {**tags, "transport": kind})
 
     def _zero(self, tags: dict[str, str]) -> None:
         """Makes a model's counters exist at zero, every label of them, before their first
