@@ -3,14 +3,20 @@
 
 A region that crossed nodes would go unnoticed with one ``/dev/shm`` for all: here it cannot
 be opened. Tasks pinned to each node, a Serve app with a replica per node behind one proxy
-and a Ray Data job spread over the nodes all infer zero-copy, each on its own node's Triton
-(the ``whoami`` model says which Triton answered); each node's regions exist only in its own
-``/dev/shm``; ``doctor --ray`` passes on the healthy nodes; and a third node whose
-``RAY_TRITON_SHM_URL`` points at another node's Triton fails the doctor's ``region`` check
-alone, and a call made there fails at once, naming ``/dev/shm``.
+and a Ray Data job spread over the nodes all infer zero-copy (transport ``"shm"``), each on its
+own node's Triton (the ``whoami`` model says which Triton answered); each node's regions exist
+only in its own ``/dev/shm``; ``doctor --ray`` passes on the healthy nodes. A third node,
+``node_c``, has no Triton of its own: its ``RAY_TRITON_SHM_URL`` points at ``node_a``'s Triton,
+which cannot open its regions. The doctor warns there, in its ``region`` check alone, that
+the models go by value; tasks and a Serve replica there infer by value (transport
+``"inline"``, the reason naming ``/dev/shm``), straight from the caller to ``node_a``'s Triton:
+nothing of theirs registered there, nothing in ``node_c``'s ``/dev/shm`` but its node actor's
+small regions of locks (gone with the actor), and no Ray call per request (Ray's state API
+lists the node actor's tasks: control calls alone).
 
-The head (0 CPUs, as KubeRay's) runs in this machine's namespace; the nodes are
-``tests/_host.py`` under ``unshare --mount``, started one after another.
+The head (0 CPUs, as KubeRay's; its dashboard serves the state API) runs in this machine's
+namespace; the nodes are ``tests/_host.py`` under ``unshare --mount``, started one after
+another.
 """
 
 from __future__ import annotations
@@ -23,7 +29,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +38,7 @@ from typing import Any
 import numpy as np
 import pytest
 import requests
-from _helpers import free_port_pair, free_ports, our_regions, registered_on
+from _helpers import free_port_pair, free_ports, our_regions, registered_on, wait_for
 
 ray = pytest.importorskip("ray")
 
@@ -109,7 +116,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
     head = subprocess.Popen(
         [
             ray_bin, "start", "--head", "--block", f"--port={head_port}", "--num-cpus=0",
-            "--include-dashboard=false", "--disable-usage-stats",
+            "--include-dashboard=true", "--dashboard-host=127.0.0.1",
+            f"--dashboard-port={ports.pop()}", "--disable-usage-stats",
             f"--dashboard-agent-listen-port={ports.pop()}",
         ],
         env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -211,31 +219,59 @@ def _node_with(resource: str) -> str:
     return ""
 
 
+#: (rows, width) of the calls a task makes at once: whoami takes up to 8 rows of up to 16.
+SIZES = ((1, 1), (5, 16), (8, 16), (3, 7), (8, 1), (2, 16))
+#: The node actor's methods a caller may call: the control plane (a call by value is no
+#: method of the actor: it goes straight to Triton).
+CONTROL_CALLS = {"__init__", "register", "ensure_registered", "follow", "stats"}
+
+
 @ray.remote(num_cpus=0)
-def _infer_here(seed: int) -> dict[str, Any]:
-    """Runs whoami through the node actor of the node it runs on."""
+def _infer_here(seed: int, sizes: Sequence[tuple[int, int]] = ((5, 16),)) -> dict[str, Any]:
+    """Runs whoami through the node actor of the node it runs on: one call per size of
+    ``sizes`` (rows, width), all at once from threads of its own.
+
+    Returns:
+        What the calls answered and which transport they took, the node actor's word, and
+        the library's regions in the node's ``/dev/shm`` meanwhile.
+    """
     import os
+    from concurrent.futures import ThreadPoolExecutor
 
     import numpy as np
     import ray
 
     from ray_triton_shm.ray import ShmModel, get_node_actor
 
-    x = np.random.default_rng(seed).standard_normal((5, 16), dtype=np.float32)
+    rng = np.random.default_rng(seed)
+    xs = [rng.standard_normal(size, dtype=np.float32) for size in sizes]
     model = ShmModel("whoami", max_shapes={"DATA": (16,), "ECHO": (16,)})
-    out = model.infer({"DATA": x})
+    with ThreadPoolExecutor(len(xs)) as threads:
+        outs = list(threads.map(lambda x: model.infer({"DATA": x}), xs))
+    pool = model.shm_stats()
     stats = ray.get(get_node_actor().stats.remote())
     answer = {
         "node": ray.get_runtime_context().get_node_id(),
-        "echo_ok": bool(np.array_equal(out["ECHO"], x)),
-        "who": sorted({int(w) for w in out["WHO"].ravel()}),
+        "pid": os.getpid(),
+        "echo_ok": all(np.array_equal(out["ECHO"], x) for out, x in zip(outs, xs)),
+        "who": sorted({int(w) for out in outs for w in out["WHO"].ravel()}),
         "zero_copy": model.zero_copy,
+        "transport": pool.transport,
+        "reason": pool.transport_reason,
+        "node_transport": stats.models["whoami"]["transport"],
+        "node_reason": stats.models["whoami"]["transport_reason"],
         "dev_shm": sorted(n for n in os.listdir("/dev/shm") if n.startswith("rtshm_")),
         "actor_pid": stats.pid,
         "url": stats.url,
     }
     model.close()
     return answer
+
+
+def _registered_by(url: str) -> set[int]:
+    """The processes whose regions are registered in the Triton at ``url`` (a region's name
+    starts with its owner's pid)."""
+    return {int(name.split("_")[1].split("-")[0]) for name in registered_on(url)}
 
 
 def test_tasks_on_each_node_use_its_own_triton_and_dev_shm(cluster: dict[str, Any]) -> None:
@@ -247,6 +283,9 @@ def test_tasks_on_each_node_use_its_own_triton_and_dev_shm(cluster: dict[str, An
     for host, answer in zip(healthy, answers):
         assert answer["node"] == host.node_id
         assert answer["echo_ok"] and answer["zero_copy"]
+        # Proven zero-copy, in the caller and in the node actor alike.
+        assert answer["transport"] == answer["node_transport"] == "shm", (host.name, answer)
+        assert answer["reason"].startswith(f"Triton at {host.url} "), answer  # its proof
         assert answer["who"] == [host.port], (host.name, answer)  # its own Triton answered
         assert answer["url"] == host.url
         # Its regions are in its own /dev/shm, and nowhere else.
@@ -255,16 +294,15 @@ def test_tasks_on_each_node_use_its_own_triton_and_dev_shm(cluster: dict[str, An
         assert all(f"rtshm_{answer['actor_pid']}-" in name for name in mine)
         others = [h for h in hosts.values() if h is not host]
         assert not mine & (our_regions() | {r for h in others for r in h.regions()})
-        assert {n.split("_")[1].split("-")[0] for n in registered_on(host.url)} <= {
-            str(answer["actor_pid"])
-        }
+        assert _registered_by(host.url) <= {answer["actor_pid"]}
 
 
-def test_a_serve_app_with_a_replica_per_node_behind_one_proxy(cluster: dict[str, Any]) -> None:
+def _who() -> Any:
+    """The Serve deployment of the tests: whoami through ``ShmModel``, where each answer says
+    which node and Triton answered, whether right and by which transport; a request
+    ``{"mark": name}`` calls the node actor's ``stats`` as a task named ``name`` instead (a mark
+    the state API lists) and answers its transport of whoami."""
     from ray import serve
-
-    hosts: dict[str, Host] = cluster["hosts"]
-    port_of = {h.node_id: h.port for h in hosts.values()}
 
     @serve.deployment(num_replicas=2, ray_actor_options={"num_cpus": 0, "resources": {"host": 1}})
     class Who:
@@ -277,25 +315,52 @@ def test_a_serve_app_with_a_replica_per_node_behind_one_proxy(cluster: dict[str,
             import numpy as np
             import ray
 
-            x = np.asarray((await request.json())["x"], dtype=np.float32)
+            from ray_triton_shm.ray import get_node_actor
+
+            body = await request.json()
+            if "mark" in body:
+                actor = get_node_actor()
+                stats = await actor.stats.options(name=body["mark"]).remote()
+                return {"transport": stats.models["whoami"]["transport"]}
+            x = np.asarray(body["x"], dtype=np.float32)
             out = await self.model.infer_async({"DATA": x})
+            pool = self.model.shm_stats()
             return {
                 "node": ray.get_runtime_context().get_node_id(),
                 "who": sorted({int(w) for w in out["WHO"].ravel()}),
                 "echo_ok": bool(np.array_equal(out["ECHO"], x)),
                 "zero_copy": self.model.zero_copy,
+                "transport": pool.transport,
+                "reason": pool.transport_reason,
             }
 
+    return Who
+
+
+def _start_serve(cluster: dict[str, Any]) -> str:
+    """Starts Serve on the cluster (a no-op once started); its HTTP address."""
+    from ray import serve
+
     serve.start(http_options={"host": "127.0.0.1", "port": cluster["serve_port"]})
+    return f"http://127.0.0.1:{cluster['serve_port']}"
+
+
+def test_a_serve_app_with_a_replica_per_node_behind_one_proxy(cluster: dict[str, Any]) -> None:
+    from ray import serve
+
+    hosts: dict[str, Host] = cluster["hosts"]
+    port_of = {h.node_id: h.port for h in hosts.values()}
+    proxy = _start_serve(cluster)
     # "host": the nodes with a Triton of their own, one replica each (not node_c).
-    serve.run(Who.bind(), name="who", route_prefix="/who")
-    url = f"http://127.0.0.1:{cluster['serve_port']}/who"
+    serve.run(_who().bind(), name="who", route_prefix="/who")
+    url = f"{proxy}/who"
     seen = {}
     rng = np.random.default_rng(3)
     for _ in range(40):
         x = rng.standard_normal((3, 16), dtype=np.float32)
         answer = requests.post(url, json={"x": x.tolist()}, timeout=60).json()
         assert answer["echo_ok"] and answer["zero_copy"], answer
+        assert answer["transport"] == "shm", answer
         assert answer["who"] == [port_of[answer["node"]]], answer
         seen[answer["node"]] = seen.get(answer["node"], 0) + 1
     serve.delete("who", _blocking=False)  # its replicas' graceful end: seconds, not waited on
@@ -342,7 +407,7 @@ def test_a_ray_data_job_spread_over_the_nodes(cluster: dict[str, Any]) -> None:
     assert {str(r["node"]) for r in rows} == {hosts["node_a"].node_id, hosts["node_b"].node_id}
 
 
-def test_doctor_passes_the_healthy_nodes_and_names_a_triton_across_nodes(
+def test_doctor_passes_the_healthy_nodes_and_warns_a_triton_across_nodes_goes_by_value(
     cluster: dict[str, Any],
 ) -> None:
     hosts: dict[str, Host] = cluster["hosts"]
@@ -359,34 +424,114 @@ def test_doctor_passes_the_healthy_nodes_and_names_a_triton_across_nodes(
     for name in ("node_a", "node_b"):
         checks = nodes[hosts[name].node_id]
         assert {c["status"] for c in checks.values()} == {"ok"}, (name, checks)
+        assert checks["region"]["details"]["transport"] == "shm", (name, checks["region"])
         # Its own 1 GiB /dev/shm; Ray's object store (larger) went to /tmp and is not counted.
         assert checks["dev_shm"]["details"]["total"] == 2**30
         assert checks["dev_shm"]["details"]["object_store"] == 0
+    # node_c's models will go by value to node_a's Triton (transport auto): a warning, with
+    # the cause and what would give them shared memory.
     crossed = nodes[hosts["node_c"].node_id]
-    failed = {name for name, c in crossed.items() if c["status"] == "fail"}
-    assert failed == {"region"}, crossed
-    assert "/dev/shm" in crossed["region"]["summary"] + crossed["region"]["fix"]
-    assert done.returncode == 1
+    assert not {name for name, c in crossed.items() if c["status"] == "fail"}, crossed
+    region = crossed["region"]
+    assert region["status"] == "warn" and region["details"]["transport"] == "inline", region
+    assert "/dev/shm" in region["summary"] and "/dev/shm" in region["fix"], region
+    assert done.returncode == 0, done.stderr
 
-    # A call made there fails at once, naming the cause.
-    @ray.remote(num_cpus=0, resources={"node_c": 1})
-    def call_there() -> tuple[float, str]:
-        import time
 
-        import numpy as np
+def _node_actor_tasks(actor_id: str) -> list[tuple[str, str]]:
+    """The tasks of the actor ``actor_id`` as Ray's state API lists them: (name, state) each
+    (what the workers reported: a second or so late)."""
+    from ray.util.state import list_tasks
 
-        from ray_triton_shm.ray import ShmModel
+    tasks = list_tasks(
+        filters=[("actor_id", "=", actor_id)], limit=10_000, raise_on_missing_output=False
+    )
+    return [(t.name, t.state) for t in tasks]
 
-        started = time.monotonic()
+
+def _calls_until(actor_id: str, mark: str) -> Counter[str]:
+    """The actor's tasks by method, but marks, once the state API lists the task ``mark`` as
+    finished (made after the calls counted, by the same process)."""
+
+    def listed() -> list[tuple[str, str]] | None:
         try:
-            ShmModel("whoami", max_shapes={"DATA": (16,), "ECHO": (16,)}).infer(
-                {"DATA": np.ones((1, 16), np.float32)}
-            )
-        except Exception as exc:
-            return time.monotonic() - started, f"{type(exc).__name__}: {exc}"
-        return time.monotonic() - started, "answered"
+            tasks = _node_actor_tasks(actor_id)
+        except Exception:  # the dashboard still starting
+            return None
+        return tasks if (mark, "FINISHED") in tasks else None
 
-    took_s, error = ray.get(call_there.remote(), timeout=120)
-    assert "/dev/shm" in error and "another" in error, error
-    assert took_s < 15, (took_s, error)
-    assert not hosts["node_c"].regions()  # nothing left behind there either
+    tasks = wait_for(listed, timeout_s=60, what=f"the state API to list the task {mark!r}")
+    return Counter(name.rsplit(".", 1)[-1] for name, _ in tasks if not name.startswith("mark-"))
+
+
+def test_a_node_without_its_own_triton_infers_by_value_with_no_ray_call_per_request(
+    cluster: dict[str, Any],
+) -> None:
+    """``node_c`` has no Triton: its ``RAY_TRITON_SHM_URL`` is ``node_a``'s, which cannot map
+    ``node_c``'s ``/dev/shm``. Tasks and a Serve replica there infer by value, straight to
+    ``node_a``'s Triton: right answers, the transport and its reason said by the caller and
+    the node actor, nothing registered in ``node_a``'s Triton, no region left but the node
+    actor's locks, and no Ray call per request."""
+    from ray import serve
+
+    from ray_triton_shm._specs import REGION_HEADER_BYTES
+    from ray_triton_shm.ray._actor import NAMESPACE, actor_name
+
+    hosts: dict[str, Host] = cluster["hosts"]
+    node_a, node_c = hosts["node_a"], hosts["node_c"]
+    there = {"node_c": 0.1}  # several at once on the node
+
+    # Tasks, three at once, each with calls of several sizes at once.
+    answers = ray.get([_infer_here.options(resources=there).remote(i, SIZES) for i in range(3)])
+    actor_pid = answers[0]["actor_pid"]
+    for answer in answers:
+        assert answer["node"] == node_c.node_id
+        assert answer["echo_ok"], answer
+        assert answer["who"] == [node_a.port], answer  # node_a's Triton answered
+        assert answer["url"] == node_a.url and answer["actor_pid"] == actor_pid
+        assert answer["transport"] == answer["node_transport"] == "inline", answer
+        assert not answer["zero_copy"]
+        for reason in (answer["reason"], answer["node_reason"]):
+            assert "/dev/shm" in reason and node_a.url in reason, reason
+        # In node_c's /dev/shm meanwhile: the node actor's regions alone.
+        assert all(n.startswith(f"rtshm_{actor_pid}-") for n in answer["dev_shm"]), answer
+    callers = {actor_pid} | {answer["pid"] for answer in answers}
+    # Nothing of node_c registered in node_a's Triton (its probe was refused, nothing kept).
+    assert not _registered_by(node_a.url) & (callers | set(node_c.processes()))
+    # Left in node_c's /dev/shm: the node actor's regions of locks, a header each (no slots).
+    left = node_c.regions()
+    assert left and all(n.startswith(f"rtshm_{actor_pid}-") for n in left), left
+    assert {(node_c.shm / n).stat().st_size for n in left} == {REGION_HEADER_BYTES}
+
+    # A Serve replica there: every answer by value and right, and no Ray call per request.
+    actor = ray.get_actor(actor_name(node_c.node_id), namespace=NAMESPACE)
+    actor_id = actor._actor_id.hex()
+    url = f"{_start_serve(cluster)}/whoc"
+    deployment = _who().options(
+        name="WhoC", num_replicas=1, ray_actor_options={"num_cpus": 0, "resources": there}
+    )
+    serve.run(deployment.bind(), name="whoc", route_prefix="/whoc")
+    rng = np.random.default_rng(7)
+
+    def ask(rows: int, width: int) -> None:
+        x = rng.standard_normal((rows, width), dtype=np.float32)
+        answer = requests.post(url, json={"x": x.tolist()}, timeout=60).json()
+        assert answer["echo_ok"] and answer["who"] == [node_a.port], answer
+        assert answer["node"] == node_c.node_id and answer["transport"] == "inline", answer
+        assert "/dev/shm" in answer["reason"] and not answer["zero_copy"], answer
+
+    ask(1, 16)  # the replica binds: its control calls
+    mark = requests.post(url, json={"mark": "mark-before"}, timeout=60).json()
+    assert mark == {"transport": "inline"}
+    before = _calls_until(actor_id, "mark-before")
+    for i in range(50):
+        ask(1 + i % 8, 1 + i % 16)
+    requests.post(url, json={"mark": "mark-after"}, timeout=60).raise_for_status()
+    after = _calls_until(actor_id, "mark-after")
+    serve.delete("whoc", _blocking=False)
+    assert after == before, (before, after)  # 50 requests: not one more call of the actor
+    assert set(after) <= CONTROL_CALLS and after["register"] >= 4, after  # 3 tasks, a replica
+
+    # The node actor killed (no graceful end): its watchdog unlinks its regions of locks.
+    ray.kill(actor, no_restart=True)
+    wait_for(lambda: not node_c.regions(), what="node_c's /dev/shm to be empty")
