@@ -14,6 +14,7 @@ __all__ += ["CEILING_PATHS"]
 __all__ += ["ELASTIC", "GPU_CASES", "GPU_PATHS", "NODE_LOAD_FIXED", "NODE_LOAD_WARMUP_S"]
 __all__ += ["APP_CASES", "CHURN_CASE", "CHURN_KILL_EVERY_S", "DATA_CASE", "DATA_JOB_BATCHES"]
 __all__ += ["DATA_JOB_ROUNDS", "POOL_SAMPLE_S", "REPLICAS"]
+__all__ += ["BY_VALUE", "BY_VALUE_SHARE", "BY_VALUE_TWINS", "LIBRARY_PATHS", "SHM"]
 __all__ += [
     "SERVE_HTTP_CLIENTS",
     "SERVE_HTTP_PATHS",
@@ -110,6 +111,25 @@ SWEEP_PATHS: tuple[str, ...] = (
 #: The paths of ``--request-rate`` (open-loop arrivals), in table order: gRPC, the core client
 #: at each ``--concurrency`` level as its pool size, and ``ShmModel`` with as many node slots.
 RATE_PATHS: tuple[str, ...] = ("grpc", "shm-client", "shm-model")
+#: The transports of the library's pools (``PoolStats.transport``): through shared memory
+#: Triton maps, or by value, in the requests (a Triton that cannot map the bench's /dev/shm).
+SHM, BY_VALUE = "shm", "inline"
+#: The paths whose requests go through the library, by the transport it chose for them.
+LIBRARY_PATHS: tuple[str, ...] = (
+    "shm-client", "shm-client-prep", "shm-lease", "shm-model", "serve-shm", "serve-inproc",
+    "serve-http-shm", "data-shm", "shm-model-nokill", "shm-model-churn",
+)  # fmt: skip
+#: By value, each library path against its plain gRPC twin in the same set-up: the library
+#: must cost nothing where it cannot help, its MB/s this share of the twin's at least.
+BY_VALUE_TWINS: dict[str, str] = {
+    "shm-client": "grpc",
+    "shm-model": "grpc-procs",
+    "serve-shm": "serve-grpc",
+    "serve-inproc": "serve-grpc",
+    "serve-http-shm": "serve-http-grpc",
+    "data-shm": "data-grpc",
+}
+BY_VALUE_SHARE = 0.95
 #: How ``--request-rate`` arrivals are spaced.
 ARRIVALS: tuple[str, ...] = ("constant", "poisson")
 #: The example app behind Serve's HTTP proxy (``--ray``): its paths, and the HTTP clients at

@@ -12,6 +12,9 @@ import numpy as np
 
 from ray_triton_shm._bench._config import (
     APP_CASES,
+    BY_VALUE,
+    BY_VALUE_SHARE,
+    BY_VALUE_TWINS,
     CEILING_PATHS,
     CHURN,
     CHURN_CASE,
@@ -267,6 +270,34 @@ class ModelResult:
     error: str | None = None
     #: The open-loop runs (``--request-rate``), by rate then path.
     rate_runs: list[RunResult] = dataclasses.field(default_factory=list)
+    #: How the library's pools of the model reach Triton (``"shm"``, or ``"inline"``: by
+    #: value; ``None``: not known), and why.
+    transport: str | None = None
+    transport_reason: str = ""
+
+    @property
+    def by_value(self) -> bool:
+        """Whether the library sends the model's tensors by value (Triton cannot map the
+        bench's shared memory)."""
+        return self.transport == BY_VALUE
+
+    def goals(self) -> list[Goal]:
+        """The goals on this model: the project's (:data:`GOALS`); by value, those without a
+        baseline (the speed-ups are shared memory's), then :meth:`by_value_goals`."""
+        mine = [g for g in GOALS if g.model == self.name and not (self.by_value and g.baseline)]
+        return mine + (self.by_value_goals() if self.by_value else [])
+
+    def by_value_goals(self) -> list[Goal]:
+        """By value, each library path's run (its slots as many as its callers, or elastic)
+        at least :data:`~._config.BY_VALUE_SHARE` of its plain gRPC twin's MB/s
+        (:data:`~._config.BY_VALUE_TWINS`) at as many callers: the library must cost nothing
+        where it cannot help."""
+        return [
+            Goal(self.name, (r.path, r.concurrency, r.slots), BY_VALUE_SHARE, (twin, r.concurrency))
+            for r in self.runs
+            if (twin := BY_VALUE_TWINS.get(r.path)) and not r.skipped
+            if r.slots in (None, ELASTIC, r.concurrency)
+        ]
 
     def rate_limits(self, bound_ms: float | None) -> dict[str, float | None]:
         """The highest rate each open-loop path sustained (:meth:`RunResult.sustained`),
@@ -560,13 +591,20 @@ class BenchResults:
     stopped: str | None = None
 
     def goals(self) -> list[tuple[Goal, float | None]]:
-        """Every goal whose model and paths were run, with its measured value."""
+        """Every goal whose model and paths were run (:meth:`ModelResult.goals`: a model by
+        value has goals of its own), with its measured value."""
         by_model = {m.name: m for m in self.models}
         paths = {*self.config.paths}
+        chosen = [
+            g
+            for g in GOALS
+            if g.model in by_model and not (by_model[g.model].by_value and g.baseline)
+        ]
+        chosen += [g for m in self.models if m.by_value for g in m.by_value_goals()]
         return [
             (goal, goal.measure(by_model[goal.model]))
-            for goal in GOALS
-            if goal.model in by_model and goal.paths <= paths
+            for goal in chosen
+            if goal.paths <= paths
             if goal.baseline[:1] != (CEILING,) or paths & {*CEILING_PATHS}
         ]
 

@@ -50,7 +50,7 @@ from ray_triton_shm._bench._update import run_model_update
 from ray_triton_shm._bench._watch import TritonGone, TritonWatch
 from ray_triton_shm._bench.paths import _gpu, _http, _perf_analyzer, _plain, _ray, _shm
 from ray_triton_shm._bench.paths._base import BenchPath, BenchTarget, SkipPath, check_outputs
-from ray_triton_shm._bench.paths._clients import infer
+from ray_triton_shm._bench.paths._clients import infer, transport_of
 from ray_triton_shm._bench.paths._ray_session import RayBenchSession, RayPath
 from ray_triton_shm._plain_client import tritonclient_for
 from ray_triton_shm.local._server import LocalTritonServer
@@ -166,6 +166,15 @@ def _prepare(
         with contextlib.suppress(Exception):
             client.close()
     return case.with_reference(reference), inputs, reference
+
+
+def _transport(case: ModelCase, target: BenchTarget) -> tuple[str | None, str]:
+    """How the library's pools of ``case``'s model reach Triton, and why (``None``, and why
+    not: it could not tell; the paths then say what they find)."""
+    try:
+        return transport_of(target.grpc_url, case, reconnect_timeout_s=target.reconnect_timeout_s)
+    except Exception as exc:
+        return None, _describe(exc)
 
 
 def _fresh_node_actor(
@@ -380,6 +389,11 @@ def _run_model(model: ModelResult, target: BenchTarget, ctx: RunContext) -> None
                 progress.advance(_units(config, spec.name))
                 return
     model.case = case
+    if config.memory != "cuda":  # the GPU paths choose their memory themselves
+        model.transport, model.transport_reason = _transport(case, target)
+        target = dataclasses.replace(
+            target, transport=model.transport, transport_reason=model.transport_reason
+        )
     work = Workload(target, case, inputs, reference)
     for group in groups:
         progress.stage(f"{spec.name}: {', '.join(describe_run(*key) for key in group)}")

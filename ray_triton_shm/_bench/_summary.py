@@ -13,11 +13,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ray_triton_shm._bench._config import CEILING_PATHS, ELASTIC
+from ray_triton_shm._bench._config import BY_VALUE, BY_VALUE_SHARE, CEILING_PATHS, ELASTIC
 from ray_triton_shm._bench._format import num
 from ray_triton_shm._bench._results import (
     CEILING,
-    GOALS,
     BenchResults,
     Goal,
     ModelResult,
@@ -124,8 +123,8 @@ def _matches(goal_key: tuple[Any, ...], run: RunResult) -> bool:
 
 
 def _goal(model: ModelResult, run: RunResult, baseline: RunResult) -> Goal | None:
-    for goal in GOALS:
-        if goal.model != model.name or goal.metric != "mb_per_s" or not goal.baseline:
+    for goal in model.goals():
+        if goal.metric != "mb_per_s" or not goal.baseline:
             continue
         if _matches(goal.run, run) and _matches(goal.baseline, baseline):
             return goal
@@ -134,8 +133,8 @@ def _goal(model: ModelResult, run: RunResult, baseline: RunResult) -> Goal | Non
 
 def _ceiling_goal(model: ModelResult, run: RunResult) -> Goal | None:
     """The goal on ``run`` against perf_analyzer at its number of callers, if any."""
-    for goal in GOALS:
-        if goal.model != model.name or goal.metric != "mb_per_s" or not goal.baseline:
+    for goal in model.goals():
+        if goal.metric != "mb_per_s" or not goal.baseline:
             continue
         base, callers = goal.baseline[0], goal.baseline[1:2]
         on_ceiling = base in (CEILING, *CEILING_PATHS) and callers in ((), (run.concurrency,))
@@ -261,10 +260,15 @@ def verdict(model: str, best: Cell | None) -> str | None:
         return None
     spread = f", {best.spread_text}" if best.spread_text else ""
     if best.verdict == "slower":
+        why = "requests this small gain nothing from shared memory here"
+        if best.run is not None and best.run.extra.get("transport") == BY_VALUE:
+            why = (
+                "by value, the library sends what plain gRPC sends (its goal there: at least "
+                f"{BY_VALUE_SHARE:g}x)"
+            )
         return (
             f"{model}: no choice beat plain gRPC {best.load} ({num(best.speedup, 'x')} at "
-            f"best, {best.where}{spread}): requests this small gain nothing from shared memory "
-            "here"
+            f"best, {best.where}{spread}): {why}"
         )
     return (
         f"{model}: no measurable difference from plain gRPC {best.load}: the fastest choice, "

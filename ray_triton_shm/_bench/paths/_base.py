@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ray_triton_shm._bench._cases import ModelCase
+from ray_triton_shm._bench._config import BY_VALUE
 from ray_triton_shm._bench._load import OpenLoop, run_closed_loop, run_open_loop
 from ray_triton_shm._defaults import DEFAULT_RECONNECT_TIMEOUT_S
 
@@ -49,13 +50,26 @@ def _on_host(value: Any) -> np.ndarray:
 @dataclasses.dataclass(frozen=True)
 class BenchTarget:
     """The server being benchmarked: its gRPC and HTTP (``None``: unknown, the HTTP path is
-    then skipped) endpoints, ``"host:port"``, its process (group) when it runs here, and how
-    long the paths' requests wait for it while it is unreachable."""
+    then skipped) endpoints, ``"host:port"``, its process (group) when it runs here, how
+    long the paths' requests wait for it while it is unreachable, and how the library's pools
+    of the model reach it (``transport``: ``"shm"``, ``"inline"`` by value, ``None`` not
+    known) and why (``transport_reason``)."""
 
     grpc_url: str
     http_url: str | None = None
     server_pid: int | None = None
     reconnect_timeout_s: float = DEFAULT_RECONNECT_TIMEOUT_S
+    transport: str | None = None
+    transport_reason: str = ""
+
+    def needs_shm(self, what: str) -> None:
+        """Raises :class:`SkipPath` if ``what`` cannot run here: it needs shared memory
+        Triton maps, and the library sends the model's tensors by value to this one."""
+        if self.transport == BY_VALUE:
+            raise SkipPath(
+                f"{what} cannot run by value: Triton at {self.grpc_url} cannot map the "
+                "bench's /dev/shm (the library's paths run by value there)"
+            )
 
 
 class BenchPath:

@@ -17,7 +17,7 @@ from ray_triton_shm._client import TritonSHMClient
 from ray_triton_shm._keys import Keys
 from ray_triton_shm._specs import ModelSpec
 
-__all__ = ["Backend", "by_value", "infer", "shm_client"]
+__all__ = ["Backend", "by_value", "infer", "shm_client", "transport_of"]
 
 
 class Backend(str, enum.Enum):
@@ -62,6 +62,18 @@ def shm_client(
         client.close()
         raise
     return client, spec
+
+
+def transport_of(url: str, case: ModelCase, *, reconnect_timeout_s: float) -> tuple[str, str]:
+    """How the library's pools of ``case``'s model reach the Triton at ``url``, and why: a
+    pool of one slot registered as the paths' are (``transport="auto"``: shared memory where
+    Triton maps it, proven by a probe request, else by value), read and closed."""
+    client, _ = shm_client(url, case, 1, reconnect_timeout_s=reconnect_timeout_s)
+    try:
+        stats = client.shm_stats(case.model)
+        return stats.transport, stats.transport_reason
+    finally:
+        client.close()
 
 
 def by_value(

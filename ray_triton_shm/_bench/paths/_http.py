@@ -223,6 +223,7 @@ class _ServeHttpPath(RayPath):
             "images_per_batch": times["images"] / batches if batches else None,
             "cpu_ms": {name: 1e3 * s / max(1, self._sent) for name, s in self._cpu.items()},
             "proxy_busy": self._cpu.get("proxy", 0.0) / self._wall_s if self._wall_s else None,
+            **(self._node_transport() if self.uses_node_actor else {}),
         }
 
     def teardown(self) -> None:

@@ -182,6 +182,8 @@ class PerfAnalyzerPath(BenchPath):
     _dir: Path | None = None
 
     def setup(self) -> None:
+        if self.shared_memory == "system":
+            self.target.needs_shm("perf_analyzer --shared-memory system")
         try:
             self._perf_analyzer: PerfAnalyzer = find_perf_analyzer()
         except LocalServerError as exc:

@@ -192,6 +192,8 @@ class ShmModelPath(_CallerPath):
             model = self._node_stats().models.get(self.case.model, {})
         wait_ms = model["wait_p99_us"] / 1000 if model.get("waits") else None
         numbers = {"wait_p99_ms": wait_ms, "shm_bytes": model.get("shm_bytes")}
+        for key in ("transport", "transport_reason"):
+            numbers |= {key: model[key]} if key in model else {}
         if sizes is None or not sizes.samples:
             return numbers
         most = max(size for _, size in sizes.samples)
@@ -353,6 +355,13 @@ class _ServePath(_CallerPath):
         self._replica = self._handle.prepare.remote(self.case).result()
         return self._handle
 
+    def stats(self) -> dict[str, Any]:
+        """How the replica's client reached Triton, for the library's (``transport``, and
+        ``transport_reason``)."""
+        if self.backend == Backend.GRPC:
+            return {}
+        return self._handle.transport.remote(self.backend).result()  # type: ignore[no-any-return]
+
     def teardown(self) -> None:
         super().teardown()
         with contextlib.suppress(Exception):
@@ -450,6 +459,11 @@ class DataShmPath(_DataPath):
             "model_name": self.case.model,
             **shm_model_options(self.case, max(8, self.concurrency)),
         }
+
+    def stats(self) -> dict[str, Any]:
+        """How the predictors' pool on the node reached Triton (``transport``, and
+        ``transport_reason``)."""
+        return self._node_transport()
 
 
 class DataNoopPath(_DataPath):

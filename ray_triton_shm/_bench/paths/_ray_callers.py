@@ -265,6 +265,13 @@ class BenchReplica:
         self._clients[backend] = client
         return case, client
 
+    def transport(self, backend: Backend) -> dict[str, str]:
+        """How ``backend``'s client (one of the library's) reaches Triton: ``transport``
+        (``"shm"``, or ``"inline"`` by value) and ``transport_reason``."""
+        case, client = self._client(backend)
+        stats = client.shm_stats() if backend == Backend.SHM_MODEL else client.shm_stats(case.model)
+        return {"transport": stats.transport, "transport_reason": stats.transport_reason}
+
     @errors_reach_the_driver
     async def shm(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One request through ``ShmModel``."""

@@ -264,6 +264,12 @@ class RayPath(BenchPath):
     def _node_stats(self) -> Any:
         return ray.get(self.session.node_actor().stats.remote(), timeout=60)
 
+    def _node_transport(self) -> dict[str, Any]:
+        """How the model's pool on the node reaches Triton (``transport``: ``"shm"``, or
+        ``"inline"`` by value) and why (``transport_reason``), from the node actor."""
+        model = self._node_stats().models.get(self.case.model, {})
+        return {key: model[key] for key in ("transport", "transport_reason") if key in model}
+
     def side_cpu_time(self) -> float | None:
         if not self.uses_node_actor:
             return None

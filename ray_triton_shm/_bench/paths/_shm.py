@@ -12,7 +12,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import np_to_triton_dtype, serialize_byte_tensor, triton_to_np_dtype
 
-from ray_triton_shm._bench._config import ELASTIC
+from ray_triton_shm._bench._config import BY_VALUE, ELASTIC
 from ray_triton_shm._bench.paths._base import BenchPath, SkipPath
 from ray_triton_shm._bench.paths._clients import shm_client
 from ray_triton_shm._bench.paths._regions import ManualRegions
@@ -32,6 +32,7 @@ class ShmManualPath(BenchPath):
     _regions: ManualRegions
 
     def setup(self) -> None:
+        self.target.needs_shm("shared memory by hand (tritonclient's utilities)")
         self._client = tritonclient_for(self.target.grpc_url)
         self._regions = ManualRegions(self._client)
         self._regions.create(self.case)
@@ -85,10 +86,14 @@ class ShmClientPath(BenchPath):
         return self._client.infer_shm(self.case.model, self.inputs)  # type: ignore[no-any-return]
 
     def stats(self) -> dict[str, Any]:
-        """The ``/dev/shm`` its pool takes (``shm_bytes``; an elastic pool's, at the end)."""
-        if self.slots == ELASTIC:
-            return {"shm_bytes": self._client.shm_stats(self.case.model).shm_bytes}
-        return {"shm_bytes": SlotLayout.for_model(self._spec).region_bytes(self.slots)}
+        """The ``/dev/shm`` its pool takes (``shm_bytes``; an elastic pool's, or one by
+        value, as it says at the end), and how it reached Triton (``transport``, ``"shm"`` or
+        ``"inline"``: by value) and why (``transport_reason``)."""
+        stats = self._client.shm_stats(self.case.model)
+        numbers = {"transport": stats.transport, "transport_reason": stats.transport_reason}
+        if self.slots == ELASTIC or stats.transport == BY_VALUE:
+            return numbers | {"shm_bytes": stats.shm_bytes}
+        return numbers | {"shm_bytes": SlotLayout.for_model(self._spec).region_bytes(self.slots)}
 
 
 class ShmPreparedPath(ShmClientPath):
@@ -123,6 +128,7 @@ class ShmLeasePath(ShmClientPath):
     def setup(self) -> None:
         if self.case.has_bytes:
             raise SkipPath("BYTES tensors have no fixed place in a slot to write into")
+        self.target.needs_shm("a lease")
         super().setup()
         spec = self._spec
         first = next(iter(self.inputs.values()))

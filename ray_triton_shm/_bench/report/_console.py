@@ -31,6 +31,7 @@ from ray_triton_shm._bench._summary import (
 from ray_triton_shm._bench.report._text import (
     CEILING_LEGEND,
     bound_text,
+    by_value_goal_line,
     crash_lines,
     elastic_lines,
     extra_lines,
@@ -38,6 +39,7 @@ from ray_triton_shm._bench.report._text import (
     pool_size_legend,
     pool_size_lines,
     rate_text,
+    transport_lines,
 )
 
 __all__ = ["make_console", "make_progress", "print_results"]
@@ -46,7 +48,7 @@ __all__ = ["make_console", "make_progress", "print_results"]
 _PLAIN_WIDTH = 1000
 _GOAL_STATUS = {True: ("MET", "green"), False: ("MISS", "bold red"), None: ("n/a", "dim")}
 _TEXT_COLUMNS: tuple[str, ...] = ("", "model", "path", "run", "goal", "measured", "check")
-_TEXT_COLUMNS += ("rate", "sustained", "fastest choice")
+_TEXT_COLUMNS += ("rate", "sustained", "fastest choice", "transport")
 
 
 def make_console(*, stderr: bool = False) -> Console:
@@ -234,6 +236,8 @@ def _print_summary(results: BenchResults, console: Console) -> None:
     _show(console, rows)
     for line in verdict_lines(results):
         console.print(line, markup=False)
+    for line in transport_lines(results):
+        console.print(line, markup=False)
     _print_skipped(results, console)
     for line in crash_lines(results):
         console.print(line, markup=False)
@@ -248,6 +252,9 @@ def _print_summary(results: BenchResults, console: Console) -> None:
         rates = rate_text(model.recommendation(bound), bound)
         if rates is not None:
             console.print(f"{model.name}, {rates}", markup=False)
+    by_value = by_value_goal_line(results)
+    if by_value is not None:
+        console.print(by_value, markup=False)
     goals = results.goals()
     missed = [(goal, value) for goal, value in goals if goal.met(value) is False]
     if goals:

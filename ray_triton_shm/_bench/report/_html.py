@@ -25,11 +25,13 @@ from ray_triton_shm._bench._summary import (
 )
 from ray_triton_shm._bench.report._text import (
     CEILING_LEGEND,
+    by_value_goal_line,
     crash_lines,
     extra_lines,
     model_rows,
     pool_size_legend,
     pool_size_lines,
+    transport_lines,
 )
 
 __all__ = ["SECTIONS", "write_report"]
@@ -172,6 +174,11 @@ def _summary(results: BenchResults, figure: Path | None) -> str:
             ("model", "choice", "callers", "verdict", "speed-up", "vs perf_analyzer", "run"),
             verdict_rows,
             (0, 1, 3, 6),
+        )
+        + "".join(
+            f"<p>{_e(line)}</p>"
+            for line in (*transport_lines(results), by_value_goal_line(results))
+            if line
         )
     )
 
@@ -317,7 +324,8 @@ def _runs(results: BenchResults, figures: dict[str, Path]) -> str:
             )
         )
         title, headers, rows = model_rows(model)
-        parts.append(f"<p>{_e(title)}</p>" + _table(headers, _escaped(rows), (0, len(headers) - 1)))
+        left = (0, len(headers) - 2, len(headers) - 1)  # the run, its transport and check
+        parts.append(f"<p>{_e(title)}</p>" + _table(headers, _escaped(rows), left))
     lines = extra_lines(results)
     if lines:
         parts.append(

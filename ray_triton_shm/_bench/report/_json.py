@@ -44,7 +44,11 @@ def bench_json(results: BenchResults) -> dict[str, Any]:
             if r.ok
         ],
         "rate_limits": {m.name: m.rate_limits(bound) for m in results.models if m.rate_runs},
-        "models": {m.name: {"error": m.error, "skipped": m.skipped()} for m in results.models},
+        "models": {
+            m.name: {"error": m.error, "skipped": m.skipped()}
+            | {"transport": m.transport, "transport_reason": m.transport_reason}
+            for m in results.models
+        },
         "goals": [
             {"model": g.model, "description": g.description, "target": g.target}
             | {"value": value, "met": g.met(value)}

@@ -10,9 +10,12 @@ from typing import Any
 import numpy as np
 
 from ray_triton_shm._bench._config import (
+    BY_VALUE,
+    BY_VALUE_SHARE,
     CHURN,
     CHURN_KILL_EVERY_S,
     ELASTIC,
+    LIBRARY_PATHS,
     NODE_LOAD,
     NODE_LOAD_FIXED,
     NODE_LOAD_WARMUP_S,
@@ -20,6 +23,7 @@ from ray_triton_shm._bench._config import (
     REPLICAS,
     SERVE_HTTP_CLIENTS,
     SERVE_HTTP_PATHS,
+    SHM,
 )
 from ray_triton_shm._bench._format import num, per_s
 from ray_triton_shm._bench._results import (
@@ -39,7 +43,7 @@ from ray_triton_shm._bench._results import (
 
 __all__ = ["CEILING_LEGEND", "bound_text", "crash_lines", "elastic_lines", "extra_lines"]
 __all__ += ["model_rows", "pool_growth", "pool_size_legend", "pool_size_lines", "rate_text"]
-__all__ += ["throughput_text"]
+__all__ += ["by_value_goal_line", "run_transport", "throughput_text", "transport_lines"]
 
 #: What the ratio to perf_analyzer is, as the terminal and the report say it.
 CEILING_LEGEND = (
@@ -68,7 +72,8 @@ def model_rows(model: ModelResult) -> tuple[str, tuple[str, ...], list[list[str]
         title += f": model {case.model}, {case.batch_size} samples per request, "
         title += f"{num(case.input_nbytes / 1e6)} MB in"
     headers: tuple[str, ...] = ("run", "req/s", "samples/s", "MB/s", "p50 ms", "p90 ms")
-    headers += ("p99 ms", "CPU s/GB", "vs gRPC", "vs PA", "fairness", "wait p99 ms", "check")
+    headers += ("p99 ms", "CPU s/GB", "vs gRPC", "vs PA", "fairness", "wait p99 ms")
+    headers += ("transport", "check")
     rows = []
     for r in model.runs:
         numbers = r.numbers()
@@ -94,10 +99,68 @@ def model_rows(model: ModelResult) -> tuple[str, tuple[str, ...], list[list[str]
                 num(vs_ceiling if ceiling is not r else None, "x"),
                 num(numbers.get("fairness")),
                 num(numbers.get("wait_p99_ms")),
+                _TRANSPORT_WORDS.get(run_transport(model, r)[0] or "", ""),
                 check,
             ]
         )
     return title, headers, rows
+
+
+#: How the tables and lines name the library's transports.
+_TRANSPORT_WORDS = {SHM: "shm", BY_VALUE: "by value"}
+
+
+def run_transport(model: ModelResult, r: RunResult) -> tuple[str | None, str]:
+    """How a run of one of the library's paths reached Triton (``"shm"``, or ``"inline"``: by
+    value), as it said after its rounds or else as found for its model, and why; ``None`` for
+    another path's run, a skipped one, or where not known."""
+    if r.path not in LIBRARY_PATHS or r.skipped is not None:
+        return None, ""
+    kind = r.extra.get("transport") or model.transport
+    return kind, r.extra.get("transport_reason") or model.transport_reason
+
+
+def transport_lines(results: BenchResults) -> list[str]:
+    """A line per transport the library's paths took: those paths, their models and why (the
+    first one's reason), e.g. ``"by value: shm-client, shm-model on identity, classifier:
+    Triton at HOST:PORT could not open /dev/shm/... (...)"``."""
+    seen: dict[str, tuple[list[str], list[str], str]] = {}
+    for model in results.models:
+        for r in model.runs:
+            kind, reason = run_transport(model, r)
+            if kind is None:
+                continue
+            paths, models, _ = seen.setdefault(kind, ([], [], reason))
+            paths.extend([r.path] * (r.path not in paths))
+            models.extend([model.name] * (model.name not in models))
+    words = {SHM: "shared memory", BY_VALUE: "by value"}
+    return [
+        f"{words.get(kind, kind)}: {', '.join(paths)} on {', '.join(models)}: {reason}"
+        for kind, (paths, models, reason) in seen.items()
+    ]
+
+
+def by_value_goal_line(results: BenchResults) -> str | None:
+    """The goal of a run by value in a line: every library path at least
+    :data:`~.._config.BY_VALUE_SHARE` of its plain gRPC twin's MB/s in the same run, how
+    many met it, and the lowest ratio (``None``: no model ran by value)."""
+    mine = {goal for m in results.models if m.by_value for goal in m.by_value_goals()}
+    goals = [(goal, value) for goal, value in results.goals() if goal in mine]
+    if not goals:
+        return None
+    met = sum(goal.met(value) is True for goal, value in goals)
+    missed = sum(goal.met(value) is False for goal, value in goals)
+    unmeasured = len(goals) - met - missed
+    text = (
+        f"by value, the goal: each library path >= {BY_VALUE_SHARE:g}x plain gRPC's MB/s in "
+        f"the same set-up and run (the library must cost nothing where it cannot help): "
+        f"{met} met, {missed} missed" + (f", {unmeasured} not measured" if unmeasured else "")
+    )
+    measured = [(value, goal) for goal, value in goals if value is not None]
+    if measured:
+        value, goal = min(measured, key=lambda pair: pair[0])
+        text += f"; lowest {num(value, 'x')} ({goal.model}: {describe_run(*goal.run)})"
+    return text
 
 
 def pool_growth(numbers: Mapping[str, Any]) -> str | None:
