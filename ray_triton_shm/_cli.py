@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ray_triton_shm._defaults import DEFAULT_URL
 
@@ -252,7 +252,7 @@ def _print_status(report: StatusReport) -> int:
     regions = report.regions
     print(f"server: {report.url or '(not asked)'}")
     if regions:
-        header = ("region", "size", "owner pid", "owner", "/dev/shm", "registered")
+        header = ("region", "size", "owner pid", "owner", "/dev/shm", "registered", "transport")
         rows = [
             (
                 r.name,
@@ -261,6 +261,7 @@ def _print_status(report: StatusReport) -> int:
                 r.owner or "-",
                 _yes_no(r.in_dev_shm),
                 _yes_no(r.registered),
+                r.transport or "-",
             )
             for r in regions
         ]
@@ -272,6 +273,11 @@ def _print_status(report: StatusReport) -> int:
             print(
                 f"{len(stale)} region(s) belong to processes that are gone; "
                 f"`{PROG} reclaim` removes them."
+            )
+        if any(r.transport == "inline" for r in regions):
+            print(
+                "regions of transport 'inline' send their tensors by value: they hold a header "
+                "alone, and are never registered in Triton."
             )
         if any(r.owner == "other namespace" for r in regions):
             print(
@@ -301,39 +307,12 @@ def _report_server_error(report: StatusReport | ReclaimReport) -> int:
     return 0
 
 
-def _node_actor_reports(address: str | None, *, timeout_s: float) -> list[dict[str, Any]]:
-    """Connects to a Ray cluster and asks every node actor for its ``stats()``.
-
-    Returns:
-        One entry per node actor: ``name``, and ``stats`` (a ``NodeStats``) or ``error``.
-
-    Raises:
-        ImportError: Ray is not installed.
-        ConnectionError: No Ray cluster at ``address``.
-    """
-    import ray
-
-    from ray_triton_shm.ray._actor import NAMESPACE, joined_cluster, node_actor_names
-
-    with joined_cluster(address):
-        reports: list[dict[str, Any]] = []
-        for name in node_actor_names():
-            try:
-                actor = ray.get_actor(name, namespace=NAMESPACE)
-                reports.append(
-                    {"name": name, "stats": ray.get(actor.stats.remote(), timeout=timeout_s)}
-                )
-            except Exception as exc:
-                reports.append({"name": name, "error": f"{type(exc).__name__}: {exc}"})
-        return reports
-
-
 def _print_node_actors(address: str | None, *, timeout_s: float) -> int:
-    from ray_triton_shm._scaling import limit_text
-    from ray_triton_shm.ray._actor import NAMESPACE
-
     try:
-        reports = _node_actor_reports(address, timeout_s=timeout_s)
+        from ray_triton_shm.ray._actor import NAMESPACE
+        from ray_triton_shm.ray._status import format_node_actors, node_actor_reports
+
+        reports = node_actor_reports(address, timeout_s=timeout_s)
     except ImportError as exc:
         print(f"{PROG} status: error: Ray is not installed ({exc})", file=sys.stderr)
         return 1
@@ -342,60 +321,9 @@ def _print_node_actors(address: str | None, *, timeout_s: float) -> int:
             f"{PROG} status: error: no Ray cluster at {address or 'auto'}: {exc}", file=sys.stderr
         )
         return 1
-    print(f"Ray node actors (namespace {NAMESPACE}): {len(reports)}")
-    status = 0
-    columns = (
-        "slots",
-        "max_slots",
-        "limited_by",
-        "in_use",
-        "waiting",
-        "abandoned",
-        "overloads",
-        "wait_p99_us",
-        "settle_p99_us",
-        "shm_bytes",
-        "requests",
-        "samples",
-        "bytes_in",
-        "bytes_out",
-        "errors",
-    )
-    for report in reports:
-        stats = report.get("stats")
-        if stats is None:
-            print(f"  {report['name']}: could not be asked: {report.get('error')}")
-            status = 1
-            continue
-        print(
-            f"  node {stats.node_id}  url {stats.url}  pid {stats.pid}  "
-            f"incarnation {stats.incarnation}"
-        )
-        if not stats.models:
-            print("    no models registered")
-            continue
-        print(
-            f"    shared memory: {_size(stats.shm_bytes)} held in /dev/shm by the node's regions "
-            f"({_size(stats.shm_free)} free of {_size(stats.shm_capacity)})"
-        )
-        header = ("model", *columns)
-        rows = [
-            (name, *(str(m.get(c, "-")) or "-" for c in columns))
-            for name, m in sorted(stats.models.items())
-        ]
-        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-        for row in (header, *rows):
-            print(
-                "    "
-                + "  ".join(
-                    c.ljust(w) if i == 0 else c.rjust(w)
-                    for i, (c, w) in enumerate(zip(row, widths, strict=True))
-                ).rstrip()
-            )
-        for name, m in sorted(stats.models.items()):
-            if m.get("limited_by"):
-                print(f"    {name} did not grow: {limit_text(m['limited_by'])}")
-    return status
+    text, unasked = format_node_actors(reports, NAMESPACE)
+    print(text)
+    return int(unasked)
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
@@ -452,6 +380,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
                 timeout_s=args.timeout_s,
                 tls=tls,
                 all_nodes=args.all_nodes,
+                transport=args.transport,
             )
         except ImportError as exc:
             print(f"{PROG} doctor: error: Ray is not installed ({exc})", file=sys.stderr)
@@ -463,7 +392,15 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
             )
             return 1
     else:
-        reports = [check_node(url=args.url, models=models, timeout_s=args.timeout_s, **tls)]
+        reports = [
+            check_node(
+                url=args.url,
+                models=models,
+                timeout_s=args.timeout_s,
+                transport=args.transport,
+                **tls,
+            )
+        ]
     if args.json:
         failed = any(r.failed for r in reports)
         print(json.dumps({"failed": failed, "nodes": [r.to_dict() for r in reports]}, indent=2))
@@ -601,8 +538,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "doctor",
         help="check this node (or, with --ray, every node) before traffic arrives",
-        description="Check that Triton is reachable and ready, that it can open a region made "
-        "here (else: another /dev/shm or another uid), that the access keys in "
+        description="Check that Triton is reachable and ready, which transport the models will "
+        "get (shared memory where Triton opens a region made here; else, with --transport "
+        "auto, by value, and why: another /dev/shm or another uid), that the access keys in "
         "RAY_TRITON_SHM_HEADER_* are enough, that /dev/shm has room for the pools and Ray's "
         "object store, and list leftovers and versions. Each check says ok, warn or fail, with "
         "its fix; the exit status is 1 when one fails. Nothing is left behind.",
@@ -620,6 +558,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME[:POOL]",
         help="a pool the node would hold, sized from the model's configuration: POOL slots, or "
         "without it one that follows its load (2 slots up to 64, counted at 64); repeatable",
+    )
+    p.add_argument(
+        "--transport",
+        choices=("auto", "shm", "inline"),
+        default="auto",
+        help="the transport= the models will be registered with: with auto a Triton that cannot "
+        "map this node's shared memory is a warning (by value), with shm a failure "
+        "(default: %(default)s)",
     )
     p.add_argument("--ray", action="store_true", help="check every alive node of the Ray cluster")
     p.add_argument("--address", metavar="ADDR", help="Ray cluster address (implies --ray)")

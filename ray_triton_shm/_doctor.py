@@ -6,9 +6,11 @@ Triton not where ``$RAY_TRITON_SHM_URL`` says. The library reports each of these
 request that meets it; :func:`check_node` finds them all before any traffic, each with its fix:
 
 * ``triton``: reachable, live and ready, its version, the system shared memory extension;
-* ``region``: a tiny region made here, registered in Triton and removed again; when Triton
-  cannot open it, a second region readable by everyone tells another uid (it opens that one)
-  from another ``/dev/shm`` (it opens neither);
+* ``region``: the transport the models will get (``--transport``, default ``auto``): a tiny
+  region made here, registered in Triton and removed again; when Triton cannot open it, a
+  second region readable by everyone tells another uid (it opens that one) from another
+  ``/dev/shm`` (it opens neither). Then ``auto`` sends the tensors by value (a warning), and
+  ``shm`` fails;
 * ``keys``: each protocol the library calls is allowed with this machine's
   ``RAY_TRITON_SHM_HEADER_*`` keys (a refusal names the header, never a value);
 * ``models``: Triton serves each model named (``--model``); one it does not is named with the
@@ -41,10 +43,21 @@ from tritonclient.grpc import service_pb2
 
 from ._channel import Channel
 from ._defaults import DEFAULT_URL, HTTP_URL_ENV_VAR, URL_ENV_VAR
-from ._doctor_report import FAIL, OK, SKIP, WARN, CheckResult, NodeReport, format_reports
+from ._doctor_report import (
+    FAIL,
+    OK,
+    SKIP,
+    WARN,
+    CheckResult,
+    NodeReport,
+    format_reports,
+    transport_result,
+)
 from ._http import HttpRoute, default_http_url, http_headers, prove_same_triton
 from ._keys import KEYS_DIR_ENV_VAR, Keys, env_var_for
+from ._memory import INLINE, SYSTEM, region_bytes
 from ._region_status import region_status
+from ._route import AUTO, TRANSPORTS
 from ._shm import (
     DEAD,
     SHM_DIR,
@@ -108,6 +121,7 @@ def check_node(
     private_key: str | None = None,
     certificate_chain: str | None = None,
     tls_dir: str | None = None,
+    transport: str = AUTO,
 ) -> NodeReport:
     """Runs every check on this machine.
 
@@ -129,7 +143,15 @@ def check_node(
         tls_dir: A directory of TLS files as cert-manager writes them, used when ``ssl`` is
             false and no file is given; ``None``: ``$RAY_TRITON_SHM_TLS_DIR`` if set (as the
             library's clients on this node).
+        transport: The ``transport=`` the models will be registered with: ``"auto"`` (the
+            ``region`` check warns where they would go by value), ``"shm"`` (it fails there)
+            or ``"inline"``.
+
+    Raises:
+        ValueError: an unknown ``transport``.
     """
+    if transport not in TRANSPORTS:
+        raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
     started = time.monotonic()
     chosen, source = url_for_node(url)
     try:
@@ -155,7 +177,7 @@ def check_node(
         for name, run in (
             ("tls", lambda: _check_tls(triton, tls, tls_error)),
             ("triton", triton.check),
-            ("region", lambda: _check_region(triton)),
+            ("region", lambda: _check_region(triton, transport)),
             ("http", lambda: _check_http(triton, tls)),
             ("keys", lambda: _check_keys(triton)),
             ("models", lambda: _check_models(triton, list(models or {}))),
@@ -234,6 +256,7 @@ class _Triton:
         self.keys_error = keys_error
         self.tls_problem: str | None = None
         self.node = node  # the Ray node id, if the check runs for one
+        self.by_value = False  # the models send their tensors by value (see region)
 
     def call(self, method: str, request: Any) -> Any:
         rpc: Callable[..., Any] = getattr(self.channel.stub, method)
@@ -350,17 +373,14 @@ def _skipped(name: str, triton: _Triton, needs: str | None = None) -> CheckResul
 # ---- region ---------------------------------------------------------------------------
 
 
-def _check_region(triton: _Triton) -> CheckResult:
+def _check_region(triton: _Triton, asked: str) -> CheckResult:
     skipped = _skipped("region", triton)
     if skipped:
         return skipped
     error = _register_probe(triton, mode=0o600)
     if error is None:
-        return CheckResult(
-            "region",
-            OK,
-            f"Triton opened a region made here in {SHM_DIR} (mode 0600), and it is gone again",
-        )
+        found = f"Triton opened a region made here in {SHM_DIR} (mode 0600), and it is gone again"
+        return _transport(triton, transport_result(asked, found))
     header = expected_header(error)
     if header is not None:
         triton.refused["shared-memory"] = header
@@ -372,25 +392,33 @@ def _check_region(triton: _Triton) -> CheckResult:
         return CheckResult("region", FAIL, str(translated), "", {"server_message": error.details()})
     # Triton cannot open our region: a region anyone may open tells a uid from a /dev/shm.
     if _register_probe(triton, mode=0o666) is None:
-        return CheckResult(
-            "region",
-            FAIL,
+        found = (
             f"Triton runs as another user than this process (uid {os.getuid()}): it opened a "
-            "region readable by everyone, not the library's, which are its owner's only (0600)",
-            "run Triton and Ray as the same uid: `docker run --user` on both, or the same "
-            "securityContext.runAsUser on both containers in Kubernetes",
-            {"cause": "uid", "uid": os.getuid()},
+            "region readable by everyone, not the library's, which are its owner's only (0600)"
         )
-    return CheckResult(
-        "region",
-        FAIL,
-        f"Triton cannot see regions made here: it has another {SHM_DIR} than this process "
-        "(another container, pod or machine)",
-        "share /dev/shm: `docker run --ipc=container:<triton>` (or --ipc=host) for Ray, or in "
-        "Kubernetes Triton as a sidecar with one `medium: Memory` emptyDir at /dev/shm in both "
-        "containers, and Triton's address on this node (localhost)",
-        {"cause": "dev_shm"},
-    )
+        fix = (
+            "run Triton and Ray as the same uid: `docker run --user` on both, or the same "
+            "securityContext.runAsUser on both containers in Kubernetes"
+        )
+        details: dict[str, Any] = {"cause": "uid", "uid": os.getuid()}
+    else:
+        found = (
+            f"Triton cannot see regions made here: it has another {SHM_DIR} than this process "
+            "(another container, pod or machine)"
+        )
+        fix = (
+            "share /dev/shm: `docker run --ipc=container:<triton>` (or --ipc=host) for Ray, or "
+            "in Kubernetes Triton as a sidecar with one `medium: Memory` emptyDir at /dev/shm "
+            "in both containers, and Triton's address on this node (localhost)"
+        )
+        details = {"cause": "dev_shm"}
+    return _transport(triton, transport_result(asked, found, fix, details))
+
+
+def _transport(triton: _Triton, result: CheckResult) -> CheckResult:
+    """Notes whether the models go by value (the checks after ``region`` look at it)."""
+    triton.by_value = result.details["transport"] == INLINE
+    return result
 
 
 def _register_probe(
@@ -432,6 +460,10 @@ def _check_http(triton: _Triton, tls: TlsFiles | None) -> CheckResult:
     skipped = _skipped("http", triton, "shared-memory")
     if skipped:
         return skipped
+    if triton.by_value:
+        return CheckResult(
+            "http", SKIP, "not needed: the tensors go by value, over gRPC (see region)"
+        )
     if tls is not None:
         return CheckResult("http", OK, "TLS: every request goes over gRPC (HTTP is plain text)")
     url = default_http_url(triton.url)
@@ -675,8 +707,9 @@ def _pool_sizes(
             unsized[model] = str(exc)
             continue
         layout, elastic = SlotLayout.for_model(spec), default_autoscaling()
-        least[model] = layout.region_bytes(pool_size or elastic.min_slots)
-        sizes[model] = layout.region_bytes(pool_size or elastic.max_slots)
+        kind = INLINE if triton.by_value else SYSTEM  # by value: a region of the header alone
+        least[model] = region_bytes(kind, layout, pool_size or elastic.min_slots)
+        sizes[model] = region_bytes(kind, layout, pool_size or elastic.max_slots)
     return least, sizes, unsized
 
 

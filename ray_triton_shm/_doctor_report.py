@@ -1,6 +1,7 @@
-"""What ``ray-triton-shm doctor`` found: each check's result, a machine's report, and the
-reports as text. Plain data, with nothing of Triton's: :mod:`._doctor` runs the checks,
-:mod:`.ray._doctor` gathers them from every node of a cluster.
+"""What ``ray-triton-shm doctor`` found: each check's result, a machine's report, the
+transport the ``region`` check finds, and the reports as text. Plain data, with nothing of
+Triton's: :mod:`._doctor` runs the checks, :mod:`.ray._doctor` gathers them from every node of a
+cluster.
 """
 
 from __future__ import annotations
@@ -9,7 +10,18 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["FAIL", "OK", "SKIP", "WARN", "CheckResult", "NodeReport", "format_reports"]
+from ._route import AUTO, INLINE, SHM
+
+__all__ = [
+    "FAIL",
+    "OK",
+    "SKIP",
+    "WARN",
+    "CheckResult",
+    "NodeReport",
+    "format_reports",
+    "transport_result",
+]
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 
@@ -63,6 +75,45 @@ class NodeReport:
     def to_dict(self) -> dict[str, Any]:
         """The report as plain data, for JSON."""
         return {**asdict(self), "failed": self.failed}
+
+
+def transport_result(
+    asked: str, found: str, fix: str = "", details: dict[str, Any] | None = None
+) -> CheckResult:
+    """The ``region`` check's result: the transport the models registered here with
+    ``transport=asked`` get, and why.
+
+    Args:
+        asked: ``"auto"``, ``"shm"`` or ``"inline"`` (``doctor --transport``).
+        found: What the check found: that Triton opened a region made here, or why it cannot
+            (then ``fix`` says how to give it this machine's shared memory).
+        fix: How Triton would map this machine's shared memory; empty where it does.
+        details: What was measured; ``asked`` is added, and ``transport``: ``"shm"``,
+            ``"inline"``, or ``None`` where the models cannot be registered.
+
+    Returns:
+        ``ok`` where the models get what was asked for (shared memory where Triton maps it,
+        by value where that was asked), ``warn`` where ``auto`` falls back to by value, and
+        ``fail`` where ``shm`` was asked and Triton cannot map the memory.
+    """
+    mapped = not fix
+    kind = SHM if mapped and asked != INLINE else (None if asked == SHM else INLINE)
+    details = {**(details or {}), "transport": kind, "asked": asked}
+    if asked == INLINE:
+        aside = "auto would use shared memory" if mapped else "auto would go by value too"
+        summary = f"transport inline: by value, as asked ({found}: {aside})"
+        return CheckResult("region", OK, summary, "", details)
+    if mapped:
+        return CheckResult("region", OK, f"transport {asked}: shm, because {found}", "", details)
+    if asked == AUTO:
+        summary = (
+            f"transport auto: inline, because {found}: models send their tensors by value, in "
+            "each request (as plain gRPC does)"
+        )
+        return CheckResult("region", WARN, summary, f"for shared memory: {fix}", details)
+    summary = f"transport shm: {found}: registering a model fails (SharedMemoryUnreachableError)"
+    fix = f"{fix}; or transport='auto' to send the tensors by value"
+    return CheckResult("region", FAIL, summary, fix, details)
 
 
 def format_reports(reports: Sequence[NodeReport]) -> str:

@@ -1,24 +1,30 @@
 """What regions there are: ours in ``/dev/shm`` and Triton's registrations, each with its
-owner and whether it is alive (the ``regions`` command; :mod:`._reclaim` takes back those of
-dead owners)."""
+owner, whether it is alive and how its pool reaches Triton (the ``status`` command;
+:mod:`._reclaim` takes back those of dead owners)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from tritonclient.utils import InferenceServerException
 
 from ._defaults import DEFAULT_URL
+from ._header import RegionHeader
 from ._keys import Keys
+from ._memory import INLINE
 from ._plain_client import tritonclient_for
 from ._reclaim import headers_for_tool, registrations
+from ._route import SHM
 from ._shm import (
+    SHM_DIR,
     list_local_regions,
     owner_state,
     region_of,
     region_owner,
 )
+from ._specs import REGION_HEADER_BYTES
 from ._triton_errors import translate_error
 
 __all__ = ["RegionStatus", "StatusReport", "region_status"]
@@ -37,6 +43,9 @@ class RegionStatus:
             ``None`` for regions that are not ours.
         in_dev_shm: Whether the name exists in ``/dev/shm``.
         registered: Whether Triton has it registered (``None`` when no server was asked).
+        transport: How its pool reaches Triton, as its header says: ``"shm"`` (Triton maps
+            it), ``"inline"`` (by value: a region of the header alone, never registered), or
+            ``None`` (not in this machine's ``/dev/shm``, or not a pool's).
     """
 
     name: str
@@ -45,6 +54,7 @@ class RegionStatus:
     owner: str | None
     in_dev_shm: bool
     registered: bool | None
+    transport: str | None = None
 
 
 @dataclass(frozen=True)
@@ -99,6 +109,28 @@ def region_status(
                 owner=region.owner_state if region else owner_state(name),
                 in_dev_shm=region is not None,
                 registered=None if registered is None else name in registered,
+                transport=_transport(name) if region else None,
             )
         )
     return StatusReport(url=url, server_error=server_error, regions=regions)
+
+
+def _transport(name: str) -> str | None:
+    """How the pool of the region ``name`` reaches Triton, from its header's memory kind."""
+    try:
+        fd = os.open(SHM_DIR / name, os.O_RDONLY)
+    except OSError:  # gone meanwhile, or another user's
+        return None
+    try:
+        header = os.pread(fd, REGION_HEADER_BYTES, 0)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if len(header) < REGION_HEADER_BYTES:
+        return None  # not a pool's (a probe's, the doctor's)
+    try:
+        memory = RegionHeader(header, 0).memory
+    except IndexError:  # not a memory kind: not a pool's header
+        return None
+    return INLINE if memory == INLINE else SHM

@@ -183,10 +183,44 @@ def test_status_shows_a_registered_region(
 
     with TritonSHMClient(triton.grpc_url) as client:
         client.register_shm_model("classifier", pool_size=1)
+        client.register_shm_model("my_model", pool_size=1, transport="inline")
         assert main(["status", "--url", triton.grpc_url]) == 0
         out = capsys.readouterr().out
     assert f"server: {triton.grpc_url}" in out
-    assert re.search(rf"rtshm_{os.getpid()}-\w+.*alive\s+yes\s+yes", out), out
+    assert out.splitlines()[1].split()[-1] == "transport"
+    # Each region says how its pool reaches Triton: by value, it is never registered.
+    assert re.search(rf"rtshm_{os.getpid()}-\w+classifier.*alive\s+yes\s+yes\s+shm", out), out
+    assert re.search(rf"rtshm_{os.getpid()}-\w+my_model.*alive\s+yes\s+no\s+inline", out), out
+    assert "regions of transport 'inline' send their tensors by value" in out
+
+
+def test_status_ray_says_each_model_s_transport_and_why() -> None:
+    pytest.importorskip("ray")
+    from ray_triton_shm.ray._config import NodeStats
+    from ray_triton_shm.ray._status import COLUMNS, format_node_actors
+
+    def model(transport: str, reason: str) -> dict[str, object]:
+        return {**dict.fromkeys(COLUMNS, 0), "limited_by": "", "transport": transport} | {
+            "transport_reason": reason
+        }
+
+    far = "Triton at t:8001 could not open /dev/shm/rtshm_1-a_b@0 (Unable to open): it runs..."
+    near = "Triton at t:8001 mapped the region: a probe request's outputs landed in it"
+    stats = NodeStats("n1", "t:8001", 7, "i1", {"b": model("inline", far), "a": model("shm", near)})
+    text, unasked = format_node_actors(
+        [{"name": "x", "stats": stats}, {"name": "y", "error": "gone"}], "ns"
+    )
+    assert unasked
+    lines = text.splitlines()
+    header = next(line for line in lines if line.strip().startswith("model"))
+    assert header.split()[:3] == ["model", "transport", "slots"]
+    rows = {line.split()[0]: line.split()[1] for line in lines if line.startswith("    a ")}
+    rows |= {line.split()[0]: line.split()[1] for line in lines if line.startswith("    b ")}
+    assert rows == {"a": "shm", "b": "inline"}
+    # Under the table, why, whole.
+    assert f"    a: shm (through shared memory), because {near}" in lines
+    assert f"    b: inline (by value, in the requests), because {far}" in lines
+    assert "  y: could not be asked: gone" in lines
 
 
 def test_status_flags_a_dead_owner_and_reclaim_takes_its_region_back(

@@ -5,11 +5,17 @@ Each misconfiguration gets a Triton of its own: in its own mount namespace with 
 and the doctor itself runs in a 64 MB ``/dev/shm``, and against a port where nothing listens.
 ``--ray`` runs on a two-node ``cluster_utils`` cluster. Every run is checked to leave nothing in
 ``/dev/shm`` or in Triton.
+
+A Triton with its own ``/dev/shm`` is where models go by value (``transport="auto"``): the
+``region`` check warns, saying so and why, and fails only with ``--transport shm``. The log
+line of each switch is checked here too, against a Triton that restarts in and out of such a
+``/dev/shm``.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -25,6 +31,7 @@ from _helpers import (
     ADMIN,
     INFER,
     READ,
+    free_port_pair,
     free_ports,
     model_repository,
     our_regions,
@@ -49,6 +56,8 @@ OTHER_UID = (
     "--inh-caps=+dac_read_search",
     "--ambient-caps=+dac_read_search",
 )
+#: The identity model's tensors at their largest, for a pool of its own.
+SHAPES = {"INPUT0": (16,), "OUTPUT0": (16,)}
 CHECKS = ["tls", "triton", "region", "http", "keys", "models", "dev_shm", "leftovers", "versions"]
 
 
@@ -235,15 +244,30 @@ def test_a_host_that_does_not_resolve_is_told_apart() -> None:
 @pytest.mark.parametrize("odd_triton", [OWN_DEV_SHM], indirect=True)
 def test_a_triton_with_its_own_dev_shm_is_named(odd_triton: LocalTritonServer) -> None:
     before = our_regions()
+    # transport auto (the default): the models go by value, a warning that says why.
     code, report, _ = _doctor("--url", odd_triton.grpc_url)
     checks = _checks(report)
-    assert code == 1
+    assert code == 0 and not report["failed"], report
+    expected = {**dict.fromkeys(CHECKS, "ok"), "region": "warn", "http": "skip"}
+    assert _statuses(checks) == expected, report
+    region = checks["region"]
+    assert region["details"] == {"cause": "dev_shm", "transport": "inline", "asked": "auto"}
+    assert region["summary"].startswith("transport auto: inline, because Triton cannot see")
+    assert "another /dev/shm" in region["summary"] and "by value" in region["summary"]
+    assert region["fix"].startswith("for shared memory: share /dev/shm")
+    assert "--ipc=container:" in region["fix"] and "medium: Memory" in region["fix"]
+    assert "by value, over gRPC" in checks["http"]["summary"]
+
+    # transport shm: registering would fail, and the doctor fails.
+    code, report, _ = _doctor("--url", odd_triton.grpc_url, "--transport", "shm")
+    checks = _checks(report)
+    assert code == 1 and report["failed"]
     expected = {**dict.fromkeys(CHECKS, "ok"), "region": "fail", "http": "skip"}
     assert _statuses(checks) == expected, report
     region = checks["region"]
-    assert region["details"]["cause"] == "dev_shm"
-    assert "another /dev/shm" in region["summary"]
-    assert "--ipc=container:" in region["fix"] and "medium: Memory" in region["fix"]
+    assert region["details"] == {"cause": "dev_shm", "transport": None, "asked": "shm"}
+    assert "SharedMemoryUnreachableError" in region["summary"]
+    assert "--ipc=container:" in region["fix"] and "transport='auto'" in region["fix"]
     assert our_regions() == before
     assert not registered_on(odd_triton.grpc_url)
 
@@ -253,7 +277,7 @@ def test_a_triton_running_as_another_uid_is_named(odd_triton: LocalTritonServer)
     status = Path(f"/proc/{odd_triton.pid}/status").read_text()
     assert "Uid:\t65534" in status  # the set-up really runs Triton as another user
     before = our_regions()
-    code, report, _ = _doctor("--url", odd_triton.grpc_url)
+    code, report, _ = _doctor("--url", odd_triton.grpc_url, "--transport", "shm")
     checks = _checks(report)
     assert code == 1
     expected = {**dict.fromkeys(CHECKS, "ok"), "region": "fail", "http": "skip"}
@@ -262,8 +286,102 @@ def test_a_triton_running_as_another_uid_is_named(odd_triton: LocalTritonServer)
     assert region["details"]["cause"] == "uid"
     assert "another user" in region["summary"] and "0600" in region["summary"]
     assert "runAsUser" in region["fix"] and "--user" in region["fix"]
+    # transport auto: by value, a warning naming the same cause.
+    code, report, _ = _doctor("--url", odd_triton.grpc_url)
+    region = _checks(report)["region"]
+    assert code == 0 and region["status"] == "warn", report
+    assert region["details"] == {
+        "cause": "uid",
+        "uid": os.getuid(),
+        "transport": "inline",
+        "asked": "auto",
+    }
+    assert region["summary"].startswith("transport auto: inline, because Triton runs as another")
     assert our_regions() == before
     assert not registered_on(odd_triton.grpc_url)
+
+
+def _switches(caplog: pytest.LogCaptureFixture, model: str) -> list[str]:
+    """The INFO lines of the library about ``model`` so far."""
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name.startswith("ray_triton_shm")
+        and r.levelno == logging.INFO
+        and f"model {model!r}" in r.getMessage()
+    ]
+
+
+def test_going_by_value_and_each_switch_is_one_info_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Registered where Triton has its own /dev/shm: one line. Triton restarted there after
+    it mapped the region: one line; back where it maps it: one line."""
+    import numpy as np
+
+    from ray_triton_shm import TritonSHMClient
+
+    reason = _unshare_reason("--mount")
+    if reason:
+        pytest.skip(reason)
+    caplog.set_level(logging.INFO, logger="ray_triton_shm")
+    repository = model_repository(tmp_path / "models", "identity")
+    grpc_port, http_port = free_port_pair()
+    metrics_port = next(p for p in free_ports(3) if p not in (grpc_port, http_port))
+    ports = {"grpc_port": grpc_port, "http_port": http_port, "metrics_port": metrics_port}
+    x = np.arange(16, dtype=np.float32).reshape(1, 16)
+    before = our_regions()
+
+    def start(launcher: tuple[str, ...] = ()) -> LocalTritonServer:
+        server = LocalTritonServer(
+            repository, launcher=launcher, log_path=tmp_path / "tritonserver.log", **ports
+        )
+        server.start()
+        return server
+
+    server = start()
+    try:
+        with TritonSHMClient(server.grpc_url, config_check_interval_s=0.5) as client:
+            client.register_shm_model("identity", pool_size=1, max_shapes=SHAPES)
+            assert client.shm_stats("identity").transport == "shm"
+            assert _switches(caplog, "identity") == []
+            # Triton restarts with a /dev/shm of its own: the next call goes on by value.
+            server.kill()
+            server.close()
+            server = start(OWN_DEV_SHM)
+            np.testing.assert_array_equal(client.infer_shm("identity", {"INPUT0": x})["OUTPUT0"], x)
+            stats = client.shm_stats("identity")
+            assert stats.transport == "inline", stats.transport_reason
+            switches = _switches(caplog, "identity")
+            assert switches and "could not open /dev/shm/" in switches[-1], switches
+            assert stats.transport_reason in switches[-1]
+            # Registered there: one line, with the reason.
+            caplog.clear()
+            with TritonSHMClient(server.grpc_url) as other:
+                other.register_shm_model("identity", pool_size=1, max_shapes=SHAPES)
+                (by_value,) = _switches(caplog, "identity")
+                assert other.shm_stats("identity").transport_reason in by_value
+            # Back where Triton maps the region: a call finds out within the interval.
+            caplog.clear()
+            server.kill()
+            server.close()
+            server = start()
+            deadline = time.monotonic() + 30
+            while client.shm_stats("identity").transport != "shm":
+                assert time.monotonic() < deadline, _switches(caplog, "identity")
+                client.infer_shm("identity", {"INPUT0": x})
+                time.sleep(0.2)
+            (back,) = _switches(caplog, "identity")
+            assert "transport shm" in back, back
+    finally:
+        server.kill()
+        server.close()
+    assert our_regions() == before
+    # Checked last, so that the checks above run whatever this says.
+    assert len(switches) == 1, (
+        "the switch to by value after Triton moved logs more than one INFO line (_registry's "
+        "_replace logs it, and so does the _create it calls):\n" + "\n".join(switches)
+    )
 
 
 def test_a_restricted_triton_without_keys_names_each_missing_header_never_a_value(
@@ -347,7 +465,12 @@ def test_a_64_mb_dev_shm_is_flagged_and_a_pool_that_does_not_fit_fails(
     assert dev_shm["status"] == "warn" and "Docker's default" in dev_shm["summary"]
     assert dev_shm["details"]["total"] == 64 * 2**20
 
-    code, report, _ = _doctor("--url", triton.grpc_url, "--model", "large_image:4", prefix=prefix)
+    # Pools in shared memory (this doctor's /dev/shm is not Triton's: with transport auto they
+    # would go by value, as below).
+    shm = ("--transport", "shm")
+    code, report, _ = _doctor(
+        "--url", triton.grpc_url, "--model", "large_image:4", *shm, prefix=prefix
+    )
     checks = _checks(report)
     dev_shm = checks["dev_shm"]
     assert code == 1 and dev_shm["status"] == "fail", report
@@ -356,10 +479,18 @@ def test_a_64_mb_dev_shm_is_flagged_and_a_pool_that_does_not_fit_fails(
     assert "--shm-size=" in dev_shm["fix"] and "sizeLimit" in dev_shm["fix"]
     # This doctor sees a /dev/shm of its own, and says so: each cause has its own message.
     assert checks["region"]["details"]["cause"] == "dev_shm"
+    # By value a pool holds a region of its header alone: the same pool fits.
+    code, report, _ = _doctor("--url", triton.grpc_url, "--model", "large_image:4", prefix=prefix)
+    checks = _checks(report)
+    assert code == 0 and checks["region"]["status"] == "warn", report
+    assert checks["dev_shm"]["status"] == "ok", report
+    assert checks["dev_shm"]["details"]["new"]["large_image"] <= 2**20
 
     # A pool that follows its load is counted at its largest (64 slots): 2 slots of the
     # classifier fit, 64 do not: it will stop growing short of them, which is a warning...
-    code, report, _ = _doctor("--url", triton.grpc_url, "--model", "classifier", prefix=prefix)
+    code, report, _ = _doctor(
+        "--url", triton.grpc_url, "--model", "classifier", *shm, prefix=prefix
+    )
     dev_shm = _checks(report)["dev_shm"]
     assert dev_shm["status"] == "warn" and "stop growing" in dev_shm["summary"], report
     least, most = (
@@ -368,7 +499,9 @@ def test_a_64_mb_dev_shm_is_flagged_and_a_pool_that_does_not_fit_fails(
     )
     assert least < 64 * 2**20 < most and 31 * least < most < 33 * least
     # ...but where not even its smallest size fits, it fails.
-    code, report, _ = _doctor("--url", triton.grpc_url, "--model", "large_image", prefix=prefix)
+    code, report, _ = _doctor(
+        "--url", triton.grpc_url, "--model", "large_image", *shm, prefix=prefix
+    )
     assert code == 1 and _checks(report)["dev_shm"]["status"] == "fail", report
 
 

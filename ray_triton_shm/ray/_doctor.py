@@ -30,6 +30,7 @@ def check_cluster(
     wait_s: float = 60.0,
     tls: Mapping[str, Any] | None = None,
     all_nodes: bool = False,
+    transport: str = "auto",
 ) -> list[NodeReport]:
     """Runs the doctor's checks on every alive node of the cluster at ``address``.
 
@@ -46,6 +47,8 @@ def check_cluster(
         all_nodes: Check nodes without CPUs or GPUs too. By default they are reported
             skipped: no replica or predictor is placed there (a KubeRay head with
             ``num-cpus: "0"`` is one), so no Triton needs to run beside them.
+        transport: The ``transport=`` the models will be registered with on every node
+            (see :func:`check_node`).
 
     Raises:
         ConnectionError: No Ray cluster at ``address``.
@@ -80,6 +83,7 @@ def check_cluster(
                     object_store_bytes=int(resources.get("object_store_memory", 0)),
                     node=node_id,
                     timeout_s=timeout_s,
+                    transport=transport,
                     **dict(tls or {}),
                 )
             )
