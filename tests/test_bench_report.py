@@ -16,7 +16,7 @@ from _helpers import browse
 from rich.console import Console
 
 from ray_triton_shm._bench._cases import ModelCase
-from ray_triton_shm._bench._config import ELASTIC, BenchConfig
+from ray_triton_shm._bench._config import DEFAULT_PATHS, ELASTIC, RAY_PATHS, BenchConfig
 from ray_triton_shm._bench._load import OpenLoop, SliceSummary, arrival_times, run_open_loop
 from ray_triton_shm._bench._results import (
     ELASTIC_POOL,
@@ -369,3 +369,67 @@ def test_an_elastic_pool_s_growth_says_what_held_it_back_and_what_was_no_reason(
     assert both is not None and both.endswith(
         "(held back by max_slots; callers' waits shorter than upscale_delay_s did not grow it)"
     )
+
+
+def test_by_value_each_library_path_s_goal_is_its_grpc_twin_and_the_summary_says_why(
+    tmp_path: Path,
+) -> None:
+    """A Triton that cannot map the bench's /dev/shm: the library's runs say they went by
+    value and why, the goals on them are 0.95x their plain gRPC twins' (shared memory's
+    speed-ups do not apply, goals without a baseline still do), the shm-only paths skipped."""
+    why = "Triton at remote:8001 could not open /dev/shm/rtshm_1_identity@0 (Unable to open)"
+    inline = {"transport": "inline", "transport_reason": why}
+    lease = RunResult("shm-lease", 1, 1, _CASE, skipped="a lease cannot run by value: ...")
+    runs = [
+        _closed("grpc", 1, None, 100),
+        _closed("shm-client", 1, 1, 90, **inline),  # 0.9x: missed
+        _closed("grpc", 4, None, 200),
+        _closed("shm-client", 4, 4, 200, **inline),
+        lease,
+        _closed("shm-model", 16, 4, 100, **inline),  # fewer slots than callers: no goal
+        _closed("shm-model", 16, ELASTIC, 160, **inline),
+        _closed("grpc-procs", 16, None, 160),
+    ]
+    paths = (*DEFAULT_PATHS, *RAY_PATHS)
+    config = BenchConfig(models=("identity",), paths=paths, concurrency=(1, 4), url="remote:8001")
+    model = ModelResult("identity", _CASE, runs, transport="inline", transport_reason=why)
+    results = BenchResults(config, [model], "remote:8001", 1.0)
+
+    goals = {goal.description: value for goal, value in results.goals()}
+    assert goals == {
+        "shm-client (1 caller) MB/s >= 0.95x grpc (1 caller)": pytest.approx(0.9),
+        "shm-client (4 callers) MB/s >= 0.95x grpc (4 callers)": pytest.approx(1.0),
+        "shm-model (16 callers, elastic pool) MB/s >= 0.95x grpc-procs (16 callers)": 1.0,
+        "shm-model (16 callers, elastic pool): fewest requests of a caller / mean >= 0.5": 1.0,
+    }
+    full, summary_text = _printed(results)
+    assert f"by value: shm-client, shm-lease, shm-model on identity: {why}\n" not in full
+    assert f"by value: shm-client, shm-model on identity: {why}\n" in summary_text
+    assert (
+        "by value, the goal: each library path >= 0.95x plain gRPC's MB/s in the same set-up "
+        "and run (the library must cost nothing where it cannot help): 2 met, 1 missed; "
+        "lowest 0.9x (identity: shm-client (1 caller))\n"
+    ) in summary_text
+    assert "skipped: shm-lease on identity: a lease cannot run by value" in summary_text
+    assert re.search(r"\nshm-client \(1 caller\) .* by value +ok\n", full), full
+    assert re.search(r"\ngrpc \(1 caller\) .* ok\n", full) and ">= 1x grpc" not in full
+
+    page = write_report(results, tmp_path / "report.html").read_text()
+    assert f"by value: shm-client, shm-model on identity: {why}" in page
+    data = json.loads(write_json(results, tmp_path / "bench.json").read_text())
+    assert data["models"]["identity"]["transport"] == "inline"
+    assert {r["path"]: r.get("transport") for r in data["runs"] if r["concurrency"] == 1} == {
+        "grpc": None,
+        "shm-client": "inline",
+    }
+    # The same runs through shared memory: shared memory's goals, and its line.
+    model.transport = "shm"
+    for run in runs:
+        if "transport" in run.extra:
+            run.extra.update(transport="shm", transport_reason="Triton mapped the region")
+    assert ("identity", 1.0) in {(g.model, g.target) for g, _ in results.goals()}
+    full, summary_text = _printed(results)
+    assert "shared memory: shm-client, shm-model on identity: Triton mapped the region\n" in (
+        summary_text
+    )
+    assert "\nby value" not in full and " by value " not in full  # no line, no run
