@@ -6,14 +6,17 @@ import argparse
 import io
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from _helpers import our_regions, registered_on
+from _helpers import model_repository, our_regions, registered_on
 from rich.console import Console
 
 from ray_triton_shm._bench._config import (
@@ -330,6 +333,78 @@ def test_bench_without_ray_has_no_ray_paths_or_goals(triton: LocalTritonServer) 
     assert [g["description"] for g in data["goals"]] == [
         "shm-client (1 caller) MB/s >= 1x grpc (1 caller)"
     ]
+
+
+#: A Triton started under this sees a /dev/shm of its own (the container mistake): it cannot
+#: map the bench's shared memory.
+OWN_DEV_SHM = ("unshare", "--mount", "sh", "-c", 'mount -t tmpfs tmpfs /dev/shm && exec "$0" "$@"')
+
+
+@pytest.fixture
+def triton_elsewhere(tmp_path: Path) -> Iterator[LocalTritonServer]:
+    """A Triton in a mount namespace of its own, with a /dev/shm of its own, serving
+    ``identity`` (one model: it starts in seconds)."""
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare is not installed")
+    if subprocess.run(["unshare", "--mount", "true"], capture_output=True).returncode != 0:
+        pytest.skip("`unshare --mount` needs root here")
+    server = LocalTritonServer(
+        model_repository(tmp_path / "models", "identity"),
+        launcher=OWN_DEV_SHM,
+        log_path=tmp_path / "tritonserver.log",
+    )
+    try:
+        server.start()
+        yield server
+    finally:
+        server.kill()
+        server.close()
+
+
+def test_bench_on_a_triton_that_cannot_map_its_shared_memory_runs_by_value_and_says_so(
+    triton_elsewhere: LocalTritonServer, tmp_path: Path
+) -> None:
+    """Every library path (the core client, ShmModel in Ray tasks) runs by value there, and
+    the report says so and why; the shm-only paths are skipped saying why; plain gRPC and
+    perf_analyzer's by value run as the baselines, and each library path's goal is its gRPC
+    twin's MB/s (0.95x)."""
+    url = triton_elsewhere.grpc_url
+    regions_before = our_regions()
+    paths = ("grpc", "shm-manual", "shm-client", "shm-lease", "pa-shm", "pa-grpc")
+    proc, data = _bench_json(
+        triton_elsewhere,
+        tmp_path / "bench.json",
+        *("--ray", "--models", "identity", "--paths", *paths, "shm-model", "grpc-procs"),
+        *("--concurrency", "1", "--rounds", "1", "--ray-callers", "1", "--no-node-load"),
+    )
+    model = data["models"]["identity"]
+    assert model["transport"] == "inline", model
+    assert f"Triton at {url} could not open /dev/shm/" in model["transport_reason"]
+    assert data["failures"] == []
+    transports = {r["path"]: r.get("transport") for r in data["runs"]}
+    assert {p: transports.get(p) for p in ("grpc", "shm-client", "shm-model", "grpc-procs")} == {
+        "grpc": None,
+        "shm-client": "inline",
+        "shm-model": "inline",
+        "grpc-procs": None,
+    }
+    skipped = model["skipped"]
+    for path in ("shm-manual", "shm-lease", "pa-shm"):
+        assert f"cannot run by value: Triton at {url} cannot map" in skipped[f"{path}@1"], path
+    assert "by value" not in skipped.get("pa-grpc@1", "")  # perf_analyzer's gRPC runs there
+    goals = {g["description"] for g in data["goals"]}
+    assert {
+        "shm-client (1 caller) MB/s >= 0.95x grpc (1 caller)",
+        "shm-model (1 caller, 1 slot) MB/s >= 0.95x grpc-procs (1 caller)",
+    } <= goals
+    assert not [g for g in goals if "perf_analyzer" in g or ">= 1x" in g]  # shared memory's
+    out = proc.stdout
+    assert f"\nby value: shm-client, shm-model on identity: Triton at {url} could not open " in out
+    assert "\nby value, the goal: each library path >= 0.95x plain gRPC's MB/s" in out
+    assert re.search(r"\nshm-model \(1 caller, 1 slot\) .* by value +ok\n", out), out
+    # Nothing registered there, and nothing of the bench's left in this /dev/shm.
+    assert registered_on(url) == set()
+    assert [n for n in our_regions() - regions_before if owner_state(n) != ALIVE] == []
 
 
 def test_status_ray_lists_node_actors_with_stats(triton: LocalTritonServer, ray_local: str) -> None:
