@@ -443,6 +443,7 @@ def test_status_ray_lists_node_actors_with_stats(triton: LocalTritonServer, ray_
         header = next(line for line in out.splitlines() if line.strip().startswith("model"))
         assert header.split() == [
             "model",
+            "transport",
             "slots",
             "max_slots",
             "limited_by",
@@ -465,10 +466,12 @@ def test_status_ray_lists_node_actors_with_stats(triton: LocalTritonServer, ray_
         assert stats.shm_bytes == shm_bytes and 0 < stats.shm_free <= stats.shm_capacity
         assert "held in /dev/shm by the node's regions" in out
         # Registered without pool_size: a pool that follows its load, at its 2 slots (of 64).
-        expected = (2, 64, "-", 0, 0, 0, 0, None, 0, shm_bytes, 1, 2, x.nbytes, x.nbytes, 0)
+        expected = ("shm", 2, 64, "-", 0, 0, 0, 0, None, 0, shm_bytes, 1, 2, x.nbytes, x.nbytes, 0)
         values = row.split()[1:]
         # Every request's wait for its slot counts, if only the microseconds of taking it.
-        assert 0 <= int(values[7]) < 100_000
+        assert 0 <= int(values[8]) < 100_000
+        # Under the table, why the model goes through shared memory.
+        assert "    identity: shm (through shared memory), because Triton at " in out
         assert [v for v, e in zip(values, expected, strict=True) if e is not None] == [
             str(e) for e in expected if e is not None
         ]
