@@ -55,6 +55,7 @@ __all__ = [
     "SlotViews",
     "check_memory_options",
     "check_numeric",
+    "new_memory",
     "open_memory",
     "region_bytes",
 ]
@@ -573,6 +574,27 @@ class InlineMemory(SlotMemory):
 
     def unback(self, slot: int) -> None:
         """No pages."""
+
+
+def new_memory(
+    kind: str,
+    region: SharedMemoryRegion,
+    layout: SlotLayout,
+    slot_count: int,
+    *,
+    gpu: str | None,
+    triton_device_id: int | None,
+    model: str,
+) -> SlotMemory:
+    """The memory of a new region's slots, of ``kind`` (GPU memory, on ``gpu`` by its UUID,
+    is allocated here)."""
+    if kind == SYSTEM:
+        return SlotMemory(region, layout, slot_count)
+    if kind == INLINE:
+        return InlineMemory(region, layout, slot_count)
+    assert triton_device_id is not None
+    device = _cuda.find_device(gpu)
+    return CudaMemory.create(region, layout, slot_count, device, triton_device_id, model=model)
 
 
 def open_memory(region: SharedMemoryRegion, layout: SlotLayout, slot_count: int) -> SlotMemory:

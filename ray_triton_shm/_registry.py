@@ -21,7 +21,6 @@ from collections.abc import Callable, Sequence
 import grpc
 from tritonclient.utils import InferenceServerException
 
-from . import _cuda
 from ._changes import Registration
 from ._channel import Channel
 from ._engine import ModelPool, PoolRetired, SuspectedChange
@@ -37,10 +36,10 @@ from ._memory import (
     CUDA,
     INLINE,
     SYSTEM,
-    CudaMemory,
     InlineMemory,
     SlotMemory,
     check_numeric,
+    new_memory,
     open_memory,
     region_bytes,
 )
@@ -368,6 +367,7 @@ class Registry:
             transport=INLINE,
         )
         pool = self._create_in(INLINE, spec, slot_count, registration, 0, None, [reason])
+        logger.info("ray-triton-shm: model %r sends its tensors by value: %s", spec.name, reason)
         with self._lock:
             stale, self._pools[spec.name] = self._pools.get(spec.name), pool
         if stale is not None:
@@ -408,11 +408,13 @@ class Registry:
         registration: Registration,
         generation: int = 0,
         initial: int | None = None,
+        *,
+        announce: bool = True,
     ) -> ModelPool:
         """A new pool for ``spec``, in the first memory of :func:`._route.attempts` that
-        Triton maps (registered in Triton, proven by a probe request), else by value; one
-        that follows its load starts with ``initial`` slots (default: its ``min_slots``), its
-        region room for the most.
+        Triton maps (registered in Triton, proven by a probe request), else by value (said in
+        the log if ``announce``); one that follows its load starts with ``initial`` slots
+        (default: its ``min_slots``), its region room for the most.
 
         Raises:
             SharedMemoryUnreachableError: ``transport="shm"``, and Triton maps no memory of
@@ -427,7 +429,7 @@ class Registry:
             except Unmappable as exc:
                 reasons.append(str(exc))
                 continue
-            if pool.by_value and reasons:
+            if pool.by_value and reasons and announce:
                 logger.info(
                     "ray-triton-shm: model %r sends its tensors by value: %s",
                     spec.name,
@@ -480,7 +482,15 @@ class Registry:
             backed=backed,
         )
         try:
-            memory = _slot_memory(kind, region, layout, capacity, registration, spec.name)
+            memory = new_memory(
+                kind,
+                region,
+                layout,
+                capacity,
+                gpu=registration.device,
+                triton_device_id=registration.triton_device_id,
+                model=spec.name,
+            )
         except BaseException:
             region.unlink()
             region.close()
@@ -636,7 +646,12 @@ class Registry:
                 return old.following.successor
             # As large as the old one is now: the load that made it so goes on.
             new = self._create(
-                spec, sizing, registration, old.generation + 1, initial=old.slots.size
+                spec,
+                sizing,
+                registration,
+                old.generation + 1,
+                initial=old.slots.size,
+                announce=False,  # said below
             )
             with self._lock:
                 if self._pools.get(spec.name) is old:
@@ -709,26 +724,6 @@ class Registry:
         """:meth:`Follower.maybe_check` and :meth:`Rerouter.maybe_reprobe`."""
         self._follower.maybe_check(pool)
         self._rerouter.maybe_reprobe(pool)
-
-
-def _slot_memory(
-    kind: str,
-    region: SharedMemoryRegion,
-    layout: SlotLayout,
-    pool_size: int,
-    registration: Registration,
-    model: str,
-) -> SlotMemory:
-    """The memory of a new region's slots, of ``kind`` (GPU memory is allocated here)."""
-    if kind == SYSTEM:
-        return SlotMemory(region, layout, pool_size)
-    if kind == INLINE:
-        return InlineMemory(region, layout, pool_size)
-    assert registration.triton_device_id is not None
-    device = _cuda.find_device(registration.device)
-    return CudaMemory.create(
-        region, layout, pool_size, device, registration.triton_device_id, model=model
-    )
 
 
 def _sizing_text(sizing: int | SlotAutoscaling | None) -> str:

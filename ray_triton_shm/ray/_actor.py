@@ -23,9 +23,10 @@ callers send their tensors by value, straight to Triton too (:mod:`ray_triton_sh
 It is a threaded actor whose methods run in one concurrency group, ``"control"``
 (registration, stats). The actor executes calls in order: Ray's out-of-order execution (the
 default for threaded actors) can crash the actor inside Ray core when callers die with calls in
-flight, which is what Ray Data does at the end of every job. In-order execution stalls a caller's later calls behind a
-cancelled one; callers therefore make their control calls from a thread of their own, outside
-any Ray task, so a Ray cancellation never reaches them (see :mod:`._control`).
+flight, which is what Ray Data does at the end of every job. In-order execution stalls a
+caller's later calls behind a cancelled one; callers therefore make their control calls from a
+thread of their own, outside any Ray task, so a Ray cancellation never reaches them (see
+:mod:`._control`).
 """
 
 from __future__ import annotations
@@ -346,7 +347,8 @@ class TritonNodeActor:
             for name in self._client.registered_models:
                 try:
                     pool = self._pools.get(name)
-                    self._metrics.export(name, PoolSnapshot.of(pool, node_wide=True))
+                    now = PoolSnapshot.of(pool, node_wide=True)
+                    self._metrics.export(name, now, transport=pool.transport.kind)
                     if interval is not None and pool.follows:
                         self._pools.follow(pool, since=time.monotonic() - interval)
                     if interval is not None:
@@ -396,11 +398,11 @@ class TritonNodeActor:
         registered = registrations(self._client).keys()
         lost = [pool for pool in pools if registered.isdisjoint(pool.slot_keys)]
         for pool in lost:
-            logger.info(
-                "ray-triton-shm: Triton lost model %r's region; registering it again",
-                pool.spec.name,
-            )
-            self._pools.register_again(pool)
+            if self._pools.register_again(pool) is pool:  # else laid out anew, and logged
+                logger.info(
+                    "ray-triton-shm: Triton lost model %r's region; registered it again",
+                    pool.spec.name,
+                )
         return len(lost) == len(pools)
 
     def _registered_pools(self) -> list[tuple[str, ModelPool]]:
