@@ -373,6 +373,12 @@ class Registry:
         if stale is not None:
             _release_pool(stale, self._keepers, CLOSE_WAIT_S)
 
+    def region_removed(self, model_name: str) -> bool:
+        """Internal API for the Ray layer: whether the region of an attached model is gone
+        (its owner released it, or died)."""
+        slots = self.get(model_name).slots
+        return isinstance(slots, SharedSlots) and slots.region_removed()
+
     def share_slots(self, *, max_waiting: int) -> None:
         """Internal API for the Ray node actor: the pools made from now on hand their slots
         out through their region, to every process of the machine (:class:`SharedSlots`),
@@ -420,23 +426,25 @@ class Registry:
             SharedMemoryUnreachableError: ``transport="shm"``, and Triton maps no memory of
                 this process.
         """
-        reasons: list[str] = []
+        failures: list[Unmappable] = []
         for kind in attempts(registration.transport, registration.memory):
+            reasons = [str(failure) for failure in failures]
             try:
                 pool = self._create_in(
                     kind, spec, sizing, registration, generation, initial, reasons
                 )
             except Unmappable as exc:
-                reasons.append(str(exc))
+                failures.append(exc)
                 continue
-            if pool.by_value and reasons and announce:
+            if failures and announce:
                 logger.info(
-                    "ray-triton-shm: model %r sends its tensors by value: %s",
+                    "ray-triton-shm: model %r sends its tensors %s: %s",
                     spec.name,
+                    "by value" if pool.by_value else f"through {kind} shared memory",
                     pool.transport.reason,
                 )
             return pool
-        raise unreachable_error(spec.name, self._triton.url, reasons)
+        raise unreachable_error(spec.name, self._triton.url, failures)
 
     def _create_in(
         self,
@@ -514,6 +522,7 @@ class Registry:
                         self._triton.url,
                     )
                     self._triton.prove_http(keys[0])
+                    why = "; ".join([*reasons, why])  # after GPU memory it could not open
                 else:
                     why = f"Triton at {self._triton.url} opened the GPU memory of every slot"
             header = RegionHeader(region.buffer, capacity)
@@ -584,12 +593,12 @@ class Registry:
                 except grpc.RpcError as exc:
                     if status_and_message(exc)[0] == str(grpc.StatusCode.ALREADY_EXISTS):
                         continue
-                    if memory.kind == SYSTEM and is_unopenable(exc):
-                        raise Unmappable(refusal_reason(triton.url, key, exc)) from exc
                     error = translate_error(exc, model=model, action="registering shared memory")
+                    if memory.kind == SYSTEM and is_unopenable(exc):
+                        raise Unmappable(refusal_reason(triton.url, key, exc), error) from exc
                     explained = memory.explain(error)
                     if explained is not error:  # GPU memory Triton cannot open
-                        raise Unmappable(str(explained)) from exc
+                        raise Unmappable(str(explained), error) from exc
                     raise explained from exc
 
         triton.rotating(register)

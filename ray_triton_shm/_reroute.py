@@ -64,7 +64,7 @@ class Rerouter:
         """
         assert pool.registration is not None and pool.sizing is not None  # owned
         if pool.transport.asked == SHM:
-            raise unreachable_error(pool.spec.name, self._triton.url, [str(unmappable)])
+            raise unreachable_error(pool.spec.name, self._triton.url, [unmappable])
         return self._replace(pool, pool.spec, pool.sizing, pool.registration, "as Triton moved")
 
     def register_again(self, pool: ModelPool) -> ModelPool:

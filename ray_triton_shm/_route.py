@@ -23,7 +23,7 @@ from typing import Any
 import grpc
 import numpy as np
 
-from ._exceptions import ModelSpecError, SharedMemoryUnreachableError
+from ._exceptions import ModelSpecError, SharedMemoryUnreachableError, TritonServerError
 from ._memory import CUDA, INLINE, SYSTEM, SlotMemory
 from ._specs import ModelSpec
 from ._transport import SlotRequests
@@ -74,7 +74,16 @@ class Transport:
 
 
 class Unmappable(Exception):
-    """Triton cannot map a region of this process (the reason is the message)."""
+    """Triton cannot map a region of this process.
+
+    Args:
+        reason: Why, in a sentence (the message).
+        refusal: Triton's refusal, explained (what ``transport="shm"`` raises from).
+    """
+
+    def __init__(self, reason: str, refusal: TritonServerError | None = None) -> None:
+        super().__init__(reason)
+        self.refusal = refusal
 
 
 def check_transport(model: str, transport: str) -> None:
@@ -105,17 +114,25 @@ def node_name() -> str:
     return socket.gethostname()
 
 
-def unreachable_error(model: str, url: str, reasons: Sequence[str]) -> SharedMemoryUnreachableError:
-    """The error of ``transport="shm"`` when Triton mapped no memory of this process."""
+def unreachable_error(
+    model: str, url: str, reasons: Sequence[Unmappable | str]
+) -> SharedMemoryUnreachableError:
+    """The error of ``transport="shm"`` when Triton mapped no memory of this process, with
+    Triton's own refusal where there was one."""
     node = node_name()
-    reason = "; ".join(reasons)
+    refusals = [r.refusal for r in reasons if isinstance(r, Unmappable) and r.refusal]
+    reason = "; ".join(map(str, reasons))
+    detail = "; ".join(map(str, refusals)) or reason
+    first = refusals[0] if refusals else None
     return SharedMemoryUnreachableError(
         f"model {model!r}: transport='shm', but Triton at {url} cannot map the shared memory "
-        f"of this process on {node}: {reason}. Run Triton where it shares /dev/shm with this "
+        f"of this process on {node}: {detail}. Run Triton where it shares /dev/shm with this "
         "process (the same host or pod; --ipc=host or a shared /dev/shm volume for "
         "containers), or use transport='auto' to send the tensors by value there",
         node=node,
         reason=reason,
+        status=None if first is None else first.status,
+        server_message="" if first is None else first.server_message,
         model=model,
     )
 

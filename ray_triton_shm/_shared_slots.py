@@ -216,6 +216,11 @@ class SharedSlots:
         """Slots in use now, over every process (the header's word)."""
         return self._header.size
 
+    def region_removed(self) -> bool:
+        """Whether the region's file is gone from ``/dev/shm``: its owner released it, or
+        died and was reclaimed (callers by value, whom Triton never tells, ask this)."""
+        return os.fstat(self._base_fd).st_nlink == 0
+
     # ---------------------------------------------------------------- SlotSource
 
     def acquire(self, timeout_s: float | None = None) -> int:

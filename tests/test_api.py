@@ -36,6 +36,7 @@ CORE = [
     "ServerUnreachableError",
     "SharedMemoryFullError",
     "SharedMemoryNotAllowedError",
+    "SharedMemoryUnreachableError",
     "SlotAutoscaling",
     "SlotLease",
     "SlotTimeoutError",

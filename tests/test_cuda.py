@@ -22,6 +22,7 @@ from ray_triton_shm import (
     ModelSpecError,
     TritonSHMClient,
     _cuda,
+    _registry,
 )
 from ray_triton_shm._client import registry_of
 from ray_triton_shm._header import RegionHeader
@@ -33,6 +34,7 @@ from ray_triton_shm._memory import (
     region_bytes,
 )
 from ray_triton_shm._reconnect import Reconnect
+from ray_triton_shm._route import Unmappable
 from ray_triton_shm._shm import SharedMemoryRegion, list_local_regions, new_region_name, slot_key
 from ray_triton_shm._specs import REGION_HEADER_BYTES, SlotLayout
 
@@ -170,7 +172,7 @@ def test_triton_refusing_gpu_memory_names_the_causes_and_nothing_stays(grpc_url:
             memory = CudaMemory(region, layout, device, 0, [], handles, owner=True)
             keys = [slot_key(name, slot) for slot in range(2)]
             reconnect = Reconnect(client._channel, grpc_url, 1.0, "identity")
-            with pytest.raises(CudaError) as caught:
+            with pytest.raises(Unmappable) as caught:
                 registry_of(client).register_slots(memory, keys, reconnect, model="identity")
         finally:
             region.unlink()
@@ -178,8 +180,39 @@ def test_triton_refusing_gpu_memory_names_the_causes_and_nothing_stays(grpc_url:
         message = str(caught.value)
         for cause in ("another machine", "container", "triton_device_id=", "CPU-only build"):
             assert cause in message, message
-        assert caught.value.device == device.uuid
+        assert "invalid args" in caught.value.refusal.server_message
         assert registered_on(grpc_url) == before
+
+
+def test_gpu_memory_triton_cannot_open_falls_back_to_system_shared_memory(
+    grpc_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No GPU here: the GPU and its memory are stand-ins, Triton's refusal of them is real."""
+    device = _cuda.Device(0, f"GPU-{uuid.uuid4()}", "a GPU Triton cannot open")
+    made = _registry.new_memory
+
+    def new_memory(
+        kind: str, region: SharedMemoryRegion, layout: SlotLayout, count: int, **kw: Any
+    ) -> Any:
+        if kind != "cuda":
+            return made(kind, region, layout, count, **kw)
+        handles = [os.urandom(_cuda.IPC_HANDLE_BYTES) for _ in range(count)]
+        return CudaMemory(region, layout, device, 0, [], handles, owner=True)
+
+    monkeypatch.setattr(_cuda, "find_device", lambda _: device)
+    monkeypatch.setattr(_registry, "new_memory", new_memory)
+    before = registered_on(grpc_url)
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    with TritonSHMClient(url=grpc_url) as client:
+        client.register_shm_model(
+            "identity", pool_size=2, max_shapes=SHAPES, memory="cuda", triton_device_id=0
+        )
+        stats = client.shm_stats("identity")
+        assert stats.transport == "shm"
+        assert "could not open the GPU memory" in stats.transport_reason
+        assert "mapped the region" in stats.transport_reason  # system memory, proven
+        np.testing.assert_array_equal(client.infer_shm("identity", {"INPUT0": x})["OUTPUT0"], x)
+    assert registered_on(grpc_url) == before
 
 
 def test_a_region_says_where_its_slots_live() -> None:

@@ -313,8 +313,8 @@ def test_a_region_triton_cannot_open_is_an_error_that_says_why(
     monkeypatch.setattr(_registry, "SharedMemoryRegion", ElsewhereRegion)
     before = our_regions(os.getpid())
     with TritonSHMClient(restricted.grpc_url, headers=keys) as client:
-        with pytest.raises(TritonServerError) as info:
-            client.register_shm_model("classifier", pool_size=1)
+        with pytest.raises(TritonServerError) as info:  # SharedMemoryUnreachableError
+            client.register_shm_model("classifier", pool_size=1, transport="shm")
         message = str(info.value)
         assert "Unable to open shared memory region" in info.value.server_message
         for words in ("another user", "another /dev/shm", "same uid", "--ipc=host"):

@@ -18,7 +18,12 @@ import ray
 
 from .._client import TritonSHMClient, infer_with, infer_with_async, registry_of
 from .._engine import SuspectedChange
-from .._exceptions import BlockingCallError, ClientClosedError, InvalidInputError
+from .._exceptions import (
+    BlockingCallError,
+    ClientClosedError,
+    InvalidInputError,
+    RegionReplacedError,
+)
 from .._inputs import InputValue
 from .._keys import Keys
 from .._memory import INLINE
@@ -73,12 +78,16 @@ class Binding:
             headers=keys,
             **client_options,
         )
+        pools = registry_of(client)
         try:
-            self._attach(registry_of(client), transport)
+            self._attach(pools, transport)
         except BaseException:
             client.close()
             raise
         self.client = client
+        self._pools = pools
+        #: Calls by value on the node's region: Triton never tells them it is gone.
+        self._by_value = client.shm_stats(self.spec.name).transport == INLINE
 
     def _attach(self, pools: Registry, transport: str) -> None:
         """Attaches the node's region of the model, as ``transport`` asks; a process that
@@ -118,12 +127,30 @@ class Binding:
     def infer(
         self, inputs: Mapping[str, InputValue], options: RequestOptions | None, call: CallSettings
     ) -> Any:
+        self._check_region()
         return infer_with(self.client, self.spec.name, inputs, options, **call.keywords)
 
     async def infer_async(
         self, inputs: Mapping[str, InputValue], options: RequestOptions | None, call: CallSettings
     ) -> Any:
+        self._check_region()
         return await infer_with_async(self.client, self.spec.name, inputs, options, **call.keywords)
+
+    def _check_region(self) -> None:
+        """Calls by value never hear from Triton that the node's region is gone (the node
+        actor restarted, or stopped): they ask the region.
+
+        Raises:
+            RegionReplacedError: it is gone: bind again.
+        """
+        if self._by_value and self._pools.region_removed(self.spec.name):
+            raise RegionReplacedError(
+                f"model {self.spec.name!r}: the node actor's region "
+                f"{self.registration.region_name} is gone (the actor restarted or stopped); "
+                "bind again",
+                model=self.spec.name,
+                incarnation=self.registration.incarnation,
+            )
 
     @property
     def stats(self) -> PoolStats:
