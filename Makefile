@@ -10,7 +10,7 @@ PYTHON ?= python3
 VENV := .venv
 export RAY_TRITON_SHM_SERVER_ENV ?= $(CURDIR)/.triton-env
 
-.PHONY: bench test test-quick test-gpu newcomer serve lint docs browser prometheus grafana clean
+.PHONY: bench test test-soak test-quick test-gpu newcomer serve lint docs browser prometheus grafana clean
 
 # Again when the server environment's requirements change (ray_triton_shm/local/_install.py).
 $(VENV)/.installed: pyproject.toml ray_triton_shm/local/_install.py
@@ -29,7 +29,12 @@ bench: $(VENV)/.installed
 		--rate-models classifier-1 $(BENCH_ARGS)
 
 test: $(VENV)/.installed browser prometheus
-	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -m "not soak" $(PYTEST_ARGS)
+
+# The long tier (the chaos soak, a load swinging 1-32 callers, whole bench runs: about 3 min),
+# which CI runs after `make test`.
+test-soak: $(VENV)/.installed browser prometheus
+	$(VENV)/bin/python -m pytest -m soak $(PYTEST_ARGS)
 
 # The quick tier, while editing (under a minute): tests/unit/, the logic and the files that
 # need no server. One test: make test PYTEST_ARGS="tests/test_client.py -k lease".

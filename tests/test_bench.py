@@ -116,6 +116,7 @@ def _check_contract(data: dict[str, Any], models: set[str]) -> None:
 QUICK_MODELS = ("identity", "upper-short", "classifier")
 
 
+@pytest.mark.soak
 def test_bench_quick_json_has_every_path_and_kind_of_model(
     triton: LocalTritonServer, tmp_path: Path
 ) -> None:

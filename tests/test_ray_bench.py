@@ -103,6 +103,7 @@ def _nothing_left(url: str, registered_before: set[str], regions_before: set[str
     assert left == []
 
 
+@pytest.mark.soak
 def test_bench_ray_cli_runs_serve_and_ray_data_verified_quietly_on_a_private_ray(
     triton: LocalTritonServer, tmp_path: Path
 ) -> None:
@@ -145,6 +146,7 @@ def test_bench_ray_cli_runs_serve_and_ray_data_verified_quietly_on_a_private_ray
     _nothing_left(triton.grpc_url, registered_before, regions_before)
 
 
+@pytest.mark.soak
 def test_bench_ray_sweep_node_under_load_and_open_loop(
     triton: LocalTritonServer, ray_local: str
 ) -> None:
@@ -239,6 +241,7 @@ def test_bench_ray_sweep_node_under_load_and_open_loop(
     _nothing_left(triton.grpc_url, registered_before, regions_before)
 
 
+@pytest.mark.soak
 def test_bench_ray_serve_over_http_and_churn(
     triton: LocalTritonServer,
     ray_local: str,
