@@ -587,10 +587,11 @@ def new_memory(
     model: str,
 ) -> SlotMemory:
     """The memory of a new region's slots, of ``kind`` (GPU memory, on ``gpu`` by its UUID,
-    is allocated here)."""
+    is allocated here), said in the region's header for the processes that attach it."""
     if kind == SYSTEM:
         return SlotMemory(region, layout, slot_count)
     if kind == INLINE:
+        RegionHeader(region.buffer, slot_count).set_memory(INLINE)
         return InlineMemory(region, layout, slot_count)
     assert triton_device_id is not None
     device = _cuda.find_device(gpu)

@@ -349,11 +349,7 @@ class Registry:
             memory.release()
             region.close()
             raise
-        with self._lock:
-            stale = self._pools.get(spec.name)
-            self._pools[spec.name] = pool
-        if stale is not None:
-            _release_pool(stale, self._keepers, CLOSE_WAIT_S)
+        self._install(pool)
         return True
 
     def own_by_value(self, spec: ModelSpec, slot_count: int, reason: str) -> None:
@@ -368,8 +364,13 @@ class Registry:
         )
         pool = self._create_in(INLINE, spec, slot_count, registration, 0, None, [reason])
         logger.info("ray-triton-shm: model %r sends its tensors by value: %s", spec.name, reason)
+        self._install(pool)
+
+    def _install(self, pool: ModelPool) -> None:
+        """Makes ``pool`` its model's, releasing the one it replaces (if any)."""
         with self._lock:
-            stale, self._pools[spec.name] = self._pools.get(spec.name), pool
+            stale = self._pools.get(pool.spec.name)
+            self._pools[pool.spec.name] = pool
         if stale is not None:
             _release_pool(stale, self._keepers, CLOSE_WAIT_S)
 
@@ -526,8 +527,6 @@ class Registry:
                 else:
                     why = f"Triton at {self._triton.url} opened the GPU memory of every slot"
             header = RegionHeader(region.buffer, capacity)
-            if kind == INLINE:
-                header.set_memory(INLINE)
             header.set_size(count)
             header.set_bounds(count if isinstance(sizing, int) else sizing.min_slots)
             slots = self._make_slots(region.name, header, spec.name, count, capacity)

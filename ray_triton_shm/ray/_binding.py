@@ -80,19 +80,22 @@ class Binding:
         )
         pools = registry_of(client)
         try:
-            self._attach(pools, transport)
+            #: Calls by value on the node's region: Triton never tells them it is gone.
+            self._by_value = self._attach(pools, transport)
         except BaseException:
             client.close()
             raise
         self.client = client
         self._pools = pools
-        #: Calls by value on the node's region: Triton never tells them it is gone.
-        self._by_value = client.shm_stats(self.spec.name).transport == INLINE
 
-    def _attach(self, pools: Registry, transport: str) -> None:
+    def _attach(self, pools: Registry, transport: str) -> bool:
         """Attaches the node's region of the model, as ``transport`` asks; a process that
         cannot map it (another ``/dev/shm`` than the node actor's) gets a pool by value of its
-        own, as large."""
+        own, as large.
+
+        Returns:
+            Whether the calls go by value on the node's region.
+        """
         registration, name = self.registration, self.spec.name
         if transport == SHM and registration.transport == INLINE:
             reason = registration.transport_reason
@@ -109,7 +112,7 @@ class Binding:
             chosen,
         )
         if attached:
-            return
+            return chosen.by_value
         reason = (
             f"this process cannot map the node actor's region /dev/shm/"
             f"{registration.region_name} (another /dev/shm than the actor's): by value, on "
@@ -118,6 +121,7 @@ class Binding:
         if transport == SHM:
             raise unreachable_error(name, registration.url, [reason])
         pools.own_by_value(self.spec, registration.slot_count, reason)
+        return False
 
     def _ensure_registered(self) -> None:
         actor, name = self.actor, self.spec.name
