@@ -122,16 +122,10 @@ class SlotRequests:
         if request.id != request_id:
             request.id = request_id
             self._bodies[slot] = None
-        last_shapes, last_sizes = self._shapes[slot], self._sizes[slot]
-        for index, tensor in enumerate(self._spec.inputs):
-            sample_shape = sample_shapes[tensor.name]
-            shape = sample_shape if rows is None else (rows, *sample_shape)
-            if last_shapes[index] != shape:
-                last_shapes[index] = shape
-                entry = request.inputs[index]
-                del entry.shape[:]
-                entry.shape.extend(shape)
-                self._bodies[slot] = None
+        if _reshape(request, self._spec, self._shapes[slot], rows, sample_shapes):
+            self._bodies[slot] = None
+        last_sizes = self._sizes[slot]
+        for index in range(len(last_sizes)):
             if last_sizes[index] != byte_sizes[index]:
                 last_sizes[index] = byte_sizes[index]
                 parameters = request.inputs[index].parameters
@@ -200,24 +194,17 @@ class ValueRequests:
         """The serialized request of rows ``start:stop`` of ``batch`` on ``slot`` (``views``
         holds nothing by value), and the bytes of each input."""
         request = self._requests[slot]
-        head = self._heads[slot]
-        if request.id != request_id:
+        rows = stop - start if batch.batched else None
+        changed = request.id != request_id
+        if changed:
             request.id = request_id
-            head = None
-        last = self._shapes[slot]
-        for index, tensor in enumerate(self._spec.inputs):
-            sample_shape = batch.sample_shapes[tensor.name]
-            shape = (stop - start, *sample_shape) if batch.batched else sample_shape
-            if last[index] != shape:
-                last[index] = shape
-                entry = request.inputs[index]
-                del entry.shape[:]
-                entry.shape.extend(shape)
-                head = None
+        if _reshape(request, self._spec, self._shapes[slot], rows, batch.sample_shapes) or changed:
+            self._heads[slot] = None  # also when this call, with options, does not cache it
         if options is not None:
             head = options.apply(request).SerializeToString()
-        elif head is None:
-            head = self._heads[slot] = request.SerializeToString()
+        else:
+            head = self._heads[slot] or request.SerializeToString()
+            self._heads[slot] = head
         values = batch.chunk_values(start, stop)
         parts: list[Any] = [head]
         written = []
@@ -232,6 +219,29 @@ class ValueRequests:
     def body(self, slot: int, request: Any) -> bytes | None:
         """Requests by value go over gRPC."""
         return None
+
+
+def _reshape(
+    request: service_pb2.ModelInferRequest,
+    spec: ModelSpec,
+    last: list[tuple[int, ...] | None],
+    rows: int | None,
+    sample_shapes: Mapping[str, tuple[int, ...]],
+) -> bool:
+    """Sets the shape of each input of ``request`` whose shape differs from ``last`` (which
+    it updates): ``rows`` samples (``None``: a model that does not batch) of its sample shape.
+    Whether any did."""
+    changed = False
+    for index, tensor in enumerate(spec.inputs):
+        sample_shape = sample_shapes[tensor.name]
+        shape = sample_shape if rows is None else (rows, *sample_shape)
+        if last[index] != shape:
+            last[index] = shape
+            entry = request.inputs[index]
+            del entry.shape[:]
+            entry.shape.extend(shape)
+            changed = True
+    return changed
 
 
 def _varint(value: int) -> bytes:

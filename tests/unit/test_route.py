@@ -197,6 +197,18 @@ def test_a_request_by_value_carries_its_options() -> None:
     assert [o.name for o in plain.outputs] == ["Y", "N"] and not plain.parameters
 
 
+def test_a_shape_first_sent_with_options_is_the_shape_sent_without_them() -> None:
+    requests = ValueRequests(SPEC, slot_count=1)
+    one = prepare_batch(SPEC, {"X": np.ones((1, 2), np.float32), "T": _texts(1)})
+    three = prepare_batch(SPEC, {"X": np.ones((3, 2), np.float32), "T": _texts(3)})
+    requests.write(0, None, one, 0, 1, "", None)  # type: ignore[arg-type]
+    options = request_options("m", priority=1)
+    with_options = _parse(requests.write(0, None, three, 0, 3, "", options)[0])  # type: ignore[arg-type]
+    assert list(with_options.inputs[0].shape) == [3, 2]
+    plain = _parse(requests.write(0, None, three, 0, 3, "", None)[0])  # type: ignore[arg-type]
+    assert list(plain.inputs[0].shape) == [3, 2] and not plain.parameters
+
+
 def test_a_request_by_value_of_a_sequence_step_says_its_sequence() -> None:
     requests = ValueRequests(SPEC, slot_count=1)
     batch = prepare_batch(SPEC, {"X": np.ones((1, 2), np.float32), "T": _texts(1)})
