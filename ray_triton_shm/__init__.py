@@ -17,7 +17,11 @@ from __future__ import annotations
 import importlib
 import typing
 
+from ._moved import install as _install_moved
+
 __version__ = "0.1.0"
+
+_install_moved(__name__)
 
 #: Each public name, and the private module that defines it.
 _EXPORTS = {
@@ -42,22 +46,22 @@ _EXPORTS = {
     "TLSHandshakeError": "._exceptions",
     "TritonServerError": "._exceptions",
     "TritonSHMError": "._exceptions",
-    "CheckResult": "._doctor",
-    "NodeReport": "._doctor",
-    "check_node": "._doctor",
-    "Keys": "._keys",
-    "headers_from_dir": "._keys",
-    "headers_from_env": "._keys",
-    "TlsFiles": "._tls",
-    "PoolStats": "._pool",
-    "SlotAutoscaling": "._sizing",
-    "ReclaimReport": "._reclaim",
-    "RegionStatus": "._region_status",
-    "StatusReport": "._region_status",
-    "reclaim_regions": "._reclaim",
-    "region_status": "._region_status",
-    "ModelSpec": "._specs",
-    "TensorSpec": "._specs",
+    "CheckResult": "._tools._doctor",
+    "NodeReport": "._tools._doctor",
+    "check_node": "._tools._doctor",
+    "Keys": "._wire._keys",
+    "headers_from_dir": "._wire._keys",
+    "headers_from_env": "._wire._keys",
+    "TlsFiles": "._wire._tls",
+    "PoolStats": "._slots._slot_pool",
+    "SlotAutoscaling": "._slots._sizing",
+    "ReclaimReport": "._pools._reclaim",
+    "RegionStatus": "._tools._region_status",
+    "StatusReport": "._tools._region_status",
+    "reclaim_regions": "._pools._reclaim",
+    "region_status": "._tools._region_status",
+    "ModelSpec": "._slots._specs",
+    "TensorSpec": "._slots._specs",
     "LocalTritonServer": ".local",
 }
 
@@ -106,7 +110,6 @@ __all__ = [
 
 if typing.TYPE_CHECKING:  # what type checkers and IDEs see: the names, typed, and no others
     from ._client import TritonSHMClient
-    from ._doctor import CheckResult, NodeReport, check_node
     from ._exceptions import (
         AccessDeniedError,
         ClientClosedError,
@@ -128,14 +131,15 @@ if typing.TYPE_CHECKING:  # what type checkers and IDEs see: the names, typed, a
         TritonServerError,
         TritonSHMError,
     )
-    from ._keys import Keys, headers_from_dir, headers_from_env
     from ._lease import SlotLease
-    from ._pool import PoolStats
-    from ._reclaim import ReclaimReport, reclaim_regions
-    from ._region_status import RegionStatus, StatusReport, region_status
-    from ._sizing import SlotAutoscaling
-    from ._specs import ModelSpec, TensorSpec
-    from ._tls import TlsFiles
+    from ._pools._reclaim import ReclaimReport, reclaim_regions
+    from ._slots._sizing import SlotAutoscaling
+    from ._slots._slot_pool import PoolStats
+    from ._slots._specs import ModelSpec, TensorSpec
+    from ._tools._doctor import CheckResult, NodeReport, check_node
+    from ._tools._region_status import RegionStatus, StatusReport, region_status
+    from ._wire._keys import Keys, headers_from_dir, headers_from_env
+    from ._wire._tls import TlsFiles
     from .local import LocalTritonServer
 else:
 

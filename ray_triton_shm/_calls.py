@@ -1,9 +1,9 @@
-"""One call's transport side: how the steps of a call (see :mod:`._engine`) are carried out,
-blocking or on an event loop, with the call's keys, deadline and reconnect budget, and where
+"""One call's transport side: how the steps of a call (see :mod:`._inference._engine`) are carried
+out, blocking or on an event loop, with the call's keys, deadline and reconnect budget, and where
 the call goes on when its pool stops it.
 
 A one-chunk call goes over Triton's HTTP endpoint where the client has proven one (see
-:meth:`._channel.Channel.prove_http`): blocking when it has no deadline, as an asyncio task
+:meth:`._wire._channel.Channel.prove_http`): blocking when it has no deadline, as an asyncio task
 (which lives on, and frees the slot, if its caller gives up) on an event loop. Everything
 else (several chunks, a blocking call with a deadline, a request sent again) is a gRPC
 future.
@@ -22,16 +22,17 @@ from typing import Any
 
 import grpc
 
-from ._channel import Channel
-from ._engine import ModelPool, Step, Steps, run
+from ._drive import as_asyncio_future
 from ._exceptions import AccessDeniedError, InvalidInputError, TritonSHMError
-from ._gpu_tensors import OUTPUT_KINDS
-from ._http import Answer, HttpResponse, grpc_answer, http_headers
-from ._inputs import InputValue, prepare_batch
-from ._moves import MOVED, Moves
-from ._options import RequestOptions, select_outputs
-from ._registry import Registry
-from ._transport import as_asyncio_future
+from ._inference._engine import Step, Steps, run
+from ._inference._gpu_tensors import OUTPUT_KINDS
+from ._inference._inputs import InputValue, prepare_batch
+from ._inference._model_pool import ModelPool
+from ._inference._options import RequestOptions, select_outputs
+from ._pools._registry import Registry
+from ._pools._retry import MOVED, Moves
+from ._wire._channel import Channel
+from ._wire._http import Answer, HttpResponse, grpc_answer, http_headers
 
 __all__ = ["Call", "count_failure"]
 
@@ -91,7 +92,7 @@ class Call:
         return True
 
     def moved(self, exc: BaseException, options: RequestOptions | None) -> ModelPool:
-        """The pool the call goes on with after ``exc`` (one of :data:`._moves.MOVED`)
+        """The pool the call goes on with after ``exc`` (one of :data:`._pools._retry.MOVED`)
         stopped it, or raises what the caller should get (see :meth:`Registry.next_pool`)."""
         self.pool = self.pools.next_pool(self.pool, exc, options, self.started)
         return self.pool

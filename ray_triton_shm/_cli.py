@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING
 from ray_triton_shm._defaults import DEFAULT_URL
 
 if TYPE_CHECKING:
-    from ray_triton_shm._reclaim import ReclaimReport
-    from ray_triton_shm._region_status import StatusReport
+    from ray_triton_shm._pools._reclaim import ReclaimReport
+    from ray_triton_shm._tools._region_status import StatusReport
     from ray_triton_shm.local._crashes import ServerEvent
 
 __all__ = ["build_parser", "main"]
@@ -327,7 +327,7 @@ def _print_node_actors(address: str | None, *, timeout_s: float) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from ray_triton_shm import _region_status
+    from ray_triton_shm._tools import _region_status
 
     status = 0
     if args.ray or args.address:
@@ -339,7 +339,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def _cmd_reclaim(args: argparse.Namespace) -> int:
-    from ray_triton_shm import _reclaim
+    from ray_triton_shm._pools import _reclaim
 
     return _print_reclaim(_reclaim.reclaim_regions(url=None if args.local else args.url))
 
@@ -359,7 +359,7 @@ def _model_pool(text: str) -> tuple[str, int | None]:
 def _cmd_doctor(args: argparse.Namespace) -> int:
     import json
 
-    from ray_triton_shm._doctor import check_node, format_reports
+    from ray_triton_shm._tools._doctor import check_node, format_reports
 
     tls = {
         "ssl": args.ssl,

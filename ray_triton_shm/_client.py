@@ -3,16 +3,16 @@
 Per registered model the client owns one POSIX region cut into slots, each big enough for every
 input and output of one batch of ``max_batch_size`` samples: a fixed ``pool_size`` of them, or
 by default as many as its callers need at once, between ``min_slots`` and ``max_slots``
-(:mod:`._scaling`). ``infer_shm`` validates the inputs, then for each chunk of at most
+(:mod:`._pools._scaling`). ``infer_shm`` validates the inputs, then for each chunk of at most
 ``max_batch_size`` samples takes a slot, copies the chunk in, sends Triton a request that only
 points at the slot, and copies the outputs out once the response arrives. Up to one chunk per
 slot is in flight at once; when every slot is busy, callers wait.
 
 How one call runs over the slots (chunking, slot reuse after errors, deadlines and
-cancellation, sending again after Triton restarts) is written once, in :mod:`._engine`;
+cancellation, sending again after Triton restarts) is written once, in :mod:`._inference._engine`;
 ``infer_shm`` and ``infer_shm_async`` only carry out its steps, by blocking and by awaiting.
 Each slot is registered in Triton under a name of its own, so that a slot whose request was
-given up is used again exactly when Triton is done with it (:mod:`._settle`).
+given up is used again exactly when Triton is done with it (:mod:`._pools._abandoned`).
 """
 
 from __future__ import annotations
@@ -24,22 +24,22 @@ from typing import Any
 import tritonclient.grpc as grpcclient
 
 from ._calls import Call, count_failure
-from ._changes import plan_registration
-from ._channel import Channel, tritonclient_options
 from ._defaults import DEFAULT_RECONNECT_TIMEOUT_S, DEFAULT_URL
 from ._drive import drive, drive_async
 from ._exceptions import InvalidInputError, TritonSHMError
-from ._http import AUTO
-from ._inputs import InputValue
-from ._keys import REDACTED, Keys, Metadata
+from ._inference._inputs import InputValue
+from ._inference._model_change import plan_registration
+from ._inference._options import ParameterValue, RequestOptions, request_options, select_outputs
 from ._lease import SlotLease
-from ._memory import SYSTEM
-from ._options import ParameterValue, RequestOptions, request_options, select_outputs
-from ._pool import PoolStats
-from ._reclaim import reclaim_dead_registrations
-from ._registry import Registry
-from ._sizing import SlotAutoscaling
-from ._specs import ModelSpec, SpecLike
+from ._pools._reclaim import reclaim_dead_registrations
+from ._pools._registry import Registry
+from ._slots._memory import SYSTEM
+from ._slots._sizing import SlotAutoscaling
+from ._slots._slot_pool import PoolStats
+from ._slots._specs import ModelSpec, SpecLike
+from ._wire._channel import Channel, tritonclient_options
+from ._wire._http import AUTO
+from ._wire._keys import REDACTED, Keys, Metadata
 
 __all__ = ["TritonSHMClient", "registry_of"]
 
@@ -76,7 +76,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             when they change (a renewed certificate): new connections use them.
         crash_cleanup: If this process dies without closing (SIGKILL, the OOM killer), a
             watchdog process unregisters and unlinks its regions (one per process, started
-            with the first registration; see :mod:`ray_triton_shm._reaper`).
+            with the first registration; see :mod:`ray_triton_shm._pools._reaper`).
         reconnect_timeout_s: How long a request or registration waits for Triton while it is
             unreachable (restarting), before :class:`ServerUnreachableError`; ``0`` fails at
             once. Requests wait on their own, so none fails because Triton was briefly away.

@@ -2,16 +2,20 @@
 needs done and is sent the result (or thrown the error) back, so that one rule serves blocking
 callers and coroutines, and only the waiting differs (as httpx drives its auth flows).
 
-The inference engine (:mod:`._engine`) and waiting for Triton while it restarts
-(:mod:`._reconnect`) are written this way.
+The inference engine (:mod:`._inference._engine`) and waiting for Triton while it restarts
+(:mod:`._wire._reconnect`) are written this way.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Generator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-__all__ = ["drive", "drive_async"]
+if TYPE_CHECKING:
+    import grpc
+
+__all__ = ["as_asyncio_future", "drive", "drive_async"]
 
 S = TypeVar("S")
 T = TypeVar("T")
@@ -53,3 +57,29 @@ async def drive_async(
                 result, error = None, exc
     finally:
         steps.close()
+
+
+def as_asyncio_future(call: grpc.Future, loop: asyncio.AbstractEventLoop) -> asyncio.Future[Any]:
+    """An asyncio future that completes with a gRPC future, without a thread waiting on it."""
+    result: asyncio.Future[Any] = loop.create_future()
+
+    def transfer(done: grpc.Future) -> None:
+        if result.done():
+            return
+        if done.cancelled():
+            result.cancel()
+            return
+        error = done.exception()
+        if error is not None:
+            result.set_exception(error)
+        else:
+            result.set_result(done.result())
+
+    def on_done(done: grpc.Future) -> None:
+        try:
+            loop.call_soon_threadsafe(transfer, done)
+        except RuntimeError:
+            pass  # the loop is closed; nobody is waiting any more
+
+    call.add_done_callback(on_done)
+    return result

@@ -12,11 +12,12 @@ samples.
 ended *and* no array made from it is alive. Every array the lease gives out, and every view
 of those, keeps one buffer object alive, and a finalizer on that buffer gives the slot back.
 An output kept past the ``with`` block keeps its slot out of the pool until it is dropped.
-Such a slot, which Triton is done with, is *kept* (see :mod:`._pool`): closing the client does
-not wait for it (its memory stays mapped while the arrays live), and a caller left waiting for
-a slot is told where the lease keeping it was made. If the lease ends while its request is in
-Triton (an exception in the block, a deadline, a cancellation), the slot then follows the rules
-of a request given up: it comes back once Triton is proven done with it (see :mod:`._settle`).
+Such a slot, which Triton is done with, is *kept* (see :mod:`._slots._slot_pool`): closing the
+client does not wait for it (its memory stays mapped while the arrays live), and a caller left
+waiting for a slot is told where the lease keeping it was made. If the lease ends while its request
+is in Triton (an exception in the block, a deadline, a cancellation), the slot then follows the
+rules of a request given up: it comes back once Triton is proven done with it (see
+:mod:`._pools._abandoned`).
 
 **BYTES tensors** are a length-prefixed serialization, not an array one can write in place,
 so a lease refuses a model with BYTES inputs (``infer_shm`` encodes them into the slot, which
@@ -43,22 +44,17 @@ from typing import Any
 import numpy as np
 
 from ._calls import Call
-from ._changes import answer_mismatch
 from ._drive import drive, drive_async
-from ._engine import (
-    Chunk,
-    ModelPool,
-    Step,
-    SuspectedChange,
-    answer_steps,
-)
 from ._exceptions import ClientClosedError, InvalidInputError, TritonServerError, TritonSHMError
-from ._http import Answer
-from ._moves import RETIRED, Moves
-from ._options import RequestOptions
-from ._outputs import check_room, read_bytes
-from ._specs import TensorSpec
-from ._transport import SlotRequests
+from ._inference._engine import Chunk, Step, SuspectedChange, answer_steps
+from ._inference._model_change import answer_mismatch
+from ._inference._model_pool import ModelPool
+from ._inference._options import RequestOptions
+from ._inference._outputs import check_room, read_bytes
+from ._inference._requests import SlotRequests
+from ._pools._retry import RETIRED, Moves
+from ._slots._specs import TensorSpec
+from ._wire._http import Answer
 
 __all__ = ["SlotLease"]
 

@@ -17,7 +17,7 @@ import torch
 
 from ray_triton_shm import TritonSHMClient
 from ray_triton_shm._client import registry_of
-from ray_triton_shm._specs import ModelSpec, TensorSpec
+from ray_triton_shm._slots._specs import ModelSpec, TensorSpec
 
 #: gpu_affine as the owner registers it in the tests (max_shapes INPUT0/OUTPUT0: (256,)).
 SPEC = ModelSpec(

@@ -222,7 +222,7 @@ SHM_DIR = Path("/dev/shm")
 def our_regions(pid: int | None = None) -> set[str]:
     """The library's regions in ``/dev/shm``: every one, or those of process ``pid`` (a
     slot's name counts as its region's)."""
-    from ray_triton_shm._shm import REGION_PREFIX, region_of
+    from ray_triton_shm._slots._shm import REGION_PREFIX, region_of
 
     prefix = f"{REGION_PREFIX}_" if pid is None else f"{REGION_PREFIX}_{pid}-"
     return {region_of(p.name) for p in SHM_DIR.iterdir() if p.name.startswith(prefix)}
@@ -266,7 +266,7 @@ def registered_on(url: str) -> set[str]:
     ``url`` (a region's slots are registered one by one, under names of their own)."""
     import tritonclient.grpc as grpcclient
 
-    from ray_triton_shm._shm import region_of
+    from ray_triton_shm._slots._shm import region_of
 
     with grpcclient.InferenceServerClient(url) as client:
         names = [*client.get_system_shared_memory_status(as_json=True).get("regions", {})]

@@ -46,7 +46,7 @@ from ray_triton_shm._bench.report._figures import curves_path, write_figures
 from ray_triton_shm._bench.report._html import SECTIONS
 from ray_triton_shm._bench.report._json import bench_json
 from ray_triton_shm._cli import main
-from ray_triton_shm._specs import TensorSpec
+from ray_triton_shm._slots._specs import TensorSpec
 from ray_triton_shm.local._server import LocalTritonServer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -33,7 +33,7 @@ from ray_triton_shm._bench.report._figures import curves_path, write_figures
 from ray_triton_shm._bench.report._html import SECTIONS, write_report
 from ray_triton_shm._bench.report._json import write_json
 from ray_triton_shm._cli import main
-from ray_triton_shm._specs import TensorSpec
+from ray_triton_shm._slots._specs import TensorSpec
 
 _CASE = ModelCase("m", "m", 1, True, (TensorSpec("x", (1,), np.dtype(np.float32)),), ())
 

@@ -14,9 +14,9 @@ from ray import cloudpickle
 from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
 
 from ray_triton_shm import InvalidInputError, ModelSpecError, TritonServerError, TritonSHMClient
-from ray_triton_shm._bytes import decode, encode
 from ray_triton_shm._client import registry_of
-from ray_triton_shm._specs import REGION_HEADER_BYTES
+from ray_triton_shm._inference._bytes import decode, encode
+from ray_triton_shm._slots._specs import REGION_HEADER_BYTES
 from ray_triton_shm.ray import ShmModel, ShmPredictor, get_node_actor
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -21,22 +21,27 @@ from ray_triton_shm import (
     InvalidInputError,
     ModelSpecError,
     TritonSHMClient,
-    _cuda,
-    _registry,
 )
 from ray_triton_shm._client import registry_of
-from ray_triton_shm._header import RegionHeader
-from ray_triton_shm._memory import (
+from ray_triton_shm._inference._transport import Unmappable
+from ray_triton_shm._pools import _registry
+from ray_triton_shm._slots import _cuda
+from ray_triton_shm._slots._header import RegionHeader
+from ray_triton_shm._slots._memory import (
     CUDA_PREVIEW,
     CudaMemory,
     SlotMemory,
     open_memory,
     region_bytes,
 )
-from ray_triton_shm._reconnect import Reconnect
-from ray_triton_shm._route import Unmappable
-from ray_triton_shm._shm import SharedMemoryRegion, list_local_regions, new_region_name, slot_key
-from ray_triton_shm._specs import REGION_HEADER_BYTES, SlotLayout
+from ray_triton_shm._slots._shm import (
+    SharedMemoryRegion,
+    list_local_regions,
+    new_region_name,
+    slot_key,
+)
+from ray_triton_shm._slots._specs import REGION_HEADER_BYTES, SlotLayout
+from ray_triton_shm._wire._reconnect import Reconnect
 
 
 def _gpu_here() -> bool:

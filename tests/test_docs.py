@@ -143,7 +143,7 @@ def test_readme_links_lead_somewhere() -> None:
 
 # --- what the pages say ---------------------------------------------------------------------
 
-#: Pages that carry GPU memory's preview label (``ray_triton_shm._memory.CUDA_PREVIEW``).
+#: Pages that carry GPU memory's preview label (``ray_triton_shm._slots._memory.CUDA_PREVIEW``).
 PREVIEW_PAGES = [README, ROOT / "docs" / "index.md", ROOT / "docs" / "guide" / "gpu.md"]
 #: Where files of the project live, besides the pages.
 SOURCES = ["ray_triton_shm", "tests", "deployments", "Makefile", "pyproject.toml", "mkdocs.yml"]
@@ -175,7 +175,7 @@ def test_gpu_memory_is_labelled_a_preview() -> None:
     """tests/test_gpu.py has not been recorded as passing on a GPU. Remove the label from these
     pages, this test, and CUDA_PREVIEW with the note `bench --memory cuda` prints, together, in
     the commit that records a run on a GPU in which every GPU test passed."""
-    from ray_triton_shm._memory import CUDA_PREVIEW
+    from ray_triton_shm._slots._memory import CUDA_PREVIEW
 
     unlabelled = [_page_id(page) for page in PREVIEW_PAGES if CUDA_PREVIEW not in _prose(page)]
     assert not unlabelled, f"say {CUDA_PREVIEW!r} on {unlabelled}"

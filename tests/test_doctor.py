@@ -39,7 +39,7 @@ from _helpers import (
     start_cluster,
 )
 
-from ray_triton_shm._keys import env_var_for
+from ray_triton_shm._wire._keys import env_var_for
 from ray_triton_shm.local._server import LocalTritonServer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

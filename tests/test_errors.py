@@ -29,8 +29,8 @@ from ray_triton_shm import (
 )
 from ray_triton_shm._client import registry_of
 from ray_triton_shm._exceptions import RegionReplacedError
-from ray_triton_shm._specs import REGION_HEADER_BYTES
-from ray_triton_shm._triton_errors import translate_error
+from ray_triton_shm._slots._specs import REGION_HEADER_BYTES
+from ray_triton_shm._wire._triton_errors import translate_error
 
 GOOD = {
     "INPUT0": np.zeros((2, 3, 224, 224), np.float32),

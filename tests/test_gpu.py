@@ -27,10 +27,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ray_triton_shm import CudaError, GPUMemoryFullError, TritonSHMClient, _cuda
+from ray_triton_shm import CudaError, GPUMemoryFullError, TritonSHMClient
 from ray_triton_shm._client import registry_of
-from ray_triton_shm._memory import CudaMemory
-from ray_triton_shm._shm import list_local_regions
+from ray_triton_shm._slots import _cuda
+from ray_triton_shm._slots._memory import CudaMemory
+from ray_triton_shm._slots._shm import list_local_regions
 from ray_triton_shm.local import LocalTritonServer
 
 GPU_MODELS = Path(__file__).resolve().parent / "gpu_models"

@@ -1,7 +1,7 @@
 """Which GPU a pool lives on, without a GPU: what ``device=`` names, which GPU that is among
 those a process sees (its own ``CUDA_VISIBLE_DEVICES``), the UUID a region's table carries
 between processes, the index Triton gets, and what the Ray node actor sees. Pure functions of
-GPU lists and environments (:mod:`ray_triton_shm._gpu_choice`); CUDA itself is not involved,
+GPU lists and environments (:mod:`ray_triton_shm._slots._gpu_choice`); CUDA itself is not involved,
 nor mocked. The same choices on a real GPU are in ``test_gpu.py``."""
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from ray_triton_shm import CudaError, _cuda
-from ray_triton_shm._gpu_choice import (
+from ray_triton_shm import CudaError
+from ray_triton_shm._slots import _cuda
+from ray_triton_shm._slots._gpu_choice import (
     VISIBLE_DEVICES_ENV_VAR,
     Device,
     choose_device,

@@ -300,8 +300,8 @@ def test_the_transport_gauge_says_one_transport_at_a_time(
     """A switch sets the old transport's series to 0: no series left saying both."""
     import numpy as np
 
-    from ray_triton_shm._header import HISTOGRAMS as HEADER_HISTOGRAMS
-    from ray_triton_shm._snapshot import PoolSnapshot
+    from ray_triton_shm._pools._snapshot import PoolSnapshot
+    from ray_triton_shm._slots._header import HISTOGRAMS as HEADER_HISTOGRAMS
     from ray_triton_shm.ray import _metrics
 
     values: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}

@@ -18,9 +18,9 @@ from tritonclient.grpc import service_pb2
 
 from ray_triton_shm import AccessDeniedError, TritonServerError, TritonSHMClient
 from ray_triton_shm._defaults import HTTP_URL_ENV_VAR
-from ray_triton_shm._doctor import CheckResult, check_node
-from ray_triton_shm._http import HttpRoute, http_body, http_headers
-from ray_triton_shm._plain_client import tritonclient_for
+from ray_triton_shm._tools._doctor import CheckResult, check_node
+from ray_triton_shm._wire._http import HttpRoute, http_body, http_headers
+from ray_triton_shm._wire._plain_client import tritonclient_for
 from ray_triton_shm.local._server import LocalTritonServer
 
 IDENTITY = {"max_batch_size": 8, "max_shapes": {"INPUT0": (64,), "OUTPUT0": (64,)}}

@@ -36,7 +36,7 @@ jsonschema = pytest.importorskip("jsonschema")
 yaml = pytest.importorskip("yaml")
 
 from ray_triton_shm import TritonSHMClient, check_node  # noqa: E402
-from ray_triton_shm._keys import ENV_PREFIX  # noqa: E402
+from ray_triton_shm._wire._keys import ENV_PREFIX  # noqa: E402
 from ray_triton_shm.local import EXAMPLE_MODEL_REPOSITORY, LocalTritonServer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,7 +57,7 @@ TRITON_PORTS = {"grpc": 8001, "http": 8000, "metrics": 8002}
 RAY_PORTS = {8000, 8080, 52365}
 _QUANTITY = re.compile(r"^(\d+(?:\.\d+)?)([KMGTPE]i?)?$")
 _KEY_ARG = re.compile(r"^(?P<apis>[a-z,-]+):(?P<key>[A-Za-z0-9-]+)=\$\(cat (?P<file>/\S+)\)$")
-#: Where a key file's header comes from: its name (see ray_triton_shm._keys).
+#: Where a key file's header comes from: its name (see ray_triton_shm._wire._keys).
 _HEADER_PREFIX = "triton-grpc-protocol-"
 
 Manifest = dict[str, Any]

@@ -34,9 +34,9 @@ from ray_triton_shm import (
     TritonSHMClient,
 )
 from ray_triton_shm._client import registry_of
-from ray_triton_shm._pool import KEPT_WARNING_S
-from ray_triton_shm._shm import list_local_regions
-from ray_triton_shm._specs import REGION_HEADER_BYTES
+from ray_triton_shm._slots._shm import list_local_regions
+from ray_triton_shm._slots._slot_pool import KEPT_WARNING_S
+from ray_triton_shm._slots._specs import REGION_HEADER_BYTES
 
 ECHO_SHAPES = {"DATA": (16,), "ECHO": (16,)}
 

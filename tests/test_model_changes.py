@@ -26,7 +26,7 @@ from ray_triton_shm import (
 )
 from ray_triton_shm._bench._update import MODEL_TEMPLATE
 from ray_triton_shm._client import registry_of
-from ray_triton_shm._shm import SHM_DIR
+from ray_triton_shm._slots._shm import SHM_DIR
 
 TEMPLATE = MODEL_TEMPLATE
 BASE = (TEMPLATE / "config.pbtxt").read_text()
@@ -236,7 +236,7 @@ def test_the_node_actor_reads_the_config_until_it_shows_a_proven_change(
     """The same in the Ray layer (the rolling update through Serve below met it): a process
     whose call Triton answered from the new config asks its node actor, which reads the config
     until it shows the change; without that proof, one read says nothing changed."""
-    from ray_triton_shm._channel import Channel
+    from ray_triton_shm._wire._channel import Channel
     from ray_triton_shm.ray._actor import NodeActorConfig, TritonNodeActor
 
     server, _ = explicit

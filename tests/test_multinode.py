@@ -474,7 +474,7 @@ def test_a_node_without_its_own_triton_infers_by_value_with_no_ray_call_per_requ
     actor's locks, and no Ray call per request."""
     from ray import serve
 
-    from ray_triton_shm._specs import REGION_HEADER_BYTES
+    from ray_triton_shm._slots._specs import REGION_HEADER_BYTES
     from ray_triton_shm.ray._actor import NAMESPACE, actor_name
 
     hosts: dict[str, Host] = cluster["hosts"]

@@ -26,7 +26,7 @@ from ray_triton_shm._bench.paths._perf_analyzer import PATHS, UNCHECKED, perf_an
 from ray_triton_shm._bench.report._console import print_results
 from ray_triton_shm._bench.report._json import bench_json
 from ray_triton_shm._exceptions import LocalServerError
-from ray_triton_shm._specs import TensorSpec
+from ray_triton_shm._slots._specs import TensorSpec
 from ray_triton_shm.local._perf_analyzer import find_perf_analyzer
 from ray_triton_shm.local._server import LocalTritonServer
 

@@ -31,7 +31,7 @@ import pytest
 from _helpers import init_ray
 
 from ray_triton_shm._client import registry_of
-from ray_triton_shm._shm import pid_alive
+from ray_triton_shm._slots._shm import pid_alive
 from ray_triton_shm.local import LocalTritonServer
 
 ray = pytest.importorskip("ray")

@@ -17,7 +17,7 @@ from _helpers import classifier_expected, wait_for
 
 from ray_triton_shm import CudaError, InvalidInputError, ModelSpecError, TritonServerError
 from ray_triton_shm._client import registry_of
-from ray_triton_shm._shm import list_local_regions, pid_alive
+from ray_triton_shm._slots._shm import list_local_regions, pid_alive
 from ray_triton_shm.ray import URL_ENV_VAR, ShmModel, get_node_actor
 from ray_triton_shm.ray._actor import NAMESPACE, actor_name
 

@@ -37,7 +37,7 @@ from ray_triton_shm._bench._config import (
 from ray_triton_shm._bench._runner import run_bench
 from ray_triton_shm._bench.report._console import _PLAIN_WIDTH, print_results
 from ray_triton_shm._bench.report._json import bench_json
-from ray_triton_shm._shm import ALIVE, owner_state
+from ray_triton_shm._slots._shm import ALIVE, owner_state
 from ray_triton_shm.local._server import LocalTritonServer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -498,7 +498,7 @@ def test_a_caller_s_error_reaches_the_driver_as_itself(ray_local: str) -> None:
         ChurnCaller,
         errors_reach_the_driver,
     )
-    from ray_triton_shm._plain_client import tritonclient_for
+    from ray_triton_shm._wire._plain_client import tritonclient_for
 
     @ray.remote(num_cpus=0)
     class Unreachable:

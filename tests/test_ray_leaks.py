@@ -23,7 +23,7 @@ from _helpers import identity_job, our_regions, wait_for
 from ray import cloudpickle
 
 from ray_triton_shm import OverloadedError
-from ray_triton_shm._shm import region_of
+from ray_triton_shm._slots._shm import region_of
 from ray_triton_shm.ray import ShmModel, get_node_actor
 
 # Ship this module's actor classes by value (workers cannot import the test module).

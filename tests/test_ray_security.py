@@ -23,7 +23,7 @@ from _helpers import (
 )
 
 from ray_triton_shm import AccessDeniedError
-from ray_triton_shm._shm import list_local_regions
+from ray_triton_shm._slots._shm import list_local_regions
 from ray_triton_shm.local import LocalTritonServer
 from ray_triton_shm.ray import ShmModel, get_node_actor
 from ray_triton_shm.ray._actor import NodeActorConfig

@@ -30,7 +30,7 @@ from _helpers import (
 from ray.core.generated import common_pb2
 
 from ray_triton_shm import ModelSpecError, SharedMemoryUnreachableError
-from ray_triton_shm._shm import list_local_regions
+from ray_triton_shm._slots._shm import list_local_regions
 from ray_triton_shm.local._server import LocalTritonServer
 from ray_triton_shm.ray import ShmModel, ShmPredictor, get_node_actor
 

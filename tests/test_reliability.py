@@ -31,7 +31,7 @@ from ray_triton_shm import (
     TritonServerError,
     TritonSHMClient,
 )
-from ray_triton_shm._shm import DEAD, owner_state
+from ray_triton_shm._slots._shm import DEAD, owner_state
 from ray_triton_shm.local._server import LocalTritonServer
 from ray_triton_shm.ray import ShmModel, get_node_actor
 
@@ -389,7 +389,7 @@ def test_a_tenant_in_another_pid_namespace_never_reclaims_live_regions(
 _SMALL_SHM = r"""
 import json, os, sys
 from ray_triton_shm import SharedMemoryFullError, TritonSHMClient
-from ray_triton_shm._shm import SharedMemoryRegion
+from ray_triton_shm._slots._shm import SharedMemoryRegion
 
 results = {}
 with TritonSHMClient(url=sys.argv[1]) as client:

@@ -14,7 +14,7 @@ from _helpers import queued_in_triton, request_sent, wait_for
 
 from ray_triton_shm import InvalidInputError, TritonServerError, TritonSHMClient
 from ray_triton_shm._client import registry_of
-from ray_triton_shm._specs import REGION_HEADER_BYTES
+from ray_triton_shm._slots._specs import REGION_HEADER_BYTES
 from ray_triton_shm.local import LocalTritonServer
 
 

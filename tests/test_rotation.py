@@ -36,8 +36,8 @@ from _helpers import (
 )
 
 from ray_triton_shm import AccessDeniedError, TritonSHMClient
-from ray_triton_shm._keys import Keys
-from ray_triton_shm._shm import list_local_regions, region_of
+from ray_triton_shm._slots._shm import list_local_regions, region_of
+from ray_triton_shm._wire._keys import Keys
 from ray_triton_shm.local import LocalTritonServer
 
 SHAPES = {"INPUT0": (16,), "OUTPUT0": (16,)}
@@ -213,8 +213,8 @@ def ray_keyed(rotation: Rotation, tmp_path: Path) -> Iterator[Path]:
     environment, as pods do; yields a file whose creation stops the callers."""
     import ray
 
-    from ray_triton_shm._keys import KEYS_DIR_ENV_VAR
-    from ray_triton_shm._tls import TLS_DIR_ENV_VAR
+    from ray_triton_shm._wire._keys import KEYS_DIR_ENV_VAR
+    from ray_triton_shm._wire._tls import TLS_DIR_ENV_VAR
     from ray_triton_shm.ray import URL_ENV_VAR, get_node_actor
 
     if ray.is_initialized():
@@ -347,8 +347,8 @@ def test_the_tools_talk_to_triton_as_the_nodes_callers_do(
     import subprocess
     import sys
 
-    from ray_triton_shm._keys import KEYS_DIR_ENV_VAR
-    from ray_triton_shm._tls import TLS_DIR_ENV_VAR
+    from ray_triton_shm._wire._keys import KEYS_DIR_ENV_VAR
+    from ray_triton_shm._wire._tls import TLS_DIR_ENV_VAR
 
     env = {
         **os.environ,

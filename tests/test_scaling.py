@@ -16,9 +16,9 @@ from _helpers import Load, our_regions, registered_on, wait_for
 
 from ray_triton_shm import SlotAutoscaling, TritonSHMClient
 from ray_triton_shm._client import registry_of
-from ray_triton_shm._scaling import TICK_S
-from ray_triton_shm._shm import list_local_regions
-from ray_triton_shm._specs import SlotLayout
+from ray_triton_shm._pools._scaling import TICK_S
+from ray_triton_shm._slots._shm import list_local_regions
+from ray_triton_shm._slots._specs import SlotLayout
 
 SHAPES = {"INPUT0": (16,), "OUTPUT0": (16,)}
 QUICK = {"min_slots": 2, "max_slots": 8, "upscale_delay_s": 0.1, "downscale_delay_s": 1.0}

@@ -35,16 +35,16 @@ from ray_triton_shm import (
     TritonServerError,
     TritonSHMClient,
     TritonSHMError,
-    _registry,
 )
 from ray_triton_shm._client import registry_of
-from ray_triton_shm._keys import env_var_for
-from ray_triton_shm._shm import (
+from ray_triton_shm._pools import _registry
+from ray_triton_shm._slots._shm import (
     SHM_DIR,
     SharedMemoryRegion,
     region_of,
     unlink_region,
 )
+from ray_triton_shm._wire._keys import env_var_for
 from ray_triton_shm.local import LocalTritonServer
 
 IMAGES = np.random.default_rng(0).standard_normal((5, 3, 224, 224), dtype=np.float32)

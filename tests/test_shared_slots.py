@@ -16,10 +16,10 @@ import pytest
 from _helpers import wait_for
 
 from ray_triton_shm import OverloadedError, SlotTimeoutError
-from ray_triton_shm._header import RegionHeader
-from ray_triton_shm._shared_slots import SharedSlots
-from ray_triton_shm._shm import SharedMemoryRegion, new_region_name
-from ray_triton_shm._specs import REGION_HEADER_BYTES
+from ray_triton_shm._slots._header import RegionHeader
+from ray_triton_shm._slots._shared_slots import SharedSlots
+from ray_triton_shm._slots._shm import SharedMemoryRegion, new_region_name
+from ray_triton_shm._slots._specs import REGION_HEADER_BYTES
 
 
 @dataclass
@@ -56,9 +56,9 @@ def _child(region: Region, body: str) -> subprocess.Popen[str]:
         textwrap.dedent(
             f"""
         import sys, time
-        from ray_triton_shm._header import RegionHeader
-        from ray_triton_shm._shared_slots import SharedSlots
-        from ray_triton_shm._shm import SharedMemoryRegion
+        from ray_triton_shm._slots._header import RegionHeader
+        from ray_triton_shm._slots._shared_slots import SharedSlots
+        from ray_triton_shm._slots._shm import SharedMemoryRegion
         region = SharedMemoryRegion.attach({region.name!r})
         header = RegionHeader(region.buffer, {region.size})
         slots = SharedSlots({region.name!r}, header, {region.size})
@@ -216,9 +216,9 @@ def test_waiting_callers_are_served_fairly(make_region) -> None:  # type: ignore
     script_head = textwrap.dedent(
         f"""
         import time
-        from ray_triton_shm._header import RegionHeader
-        from ray_triton_shm._shared_slots import SharedSlots
-        from ray_triton_shm._shm import SharedMemoryRegion
+        from ray_triton_shm._slots._header import RegionHeader
+        from ray_triton_shm._slots._shared_slots import SharedSlots
+        from ray_triton_shm._slots._shm import SharedMemoryRegion
         region = SharedMemoryRegion.attach({region.name!r})
         slots = SharedSlots({region.name!r}, RegionHeader(region.buffer, 2), 2)
         """
@@ -322,8 +322,8 @@ def test_seats_taken_and_left_during_a_scan_never_look_all_taken(make_region, mo
     were both seats taken at once, so the caller waits instead of being refused."""
     import threading
 
-    from ray_triton_shm import _shared_slots as shared
-    from ray_triton_shm._shm import SHM_DIR
+    from ray_triton_shm._slots import _shared_slots as shared
+    from ray_triton_shm._slots._shm import SHM_DIR
 
     region = make_region(1, max_waiting=2)
     held = region.slots.acquire()

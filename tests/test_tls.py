@@ -18,8 +18,8 @@ from _helpers import CertificateAuthority as CA
 from _helpers import Load, figures, model_repository, wait_for, write_secret
 
 from ray_triton_shm import CheckResult, TlsFiles, TLSHandshakeError, TritonSHMClient, check_node
-from ray_triton_shm._shm import list_local_regions
-from ray_triton_shm._tls import TLS_DIR_ENV_VAR
+from ray_triton_shm._slots._shm import list_local_regions
+from ray_triton_shm._wire._tls import TLS_DIR_ENV_VAR
 from ray_triton_shm.local import LocalTritonServer
 
 SHAPES = {"INPUT0": (16,), "OUTPUT0": (16,)}

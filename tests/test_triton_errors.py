@@ -34,8 +34,8 @@ from ray_triton_shm import (
     SharedMemoryNotAllowedError,
     TritonServerError,
 )
-from ray_triton_shm import _triton_errors as words
-from ray_triton_shm._triton_errors import (
+from ray_triton_shm._wire import _triton_errors as words
+from ray_triton_shm._wire._triton_errors import (
     answered_or_never_sent,
     expected_header,
     is_change_symptom,

@@ -28,7 +28,7 @@ def main(args: argparse.Namespace) -> int:
         config = config_from_args(args)
         from ray_triton_shm._bench._runner import run_bench
         from ray_triton_shm._bench.report import _console, _json
-        from ray_triton_shm._memory import CUDA, CUDA_PREVIEW
+        from ray_triton_shm._slots._memory import CUDA, CUDA_PREVIEW
     except (ValueError, ModuleNotFoundError) as exc:
         extra = "; pip install 'ray-triton-shm[bench]'" if isinstance(exc, ImportError) else ""
         print(f"ray-triton-shm bench: error: {exc}{extra}", file=sys.stderr)

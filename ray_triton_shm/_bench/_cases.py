@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ray_triton_shm._bench._config import ELASTIC, CaseSpec
-from ray_triton_shm._specs import TensorSpec, to_numpy_dtype
+from ray_triton_shm._slots._specs import TensorSpec, to_numpy_dtype
 
 __all__ = ["DEFAULT_ELEMENT_BYTES", "ModelCase"]
 

@@ -21,7 +21,6 @@ from typing import Any
 
 import numpy as np
 
-from ray_triton_shm import _cuda
 from ray_triton_shm._bench._cases import ModelCase
 from ray_triton_shm._bench._config import (
     CHURN,
@@ -52,7 +51,8 @@ from ray_triton_shm._bench.paths import _gpu, _http, _perf_analyzer, _plain, _ra
 from ray_triton_shm._bench.paths._base import BenchPath, BenchTarget, SkipPath, check_outputs
 from ray_triton_shm._bench.paths._clients import infer, transport_of
 from ray_triton_shm._bench.paths._ray_session import RayBenchSession, RayPath
-from ray_triton_shm._plain_client import tritonclient_for
+from ray_triton_shm._slots import _cuda
+from ray_triton_shm._wire._plain_client import tritonclient_for
 from ray_triton_shm.local._server import LocalTritonServer
 
 __all__ = ["PATHS", "RunContext", "Workload", "rate_groups", "run_bench", "run_groups"]

@@ -54,7 +54,7 @@ def run_model_update(
     import tritonclient.grpc as grpcclient
 
     from ray_triton_shm._client import TritonSHMClient, registry_of
-    from ray_triton_shm._shm import SHM_DIR, region_of
+    from ray_triton_shm._slots._shm import SHM_DIR, region_of
     from ray_triton_shm.local import LocalTritonServer
 
     result = UpdateResult(callers=callers)

@@ -9,16 +9,17 @@ For every model it owns one region of slots, registered in the node's Triton. Th
 node's budget for that model: no more requests are in flight on the node than there are slots,
 over every process. By default the pool follows the model's load on the node, between
 ``min_slots`` and ``max_slots`` (at most the actor's ``slots``), within the node's share of
-``/dev/shm`` (:mod:`ray_triton_shm._scaling`); ``pool_size`` fixes it. Processes on the node
+``/dev/shm`` (:mod:`ray_triton_shm._pools._scaling`); ``pool_size`` fixes it. Processes on the node
 attach the region once and then take and give back its slots **through the region itself**
-(:mod:`ray_triton_shm._shared_slots`: file locks, sleeping in the kernel while they wait), and
-send their requests straight to Triton: a request makes no Ray call, at any load. The actor's
+(:mod:`ray_triton_shm._slots._shared_slots`: file locks, sleeping in the kernel while they wait),
+and send their requests straight to Triton: a request makes no Ray call, at any load. The actor's
 part is the control plane: create and register the regions (again, after Triton restarts), set
 their limits, resize them, sweep up after callers that died and put their slots back in use as
-soon as Triton is done with their requests (:mod:`ray_triton_shm._settle`), sum the counters
-from the regions' headers. Where its Triton cannot map the node's shared memory (another
+soon as Triton is done with their requests (:mod:`ray_triton_shm._pools._abandoned`), sum the
+counters from the regions' headers. Where its Triton cannot map the node's shared memory (another
 node, a container with its own ``/dev/shm``) the regions hold the slots' locks alone and
-callers send their tensors by value, straight to Triton too (:mod:`ray_triton_shm._route`).
+callers send their tensors by value, straight to Triton too
+(:mod:`ray_triton_shm._inference._transport`).
 
 It is a threaded actor whose methods run in one concurrency group, ``"control"``
 (registration, stats). The actor executes calls in order: Ray's out-of-order execution (the
@@ -46,15 +47,15 @@ from tritonclient.utils import InferenceServerException
 
 from .._client import TritonSHMClient, registry_of
 from .._defaults import DEFAULT_RECONNECT_TIMEOUT_S, DEFAULT_URL, URL_ENV_VAR
-from .._engine import ModelPool
 from .._exceptions import ModelSpecError, RegionReplacedError, TritonServerError, TritonSHMError
-from .._keys import Keys
-from .._reclaim import reclaim_regions, registrations
-from .._route import check_transport
-from .._scaling import default_shm_budget
-from .._shm import DEAD, list_local_regions, object_store_in_dev_shm, shm_space
-from .._sizing import SlotAutoscaling, default_autoscaling
-from .._snapshot import PoolSnapshot
+from .._inference._model_pool import ModelPool
+from .._inference._transport import check_transport
+from .._pools._reclaim import reclaim_regions, registrations
+from .._pools._scaling import default_shm_budget
+from .._pools._snapshot import PoolSnapshot
+from .._slots._shm import DEAD, list_local_regions, object_store_in_dev_shm, shm_space
+from .._slots._sizing import SlotAutoscaling, default_autoscaling
+from .._wire._keys import Keys
 from ._config import ModelRegistration, NodeActorConfig, NodeStats
 from ._metrics import NodeMetrics
 

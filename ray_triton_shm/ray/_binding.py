@@ -1,7 +1,7 @@
 """A :class:`~ray_triton_shm.ray.ShmModel`'s life in one process: its binding to the node
 actor's region of the model (through shared memory, or by value: straight to Triton either
 way), the settings of its calls, and the node actor as the owner of the model's layouts, which
-a call asks where to go on (see :func:`~ray_triton_shm._moves.follow_model`).
+a call asks where to go on (see :func:`~ray_triton_shm._pools._retry.follow_model`).
 """
 
 from __future__ import annotations
@@ -17,21 +17,21 @@ from typing import Any
 import ray
 
 from .._client import TritonSHMClient, infer_with, infer_with_async, registry_of
-from .._engine import SuspectedChange
 from .._exceptions import (
     BlockingCallError,
     ClientClosedError,
     InvalidInputError,
     RegionReplacedError,
 )
-from .._inputs import InputValue
-from .._keys import Keys
-from .._memory import INLINE
-from .._options import RequestOptions
-from .._pool import PoolStats
-from .._registry import Registry
-from .._route import SHM, Transport, unreachable_error
-from .._specs import ModelSpec
+from .._inference._engine import SuspectedChange
+from .._inference._inputs import InputValue
+from .._inference._options import RequestOptions
+from .._inference._transport import SHM, Transport, unreachable_error
+from .._pools._registry import Registry
+from .._slots._memory import INLINE
+from .._slots._slot_pool import PoolStats
+from .._slots._specs import ModelSpec
+from .._wire._keys import Keys
 from ._actor import ModelRegistration
 from ._control import control_call, get
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._defaults import DEFAULT_RECONNECT_TIMEOUT_S
-from .._sizing import SlotAutoscaling
-from .._specs import ModelSpec
+from .._slots._sizing import SlotAutoscaling
+from .._slots._specs import ModelSpec
 
 __all__ = ["ModelRegistration", "NodeActorConfig", "NodeStats"]
 

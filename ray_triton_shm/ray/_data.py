@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from .._exceptions import InvalidInputError, ModelSpecError
-from .._specs import ModelSpec
+from .._slots._specs import ModelSpec
 from ._handle import ShmModel
 
 __all__ = ["ShmPredictor"]

@@ -2,7 +2,7 @@
 
 The driver asks each node's node actor, if it has one, for the address it uses and the pools it
 holds, and reads each node's object store size; then one task pinned to each node runs
-:func:`.._doctor.check_node` there, with that node's environment (``$RAY_TRITON_SHM_URL`` and
+:func:`.._tools._doctor.check_node` there, with that node's environment (``$RAY_TRITON_SHM_URL`` and
 the ``RAY_TRITON_SHM_HEADER_*`` keys are read on the node, as the node actor reads them).
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from .._doctor import FAIL, SKIP, CheckResult, NodeReport, check_node
+from .._tools._doctor import FAIL, SKIP, CheckResult, NodeReport, check_node
 from ._actor import find_node_actor, joined_cluster
 
 __all__ = ["check_cluster"]

@@ -3,7 +3,7 @@
 Pass it to Serve deployments and Ray Data workers. In the process that uses it, it binds lazily:
 it registers the model with its node's actor (a no-op if already done), attaches the model's
 region, and from then on takes the region's slots **through the region itself**, shared with
-every other process of the node (see :mod:`ray_triton_shm._shared_slots`), and sends requests
+every other process of the node (see :mod:`ray_triton_shm._slots._shared_slots`), and sends requests
 **straight to the node's Triton**. A request writes the inputs into a slot, makes one small
 call that names the region, and reads the outputs back; it makes no Ray call, at any load.
 Where Triton cannot map the node's shared memory (it runs on another node, or in a container
@@ -23,18 +23,13 @@ from typing import Any, TypeVar
 
 from ray.exceptions import RayActorError
 
-from .. import _cuda
 from .._client import lease_with
 from .._defaults import DEFAULT_RECONNECT_TIMEOUT_S
 from .._exceptions import (
     RegionReplacedError,
 )
-from .._inputs import InputValue
-from .._keys import Keys, normalize
-from .._lease import SlotLease
-from .._memory import CUDA, INLINE, SYSTEM, check_memory_options
-from .._moves import MOVED, RETIRED, Moves, follow_model
-from .._options import (
+from .._inference._inputs import InputValue
+from .._inference._options import (
     NOT_GIVEN,
     NotGiven,
     ParameterValue,
@@ -42,10 +37,15 @@ from .._options import (
     over_defaults,
     request_options,
 )
-from .._pool import PoolStats
-from .._route import SHM, check_transport
-from .._sizing import SlotAutoscaling
-from .._specs import ModelSpec, SpecLike
+from .._inference._transport import SHM, check_transport
+from .._lease import SlotLease
+from .._pools._retry import MOVED, RETIRED, Moves, follow_model
+from .._slots import _cuda
+from .._slots._memory import CUDA, INLINE, SYSTEM, check_memory_options
+from .._slots._sizing import SlotAutoscaling
+from .._slots._slot_pool import PoolStats
+from .._slots._specs import ModelSpec, SpecLike
+from .._wire._keys import Keys, normalize
 from ._actor import ModelRegistration, get_node_actor
 from ._binding import (
     ActorLayouts,

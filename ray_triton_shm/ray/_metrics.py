@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 
 from .._exceptions import ERROR_KINDS
-from .._header import BUCKET_BOUNDS_S, LIMITS
-from .._route import INLINE, SHM
-from .._snapshot import PoolSnapshot
+from .._inference._transport import INLINE, SHM
+from .._pools._snapshot import PoolSnapshot
+from .._slots._header import BUCKET_BOUNDS_S, LIMITS
 
 __all__ = [
     "ABANDONED_REQUESTS",
@@ -224,7 +224,7 @@ class NodeMetrics:
     """The node's regions as Ray metrics (:data:`METRICS`), as Prometheus expects them.
 
     Exported from the housekeeping thread, not per request: requests only count into their
-    regions' headers (see :mod:`.._header`).
+    regions' headers (see :mod:`.._slots._header`).
 
     Histograms are replayed from the headers' buckets: each request counted since the last
     export is observed once, at the middle of its bucket. So their buckets are exact (every

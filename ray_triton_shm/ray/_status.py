@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .._scaling import limit_text
-from .._shm import mib
+from .._pools._scaling import limit_text
+from .._slots._shm import mib
 
 __all__ = ["COLUMNS", "format_node_actors", "node_actor_reports"]
 

@@ -7,10 +7,10 @@ import threading
 import pytest
 
 from ray_triton_shm import ModelSpecError, SlotAutoscaling
-from ray_triton_shm._header import MAX_SLOTS
-from ray_triton_shm._pool import SlotPool
-from ray_triton_shm._scaling import REASON_KEPT_S, TICK_S, Policy
-from ray_triton_shm._sizing import pool_sizing
+from ray_triton_shm._pools._scaling import REASON_KEPT_S, TICK_S, Policy
+from ray_triton_shm._slots._header import MAX_SLOTS
+from ray_triton_shm._slots._sizing import pool_sizing
+from ray_triton_shm._slots._slot_pool import SlotPool
 
 CONFIG = SlotAutoscaling(min_slots=2, max_slots=16, upscale_delay_s=0.2, downscale_delay_s=30.0)
 

@@ -18,13 +18,14 @@ import pytest
 
 from ray_triton_shm import TritonServerError
 from ray_triton_shm._drive import drive, drive_async
-from ray_triton_shm._engine import Chunk, ModelPool, Step, run
-from ray_triton_shm._header import RegionHeader
-from ray_triton_shm._inputs import prepare_batch
-from ray_triton_shm._memory import SlotMemory
-from ray_triton_shm._pool import PoolStats, SlotPool
-from ray_triton_shm._shm import SharedMemoryRegion, new_region_name
-from ray_triton_shm._specs import ModelSpec, SlotLayout, TensorSpec
+from ray_triton_shm._inference._engine import Chunk, Step, run
+from ray_triton_shm._inference._inputs import prepare_batch
+from ray_triton_shm._inference._model_pool import ModelPool
+from ray_triton_shm._slots._header import RegionHeader
+from ray_triton_shm._slots._memory import SlotMemory
+from ray_triton_shm._slots._shm import SharedMemoryRegion, new_region_name
+from ray_triton_shm._slots._slot_pool import PoolStats, SlotPool
+from ray_triton_shm._slots._specs import ModelSpec, SlotLayout, TensorSpec
 
 SPEC = ModelSpec(
     name="m",

@@ -10,7 +10,8 @@ import grpc
 import pytest
 from tritonclient.grpc import service_pb2
 
-from ray_triton_shm._http import (
+from ray_triton_shm._inference._options import RequestOptions
+from ray_triton_shm._wire._http import (
     HttpError,
     _parse,
     http_body,
@@ -18,7 +19,6 @@ from ray_triton_shm._http import (
     http_path,
     http_url_for,
 )
-from ray_triton_shm._options import RequestOptions
 
 
 def _request() -> service_pb2.ModelInferRequest:

@@ -7,8 +7,8 @@ import pytest
 from tritonclient.utils import serialize_byte_tensor
 
 from ray_triton_shm import InvalidInputError
-from ray_triton_shm._inputs import prepare_batch
-from ray_triton_shm._specs import ModelSpec, TensorSpec
+from ray_triton_shm._inference._inputs import prepare_batch
+from ray_triton_shm._slots._specs import ModelSpec, TensorSpec
 
 SPEC = ModelSpec(
     name="m",

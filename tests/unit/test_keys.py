@@ -14,7 +14,7 @@ from _helpers import write_secret
 from tritonclient.utils import InferenceServerException
 
 from ray_triton_shm import AccessDeniedError, TritonServerError, headers_from_env
-from ray_triton_shm._keys import (
+from ray_triton_shm._wire._keys import (
     KEYS_DIR_ENV_VAR,
     Keys,
     Metadata,
@@ -23,7 +23,7 @@ from ray_triton_shm._keys import (
     normalize,
     redact,
 )
-from ray_triton_shm._triton_errors import (
+from ray_triton_shm._wire._triton_errors import (
     expected_header,
     is_restart_symptom,
     is_unreachable,

@@ -12,9 +12,9 @@ import time
 import pytest
 
 from ray_triton_shm import ClientClosedError, InvalidInputError, TritonServerError
-from ray_triton_shm._engine import SuspectedChange
-from ray_triton_shm._moves import INPUT_RECHECK_S, MAX_MOVES, MOVED, Moves, follow_model
-from ray_triton_shm._options import RequestOptions, over_defaults, request_options
+from ray_triton_shm._inference._engine import SuspectedChange
+from ray_triton_shm._inference._options import RequestOptions, over_defaults, request_options
+from ray_triton_shm._pools._retry import INPUT_RECHECK_S, MAX_MOVES, MOVED, Moves, follow_model
 
 
 class Owner:

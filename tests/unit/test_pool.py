@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from ray_triton_shm import ClientClosedError, ModelSpecError, SlotTimeoutError
-from ray_triton_shm._pool import SlotPool
+from ray_triton_shm._slots._slot_pool import SlotPool
 
 
 def test_blocks_at_its_size_and_hands_a_released_slot_to_the_waiter() -> None:

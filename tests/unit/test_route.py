@@ -9,10 +9,10 @@ from tritonclient.grpc import service_pb2
 from tritonclient.utils import serialize_byte_tensor
 
 from ray_triton_shm import ModelSpecError, SharedMemoryUnreachableError
-from ray_triton_shm._inputs import Batch, prepare_batch
-from ray_triton_shm._memory import CUDA, INLINE, SYSTEM
-from ray_triton_shm._options import request_options
-from ray_triton_shm._route import (
+from ray_triton_shm._inference._inputs import Batch, prepare_batch
+from ray_triton_shm._inference._options import request_options
+from ray_triton_shm._inference._requests import ValueRequests
+from ray_triton_shm._inference._transport import (
     AUTO,
     SHM,
     TRANSPORTS,
@@ -22,8 +22,8 @@ from ray_triton_shm._route import (
     node_name,
     unreachable_error,
 )
-from ray_triton_shm._specs import ModelSpec, TensorSpec
-from ray_triton_shm._transport import ValueRequests
+from ray_triton_shm._slots._memory import CUDA, INLINE, SYSTEM
+from ray_triton_shm._slots._specs import ModelSpec, TensorSpec
 
 #: A batching model: a float tensor of variable length and a string, two outputs.
 SPEC = ModelSpec(

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ray_triton_shm import ModelSpecError
-from ray_triton_shm._specs import (
+from ray_triton_shm._slots._specs import (
     REGION_HEADER_BYTES,
     SLOT_ALIGNMENT,
     TENSOR_ALIGNMENT,

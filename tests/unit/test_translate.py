@@ -6,9 +6,9 @@ import numpy as np
 from tritonclient.utils import InferenceServerException
 
 from ray_triton_shm import SharedMemoryNotAllowedError, TritonServerError
-from ray_triton_shm._outputs import overflow_message
-from ray_triton_shm._specs import ModelSpec, TensorSpec
-from ray_triton_shm._triton_errors import (
+from ray_triton_shm._inference._outputs import overflow_message
+from ray_triton_shm._slots._specs import ModelSpec, TensorSpec
+from ray_triton_shm._wire._triton_errors import (
     is_missing_region,
     is_restart_symptom,
     is_unreachable,

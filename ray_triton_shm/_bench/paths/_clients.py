@@ -14,8 +14,8 @@ from tritonclient.utils import np_to_triton_dtype
 
 from ray_triton_shm._bench._cases import ModelCase
 from ray_triton_shm._client import TritonSHMClient
-from ray_triton_shm._keys import Keys
-from ray_triton_shm._specs import ModelSpec
+from ray_triton_shm._slots._specs import ModelSpec
+from ray_triton_shm._wire._keys import Keys
 
 __all__ = ["Backend", "by_value", "infer", "shm_client", "transport_of"]
 

@@ -18,8 +18,8 @@ from tritonclient.utils import np_to_triton_dtype
 from ray_triton_shm._bench.paths._base import BenchPath, SkipPath
 from ray_triton_shm._bench.paths._clients import infer, shm_client
 from ray_triton_shm._bench.paths._regions import ManualRegions
-from ray_triton_shm._memory import CUDA
-from ray_triton_shm._plain_client import tritonclient_for
+from ray_triton_shm._slots._memory import CUDA
+from ray_triton_shm._wire._plain_client import tritonclient_for
 
 __all__ = ["GPU_MODEL_REPOSITORY", "PATHS"]
 

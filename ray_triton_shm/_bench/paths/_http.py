@@ -36,7 +36,7 @@ from ray_triton_shm._bench.paths._ray_session import (
     example_app_root,
     process_cpu_s,
 )
-from ray_triton_shm._plain_client import tritonclient_for
+from ray_triton_shm._wire._plain_client import tritonclient_for
 from ray_triton_shm.local._process import proc_stats
 
 __all__ = ["APP_CASES", "BODIES", "PATHS", "REPLICAS", "app_stage_times", "deploy_app", "drop_app"]

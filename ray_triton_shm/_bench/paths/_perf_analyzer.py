@@ -40,8 +40,8 @@ from ray_triton_shm._bench._cases import ModelCase
 from ray_triton_shm._bench._load import SliceSummary
 from ray_triton_shm._bench.paths._base import BenchPath, SkipPath
 from ray_triton_shm._exceptions import LocalServerError
-from ray_triton_shm._plain_client import tritonclient_for
-from ray_triton_shm._tls import TlsFiles
+from ray_triton_shm._wire._plain_client import tritonclient_for
+from ray_triton_shm._wire._tls import TlsFiles
 from ray_triton_shm.local._perf_analyzer import PerfAnalyzer, find_perf_analyzer
 
 __all__ = ["PATHS", "UNCHECKED", "WINDOWS", "PerfAnalyzerPath", "perf_analyzer_args"]

@@ -9,7 +9,7 @@ import numpy as np
 
 from ray_triton_shm._bench.paths._base import BenchPath, SkipPath
 from ray_triton_shm._bench.paths._clients import infer
-from ray_triton_shm._plain_client import tritonclient_for
+from ray_triton_shm._wire._plain_client import tritonclient_for
 
 __all__ = ["PATHS", "GrpcPath", "HttpPath", "MemcpyFloorPath"]
 

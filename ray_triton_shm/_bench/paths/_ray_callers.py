@@ -24,7 +24,7 @@ from ray_triton_shm._bench.paths._base import check_outputs
 from ray_triton_shm._bench.paths._clients import Backend, by_value, infer, shm_client
 from ray_triton_shm._bench.paths._ray_session import reconnect_timeout_s
 from ray_triton_shm._exceptions import TritonSHMError
-from ray_triton_shm._plain_client import tritonclient_for
+from ray_triton_shm._wire._plain_client import tritonclient_for
 
 with contextlib.suppress(ImportError):  # without the ray extra: the session says so
     from ray_triton_shm.ray import ShmModel, ShmPredictor

@@ -14,7 +14,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.utils.shared_memory as shm
 
 from ray_triton_shm._bench._cases import ModelCase
-from ray_triton_shm._memory import CUDA, SYSTEM
+from ray_triton_shm._slots._memory import CUDA, SYSTEM
 
 __all__ = ["SHM_KEY_PREFIX", "ManualRegions"]
 

@@ -16,8 +16,8 @@ from ray_triton_shm._bench._config import BY_VALUE, ELASTIC
 from ray_triton_shm._bench.paths._base import BenchPath, SkipPath
 from ray_triton_shm._bench.paths._clients import shm_client
 from ray_triton_shm._bench.paths._regions import ManualRegions
-from ray_triton_shm._plain_client import tritonclient_for
-from ray_triton_shm._specs import SlotLayout
+from ray_triton_shm._slots._specs import SlotLayout
+from ray_triton_shm._wire._plain_client import tritonclient_for
 
 __all__ = ["PATHS", "ShmClientPath", "ShmLeasePath", "ShmManualPath", "ShmPreparedPath"]
 

@@ -1,0 +1,258 @@
+"""The requests of a pool's slots: pointing at shared memory, or carrying the tensors by value.
+
+:class:`SlotRequests` builds the small request that points Triton at a slot in shared memory
+(one prebuilt ``ModelInferRequest`` per slot, only shapes and sizes change per call) and its
+JSON for Triton's HTTP endpoint (written again only when they change). :class:`ValueRequests`
+builds the request of a pool by value, for a Triton that cannot map this process's memory: the
+tensors travel in it, as plain gRPC sends them, but written once, straight from the caller's
+arrays into the message's bytes (a plain client copies them three times: into a ``bytes``, into
+the message, and into its serialization). What Triton's errors say is
+:mod:`.._wire._triton_errors`'.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tritonclient.grpc import service_pb2
+
+from .._slots._memory import SlotIO
+from .._slots._specs import ModelSpec, SlotLayout
+from .._wire._http import http_body, http_path
+from ._inputs import Batch
+from ._options import RequestOptions
+
+__all__ = ["SlotRequests", "ValueRequests"]
+
+#: The tag of ``ModelInferRequest.raw_input_contents`` (field 7, length-delimited).
+_RAW_INPUT_TAG = b"\x3a"
+
+
+class SlotRequests:
+    """One reusable ``ModelInferRequest`` per slot, pointing at that slot's tensors.
+
+    A slot is used by one call at a time, so its message can be updated in place.
+
+    Args:
+        spec: The model.
+        layout: Where each tensor lives inside a slot.
+        slot_keys: The name each slot is registered under in Triton.
+        bases: Where each slot starts in its registration (a system slot's registration is
+            the whole region; a GPU slot's, the slot alone).
+    """
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        layout: SlotLayout,
+        slot_keys: Sequence[str],
+        bases: Sequence[int],
+    ) -> None:
+        self._spec = spec
+        self._requests = [
+            self._build(spec, layout, key, base) for key, base in zip(slot_keys, bases)
+        ]
+        slot_count = len(slot_keys)
+        # Shapes and byte sizes each slot's request was last sent with: most calls repeat them.
+        self._shapes: list[list[tuple[int, ...] | None]] = [
+            [None] * len(spec.inputs) for _ in range(slot_count)
+        ]
+        self._sizes: list[list[int]] = [[-1] * len(spec.inputs) for _ in range(slot_count)]
+        #: Each slot's request as Triton's JSON, while it is as last sent (see :meth:`body`).
+        self._bodies: list[bytes | None] = [None] * slot_count
+        #: The path of the model's inference requests over HTTP (empty: its name cannot be
+        #: in one, the requests go over gRPC).
+        self.path = http_path(spec.name, spec.version) or b""
+
+    @staticmethod
+    def _build(
+        spec: ModelSpec, layout: SlotLayout, region_name: str, base: int
+    ) -> service_pb2.ModelInferRequest:
+        request = service_pb2.ModelInferRequest(model_name=spec.name, model_version=spec.version)
+        for tensor in spec.inputs:
+            entry = request.inputs.add(name=tensor.name, datatype=tensor.datatype)
+            _point_at(entry.parameters, region_name, base + layout.input_offsets[tensor.name])
+        for tensor in spec.outputs:
+            entry = request.outputs.add(name=tensor.name)
+            if tensor.name in spec.inline_outputs:
+                continue  # answered in the response
+            _point_at(entry.parameters, region_name, base + layout.output_offsets[tensor.name])
+            entry.parameters["shared_memory_byte_size"].int64_param = layout.capacities[
+                f"out:{tensor.name}"
+            ]
+        return request
+
+    def write(
+        self,
+        slot: int,
+        views: SlotIO,
+        batch: Batch,
+        start: int,
+        stop: int,
+        request_id: str,
+        options: RequestOptions | None,
+    ) -> tuple[service_pb2.ModelInferRequest, list[int]]:
+        """Writes rows ``start:stop`` of ``batch`` into the slot's ``views``; returns the
+        slot's request for them (a copy with ``options``) and the bytes of each input."""
+        written = batch.write_chunk(views, start, stop)
+        rows = stop - start if batch.batched else None
+        request = self.prepare(slot, rows, batch.sample_shapes, written, request_id)
+        return (request if options is None else options.apply(request)), written
+
+    def prepare(
+        self,
+        slot: int,
+        rows: int | None,
+        sample_shapes: Mapping[str, tuple[int, ...]],
+        byte_sizes: Sequence[int],
+        request_id: str,
+    ) -> service_pb2.ModelInferRequest:
+        """Returns the slot's request, updated for this chunk.
+
+        Args:
+            slot: The slot.
+            rows: Samples in this chunk; ``None`` for a model that does not batch.
+            sample_shapes: Actual per-sample shape of each input.
+            byte_sizes: Bytes written for each input.
+            request_id: Triton request id (may be empty).
+        """
+        request = self._requests[slot]
+        if request.id != request_id:
+            request.id = request_id
+            self._bodies[slot] = None
+        if _reshape(request, self._spec, self._shapes[slot], rows, sample_shapes):
+            self._bodies[slot] = None
+        last_sizes = self._sizes[slot]
+        for index in range(len(last_sizes)):
+            if last_sizes[index] != byte_sizes[index]:
+                last_sizes[index] = byte_sizes[index]
+                parameters = request.inputs[index].parameters
+                parameters["shared_memory_byte_size"].int64_param = byte_sizes[index]
+                self._bodies[slot] = None
+        return request
+
+    def body(self, slot: int, request: service_pb2.ModelInferRequest) -> bytes | None:
+        """``request``, prepared on ``slot``, as Triton's JSON (see
+        :func:`.._wire._http.http_body`): written once per slot and shape while the slot's own
+        request is sent (a call with
+        options sends a copy, written each time)."""
+        if not self.path:
+            return None
+        if request is not self._requests[slot]:
+            return http_body(request)
+        body = self._bodies[slot]
+        if body is None:
+            body = self._bodies[slot] = http_body(request)
+        return body
+
+
+class ValueRequests:
+    """The requests of a pool by value: each one's tensors in its own bytes, serialized here.
+
+    Per slot, the request without its tensors (model, shapes, id) is serialized once per
+    shape; a call appends its inputs' bytes as ``raw_input_contents`` fields (protobuf merges
+    repeated fields written one after another), and Triton answers its outputs in the
+    response. Sent as bytes (see :attr:`.._wire._channel.Channel.infer_bytes`).
+
+    Args:
+        spec: The model.
+        slot_count: Slots of the pool.
+    """
+
+    #: Requests by value go over gRPC.
+    path = b""
+
+    def __init__(self, spec: ModelSpec, slot_count: int) -> None:
+        self._spec = spec
+        self._requests = [self._build(spec) for _ in range(slot_count)]
+        self._shapes: list[list[tuple[int, ...] | None]] = [
+            [None] * len(spec.inputs) for _ in range(slot_count)
+        ]
+        #: Each slot's request without its tensors, serialized, while it is as last sent.
+        self._heads: list[bytes | None] = [None] * slot_count
+
+    @staticmethod
+    def _build(spec: ModelSpec) -> service_pb2.ModelInferRequest:
+        request = service_pb2.ModelInferRequest(model_name=spec.name, model_version=spec.version)
+        for tensor in spec.inputs:
+            request.inputs.add(name=tensor.name, datatype=tensor.datatype)
+        for tensor in spec.outputs:
+            request.outputs.add(name=tensor.name)
+        return request
+
+    def write(
+        self,
+        slot: int,
+        views: SlotIO,
+        batch: Batch,
+        start: int,
+        stop: int,
+        request_id: str,
+        options: RequestOptions | None,
+    ) -> tuple[bytes, list[int]]:
+        """The serialized request of rows ``start:stop`` of ``batch`` on ``slot`` (``views``
+        holds nothing by value), and the bytes of each input."""
+        request = self._requests[slot]
+        rows = stop - start if batch.batched else None
+        changed = request.id != request_id
+        if changed:
+            request.id = request_id
+        if _reshape(request, self._spec, self._shapes[slot], rows, batch.sample_shapes) or changed:
+            self._heads[slot] = None  # also when this call, with options, does not cache it
+        if options is not None:
+            head = options.apply(request).SerializeToString()
+        else:
+            head = self._heads[slot] or request.SerializeToString()
+            self._heads[slot] = head
+        values = batch.chunk_values(start, stop)
+        parts: list[Any] = [head]
+        written = []
+        for value in values:
+            size = len(value)
+            written.append(size)
+            parts.append(_RAW_INPUT_TAG)
+            parts.append(_varint(size))
+            parts.append(value)
+        return b"".join(parts), written
+
+    def body(self, slot: int, request: Any) -> bytes | None:
+        """Requests by value go over gRPC."""
+        return None
+
+
+def _reshape(
+    request: service_pb2.ModelInferRequest,
+    spec: ModelSpec,
+    last: list[tuple[int, ...] | None],
+    rows: int | None,
+    sample_shapes: Mapping[str, tuple[int, ...]],
+) -> bool:
+    """Sets the shape of each input of ``request`` whose shape differs from ``last`` (which
+    it updates): ``rows`` samples (``None``: a model that does not batch) of its sample shape.
+    Whether any did."""
+    changed = False
+    for index, tensor in enumerate(spec.inputs):
+        sample_shape = sample_shapes[tensor.name]
+        shape = sample_shape if rows is None else (rows, *sample_shape)
+        if last[index] != shape:
+            last[index] = shape
+            entry = request.inputs[index]
+            del entry.shape[:]
+            entry.shape.extend(shape)
+            changed = True
+    return changed
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _point_at(parameters: Any, region_name: str, offset: int) -> None:
+    parameters["shared_memory_region"].string_param = region_name
+    parameters["shared_memory_offset"].int64_param = offset

@@ -1,0 +1,216 @@
+"""How a pool's tensors reach Triton: through shared memory Triton maps (``"shm"``), or by
+value, in the requests (``"inline"``), for a Triton that cannot map this process's memory: on
+another host, in a container with a ``/dev/shm`` of its own, as another user.
+
+The choice is made per model, by proof, never by guess. ``transport="auto"`` (the default)
+tries each memory of :func:`attempts` in turn: Triton must open the region (its registration
+is the first proof), then a probe request must land in it (:func:`probe`: Triton could open
+another file of the same name in another mount namespace). A memory Triton cannot map raises
+:class:`Unmappable` with the reason, and the next is tried; by value always works.
+``transport="shm"`` stops with :class:`SharedMemoryUnreachableError` instead, naming the node
+and the reasons.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import numpy as np
+
+from .._exceptions import ModelSpecError, SharedMemoryUnreachableError, TritonServerError
+from .._slots._memory import CUDA, INLINE, SYSTEM, SlotMemory
+from .._slots._specs import ModelSpec
+from .._wire._triton_errors import status_and_message
+from ._requests import SlotRequests
+
+__all__ = [
+    "AUTO",
+    "INLINE",
+    "SHM",
+    "TRANSPORTS",
+    "Transport",
+    "Unmappable",
+    "attempts",
+    "check_transport",
+    "probe",
+    "unreachable_error",
+]
+
+AUTO, SHM = "auto", "shm"
+#: What ``transport=`` takes.
+TRANSPORTS = (AUTO, SHM, INLINE)
+#: How long the probe request waits for Triton's answer.
+PROBE_TIMEOUT_S = 30.0
+#: The id of the probe request, as Triton logs it.
+PROBE_REQUEST_ID = "ray-triton-shm-probe"
+
+
+@dataclass(frozen=True)
+class Transport:
+    """How a pool's tensors reach Triton, and why.
+
+    Attributes:
+        kind: ``"shm"`` (through shared memory Triton maps) or ``"inline"`` (by value, in the
+            requests).
+        reason: Why, in words: what proved it, or that it was asked for.
+        asked: The ``transport=`` it was chosen for (``"auto"``: found by proof, and proven
+            again after Triton restarts or moves).
+    """
+
+    kind: str
+    reason: str
+    asked: str = AUTO
+
+    @property
+    def by_value(self) -> bool:
+        """Whether the tensors travel in the requests."""
+        return self.kind == INLINE
+
+
+class Unmappable(Exception):
+    """Triton cannot map a region of this process.
+
+    Args:
+        reason: Why, in a sentence (the message).
+        refusal: Triton's refusal, explained (what ``transport="shm"`` raises from).
+    """
+
+    def __init__(self, reason: str, refusal: TritonServerError | None = None) -> None:
+        super().__init__(reason)
+        self.refusal = refusal
+
+
+def check_transport(model: str, transport: str) -> None:
+    """Checks a ``transport=`` value, before anything is made.
+
+    Raises:
+        ModelSpecError: naming the model, the values allowed and the value given.
+    """
+    if transport not in TRANSPORTS:
+        raise ModelSpecError(
+            f"model {model!r}: transport must be one of {TRANSPORTS} ('auto': shared memory "
+            f"where Triton can map it, else by value), got {transport!r}",
+            model=model,
+        )
+
+
+def attempts(transport: str, memory: str) -> tuple[str, ...]:
+    """The memories a pool tries, in order, for ``transport=`` and ``memory=``: where Triton
+    cannot map one, the next (GPU memory falls back to system memory, then by value)."""
+    if transport == INLINE:
+        return (INLINE,)
+    shared = (CUDA, SYSTEM) if memory == CUDA else (SYSTEM,)
+    return shared if transport == SHM else (*shared, INLINE)
+
+
+def node_name() -> str:
+    """This host, as errors and reasons name it."""
+    return socket.gethostname()
+
+
+def unreachable_error(
+    model: str, url: str, reasons: Sequence[Unmappable | str]
+) -> SharedMemoryUnreachableError:
+    """The error of ``transport="shm"`` when Triton mapped no memory of this process, with
+    Triton's own refusal where there was one."""
+    node = node_name()
+    refusals = [r.refusal for r in reasons if isinstance(r, Unmappable) and r.refusal]
+    reason = "; ".join(map(str, reasons))
+    detail = "; ".join(map(str, refusals)) or reason
+    first = refusals[0] if refusals else None
+    return SharedMemoryUnreachableError(
+        f"model {model!r}: transport='shm', but Triton at {url} cannot map the shared memory "
+        f"of this process on {node}: {detail}. Run Triton where it shares /dev/shm with this "
+        "process (the same host or pod; --ipc=host or a shared /dev/shm volume for "
+        "containers), or use transport='auto' to send the tensors by value there",
+        node=node,
+        reason=reason,
+        status=None if first is None else first.status,
+        server_message="" if first is None else first.server_message,
+        model=model,
+    )
+
+
+def refusal_reason(url: str, region: str, refusal: BaseException) -> str:
+    """Why Triton's refusal to register ``region`` means it cannot map this process's
+    memory."""
+    _, message = status_and_message(refusal)
+    return (
+        f"Triton at {url} could not open /dev/shm/{region} ({message.strip() or refusal}): "
+        "it runs on another host, in another /dev/shm (a container, a mount namespace), or as "
+        "a user that cannot open it"
+    )
+
+
+def probe(
+    stub: Any,
+    metadata: Any,
+    memory: SlotMemory,
+    spec: ModelSpec,
+    key: str,
+    url: str,
+) -> str:
+    """Proves that Triton maps the region it just registered as ``key`` (slot 0 of
+    ``memory``, which nobody uses yet): a one-sample request of zeros, whose outputs must
+    land in the slot over a random pattern written there first.
+
+    Returns:
+        Why the region counts as mapped: the proof, or why none could be had (the model
+        refused the probe, or answered no output it writes into the slot), in which case
+        Triton's opening a region of this unique name is the proof.
+
+    Raises:
+        Unmappable: Triton answered, and wrote none of its outputs into the region.
+    """
+    views = memory.views(spec)[0]
+    shapes = {t.name: tuple(1 if d == -1 else d for d in t.shape) for t in spec.inputs}
+    written = []
+    for tensor in spec.inputs:
+        count = math.prod(shapes[tensor.name])  # one sample
+        nbytes = count * (4 if tensor.is_bytes else tensor.dtype.itemsize)
+        views.inputs[tensor.name].view(np.uint8)[:nbytes] = 0  # BYTES: empty elements
+        written.append(nbytes)
+    pattern = secrets.token_bytes(64)
+    checked = [t for t in spec.outputs if not t.is_bytes and t.name not in spec.inline_outputs]
+    for tensor in checked:
+        place = views.outputs[tensor.name].view(np.uint8)
+        place[:] = np.resize(np.frombuffer(pattern, np.uint8), place.size)
+    requests = SlotRequests(spec, memory.layout, [key], [memory.offset(0)])
+    rows = 1 if spec.batched else None
+    request = requests.prepare(0, rows, shapes, written, PROBE_REQUEST_ID)
+    try:
+        response = stub.ModelInfer(request, metadata=metadata, timeout=PROBE_TIMEOUT_S)
+    except grpc.RpcError as exc:
+        _, message = status_and_message(exc)
+        return (
+            f"Triton at {url} opened the region; a probe request could not run there "
+            f"({message.strip()}), so its unique name is the proof"
+        )
+    compared = 0
+    for output in response.outputs:
+        found = spec.outputs_by_name.get(output.name)
+        if found is None or found not in checked:
+            continue
+        place = views.outputs[found.name].view(np.uint8)
+        nbytes = min(math.prod(output.shape) * found.dtype.itemsize, place.size)
+        if nbytes == 0:
+            continue
+        compared += 1
+        expected = np.resize(np.frombuffer(pattern, np.uint8), nbytes)
+        if not np.array_equal(place[:nbytes], expected):
+            return f"Triton at {url} mapped the region: a probe request's outputs landed in it"
+    if compared:
+        raise Unmappable(
+            f"Triton at {url} registered the region, but a probe request's outputs never "
+            "reached it: Triton opened another file of the same name (another /dev/shm)"
+        )
+    return (
+        f"Triton at {url} opened the region; the model answers no output a probe can see "
+        "land in it, so its unique name is the proof"
+    )

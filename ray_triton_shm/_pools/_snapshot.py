@@ -1,0 +1,118 @@
+"""One reading of a pool: what its region's header and its slots say at one moment.
+
+``TritonSHMClient.shm_stats()``, the Ray node actor's ``stats()`` and its metrics are each made
+of a :class:`PoolSnapshot`, so a figure is read one way wherever it is shown.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .._inference._model_pool import ModelPool
+from .._slots._header import histogram_quantile_s
+from .._slots._shared_slots import NodeSlotStats, SharedSlots
+from .._slots._slot_pool import PoolStats
+
+__all__ = ["PoolSnapshot"]
+
+
+@dataclass(frozen=True)
+class PoolSnapshot:
+    """A pool at one moment.
+
+    Attributes:
+        region: The pool's region (a new layout has a new one: its counts start at zero).
+        generation: New layouts since the model was registered.
+        size: Slots in the pool now.
+        min_size: The smallest size it shrinks to (``size`` for a fixed pool).
+        max_size: The largest size it grows to.
+        limited_by: Why it did not grow although callers waited lately (``""``: nothing).
+        grows: How often it grew.
+        shrinks: How often it shrank.
+        in_use: Slots held now, abandoned ones included.
+        waiting: Callers waiting for a slot.
+        abandoned: Slots out of use until Triton is done with a request given up on them.
+        overloads: Callers refused past ``max_waiting``.
+        shm_bytes: Bytes of ``/dev/shm`` its region holds now.
+        shm_max_bytes: Bytes its region would hold at ``max_size``.
+        wait_p99_us: The 99th percentile of the waits for a slot.
+        settle_p99_us: The 99th percentile of how long abandoned slots waited for Triton.
+        latency_p99_us: The 99th percentile of the requests' latency.
+        failures: Failed calls by kind.
+        counters: The header's counters (``requests``, ``samples``, ``bytes_in``...,
+            ``abandoned_requests``).
+        histograms: Counts per bucket of each of the header's histograms.
+    """
+
+    region: str
+    generation: int
+    size: int
+    min_size: int
+    max_size: int
+    limited_by: str
+    grows: int
+    shrinks: int
+    in_use: int
+    waiting: int
+    abandoned: int
+    overloads: int
+    shm_bytes: int
+    shm_max_bytes: int
+    wait_p99_us: int
+    settle_p99_us: int
+    latency_p99_us: int
+    failures: dict[str, int]
+    counters: dict[str, int]
+    histograms: dict[str, np.ndarray]
+
+    @classmethod
+    def of(cls, pool: ModelPool, *, node_wide: bool = False) -> PoolSnapshot:
+        """Reads ``pool`` now.
+
+        Args:
+            pool: The pool.
+            node_wide: Count the slots of every process of the machine (a region's shared
+                slots, once the holders that died are swept), not this process's share.
+        """
+        slots = pool.slots
+        header = pool.header
+        now: NodeSlotStats | PoolStats
+        if node_wide:
+            assert isinstance(slots, SharedSlots)  # shared before the pool is published
+            slots.sweep()  # so that a holder that just died counts as abandoned
+            now, size = slots.node_stats(), header.size
+        else:
+            now = slots.stats()
+            size = now.size
+        grows, shrinks = header.resizes
+        counters = vars(header.totals())
+        counters["abandoned_requests"] = counters.pop("abandoned")
+        histograms = header.histograms()  # read once: the percentiles come from it
+        return cls(
+            region=pool.region.name,
+            generation=pool.generation,
+            size=size,
+            min_size=header.min_size,
+            max_size=header.slot_count,
+            limited_by=header.limited_by,
+            grows=grows,
+            shrinks=shrinks,
+            in_use=now.in_use,
+            waiting=now.waiting,
+            abandoned=now.abandoned,
+            overloads=header.overloads,
+            shm_bytes=pool.region.allocated,
+            shm_max_bytes=pool.region.size,
+            wait_p99_us=_p99_us(histograms["wait"]),
+            settle_p99_us=_p99_us(histograms["settle"]),
+            latency_p99_us=_p99_us(histograms["latency"]),
+            failures=header.failures(),
+            counters=counters,
+            histograms=histograms,
+        )
+
+
+def _p99_us(histogram: np.ndarray) -> int:
+    return round(histogram_quantile_s(histogram, 0.99) * 1e6)

@@ -1,0 +1,384 @@
+"""The header at the start of every region: what every process using the region can see.
+
+A region is shared by its owner and, in the Ray layer, by every process on the node that takes
+its slots (see :mod:`._shared_slots`). The header lets them coordinate and count without a
+single message. Each word has one writer at a time, so no two processes race on a word:
+
+* the owner's settings: ``max_waiting`` (seats for waiting callers), where the slots' bytes
+  live (system or GPU memory, see :mod:`._memory`), and the ``retired`` flag:
+  set once the model's pool moved to a new region (the model changed on Triton), after which
+  nobody sends a request on this region's slots;
+* the pool's size (see :mod:`.._pools._scaling`): the region has room for ``slot_count`` slots, of
+which slots ``0 .. size-1`` are in use now; its bounds, what stopped it growing, and how often it
+  grew and shrank (written by the owner's scaler);
+* failed calls by kind (any process counts one, holding the region's mutex);
+* one seat per waiting caller: the slot it queues on (written by the seat's holder);
+* per slot, written by the slot's current holder: when it sent a request on it
+  (``busy_since``, zero while free), since when the slot waits for Triton to finish a request
+  that was abandoned (``abandoned_since``, cleared by whoever proves Triton done, see
+  :mod:`.._pools._abandoned`), and the counters (requests, samples, bytes in and out, errors, queued
+  waits for the slot and their total, abandoned requests, how long their slots waited for
+  Triton, latency) with three histograms (wait, settle, latency).
+
+Counting in the header keeps metrics free of any message per request: the Ray node actor reads
+them every second and exports them (see :mod:`..ray._actor`).
+
+Layout, native ``int64`` words: ``[0:16]`` settings and node-wide words, ``[16:32]`` failures,
+``[32:32+SEATS]`` seats, then :data:`_WORDS_PER_SLOT` words per slot.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .._exceptions import ERROR_KINDS
+from ._specs import REGION_HEADER_BYTES
+
+__all__ = [
+    "BUCKET_BOUNDS_S",
+    "HISTOGRAMS",
+    "histogram_quantile_s",
+    "LIMITS",
+    "MAX_SEATS",
+    "MAX_SLOTS",
+    "RegionHeader",
+    "SlotCounters",
+]
+
+# Settings and node-wide words.
+_MAX_WAITING, _RETIRED, _MEMORY = 0, 1, 3
+_SIZE, _MIN_SIZE, _LIMITED, _GROWS, _SHRINKS = 4, 5, 6, 7, 8
+#: Why a pool's growth stopped short of its callers, as the header word ``_LIMITED`` stores it.
+LIMITS = ("", "max_slots", "shm_budget", "shm_full", "upscale_delay_s")
+#: The kinds of memory a region's slots live in, as the header word ``_MEMORY`` stores them.
+_MEMORY_KINDS = ("system", "cuda", "inline")
+#: Failed calls by kind (see :func:`.._exceptions.error_kind`), one word each from ``_FAILURES``:
+#: written by any process, under the region's mutex.
+_FAILURES = 16
+_FIRST_SEAT_WORD = _FAILURES + 16
+#: Most callers that can wait for a slot of one region at once.
+MAX_SEATS = 1024
+_FIRST_SLOT_WORD = _FIRST_SEAT_WORD + MAX_SEATS
+# Per-slot words.
+_REQUESTS, _SAMPLES, _BYTES_IN, _BYTES_OUT, _ERRORS = 0, 1, 2, 3, 4
+_WAITS, _WAIT_NS, _BUSY_SINCE, _ABANDONED_SINCE, _ABANDONS, _SETTLE_NS = 5, 6, 7, 8, 9, 10
+_LATENCY_NS = 11
+#: Histograms: bucket ``b`` counts durations up to ``_BUCKET0_NS * 2 ** (b / 2)``; the last
+#: bucket counts every longer one. Of every request's wait for its slot (zero if one was
+#: free), of how long abandoned slots waited for Triton, and of requests' latency (from the
+#: caller's first wait to the answer read).
+_BUCKETS = 40
+_BUCKET0_NS = 16_000
+_WAIT_BUCKETS = 12
+_SETTLE_BUCKETS = _WAIT_BUCKETS + _BUCKETS
+_LATENCY_BUCKETS = _SETTLE_BUCKETS + _BUCKETS
+_WORDS_PER_SLOT = _LATENCY_BUCKETS + _BUCKETS
+#: The histograms' names, as :meth:`RegionHeader.histograms` gives them.
+HISTOGRAMS = {"wait": _WAIT_BUCKETS, "settle": _SETTLE_BUCKETS, "latency": _LATENCY_BUCKETS}
+#: Most slots a region can have: as many as the header has words for.
+MAX_SLOTS = (REGION_HEADER_BYTES // 8 - _FIRST_SLOT_WORD) // _WORDS_PER_SLOT
+
+
+@dataclass(frozen=True)
+class SlotCounters:
+    """Totals over a region's slots.
+
+    Attributes:
+        requests: Requests Triton answered (one per chunk).
+        samples: Samples in them.
+        bytes_in: Input bytes written.
+        bytes_out: Output bytes read.
+        errors: Requests that failed.
+        waits: Requests that had to wait for a slot.
+        wait_ns: Nanoseconds they waited, in all.
+        abandoned: Requests whose caller gave up (deadline, cancellation, death) while Triton
+            may still have run them.
+        settle_ns: Nanoseconds their slots waited for Triton to be done with them, in all.
+        latency_ns: Nanoseconds answered requests took, from their caller's first wait for a
+            slot to the answer read, in all.
+    """
+
+    requests: int = 0
+    samples: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    errors: int = 0
+    waits: int = 0
+    wait_ns: int = 0
+    abandoned: int = 0
+    settle_ns: int = 0
+    latency_ns: int = 0
+
+
+def _slot_word(slot: int, field: int) -> int:
+    return _FIRST_SLOT_WORD + slot * _WORDS_PER_SLOT + field
+
+
+class RegionHeader:
+    """Typed access to a region's header.
+
+    Args:
+        buffer: The region's mapping.
+        slot_count: Slots the region has room for (at most :data:`MAX_SLOTS`).
+    """
+
+    __slots__ = ("_slot_count", "_slots", "_word", "_words")
+
+    def __init__(self, buffer: Any, slot_count: int) -> None:
+        self._slot_count = slot_count
+        # Single words through a memoryview (a request touches a few: numpy's per-call cost
+        # would dominate); sums over slots through numpy.
+        self._word = memoryview(buffer)[:REGION_HEADER_BYTES].cast("q")
+        self._words = np.frombuffer(buffer, np.int64, REGION_HEADER_BYTES // 8, 0)
+        end = _FIRST_SLOT_WORD + slot_count * _WORDS_PER_SLOT
+        self._slots = self._words[_FIRST_SLOT_WORD:end].reshape(slot_count, _WORDS_PER_SLOT)
+
+    # ---------------------------------------------------------------- owner's settings
+
+    def configure(self, *, max_waiting: int) -> None:
+        """Sets the region's limits (its owner calls this before anyone else maps it)."""
+        self._word[_MAX_WAITING] = min(max_waiting, MAX_SEATS)
+
+    def set_memory(self, kind: str) -> None:
+        """Records where the slots' bytes live (``"system"``, ``"cuda"``, or ``"inline"``: in
+        the requests themselves; by the owner)."""
+        self._word[_MEMORY] = _MEMORY_KINDS.index(kind)
+
+    @property
+    def memory(self) -> str:
+        """Where the slots' bytes live: ``"system"`` (after the header) or ``"cuda"``."""
+        return _MEMORY_KINDS[self._word[_MEMORY]]
+
+    # ---------------------------------------------------------------- the pool's size
+
+    @property
+    def slot_count(self) -> int:
+        """Slots the region has room for: the pool's largest size."""
+        return self._slot_count
+
+    @property
+    def size(self) -> int:
+        """Slots in use now: ``0 .. size-1`` (callers take no other)."""
+        return self._word[_SIZE] or self._slot_count
+
+    def set_size(self, size: int) -> None:
+        """Sets the pool's size (by the owner: after backing the slots it adds, before freeing
+        the memory of those it takes out)."""
+        old = self._word[_SIZE]
+        self._word[_SIZE] = size
+        if old and size > old:
+            self._word[_GROWS] += 1
+        elif old and size < old:
+            self._word[_SHRINKS] += 1
+
+    def set_bounds(self, min_size: int) -> None:
+        """Records the pool's smallest size (its largest is :attr:`slot_count`)."""
+        self._word[_MIN_SIZE] = min_size
+
+    @property
+    def min_size(self) -> int:
+        """The pool's smallest size (its size, for a fixed pool)."""
+        return self._word[_MIN_SIZE] or self.size
+
+    @property
+    def limited_by(self) -> str:
+        """What stopped the pool growing while callers wait (``""``: nothing): its
+        ``"max_slots"``, the node's ``"shm_budget"``, ``"shm_full"`` (``/dev/shm`` had no
+        room), or ``"upscale_delay_s"`` (callers waited, none that long on end)."""
+        limit = self._word[_LIMITED]
+        return LIMITS[limit] if 0 <= limit < len(LIMITS) else ""
+
+    def set_limited_by(self, limit: str) -> None:
+        """Records what stops the pool growing (``""``: nothing)."""
+        self._word[_LIMITED] = LIMITS.index(limit)
+
+    @property
+    def resizes(self) -> tuple[int, int]:
+        """How often the pool grew and shrank."""
+        return self._word[_GROWS], self._word[_SHRINKS]
+
+    @property
+    def max_waiting(self) -> int:
+        """Callers that may wait for a slot at once (the number of seats)."""
+        return self._word[_MAX_WAITING]
+
+    def retire(self) -> None:
+        """Marks the region as replaced by a newer layout of its model (by its owner)."""
+        self._word[_RETIRED] = 1
+
+    @property
+    def retired(self) -> bool:
+        """Whether the model's pool moved to another region: a caller that takes a slot here
+        gives it back unused and goes to the model's current region."""
+        return self._word[_RETIRED] != 0
+
+    # ---------------------------------------------------------------- seats
+
+    def queue(self, seat: int, slot: int | None) -> None:
+        """Records the slot the holder of ``seat`` queues on (``None``: none)."""
+        self._word[_FIRST_SEAT_WORD + seat] = 0 if slot is None else slot + 1
+
+    def queued_on(self, seat: int) -> int | None:
+        """The slot the holder of ``seat`` queues on, if any."""
+        value = self._word[_FIRST_SEAT_WORD + seat]
+        return value - 1 if value else None
+
+    def queued(self) -> list[int]:
+        """How many callers queue on each slot."""
+        counts = [0] * self._slot_count
+        first = _FIRST_SEAT_WORD
+        for value in self._word[first : first + self.max_waiting].tolist():  # one read
+            if 0 < value <= self._slot_count:
+                counts[value - 1] += 1
+        return counts
+
+    # ---------------------------------------------------------------- slot state
+
+    def busy_since(self, slot: int) -> int:
+        """When the slot's holder sent a request on it (``time.monotonic_ns``), ``0`` while it
+        is free."""
+        return self._word[_slot_word(slot, _BUSY_SINCE)]
+
+    def set_busy_since(self, slot: int, since_ns: int) -> None:
+        """Records when a request was sent on the slot (``0``: the slot was given back)."""
+        self._word[_slot_word(slot, _BUSY_SINCE)] = since_ns
+
+    def abandoned_since(self, slot: int) -> int:
+        """When the request Triton may still run on the slot was sent (``0``: none), the slot
+        being out of use until Triton is proven done with it."""
+        return self._word[_slot_word(slot, _ABANDONED_SINCE)]
+
+    def abandon(self, slot: int, since_ns: int) -> None:
+        """Takes the slot out of use: the request sent at ``since_ns`` was given up while
+        Triton may still run it (by the slot's holder, or by whoever found it dead)."""
+        word, base = self._word, _slot_word(slot, 0)
+        word[base + _ABANDONED_SINCE] = since_ns
+        word[base + _BUSY_SINCE] = 0
+        word[base + _ABANDONS] += 1
+
+    def settle(self, slot: int, now_ns: int) -> None:
+        """Puts an abandoned slot back in use: Triton is done with its request (counted)."""
+        word, base = self._word, _slot_word(slot, 0)
+        since = word[base + _ABANDONED_SINCE]
+        if since:
+            waited = max(now_ns - since, 0)
+            word[base + _SETTLE_NS] += waited
+            word[base + _SETTLE_BUCKETS + _bucket(waited)] += 1
+            word[base + _ABANDONED_SINCE] = 0
+
+    def busy_slots(self) -> list[int]:
+        """The slots whose holder sent a request on them, not given back yet."""
+        return [int(s) for s in np.flatnonzero(self._slots[:, _BUSY_SINCE])]
+
+    def queued_seats(self) -> list[int]:
+        """The seats whose holder queues for a slot."""
+        first = _FIRST_SEAT_WORD
+        return [int(s) for s in np.flatnonzero(self._words[first : first + self.max_waiting])]
+
+    def takes(self) -> int:
+        """Slots taken so far, over every slot and process (each take is counted in the wait
+        histogram, see :meth:`count_take`)."""
+        return int(self._slots[:, _WAIT_BUCKETS : _WAIT_BUCKETS + _BUCKETS].sum())
+
+    def abandoned_slots(self) -> list[int]:
+        """The slots out of use until Triton is done with an abandoned request."""
+        return [int(s) for s in np.flatnonzero(self._slots[:, _ABANDONED_SINCE])]
+
+    # ---------------------------------------------------------------- counters
+
+    def count(
+        self, slot: int, samples: int, bytes_in: int, bytes_out: int, latency_ns: int
+    ) -> None:
+        """Counts one answered request on ``slot`` (only its current holder calls this)."""
+        word, base = self._word, _slot_word(slot, 0)
+        word[base + _REQUESTS] += 1
+        word[base + _SAMPLES] += samples
+        word[base + _BYTES_IN] += bytes_in
+        word[base + _BYTES_OUT] += bytes_out
+        word[base + _LATENCY_NS] += latency_ns
+        word[base + _LATENCY_BUCKETS + _bucket(latency_ns)] += 1
+
+    def count_error(self, slot: int) -> None:
+        """Counts one failed request on ``slot``."""
+        self._word[_slot_word(slot, _ERRORS)] += 1
+
+    def count_wait(self, slot: int, wait_ns: int) -> None:
+        """Counts a caller that queued for ``slot`` (by the caller that just took it)."""
+        word, base = self._word, _slot_word(slot, 0)
+        word[base + _WAITS] += 1
+        word[base + _WAIT_NS] += wait_ns
+
+    def count_take(self, slot: int, wait_ns: int) -> None:
+        """Counts how long a request waited for ``slot`` (zero: it was free), in the wait
+        histogram (by the request's holder of the slot)."""
+        self._word[_slot_word(slot, _WAIT_BUCKETS + _bucket(wait_ns))] += 1
+
+    def count_failure(self, kind: str) -> None:
+        """Counts a failed call of ``kind`` (one of :data:`.._exceptions.ERROR_KINDS`; the
+        caller holds the region's mutex: any process may count)."""
+        self._word[_FAILURES + ERROR_KINDS.index(kind)] += 1
+
+    def failures(self) -> dict[str, int]:
+        """Failed calls by kind."""
+        return {kind: self._word[_FAILURES + k] for k, kind in enumerate(ERROR_KINDS)}
+
+    @property
+    def overloads(self) -> int:
+        """Callers refused with ``OverloadedError`` because every seat was taken."""
+        return self._word[_FAILURES + ERROR_KINDS.index("overloaded")]
+
+    def totals(self) -> SlotCounters:
+        """The counters summed over every slot."""
+        sums = self._slots.sum(axis=0)
+        counters = (*sums[:_BUSY_SINCE], sums[_ABANDONS], sums[_SETTLE_NS], sums[_LATENCY_NS])
+        return SlotCounters(*(int(v) for v in counters))
+
+    def histograms(self) -> dict[str, np.ndarray]:
+        """Each histogram of :data:`HISTOGRAMS` summed over the slots: counts per bucket of
+        :data:`BUCKET_BOUNDS_S`."""
+        return {
+            name: self._slots[:, first : first + _BUCKETS].sum(axis=0)
+            for name, first in HISTOGRAMS.items()
+        }
+
+    def wait_quantile_s(self, q: float) -> float:
+        """The ``q`` quantile of the waits for a slot, in seconds (the bucket's upper bound;
+        ``0.0`` if nobody waited). Requests that found a slot free do not count."""
+        return _quantile_s(self._slots[:, _WAIT_BUCKETS:_SETTLE_BUCKETS], q)
+
+    def settle_quantile_s(self, q: float) -> float:
+        """The ``q`` quantile of how long abandoned slots waited for Triton, in seconds (the
+        bucket's upper bound; ``0.0`` if none was abandoned and settled)."""
+        return _quantile_s(self._slots[:, _SETTLE_BUCKETS:_LATENCY_BUCKETS], q)
+
+    def latency_quantile_s(self, q: float) -> float:
+        """The ``q`` quantile of answered requests' latency, in seconds (the bucket's upper
+        bound; ``0.0`` if none was answered)."""
+        return _quantile_s(self._slots[:, _LATENCY_BUCKETS:], q)
+
+
+#: Each histogram bucket's upper bound in seconds; the last bucket has none (``inf``).
+BUCKET_BOUNDS_S = (*(_BUCKET0_NS * 2 ** (b / 2) / 1e9 for b in range(_BUCKETS - 1)), math.inf)
+
+
+def _bucket(duration_ns: int) -> int:
+    ratio = max(duration_ns, 1) / _BUCKET0_NS
+    return min(_BUCKETS - 1, max(0, math.ceil(2 * math.log2(ratio))))
+
+
+def _quantile_s(per_slot: np.ndarray, q: float) -> float:
+    return histogram_quantile_s(per_slot.sum(axis=0), q)
+
+
+def histogram_quantile_s(histogram: np.ndarray, q: float) -> float:
+    """The ``q`` quantile of one of :meth:`RegionHeader.histograms`, in seconds (its bucket's
+    upper bound; ``0.0`` for an empty histogram)."""
+    total = int(histogram.sum())
+    if total == 0:
+        return 0.0
+    bucket = int(np.searchsorted(np.cumsum(histogram), q * total))
+    return _BUCKET0_NS * 2 ** (min(bucket, _BUCKETS - 1) / 2) / 1e9
