@@ -50,6 +50,7 @@ from ._metrics import (
     TRANSPORT,
     TRITON_UP,
 )
+from ._ray_internals import dashboard_classes, default_temp_dir, render_grafana_dashboard
 
 __all__ = ["grafana_dashboard", "install_grafana_dashboard"]
 
@@ -105,12 +106,13 @@ def _triton_per_request(counter: str) -> str:
 
 def _dashboard_config() -> Any:
     """The dashboard as Ray's ``DashboardConfig`` (imports Ray's dashboard modules)."""
-    from ray.dashboard.modules.metrics.dashboards.common import (
-        DashboardConfig,
-        Panel,
-        PanelTemplate,
-        Row,
-        Target,
+    ray_classes = dashboard_classes()
+    DashboardConfig, Panel, PanelTemplate, Row, Target = (  # noqa: N806 (Ray's classes)
+        ray_classes.DashboardConfig,
+        ray_classes.Panel,
+        ray_classes.PanelTemplate,
+        ray_classes.Row,
+        ray_classes.Target,
     )
 
     def lines(**kwargs: Any) -> Any:
@@ -463,20 +465,7 @@ def grafana_dashboard() -> str:
     Raises:
         ImportError: Ray is not installed.
     """
-    from ray.dashboard.modules.metrics import grafana_dashboard_factory
-
-    # Ray's function returns (content, uid) though it is annotated as returning str.
-    generated: Any = grafana_dashboard_factory._generate_grafana_dashboard(_dashboard_config())
-    content, _uid = generated
-    return str(content)
-
-
-def _ray_temp_dir() -> Path:
-    try:
-        from ray._common.utils import get_default_ray_temp_dir
-    except ImportError:  # other Ray versions keep it elsewhere; /tmp/ray is its default
-        return Path("/tmp/ray")
-    return Path(get_default_ray_temp_dir())
+    return render_grafana_dashboard(_dashboard_config())
 
 
 def _ray_dashboards_dir() -> tuple[Path, bool]:
@@ -490,7 +479,7 @@ def _ray_dashboards_dir() -> tuple[Path, bool]:
         return Path(os.environ[GRAFANA_DASHBOARD_OUTPUT_DIR_ENV_VAR]), True
     if os.environ.get(METRICS_OUTPUT_ROOT_ENV_VAR):
         return Path(os.environ[METRICS_OUTPUT_ROOT_ENV_VAR]) / "grafana" / "dashboards", True
-    return _ray_temp_dir() / "session_latest" / "metrics" / "grafana" / "dashboards", False
+    return default_temp_dir() / "session_latest" / "metrics" / "grafana" / "dashboards", False
 
 
 def install_grafana_dashboard(directory: str | os.PathLike[str] | None = None) -> Path:
