@@ -17,14 +17,22 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from ray_triton_shm._bench._config import (
+    BENCH_OPTIONS,
+    Option,
+    OptionGroups,
+    add_groups,
+    add_options,
+)
 from ray_triton_shm._defaults import DEFAULT_URL
 
 if TYPE_CHECKING:
@@ -47,28 +55,38 @@ def _version() -> str:
 
 
 @contextlib.contextmanager
-def _interrupts_as_keyboard_interrupt() -> Iterator[None]:
-    """Make SIGINT and SIGTERM raise ``KeyboardInterrupt`` so the same cleanup runs for both.
-
-    SIGINT is set explicitly because a process started in the background by a
-    non-interactive shell inherits it as ignored, and then ``kill -INT`` would do nothing.
-    """
+def _signal_handlers(handlers: Mapping[signal.Signals, Any]) -> Iterator[None]:
+    """Set ``handlers`` for the block, then put back the ones before (in the main thread only:
+    ``signal.signal`` raises elsewhere)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    previous = {
-        signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler),
-        signal.SIGTERM: signal.signal(signal.SIGTERM, handler),
-    }
+    previous = {sig: signal.signal(sig, handler) for sig, handler in handlers.items()}
     try:
         yield
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
+
+
+def _raise_keyboard_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def _interrupts_as_keyboard_interrupt() -> contextlib.AbstractContextManager[None]:
+    """Make SIGINT and SIGTERM raise ``KeyboardInterrupt`` so the same cleanup runs for both.
+
+    SIGINT is set explicitly because a process started in the background by a
+    non-interactive shell inherits it as ignored, and then ``kill -INT`` would do nothing.
+    """
+    return _signal_handlers(
+        {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: _raise_keyboard_interrupt}
+    )
+
+
+def _ignore_interrupts() -> contextlib.AbstractContextManager[None]:
+    """Ignore SIGINT and SIGTERM for the block."""
+    return _signal_handlers(dict.fromkeys((signal.SIGINT, signal.SIGTERM), signal.SIG_IGN))
 
 
 # --------------------------------------------------------------------------------------
@@ -206,19 +224,6 @@ def _cmd_serve_local(args: argparse.Namespace) -> int:
             server.close()
         if interrupted:
             print("Stopped.", file=sys.stderr, flush=True)
-
-
-@contextlib.contextmanager
-def _ignore_interrupts() -> Iterator[None]:
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 # --------------------------------------------------------------------------------------
@@ -440,16 +445,48 @@ def _cmd_grafana(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------------------
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Build the argument parser (exposed for tests and documentation)."""
-    parser = argparse.ArgumentParser(
-        prog=PROG,
-        description="Triton Inference Server system shared memory for Ray users.",
-    )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+@dataclasses.dataclass(frozen=True)
+class _Command:
+    """A subcommand, as data: what ``--help`` says of it, its options and what runs it.
 
-    p = sub.add_parser(
+    Attributes:
+        exclusive: Its ``options`` exclude each other.
+        groups: Its options in argument groups of their own, after ``options``.
+    """
+
+    name: str
+    help: str
+    description: str
+    run: Callable[[argparse.Namespace], int]
+    options: tuple[Option, ...] = ()
+    groups: OptionGroups = ()
+    exclusive: bool = False
+
+
+#: ``--address`` of ``doctor`` and ``status``.
+_ADDRESS: Option = ("--address", dict(metavar="ADDR", help="Ray cluster address (implies --ray)"))
+#: ``--url`` and ``--local`` of ``status`` and ``reclaim``.
+_REGION_OPTIONS: tuple[Option, ...] = (
+    (
+        "--url",
+        dict(
+            default=DEFAULT_URL,
+            metavar="HOST:PORT",
+            help="gRPC endpoint of the Triton server (default: %(default)s)",
+        ),
+    ),
+    (
+        "--local",
+        dict(
+            action="store_true",
+            help="look at this machine's /dev/shm only; do not contact a server",
+        ),
+    ),
+)
+
+#: The subcommands, in ``--help``'s order.
+COMMANDS: tuple[_Command, ...] = (
+    _Command(
         "setup-server",
         help="create the private Triton server environment (nvidia-pytriton, numpy<2, "
         "perf_analyzer)",
@@ -458,68 +495,87 @@ def build_parser() -> argparse.ArgumentParser:
         "wheel of the server's release for its perf_analyzer (the bench's ceiling), and "
         "install what your models import into it (Python backend), keeping its numpy<2. "
         "Idempotent.",
-    )
-    p.add_argument(
-        "--with",
-        dest="packages",
-        action="extend",
-        nargs="+",
-        default=[],
-        metavar="PACKAGE",
-        help="pip requirements your models import, e.g. --with scikit-learn",
-    )
-    p.add_argument("--requirements", metavar="FILE", help="a pip requirements file for them")
-    p.set_defaults(func=_cmd_setup_server)
-
-    p = sub.add_parser(
+        run=_cmd_setup_server,
+        options=(
+            (
+                "--with",
+                dict(
+                    dest="packages",
+                    action="extend",
+                    nargs="+",
+                    default=[],
+                    metavar="PACKAGE",
+                    help="pip requirements your models import, e.g. --with scikit-learn",
+                ),
+            ),
+            ("--requirements", dict(metavar="FILE", help="a pip requirements file for them")),
+        ),
+    ),
+    _Command(
         "serve-local",
         help="run a local Triton server with the example models until Ctrl-C",
         description="Start the embedded Triton server, print its endpoints and models, and "
         "wait until Ctrl-C (or SIGTERM), then stop it cleanly.",
-    )
-    p.add_argument("--grpc-port", type=int, metavar="PORT", help="gRPC port (default or 0: free)")
-    p.add_argument("--http-port", type=int, metavar="PORT", help="HTTP port (default or 0: free)")
-    p.add_argument(
-        "--metrics-port",
-        type=int,
-        metavar="PORT",
-        help="Prometheus metrics port (default or 0: free; give one for a steady scrape target)",
-    )
-    p.add_argument(
-        "--model-repository",
-        action="append",
-        metavar="DIR",
-        help="model repository to serve; repeatable (default: the example models)",
-    )
-    p.add_argument("--host", default="127.0.0.1", help="address to bind to (default: %(default)s)")
-    p.add_argument(
-        "--log-file",
-        metavar="PATH",
-        help="write Triton's log here, and keep it (default: a temporary file, deleted at stop)",
-    )
-    p.add_argument(
-        "--startup-timeout-s",
-        type=float,
-        default=180.0,
-        metavar="S",
-        help="how long to wait for the server and its models (default: %(default)s)",
-    )
-    p.add_argument(
-        "--no-restart",
-        action="store_true",
-        help="end when Triton crashes, instead of starting it again (its supervisor gives up "
-        "after 5 crashes within a minute)",
-    )
-    p.add_argument(
-        "--onnx-via-python",
-        action="store_true",
-        help="serve each ONNX model of the repositories through the Python backend with "
-        "onnxruntime (the embedded server has no ONNX backend; needs `setup-server --with "
-        "onnxruntime`); inputs, outputs and batching from its config.pbtxt, else its graph",
-    )
-    p.set_defaults(func=_cmd_serve_local)
-
-    p = sub.add_parser(
+        run=_cmd_serve_local,
+        options=(
+            ("--grpc-port", dict(type=int, metavar="PORT", help="gRPC port (default or 0: free)")),
+            ("--http-port", dict(type=int, metavar="PORT", help="HTTP port (default or 0: free)")),
+            (
+                "--metrics-port",
+                dict(
+                    type=int,
+                    metavar="PORT",
+                    help="Prometheus metrics port (default or 0: free; give one for a steady "
+                    "scrape target)",
+                ),
+            ),
+            (
+                "--model-repository",
+                dict(
+                    action="append",
+                    metavar="DIR",
+                    help="model repository to serve; repeatable (default: the example models)",
+                ),
+            ),
+            ("--host", dict(default="127.0.0.1", help="address to bind to (default: %(default)s)")),
+            (
+                "--log-file",
+                dict(
+                    metavar="PATH",
+                    help="write Triton's log here, and keep it (default: a temporary file, "
+                    "deleted at stop)",
+                ),
+            ),
+            (
+                "--startup-timeout-s",
+                dict(
+                    type=float,
+                    default=180.0,
+                    metavar="S",
+                    help="how long to wait for the server and its models (default: %(default)s)",
+                ),
+            ),
+            (
+                "--no-restart",
+                dict(
+                    action="store_true",
+                    help="end when Triton crashes, instead of starting it again (its supervisor "
+                    "gives up after 5 crashes within a minute)",
+                ),
+            ),
+            (
+                "--onnx-via-python",
+                dict(
+                    action="store_true",
+                    help="serve each ONNX model of the repositories through the Python backend "
+                    "with onnxruntime (the embedded server has no ONNX backend; needs "
+                    "`setup-server --with onnxruntime`); inputs, outputs and batching from its "
+                    "config.pbtxt, else its graph",
+                ),
+            ),
+        ),
+    ),
+    _Command(
         "bench",
         help="does shared memory help a model, and how many slots should it get?",
         description="Run models (any on a running Triton: --url, --models; by default the "
@@ -529,13 +585,10 @@ def build_parser() -> argparse.ArgumentParser:
         "latency percentiles and CPU, the goals, a verdict per choice and caller count, and "
         "per model the pool-size answers (pool_size_for_throughput, elastic_pool, "
         "pool_size_for_rate).",
-    )
-    from ray_triton_shm._bench import add_arguments as add_bench_arguments
-
-    add_bench_arguments(p)
-    p.set_defaults(func=_cmd_bench)
-
-    p = sub.add_parser(
+        run=_cmd_bench,
+        groups=BENCH_OPTIONS,
+    ),
+    _Command(
         "doctor",
         help="check this node (or, with --ray, every node) before traffic arrives",
         description="Check that Triton is reachable and ready, which transport the models will "
@@ -544,99 +597,112 @@ def build_parser() -> argparse.ArgumentParser:
         "RAY_TRITON_SHM_HEADER_* are enough, that /dev/shm has room for the pools and Ray's "
         "object store, and list leftovers and versions. Each check says ok, warn or fail, with "
         "its fix; the exit status is 1 when one fails. Nothing is left behind.",
-    )
-    p.add_argument(
-        "--url",
-        metavar="HOST:PORT",
-        help="Triton's gRPC address (default: the node actor's, else $RAY_TRITON_SHM_URL on "
-        f"the node, else {DEFAULT_URL})",
-    )
-    p.add_argument(
-        "--model",
-        action="append",
-        type=_model_pool,
-        metavar="NAME[:POOL]",
-        help="a pool the node would hold, sized from the model's configuration: POOL slots, or "
-        "without it one that follows its load (2 slots up to 64, counted at 64); repeatable",
-    )
-    p.add_argument(
-        "--transport",
-        choices=("auto", "shm", "inline"),
-        default="auto",
-        help="the transport= the models will be registered with: with auto a Triton that cannot "
-        "map this node's shared memory is a warning (by value), with shm a failure "
-        "(default: %(default)s)",
-    )
-    p.add_argument("--ray", action="store_true", help="check every alive node of the Ray cluster")
-    p.add_argument("--address", metavar="ADDR", help="Ray cluster address (implies --ray)")
-    p.add_argument(
-        "--all-nodes",
-        action="store_true",
-        help="with --ray, check nodes without CPUs or GPUs too (skipped by default: no replica "
-        "runs there, e.g. a head with num-cpus 0)",
-    )
-    p.add_argument("--json", action="store_true", help="print the reports as JSON")
-    p.add_argument(
-        "--timeout-s",
-        type=float,
-        default=5.0,
-        metavar="S",
-        help="the longest wait for one answer from Triton (default: %(default)s)",
-    )
-    p.add_argument("--ssl", action="store_true", help="talk TLS to Triton")
-    p.add_argument(
-        "--root-certificates", metavar="PEM", help="CA certificate of Triton's (implies --ssl)"
-    )
-    p.add_argument("--private-key", metavar="PEM", help="the client's key, for mutual TLS")
-    p.add_argument(
-        "--certificate-chain", metavar="PEM", help="the client's certificate, for mutual TLS"
-    )
-    p.add_argument(
-        "--tls-dir",
-        metavar="DIR",
-        help="ca.crt, tls.crt and tls.key as cert-manager writes them (default: "
-        "$RAY_TRITON_SHM_TLS_DIR, as the library's clients)",
-    )
-    p.set_defaults(func=_cmd_doctor)
-
-    for name, func, text in (
-        ("status", _cmd_status, "show shared-memory regions (local and registered)"),
-        ("reclaim", _cmd_reclaim, "unregister and unlink regions whose owner is gone"),
-    ):
-        p = sub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
-        p.add_argument(
-            "--url",
-            default=DEFAULT_URL,
-            metavar="HOST:PORT",
-            help="gRPC endpoint of the Triton server (default: %(default)s)",
-        )
-        p.add_argument(
-            "--local",
-            action="store_true",
-            help="look at this machine's /dev/shm only; do not contact a server",
-        )
-        if name == "status":
-            p.add_argument(
-                "--ray",
-                action="store_true",
-                help="also list the Ray node actors and their stats (connects to the Ray "
-                "cluster at --address, else $RAY_ADDRESS or the local one)",
-            )
-            p.add_argument(
-                "--address",
-                metavar="ADDR",
-                help="Ray cluster address (implies --ray)",
-            )
-            p.add_argument(
+        run=_cmd_doctor,
+        options=(
+            (
+                "--url",
+                dict(
+                    metavar="HOST:PORT",
+                    help="Triton's gRPC address (default: the node actor's, else "
+                    f"$RAY_TRITON_SHM_URL on the node, else {DEFAULT_URL})",
+                ),
+            ),
+            (
+                "--model",
+                dict(
+                    action="append",
+                    type=_model_pool,
+                    metavar="NAME[:POOL]",
+                    help="a pool the node would hold, sized from the model's configuration: "
+                    "POOL slots, or without it one that follows its load (2 slots up to 64, "
+                    "counted at 64); repeatable",
+                ),
+            ),
+            (
+                "--transport",
+                dict(
+                    choices=("auto", "shm", "inline"),
+                    default="auto",
+                    help="the transport= the models will be registered with: with auto a Triton "
+                    "that cannot map this node's shared memory is a warning (by value), with "
+                    "shm a failure (default: %(default)s)",
+                ),
+            ),
+            ("--ray", dict(action="store_true", help="check every alive node of the Ray cluster")),
+            _ADDRESS,
+            (
+                "--all-nodes",
+                dict(
+                    action="store_true",
+                    help="with --ray, check nodes without CPUs or GPUs too (skipped by default: "
+                    "no replica runs there, e.g. a head with num-cpus 0)",
+                ),
+            ),
+            ("--json", dict(action="store_true", help="print the reports as JSON")),
+            (
                 "--timeout-s",
-                type=float,
-                default=30.0,
-                metavar="S",
-                help="how long to wait for each node actor's stats (default: %(default)s)",
-            )
-        p.set_defaults(func=func)
-
-    p = sub.add_parser(
+                dict(
+                    type=float,
+                    default=5.0,
+                    metavar="S",
+                    help="the longest wait for one answer from Triton (default: %(default)s)",
+                ),
+            ),
+            ("--ssl", dict(action="store_true", help="talk TLS to Triton")),
+            (
+                "--root-certificates",
+                dict(metavar="PEM", help="CA certificate of Triton's (implies --ssl)"),
+            ),
+            ("--private-key", dict(metavar="PEM", help="the client's key, for mutual TLS")),
+            (
+                "--certificate-chain",
+                dict(metavar="PEM", help="the client's certificate, for mutual TLS"),
+            ),
+            (
+                "--tls-dir",
+                dict(
+                    metavar="DIR",
+                    help="ca.crt, tls.crt and tls.key as cert-manager writes them (default: "
+                    "$RAY_TRITON_SHM_TLS_DIR, as the library's clients)",
+                ),
+            ),
+        ),
+    ),
+    _Command(
+        "status",
+        help="show shared-memory regions (local and registered)",
+        description="Show shared-memory regions (local and registered).",
+        run=_cmd_status,
+        options=(
+            *_REGION_OPTIONS,
+            (
+                "--ray",
+                dict(
+                    action="store_true",
+                    help="also list the Ray node actors and their stats (connects to the Ray "
+                    "cluster at --address, else $RAY_ADDRESS or the local one)",
+                ),
+            ),
+            _ADDRESS,
+            (
+                "--timeout-s",
+                dict(
+                    type=float,
+                    default=30.0,
+                    metavar="S",
+                    help="how long to wait for each node actor's stats (default: %(default)s)",
+                ),
+            ),
+        ),
+    ),
+    _Command(
+        "reclaim",
+        help="unregister and unlink regions whose owner is gone",
+        description="Unregister and unlink regions whose owner is gone.",
+        run=_cmd_reclaim,
+        options=_REGION_OPTIONS,
+    ),
+    _Command(
         "grafana",
         help="write the Grafana dashboard of the Ray metrics beside Ray's dashboards",
         description="Write ray_triton_shm_grafana_dashboard.json, the dashboard of the node "
@@ -646,13 +712,32 @@ def build_parser() -> argparse.ArgumentParser:
         "shows it in its Ray folder. Ray empties that folder when the head starts: run this "
         "after `ray start --head`. Ray's RAY_GRAFANA_RAY_TRITON_SHM_DASHBOARD_* variables "
         "(UID, GLOBAL_FILTERS) apply, as to Ray's dashboards.",
+        run=_cmd_grafana,
+        options=(
+            ("--out", dict(metavar="DIR", help="write into DIR instead (made if missing)")),
+            (
+                "--stdout",
+                dict(action="store_true", help="print the JSON instead (for Grafana's import)"),
+            ),
+        ),
+        exclusive=True,
+    ),
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the argument parser from :data:`COMMANDS` (exposed for tests and documentation)."""
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Triton Inference Server system shared memory for Ray users.",
     )
-    where = p.add_mutually_exclusive_group()
-    where.add_argument("--out", metavar="DIR", help="write into DIR instead (made if missing)")
-    where.add_argument(
-        "--stdout", action="store_true", help="print the JSON instead (for Grafana's import)"
-    )
-    p.set_defaults(func=_cmd_grafana)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for command in COMMANDS:
+        p = sub.add_parser(command.name, help=command.help, description=command.description)
+        add_options(p.add_mutually_exclusive_group() if command.exclusive else p, command.options)
+        add_groups(p, command.groups)
+        p.set_defaults(func=command.run)
     return parser
 
 

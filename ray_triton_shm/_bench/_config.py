@@ -1,12 +1,13 @@
-"""What a benchmark run does: the ``bench`` options, their defaults and the run configuration.
-It imports nothing heavy (no numpy, tritonclient or Ray): ``ray-triton-shm --help`` stays fast.
+"""What a benchmark run does: the ``bench`` options, their defaults and the run configuration,
+and options as data (:data:`Option`), which the command line's are too. It imports nothing
+heavy (no numpy, tritonclient or Ray): ``ray-triton-shm --help`` stays fast.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 __all__ = ["CASE_NAMES", "CHURN", "DEFAULT_PATHS", "EXAMPLE_CASES", "NODE_LOAD", "RAY_PATHS"]
@@ -20,9 +21,14 @@ __all__ += [
     "SERVE_HTTP_PATHS",
     "RATE_PATHS",
     "SWEEP_PATHS",
+    "BENCH_OPTIONS",
     "BenchConfig",
     "CaseSpec",
+    "Option",
+    "OptionGroups",
     "add_arguments",
+    "add_groups",
+    "add_options",
     "config_from_args",
 ]
 
@@ -320,130 +326,228 @@ def _rates(values: Sequence[str] | None) -> list[str]:
     return rates
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the ``bench`` options to ``parser``."""
-    server = parser.add_argument_group("server (default: the embedded one, the example models)")
-    server.add_argument("--url", metavar="HOST:PORT", help="gRPC endpoint of a running Triton")
-    server.add_argument("--http-url", metavar="HOST:PORT", help="its HTTP endpoint")
-    server.add_argument(
-        "--startup-timeout-s", type=float, default=180.0, metavar="S", help="embedded: %(default)s"
-    )
-    server.add_argument(
-        "--no-restart",
-        action="store_true",
-        help="embedded: end the bench when Triton crashes, instead of starting it again and "
-        "going on with the run marked disturbed",
-    )
-    server.add_argument(
-        "--reconnect-timeout-s",
-        type=float,
-        default=BenchConfig.reconnect_timeout_s,
-        metavar="S",
-        help="how long requests wait for an unreachable Triton, and how long one may stay "
-        "unreachable before the bench ends with what ran (default: %(default)s)",
-    )
-    what = parser.add_argument_group("what to run")
-    what.add_argument(
-        "--models",
-        nargs="+",
-        metavar="MODEL",
-        help=f"models, inputs made from their configuration (default: {', '.join(CASE_NAMES)})",
-    )
-    what.add_argument(
-        "--shape",
-        action="append",
-        metavar="[MODEL:]TENSOR=D1,D2",
-        help="per-sample shape of an input with -1 dims (repeatable)",
-    )
-    what.add_argument(
-        "--max-element-bytes",
-        action="append",
-        metavar="[MODEL:]TENSOR=N",
-        help="bytes of each element of a BYTES tensor: inputs are random strings of that "
-        "length (default 128), outputs get at least the longest answered (repeatable)",
-    )
-    what.add_argument("--batch", type=int, metavar="N", help="samples per request (max_batch_size)")
-    what.add_argument(
-        "--concurrency",
-        type=int,
-        nargs="+",
-        metavar="N",
-        help=f"levels: callers at once and slots, for {', '.join(SWEEP_PATHS)} (default: 1 4)",
-    )
-    what.add_argument("--paths", nargs="+", help=f"default: {', '.join(DEFAULT_PATHS)}")
-    what.add_argument(
-        "--memory",
-        choices=MEMORY_KINDS,
-        default="system",
-        help="cuda: tensors on the GPU (NumPy and torch) over gRPC, system shared memory, "
-        "tritonclient's CUDA shared memory by hand and memory='cuda' (needs a GPU, torch and "
-        f"the [cuda] extra; default models {', '.join(GPU_CASES)})",
-    )
-    what.add_argument(
-        "--ray", action="store_true", help=f"also, on a local Ray: {', '.join(RAY_PATHS)}"
-    )
-    callers = "callers of the Serve and Ray Data paths (%(default)s)"
-    what.add_argument("--ray-callers", type=int, metavar="N", default=4, help=callers)
-    what.add_argument(
-        "--no-node-load",
-        action="store_true",
-        help="skip the node under load (16 callers: an elastic pool, 4 and 16 slots)",
-    )
-    defaults = BenchConfig()
-    for flag, key, kind, text in (
-        ("--rounds", "rounds", int, "interleaved rounds"),
-        ("--slice-s", "slice_s", float, "seconds per run per round"),
-        ("--warmup", "warmup_requests", int, "untimed requests per run"),
-        ("--churn-s", "churn_s", float, "seconds of each churn run"),
-        ("--model-update-s", "model_update_s", float, "seconds of the model update, 0: none"),
-    ):
-        default = f"{text} ({getattr(defaults, key)}; --quick: {_QUICK[key]})"
-        what.add_argument(flag, type=kind, dest=key, metavar="N", help=default)
-    what.add_argument("--quick", action="store_true", help="a short run (tests, CI): noisy")
-    rate = parser.add_argument_group(
+#: One command-line option: its flag, and the keywords of ``argparse``'s ``add_argument``.
+Option = tuple[str, dict[str, Any]]
+#: Options by argument group: ``(title, options)``.
+OptionGroups = tuple[tuple[str, tuple[Option, ...]], ...]
+
+#: The options of a run's length, by the :class:`BenchConfig` field they set: ``(flag, type,
+#: what it is)``. Unset, the field is :class:`BenchConfig`'s, or ``--quick``'s (``_QUICK``).
+_LENGTHS: dict[str, tuple[str, type, str]] = {
+    "rounds": ("--rounds", int, "interleaved rounds"),
+    "slice_s": ("--slice-s", float, "seconds per run per round"),
+    "warmup_requests": ("--warmup", int, "untimed requests per run"),
+    "churn_s": ("--churn-s", float, "seconds of each churn run"),
+    "model_update_s": ("--model-update-s", float, "seconds of the model update, 0: none"),
+}
+
+#: The ``bench`` options, by argument group (read by :func:`add_arguments`).
+BENCH_OPTIONS: OptionGroups = (
+    (
+        "server (default: the embedded one, the example models)",
+        (
+            ("--url", dict(metavar="HOST:PORT", help="gRPC endpoint of a running Triton")),
+            ("--http-url", dict(metavar="HOST:PORT", help="its HTTP endpoint")),
+            (
+                "--startup-timeout-s",
+                dict(
+                    type=float,
+                    default=BenchConfig.startup_timeout_s,
+                    metavar="S",
+                    help="embedded: %(default)s",
+                ),
+            ),
+            (
+                "--no-restart",
+                dict(
+                    action="store_true",
+                    help="embedded: end the bench when Triton crashes, instead of starting it "
+                    "again and going on with the run marked disturbed",
+                ),
+            ),
+            (
+                "--reconnect-timeout-s",
+                dict(
+                    type=float,
+                    default=BenchConfig.reconnect_timeout_s,
+                    metavar="S",
+                    help="how long requests wait for an unreachable Triton, and how long one "
+                    "may stay unreachable before the bench ends with what ran "
+                    "(default: %(default)s)",
+                ),
+            ),
+        ),
+    ),
+    (
+        "what to run",
+        (
+            (
+                "--models",
+                dict(
+                    nargs="+",
+                    metavar="MODEL",
+                    help="models, inputs made from their configuration "
+                    f"(default: {', '.join(CASE_NAMES)})",
+                ),
+            ),
+            (
+                "--shape",
+                dict(
+                    action="append",
+                    metavar="[MODEL:]TENSOR=D1,D2",
+                    help="per-sample shape of an input with -1 dims (repeatable)",
+                ),
+            ),
+            (
+                "--max-element-bytes",
+                dict(
+                    action="append",
+                    metavar="[MODEL:]TENSOR=N",
+                    help="bytes of each element of a BYTES tensor: inputs are random strings of "
+                    "that length (default 128), outputs get at least the longest answered "
+                    "(repeatable)",
+                ),
+            ),
+            ("--batch", dict(type=int, metavar="N", help="samples per request (max_batch_size)")),
+            (
+                "--concurrency",
+                dict(
+                    type=int,
+                    nargs="+",
+                    metavar="N",
+                    help=f"levels: callers at once and slots, for {', '.join(SWEEP_PATHS)} "
+                    "(default: 1 4)",
+                ),
+            ),
+            ("--paths", dict(nargs="+", help=f"default: {', '.join(DEFAULT_PATHS)}")),
+            (
+                "--memory",
+                dict(
+                    choices=MEMORY_KINDS,
+                    default=BenchConfig.memory,
+                    help="cuda: tensors on the GPU (NumPy and torch) over gRPC, system shared "
+                    "memory, tritonclient's CUDA shared memory by hand and memory='cuda' (needs "
+                    f"a GPU, torch and the [cuda] extra; default models {', '.join(GPU_CASES)})",
+                ),
+            ),
+            (
+                "--ray",
+                dict(action="store_true", help=f"also, on a local Ray: {', '.join(RAY_PATHS)}"),
+            ),
+            (
+                "--ray-callers",
+                dict(
+                    type=int,
+                    metavar="N",
+                    default=BenchConfig.ray_callers,
+                    help="callers of the Serve and Ray Data paths (%(default)s)",
+                ),
+            ),
+            (
+                "--no-node-load",
+                dict(
+                    action="store_true",
+                    help="skip the node under load (16 callers: an elastic pool, 4 and 16 slots)",
+                ),
+            ),
+            *(
+                (
+                    flag,
+                    dict(
+                        type=kind,
+                        dest=key,
+                        metavar="N",
+                        help=f"{text} ({getattr(BenchConfig, key)}; --quick: {_QUICK[key]})",
+                    ),
+                )
+                for key, (flag, kind, text) in _LENGTHS.items()
+            ),
+            ("--quick", dict(action="store_true", help="a short run (tests, CI): noisy")),
+        ),
+    ),
+    (
         "open loop (perf_analyzer's request-rate mode): arrivals at a rate, for "
-        + ", ".join(RATE_PATHS)
-        + "; latency from each request's intended send time"
-    )
-    rate.add_argument(
-        "--request-rate",
-        nargs="+",
-        metavar="R",
-        help="requests/s, or N%% of the most plain gRPC did in the concurrency sweep",
-    )
-    rate.add_argument(
-        "--arrivals", choices=ARRIVALS, default="constant", help="spacing (%(default)s)"
-    )
-    rate.add_argument(
-        "--latency-bound-ms",
-        type=float,
-        metavar="MS",
-        help="a rate is sustained if its p99 stays under this (and nothing queues up)",
-    )
-    rate.add_argument(
-        "--max-threads", type=int, default=16, metavar="N", help="in flight at most (%(default)s)"
-    )
-    rate.add_argument("--rate-models", nargs="+", metavar="MODEL", help="default: every model")
-    out = parser.add_argument_group("output")
-    out.add_argument("--json", metavar="PATH", help="write machine-readable results here")
-    out.add_argument(
-        "--plot", metavar="PATH", default=DEFAULT_PLOT_PATH, help="PNG plot (%(default)s)"
-    )
-    out.add_argument("--no-plot", action="store_true")
-    out.add_argument(
-        "--report",
-        metavar="PATH",
-        default=DEFAULT_REPORT_PATH,
-        help="self-contained HTML report (%(default)s)",
-    )
-    out.add_argument("--no-report", action="store_true")
-    out.add_argument(
-        "--full", action="store_true", help="print every run's numbers, not just the summary"
-    )
-    out.add_argument("--no-progress", action="store_true")
-    out.add_argument(
-        "--check-goals", action="store_true", help=f"exit {EXIT_GOALS_MISSED} if a goal is missed"
-    )
+        f"{', '.join(RATE_PATHS)}; latency from each request's intended send time",
+        (
+            (
+                "--request-rate",
+                dict(
+                    nargs="+",
+                    metavar="R",
+                    help="requests/s, or N%% of the most plain gRPC did in the concurrency sweep",
+                ),
+            ),
+            (
+                "--arrivals",
+                dict(choices=ARRIVALS, default=BenchConfig.arrivals, help="spacing (%(default)s)"),
+            ),
+            (
+                "--latency-bound-ms",
+                dict(
+                    type=float,
+                    metavar="MS",
+                    help="a rate is sustained if its p99 stays under this (and nothing queues up)",
+                ),
+            ),
+            (
+                "--max-threads",
+                dict(
+                    type=int,
+                    default=BenchConfig.max_threads,
+                    metavar="N",
+                    help="in flight at most (%(default)s)",
+                ),
+            ),
+            ("--rate-models", dict(nargs="+", metavar="MODEL", help="default: every model")),
+        ),
+    ),
+    (
+        "output",
+        (
+            ("--json", dict(metavar="PATH", help="write machine-readable results here")),
+            (
+                "--plot",
+                dict(metavar="PATH", default=DEFAULT_PLOT_PATH, help="PNG plot (%(default)s)"),
+            ),
+            ("--no-plot", dict(action="store_true")),
+            (
+                "--report",
+                dict(
+                    metavar="PATH",
+                    default=DEFAULT_REPORT_PATH,
+                    help="self-contained HTML report (%(default)s)",
+                ),
+            ),
+            ("--no-report", dict(action="store_true")),
+            (
+                "--full",
+                dict(action="store_true", help="print every run's numbers, not just the summary"),
+            ),
+            ("--no-progress", dict(action="store_true")),
+            (
+                "--check-goals",
+                dict(action="store_true", help=f"exit {EXIT_GOALS_MISSED} if a goal is missed"),
+            ),
+        ),
+    ),
+)
+
+
+def add_options(parser: argparse._ActionsContainer, options: Iterable[Option]) -> None:
+    """Add ``options`` to ``parser``, or to one of its argument groups."""
+    for flag, keywords in options:
+        parser.add_argument(flag, **keywords)
+
+
+def add_groups(parser: argparse.ArgumentParser, groups: OptionGroups) -> None:
+    """Add each group of ``groups`` to ``parser``, as an argument group with its options."""
+    for title, options in groups:
+        add_options(parser.add_argument_group(title), options)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``bench`` options (:data:`BENCH_OPTIONS`) to ``parser``."""
+    add_groups(parser, BENCH_OPTIONS)
 
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
@@ -465,7 +569,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     base: dict[str, Any] = dict(_QUICK) if args.quick else {}
     if gpu:
         base["model_update_s"] = 0.0  # the model update runs on the example models
-    for key in ("rounds", "slice_s", "warmup_requests", "churn_s", "model_update_s"):
+    for key in _LENGTHS:
         if getattr(args, key) is not None:
             base[key] = getattr(args, key)
     order = (*GPU_PATHS, *known) if gpu else known

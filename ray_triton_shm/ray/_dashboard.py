@@ -1,9 +1,9 @@
 """A Grafana dashboard of the node actors' metrics, generated the way Ray generates its own.
 
-The panels are Ray ``Panel`` and ``Target`` objects in a ``DashboardConfig`` named
-``RAY_TRITON_SHM``, rendered by Ray's own dashboard factory on ``grafana_dashboard_base.json``
-(shipped beside this module). So Ray's environment overrides apply as they do to Ray's
-dashboards: ``RAY_GRAFANA_RAY_TRITON_SHM_DASHBOARD_UID``,
+The panels are a table (:data:`_ROWS`), read into Ray's ``Panel`` and ``Target`` objects in a
+``DashboardConfig`` named ``RAY_TRITON_SHM`` and rendered by Ray's own dashboard factory on
+``grafana_dashboard_base.json`` (shipped beside this module). So Ray's environment overrides
+apply as they do to Ray's dashboards: ``RAY_GRAFANA_RAY_TRITON_SHM_DASHBOARD_UID``,
 ``RAY_GRAFANA_RAY_TRITON_SHM_DASHBOARD_GLOBAL_FILTERS`` (extra label matchers, comma-separated,
 added to every query) and ``RAY_GRAFANA_RAY_TRITON_SHM_LOG_LINK_URL``.
 
@@ -24,7 +24,9 @@ import json
 import os
 import re
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from ._metrics import (
@@ -104,348 +106,327 @@ def _triton_per_request(counter: str) -> str:
     )
 
 
-def _dashboard_config() -> Any:
-    """The dashboard as Ray's ``DashboardConfig`` (imports Ray's dashboard modules)."""
-    ray_classes = dashboard_classes()
-    DashboardConfig, Panel, PanelTemplate, Row, Target = (  # noqa: N806 (Ray's classes)
-        ray_classes.DashboardConfig,
-        ray_classes.Panel,
-        ray_classes.PanelTemplate,
-        ray_classes.Row,
-        ray_classes.Target,
+@dataclass(frozen=True)
+class _PanelSpec:
+    """One panel of the dashboard, as data: :func:`_panel` makes Ray's ``Panel`` of it.
+
+    Attributes:
+        id: Its id in the dashboard.
+        title: Its title.
+        description: What it shows (Grafana's tooltip of the title).
+        unit: Grafana's unit of its values.
+        targets: Its queries, each ``(PromQL, legend)``.
+        style: ``"area"`` (Ray's default: stacked filled areas), ``"lines"`` (unstacked lines)
+            or ``"stat"`` (a number per series, coloured by ``thresholds``).
+        thresholds: A stat panel's colours, by value.
+    """
+
+    id: int
+    title: str
+    description: str
+    unit: str
+    targets: tuple[tuple[str, str], ...]
+    style: str = "area"
+    thresholds: tuple[dict[str, Any], ...] = ()
+
+
+_REQUESTS = (
+    _PanelSpec(
+        id=1,
+        title="Requests/s",
+        description="Requests Triton answered through shared memory, per second, by model "
+        "(every process of every selected node). Stacked: the top is the total.",
+        unit="reqps",
+        targets=((f"sum({_rate(REQUESTS.prometheus)}) by (model)", "{{model}}"),),
+    ),
+    _PanelSpec(
+        id=2,
+        title="Request latency",
+        description="p50, p90 and p99 of a request's time, from its caller's first wait "
+        "for a slot to Triton's answer read back: the latency a replica or predictor sees, "
+        "slot wait included.",
+        unit="s",
+        targets=tuple(
+            (_quantile(q, REQUEST_DURATION.prometheus), f"{{{{model}}}} p{round(q * 100)}")
+            for q in (0.5, 0.9, 0.99)
+        ),
+        style="lines",
+    ),
+    _PanelSpec(
+        id=3,
+        title="Slot wait p99",
+        description="99th percentile of how long a request waited for a free slot of its "
+        "model's pool on its node (every request counts, those that did not wait with 0). "
+        "Long waits with the pool at its max: raise max_slots, or add Triton capacity.",
+        unit="s",
+        targets=((_quantile(0.99, SLOT_WAIT.prometheus), "{{model}}"),),
+        style="lines",
+    ),
+    _PanelSpec(
+        id=4,
+        title="Bytes/s in and out",
+        description="Bytes written into shared memory for Triton (in) and read back from "
+        "its outputs (out), per second, by model.",
+        unit="Bps",
+        targets=(
+            (f"sum({_rate(INPUT_BYTES.prometheus)}) by (model)", "{{model}} in"),
+            (f"sum({_rate(OUTPUT_BYTES.prometheus)}) by (model)", "{{model}} out"),
+        ),
+        style="lines",
+    ),
+    _PanelSpec(
+        id=5,
+        title="Samples per request",
+        description="Samples (rows of the batch dimension) per request, by model: how well "
+        "callers batch (@serve.batch, Ray Data's batch_size) against the model's "
+        "max_batch_size.",
+        unit="short",
+        targets=(
+            (
+                f"sum({_rate(SAMPLES.prometheus)}) by (model) / "
+                f"sum({_rate(REQUESTS.prometheus)}) by (model)",
+                "{{model}}",
+            ),
+        ),
+        style="lines",
+    ),
+)
+_SLOTS = (
+    _PanelSpec(
+        id=6,
+        title="Slots in use",
+        description="Slots in use and the pool's size now, by model, summed over the "
+        "selected nodes; MAX (dashed) is the slots the selected pools may grow to "
+        "(max_slots), summed over models and nodes: select one model to read its pool "
+        "against its own max.",
+        unit="short",
+        targets=(
+            (f"sum({_series(SLOTS_IN_USE.prometheus, _BY_MODEL)}) by (model)", "{{model}} in use"),
+            (f"sum({_series(SLOTS.prometheus, _BY_MODEL)}) by (model)", "{{model}} slots"),
+            (f"sum({_series(SLOTS_MAX.prometheus, _BY_MODEL)})", "MAX"),
+        ),
+        style="lines",
+    ),
+    _PanelSpec(
+        id=7,
+        title="Callers waiting",
+        description="Callers waiting for a free slot now, by model. Waiting callers make a "
+        "pool that follows its load grow; at max_waiting more callers are refused "
+        "(overloads).",
+        unit="short",
+        targets=(
+            (f"sum({_series(CALLERS_WAITING.prometheus, _BY_MODEL)}) by (model)", "{{model}}"),
+        ),
+    ),
+    _PanelSpec(
+        id=8,
+        title="Pool growth limited",
+        description="1 while callers wait and a pool cannot grow, by model and reason: "
+        "max_slots (at its max), shm_budget (the node's /dev/shm budget is spent) or "
+        "shm_full (/dev/shm is full).",
+        unit="short",
+        targets=(
+            (
+                f"max({_series(GROWTH_LIMITED.prometheus, _BY_MODEL)}) by (model, reason)",
+                "{{model}} {{reason}}",
+            ),
+        ),
+        style="lines",
+    ),
+    _PanelSpec(
+        id=9,
+        title="Abandoned slots",
+        description="Slots out of use until Triton finishes a request whose caller gave up "
+        "(timeout, cancellation) or died, by model. They come back by themselves once "
+        "Triton is done; many at once shrink the pool that callers can use.",
+        unit="short",
+        targets=(
+            (f"sum({_series(SLOTS_ABANDONED.prometheus, _BY_MODEL)}) by (model)", "{{model}}"),
+        ),
+    ),
+    _PanelSpec(
+        id=10,
+        title="Abandoned slot settle time p99",
+        description="99th percentile of how long an abandoned slot stayed out of use, "
+        "from its caller giving up until Triton was done with its request, by model.",
+        unit="s",
+        targets=((_quantile(0.99, ABANDONED_SETTLE.prometheus), "{{model}}"),),
+        style="lines",
+    ),
+)
+_ERRORS = (
+    _PanelSpec(
+        id=11,
+        title="Overloads/s",
+        description="Callers refused at once because max_waiting callers already waited "
+        "for a slot (OverloadedError; HTTP 503 in the example Serve app), per second, by "
+        "model.",
+        unit="reqps",
+        targets=(
+            (
+                "sum(" + _rate(ERRORS.prometheus, _BY_MODEL, 'kind="overloaded"') + ") by (model)",
+                "{{model}}",
+            ),
+        ),
+    ),
+    _PanelSpec(
+        id=12,
+        title="Errors/s by kind",
+        description="Failed requests per second, by model and kind: overloaded, deadline "
+        "(a timeout passed), access_denied (keys), tls, unavailable (Triton unreachable), "
+        "model_changed, bad_input, other.",
+        unit="reqps",
+        targets=((f"sum({_rate(ERRORS.prometheus)}) by (model, kind)", "{{model}} {{kind}}"),),
+    ),
+    _PanelSpec(
+        id=13,
+        title="Abandoned requests/s",
+        description="Requests given up while Triton ran them (their caller timed out, was "
+        "cancelled or died), per second, by model; each leaves its slot abandoned until "
+        "Triton is done.",
+        unit="reqps",
+        targets=((f"sum({_rate(ABANDONED_REQUESTS.prometheus)}) by (model)", "{{model}}"),),
+    ),
+    _PanelSpec(
+        id=14,
+        title="Layout changes and pool resizes",
+        description="Over the dashboard's time range, by model: times the model changed on "
+        "Triton (inputs or outputs) and its pool was laid out anew, and times a pool grew or "
+        "shrank with its load.",
+        unit="short",
+        targets=(
+            (
+                f"sum(increase({_series(LAYOUT_CHANGES.prometheus, _BY_MODEL)}[$__range])) "
+                "by (model)",
+                "{{model}} layout changes",
+            ),
+            (
+                f"sum(increase({_series(POOL_RESIZES.prometheus, _BY_MODEL)}[$__range])) "
+                "by (model, direction)",
+                "{{model}} {{direction}}",
+            ),
+        ),
+        style="stat",
+        thresholds=({"color": "blue", "value": None},),
+    ),
+)
+_TRITON_AND_NODES = (
+    _PanelSpec(
+        id=15,
+        title="Triton queue and compute time per request",
+        description="From Triton's own metrics (its metrics port): the mean time a request "
+        "waited in Triton's queue, and the mean compute time of the inference that "
+        "served it, by model. They count every client of Triton, not only ours; Triton's "
+        "series have no node or session label, so only Model and Cluster filter them.",
+        unit="µs",
+        targets=(
+            (_triton_per_request("nv_inference_queue_duration_us"), "{{model}} queue"),
+            (_triton_per_request("nv_inference_compute_infer_duration_us"), "{{model}} compute"),
+        ),
+        style="lines",
+    ),
+    _PanelSpec(
+        id=16,
+        title="Triton up",
+        description="1 while the node actor reaches its node's Triton (live), "
+        "0 while it does not, by node.",
+        unit="short",
+        targets=((f"min({_series(TRITON_UP.prometheus, _BY_NODE)}) by (node_id)", "{{node_id}}"),),
+        style="lines",
+    ),
+    _PanelSpec(
+        id=17,
+        title="Node actor restarts",
+        description="Times a node's node actor started again over the dashboard's time "
+        "range (its start time changed), by node. A restarted actor takes its pools back "
+        "from the regions; frequent restarts deserve a look at its logs.",
+        unit="short",
+        targets=(
+            (
+                # max by node: a restarted actor may export a new series (a new pid or
+                # worker label); the node's latest start time changes either way.
+                f"changes((max({_series(NODE_ACTOR_START_TIME.prometheus, _BY_NODE)}) "
+                "by (node_id))[$__range:])",
+                "{{node_id}}",
+            ),
+        ),
+        style="stat",
+        thresholds=({"color": "green", "value": None}, {"color": "orange", "value": 1}),
+    ),
+    _PanelSpec(
+        id=18,
+        title="Dead-owner regions",
+        description="Shared-memory regions on a node whose owner process is gone and that "
+        "are not yet reclaimed, by node. The node actor reclaims them; ones that stay "
+        "need `ray-triton-shm reclaim` (and a look at what killed their owners).",
+        unit="short",
+        targets=(
+            (
+                f"max({_series(DEAD_OWNER_REGIONS.prometheus, _BY_NODE)}) by (node_id)",
+                "{{node_id}}",
+            ),
+        ),
+    ),
+    _PanelSpec(
+        id=19,
+        title="Transport by model",
+        description="Nodes whose pool of each model reaches Triton through shared memory "
+        "(shm), or by value, in the requests (inline: Triton cannot map the node's "
+        "/dev/shm, as on another host, in another container or as another user; or "
+        "transport='inline' was asked for). `ray-triton-shm status --ray` and `doctor` "
+        "say why.",
+        unit="short",
+        targets=(
+            (
+                # One per node: a restarted node actor exports new series (its WorkerId).
+                f"count(max({_series(TRANSPORT.prometheus, _BY_MODEL)} == 1) "
+                "by (model, node_id, transport)) by (model, transport)",
+                "{{model}} {{transport}}",
+            ),
+        ),
+        style="stat",
+        thresholds=({"color": "blue", "value": None},),
+    ),
+)
+#: The dashboard's rows, each ``(id, title, panels)``, top first.
+_ROWS = (
+    (100, "Requests", _REQUESTS),
+    (101, "Slots", _SLOTS),
+    (102, "Errors", _ERRORS),
+    (103, "Triton and nodes", _TRITON_AND_NODES),
+)
+
+
+def _panel(spec: _PanelSpec, ray_classes: ModuleType) -> Any:
+    """``spec`` as Ray's ``Panel``."""
+    style: dict[str, Any] = {}
+    if spec.style == "lines":  # Ray stacks filled areas by default
+        style = {"fill": 0, "stack": False}
+    elif spec.style == "stat":
+        style = {"template": ray_classes.PanelTemplate.STAT, "thresholds": list(spec.thresholds)}
+    return ray_classes.Panel(
+        id=spec.id,
+        title=spec.title,
+        description=spec.description,
+        unit=spec.unit,
+        targets=[ray_classes.Target(expr=expr, legend=legend) for expr, legend in spec.targets],
+        **style,
     )
 
-    def lines(**kwargs: Any) -> Any:
-        """A graph of unstacked lines (Ray stacks filled areas by default)."""
-        return Panel(fill=0, stack=False, **kwargs)
 
-    requests = [
-        Panel(
-            id=1,
-            title="Requests/s",
-            description="Requests Triton answered through shared memory, per second, by model "
-            "(every process of every selected node). Stacked: the top is the total.",
-            unit="reqps",
-            targets=[
-                Target(
-                    expr=f"sum({_rate(REQUESTS.prometheus)}) by (model)",
-                    legend="{{model}}",
-                )
-            ],
-        ),
-        lines(
-            id=2,
-            title="Request latency",
-            description="p50, p90 and p99 of a request's time, from its caller's first wait "
-            "for a slot to Triton's answer read back: the latency a replica or predictor sees, "
-            "slot wait included.",
-            unit="s",
-            targets=[
-                Target(
-                    expr=_quantile(q, REQUEST_DURATION.prometheus),
-                    legend=f"{{{{model}}}} p{round(q * 100)}",
-                )
-                for q in (0.5, 0.9, 0.99)
-            ],
-        ),
-        lines(
-            id=3,
-            title="Slot wait p99",
-            description="99th percentile of how long a request waited for a free slot of its "
-            "model's pool on its node (every request counts, those that did not wait with 0). "
-            "Long waits with the pool at its max: raise max_slots, or add Triton capacity.",
-            unit="s",
-            targets=[
-                Target(
-                    expr=_quantile(0.99, SLOT_WAIT.prometheus),
-                    legend="{{model}}",
-                )
-            ],
-        ),
-        lines(
-            id=4,
-            title="Bytes/s in and out",
-            description="Bytes written into shared memory for Triton (in) and read back from "
-            "its outputs (out), per second, by model.",
-            unit="Bps",
-            targets=[
-                Target(
-                    expr=f"sum({_rate(INPUT_BYTES.prometheus)}) by (model)",
-                    legend="{{model}} in",
-                ),
-                Target(
-                    expr=f"sum({_rate(OUTPUT_BYTES.prometheus)}) by (model)",
-                    legend="{{model}} out",
-                ),
-            ],
-        ),
-        lines(
-            id=5,
-            title="Samples per request",
-            description="Samples (rows of the batch dimension) per request, by model: how well "
-            "callers batch (@serve.batch, Ray Data's batch_size) against the model's "
-            "max_batch_size.",
-            unit="short",
-            targets=[
-                Target(
-                    expr=f"sum({_rate(SAMPLES.prometheus)}) by (model) / "
-                    f"sum({_rate(REQUESTS.prometheus)}) by (model)",
-                    legend="{{model}}",
-                )
-            ],
-        ),
-    ]
-    slots = [
-        lines(
-            id=6,
-            title="Slots in use",
-            description="Slots in use and the pool's size now, by model, summed over the "
-            "selected nodes; MAX (dashed) is the slots the selected pools may grow to "
-            "(max_slots), summed over models and nodes: select one model to read its pool "
-            "against its own max.",
-            unit="short",
-            targets=[
-                Target(
-                    expr=f"sum({_series(SLOTS_IN_USE.prometheus, _BY_MODEL)}) by (model)",
-                    legend="{{model}} in use",
-                ),
-                Target(
-                    expr=f"sum({_series(SLOTS.prometheus, _BY_MODEL)}) by (model)",
-                    legend="{{model}} slots",
-                ),
-                Target(
-                    expr=f"sum({_series(SLOTS_MAX.prometheus, _BY_MODEL)})",
-                    legend="MAX",
-                ),
-            ],
-        ),
-        Panel(
-            id=7,
-            title="Callers waiting",
-            description="Callers waiting for a free slot now, by model. Waiting callers make a "
-            "pool that follows its load grow; at max_waiting more callers are refused "
-            "(overloads).",
-            unit="short",
-            targets=[
-                Target(
-                    expr=f"sum({_series(CALLERS_WAITING.prometheus, _BY_MODEL)}) by (model)",
-                    legend="{{model}}",
-                )
-            ],
-        ),
-        lines(
-            id=8,
-            title="Pool growth limited",
-            description="1 while callers wait and a pool cannot grow, by model and reason: "
-            "max_slots (at its max), shm_budget (the node's /dev/shm budget is spent) or "
-            "shm_full (/dev/shm is full).",
-            unit="short",
-            targets=[
-                Target(
-                    expr="max("
-                    + _series(GROWTH_LIMITED.prometheus, _BY_MODEL)
-                    + ") by (model, reason)",
-                    legend="{{model}} {{reason}}",
-                )
-            ],
-        ),
-        Panel(
-            id=9,
-            title="Abandoned slots",
-            description="Slots out of use until Triton finishes a request whose caller gave up "
-            "(timeout, cancellation) or died, by model. They come back by themselves once "
-            "Triton is done; many at once shrink the pool that callers can use.",
-            unit="short",
-            targets=[
-                Target(
-                    expr=f"sum({_series(SLOTS_ABANDONED.prometheus, _BY_MODEL)}) by (model)",
-                    legend="{{model}}",
-                )
-            ],
-        ),
-        lines(
-            id=10,
-            title="Abandoned slot settle time p99",
-            description="99th percentile of how long an abandoned slot stayed out of use, "
-            "from its caller giving up until Triton was done with its request, by model.",
-            unit="s",
-            targets=[
-                Target(
-                    expr=_quantile(0.99, ABANDONED_SETTLE.prometheus),
-                    legend="{{model}}",
-                )
-            ],
-        ),
-    ]
-    errors = [
-        Panel(
-            id=11,
-            title="Overloads/s",
-            description="Callers refused at once because max_waiting callers already waited "
-            "for a slot (OverloadedError; HTTP 503 in the example Serve app), per second, by "
-            "model.",
-            unit="reqps",
-            targets=[
-                Target(
-                    expr="sum("
-                    + _rate(ERRORS.prometheus, _BY_MODEL, 'kind="overloaded"')
-                    + ") by (model)",
-                    legend="{{model}}",
-                )
-            ],
-        ),
-        Panel(
-            id=12,
-            title="Errors/s by kind",
-            description="Failed requests per second, by model and kind: overloaded, deadline "
-            "(a timeout passed), access_denied (keys), tls, unavailable (Triton unreachable), "
-            "model_changed, bad_input, other.",
-            unit="reqps",
-            targets=[
-                Target(
-                    expr=f"sum({_rate(ERRORS.prometheus)}) by (model, kind)",
-                    legend="{{model}} {{kind}}",
-                )
-            ],
-        ),
-        Panel(
-            id=13,
-            title="Abandoned requests/s",
-            description="Requests given up while Triton ran them (their caller timed out, was "
-            "cancelled or died), per second, by model; each leaves its slot abandoned until "
-            "Triton is done.",
-            unit="reqps",
-            targets=[
-                Target(
-                    expr=f"sum({_rate(ABANDONED_REQUESTS.prometheus)}) by (model)",
-                    legend="{{model}}",
-                )
-            ],
-        ),
-        Panel(
-            id=14,
-            title="Layout changes and pool resizes",
-            description="Over the dashboard's time range, by model: times the model changed on "
-            "Triton (inputs or outputs) and its pool was laid out anew, and times a pool grew or "
-            "shrank with its load.",
-            unit="short",
-            template=PanelTemplate.STAT,
-            thresholds=[{"color": "blue", "value": None}],
-            targets=[
-                Target(
-                    expr="sum(increase("
-                    + _series(LAYOUT_CHANGES.prometheus, _BY_MODEL)
-                    + "[$__range])) by (model)",
-                    legend="{{model}} layout changes",
-                ),
-                Target(
-                    expr="sum(increase("
-                    + _series(POOL_RESIZES.prometheus, _BY_MODEL)
-                    + "[$__range])) by (model, direction)",
-                    legend="{{model}} {{direction}}",
-                ),
-            ],
-        ),
-    ]
-    triton_and_nodes = [
-        lines(
-            id=15,
-            title="Triton queue and compute time per request",
-            description="From Triton's own metrics (its metrics port): the mean time a request "
-            "waited in Triton's queue, and the mean compute time of the inference that "
-            "served it, by model. They count every client of Triton, not only ours; Triton's "
-            "series have no node or session label, so only Model and Cluster filter them.",
-            unit="µs",
-            targets=[
-                Target(
-                    expr=_triton_per_request("nv_inference_queue_duration_us"),
-                    legend="{{model}} queue",
-                ),
-                Target(
-                    expr=_triton_per_request("nv_inference_compute_infer_duration_us"),
-                    legend="{{model}} compute",
-                ),
-            ],
-        ),
-        lines(
-            id=16,
-            title="Triton up",
-            description="1 while the node actor reaches its node's Triton (live), "
-            "0 while it does not, by node.",
-            unit="short",
-            targets=[
-                Target(
-                    expr=f"min({_series(TRITON_UP.prometheus, _BY_NODE)}) by (node_id)",
-                    legend="{{node_id}}",
-                )
-            ],
-        ),
-        Panel(
-            id=17,
-            title="Node actor restarts",
-            description="Times a node's node actor started again over the dashboard's time "
-            "range (its start time changed), by node. A restarted actor takes its pools back "
-            "from the regions; frequent restarts deserve a look at its logs.",
-            unit="short",
-            template=PanelTemplate.STAT,
-            thresholds=[{"color": "green", "value": None}, {"color": "orange", "value": 1}],
-            targets=[
-                Target(
-                    # max by node: a restarted actor may export a new series (a new pid or
-                    # worker label); the node's latest start time changes either way.
-                    expr="changes((max("
-                    + _series(NODE_ACTOR_START_TIME.prometheus, _BY_NODE)
-                    + ") by (node_id))[$__range:])",
-                    legend="{{node_id}}",
-                )
-            ],
-        ),
-        Panel(
-            id=18,
-            title="Dead-owner regions",
-            description="Shared-memory regions on a node whose owner process is gone and that "
-            "are not yet reclaimed, by node. The node actor reclaims them; ones that stay "
-            "need `ray-triton-shm reclaim` (and a look at what killed their owners).",
-            unit="short",
-            targets=[
-                Target(
-                    expr=f"max({_series(DEAD_OWNER_REGIONS.prometheus, _BY_NODE)}) by (node_id)",
-                    legend="{{node_id}}",
-                )
-            ],
-        ),
-        Panel(
-            id=19,
-            title="Transport by model",
-            description="Nodes whose pool of each model reaches Triton through shared memory "
-            "(shm), or by value, in the requests (inline: Triton cannot map the node's "
-            "/dev/shm, as on another host, in another container or as another user; or "
-            "transport='inline' was asked for). `ray-triton-shm status --ray` and `doctor` "
-            "say why.",
-            unit="short",
-            template=PanelTemplate.STAT,
-            thresholds=[{"color": "blue", "value": None}],
-            targets=[
-                Target(
-                    # One per node: a restarted node actor exports new series (its WorkerId).
-                    expr="count(max("
-                    + _series(TRANSPORT.prometheus, _BY_MODEL)
-                    + " == 1) by (model, node_id, transport)) by (model, transport)",
-                    legend="{{model}} {{transport}}",
-                )
-            ],
-        ),
-    ]
-    return DashboardConfig(
+def _dashboard_config() -> Any:
+    """The dashboard (:data:`_ROWS`) as Ray's ``DashboardConfig`` (imports Ray's modules)."""
+    ray_classes = dashboard_classes()
+    return ray_classes.DashboardConfig(
         name=DASHBOARD_NAME,
         default_uid=DEFAULT_UID,
         standard_global_filters=['ray_io_cluster=~"$Cluster"'],
         base_json_file_name=str(BASE_JSON),  # absolute: Ray's os.path.join(its dir, ...) keeps it
         rows=[
-            Row(title="Requests", id=100, panels=requests),
-            Row(title="Slots", id=101, panels=slots),
-            Row(title="Errors", id=102, panels=errors),
-            Row(title="Triton and nodes", id=103, panels=triton_and_nodes),
+            ray_classes.Row(
+                title=title, id=row_id, panels=[_panel(spec, ray_classes) for spec in panels]
+            )
+            for row_id, title, panels in _ROWS
         ],
     )
 

@@ -185,96 +185,109 @@ def write_curves(results: BenchResults, model: ModelResult, path: str | Path) ->
     )
     flat = list(axes.flat)
     for ax, (title, paths) in zip(flat, groups.items()):
-        colours = _colours(paths)
-        for name, marker in zip(paths, _markers()):
-            runs = sorted(
-                (r for r in model.runs if r.ok and r.path == name), key=lambda r: r.concurrency
-            )
-            # As many slots as callers make the line; fewer slots than callers (the node
-            # under load on a fixed pool) and the elastic pool are points of their own.
-            series = [("", [r for r in runs if r.slots in (None, r.concurrency)])]
-            series += [
-                ("elastic" if r.slots == ELASTIC else "crowded", [r])
-                for r in runs
-                if r.slots not in (None, r.concurrency)
-            ]
-            for kind, mine in series:
-                if not mine:
-                    continue
-                label = name
-                if kind:
-                    label = describe_run(name, mine[0].concurrency, mine[0].slots)
-                elif len(mine) > 1:
-                    label += f" ({', '.join(str(r.concurrency) for r in mine)} callers)"
-                else:
-                    label += f" ({mine[0].concurrency} caller{'s' * (mine[0].concurrency > 1)})"
-                ax.plot(
-                    [_latency_ms(r) for r in mine],
-                    [r.numbers()["requests_per_s"] for r in mine],
-                    marker="*" if kind == "elastic" else marker,
-                    markersize=11 if kind == "elastic" else 6,
-                    linestyle=":" if kind else "-",
-                    color=colours[name],
-                    fillstyle="none" if kind == "crowded" else "full",
-                    label=label,
-                )
-        ax.set(xlabel="p99 latency (ms)", ylabel="throughput (requests/s)")
-        _finish(ax, f"{title}: throughput against p99")
+        _plot_throughput(ax, model, title, paths)
     if elastic:
-        ax = flat[len(groups)]
-        for run in elastic:
-            seconds, sizes = zip(*run.extra["pool_sizes"])
-            label = describe_run(run.path, run.concurrency, run.slots)
-            ax.step(seconds, sizes, where="post", color=_PALETTE[0], marker=".", label=label)
-        ax.set(xlabel="seconds from its first load (the slices of the runs beside it included)")
-        ax.set(ylabel="slots", ylim=(0, None))
-        ax.grid(alpha=0.3)
-        ax.tick_params(axis="both", labelsize=7)
-        ax.set_title("elastic pool: its size over time", fontsize=10)
-        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
+        _plot_pool_sizes(flat[len(groups)], elastic)
     if rates:
-        ax = flat[len(groups) + bool(elastic)]
-        labels = list(dict.fromkeys(r.rate_label for r in rates))
-        colours = _colours(labels)
-        for label, marker in zip(labels, _markers()):
-            mine = sorted(
-                (r for r in rates if r.rate_label == label),
-                key=_rate,
-            )
-            bound = results.config.latency_bound_ms
-            ax.plot(
-                [_rate(r) for r in mine],
-                [_latency_ms(r) for r in mine],
-                marker=marker,
-                color=colours[label],
-                linestyle="-" if mine[0].path != "shm-model" else "--",
-                label=label,
-            )
-            held = [r for r in mine if not r.sustained(bound)]
-            ax.plot(
-                [_rate(r) for r in held],
-                [_latency_ms(r) for r in held],
-                linestyle="none",
-                marker="x",
-                markersize=11,
-                color="#d62728",
-            )
-        if results.config.latency_bound_ms is not None:
-            ax.axhline(
-                results.config.latency_bound_ms,
-                color="#d62728",
-                linewidth=1,
-                linestyle="--",
-                label=f"bound {results.config.latency_bound_ms:g} ms (x: not sustained)",
-            )
-        ax.set(xlabel=f"requests/s offered ({results.config.arrivals})", ylabel="p99 latency (ms)")
-        _finish(ax, "open loop: p99 against the rate")
+        _plot_rates(flat[len(groups) + bool(elastic)], results, rates)
     for ax in flat[panels:]:
         ax.set_visible(False)
     case = model.case
     detail = f" (model {case.model}, {case.batch_size} per request)" if case else ""
     fig.suptitle(f"{model.name}{detail}", fontsize=12)
     return _save(fig, plt, curves_path(path, model.name))
+
+
+def _plot_throughput(ax: Any, model: ModelResult, title: str, paths: list[str]) -> None:
+    """The panel of a group of paths: throughput against p99, a line per path."""
+    colours = _colours(paths)
+    for name, marker in zip(paths, _markers()):
+        runs = sorted(
+            (r for r in model.runs if r.ok and r.path == name), key=lambda r: r.concurrency
+        )
+        # As many slots as callers make the line; fewer slots than callers (the node
+        # under load on a fixed pool) and the elastic pool are points of their own.
+        series = [("", [r for r in runs if r.slots in (None, r.concurrency)])]
+        series += [
+            ("elastic" if r.slots == ELASTIC else "crowded", [r])
+            for r in runs
+            if r.slots not in (None, r.concurrency)
+        ]
+        for kind, mine in series:
+            if not mine:
+                continue
+            ax.plot(
+                [_latency_ms(r) for r in mine],
+                [r.numbers()["requests_per_s"] for r in mine],
+                marker="*" if kind == "elastic" else marker,
+                markersize=11 if kind == "elastic" else 6,
+                linestyle=":" if kind else "-",
+                color=colours[name],
+                fillstyle="none" if kind == "crowded" else "full",
+                label=_series_label(name, kind, mine),
+            )
+    ax.set(xlabel="p99 latency (ms)", ylabel="throughput (requests/s)")
+    _finish(ax, f"{title}: throughput against p99")
+
+
+def _series_label(name: str, kind: str, runs: list[RunResult]) -> str:
+    """The legend of a path's line (``kind`` ``""``: its callers) or point (its set-up)."""
+    if kind:
+        return describe_run(name, runs[0].concurrency, runs[0].slots)
+    if len(runs) > 1:
+        return name + f" ({', '.join(str(r.concurrency) for r in runs)} callers)"
+    return name + f" ({runs[0].concurrency} caller{'s' * (runs[0].concurrency > 1)})"
+
+
+def _plot_pool_sizes(ax: Any, elastic: list[RunResult]) -> None:
+    """The panel of the elastic pools' sizes over time."""
+    for run in elastic:
+        seconds, sizes = zip(*run.extra["pool_sizes"])
+        label = describe_run(run.path, run.concurrency, run.slots)
+        ax.step(seconds, sizes, where="post", color=_PALETTE[0], marker=".", label=label)
+    ax.set(xlabel="seconds from its first load (the slices of the runs beside it included)")
+    ax.set(ylabel="slots", ylim=(0, None))
+    ax.grid(alpha=0.3)
+    ax.tick_params(axis="both", labelsize=7)
+    ax.set_title("elastic pool: its size over time", fontsize=10)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
+
+
+def _plot_rates(ax: Any, results: BenchResults, rates: list[RunResult]) -> None:
+    """The open loop's panel: p99 against the rate offered, a line per path; x where the
+    latency bound was not sustained."""
+    bound = results.config.latency_bound_ms
+    labels = list(dict.fromkeys(r.rate_label for r in rates))
+    colours = _colours(labels)
+    for label, marker in zip(labels, _markers()):
+        mine = sorted((r for r in rates if r.rate_label == label), key=_rate)
+        ax.plot(
+            [_rate(r) for r in mine],
+            [_latency_ms(r) for r in mine],
+            marker=marker,
+            color=colours[label],
+            linestyle="-" if mine[0].path != "shm-model" else "--",
+            label=label,
+        )
+        held = [r for r in mine if not r.sustained(bound)]
+        ax.plot(
+            [_rate(r) for r in held],
+            [_latency_ms(r) for r in held],
+            linestyle="none",
+            marker="x",
+            markersize=11,
+            color="#d62728",
+        )
+    if bound is not None:
+        ax.axhline(
+            bound,
+            color="#d62728",
+            linewidth=1,
+            linestyle="--",
+            label=f"bound {bound:g} ms (x: not sustained)",
+        )
+    ax.set(xlabel=f"requests/s offered ({results.config.arrivals})", ylabel="p99 latency (ms)")
+    _finish(ax, "open loop: p99 against the rate")
 
 
 def _rate(run: RunResult) -> float:
