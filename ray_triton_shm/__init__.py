@@ -46,8 +46,8 @@ _EXPORTS = {
     "TLSHandshakeError": "._exceptions",
     "TritonServerError": "._exceptions",
     "TritonSHMError": "._exceptions",
-    "CheckResult": "._tools._doctor",
-    "NodeReport": "._tools._doctor",
+    "CheckResult": "._tools._doctor_report",
+    "NodeReport": "._tools._doctor_report",
     "check_node": "._tools._doctor",
     "Keys": "._wire._keys",
     "headers_from_dir": "._wire._keys",
@@ -136,7 +136,8 @@ if typing.TYPE_CHECKING:  # what type checkers and IDEs see: the names, typed, a
     from ._slots._sizing import SlotAutoscaling
     from ._slots._slot_pool import PoolStats
     from ._slots._specs import ModelSpec, TensorSpec
-    from ._tools._doctor import CheckResult, NodeReport, check_node
+    from ._tools._doctor import check_node
+    from ._tools._doctor_report import CheckResult, NodeReport
     from ._tools._region_status import RegionStatus, StatusReport, region_status
     from ._wire._keys import Keys, headers_from_dir, headers_from_env
     from ._wire._tls import TlsFiles

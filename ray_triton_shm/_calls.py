@@ -9,7 +9,7 @@ else (several chunks, a blocking call with a deadline, a request sent again) is 
 future.
 
 An inference call and a slot lease (see :mod:`._lease`) run the same steps, so they share one
-:class:`Call`.
+:class:`Call`: it holds what the caller gave besides the inputs, checked once.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 import grpc
 
-from ._drive import as_asyncio_future
+from ._drive import as_asyncio_future, drive, drive_async
 from ._exceptions import AccessDeniedError, InvalidInputError, TritonSHMError
 from ._inference._engine import Step, Steps, run
 from ._inference._gpu_tensors import OUTPUT_KINDS
@@ -38,16 +38,21 @@ __all__ = ["Call", "count_failure"]
 
 
 class Call:
-    """The transport side of one call of a model's pool.
+    """One call of a model's pool: what the caller gave (but the inputs), and its transport
+    side.
 
     Args:
         triton: The way to Triton.
         pools: The client's pools, where the call goes on when its pool stops it.
         pool: The pool the call starts on (:attr:`pool` follows the model to a new layout).
-        headers: The call's own gRPC headers, merged over the client's.
+        options: Triton's request options, checked (``None``: none).
+        slot_timeout_s: How long to wait for a slot (``None``: no limit).
         client_timeout_s: How long each request waits for Triton's answer (``None``: no limit).
+        headers: The call's own gRPC headers, merged over the client's.
+        request_id: Triton's request id.
         reconnect_timeout_s: How long to wait for an unreachable Triton (``None``: the
             client's).
+        outputs_as: What the outputs come back as (see ``infer_shm``).
         owner: The client, kept alive while the call (or a lease) lives: collecting it would
             close the channel.
     """
@@ -57,19 +62,26 @@ class Call:
         triton: Channel,
         pools: Registry,
         pool: ModelPool,
-        *,
-        headers: Mapping[str, str] | None,
+        options: RequestOptions | None,
+        slot_timeout_s: float | None,
         client_timeout_s: float | None,
+        headers: Mapping[str, str] | None,
+        request_id: str,
         reconnect_timeout_s: float | None,
-        owner: object = None,
+        outputs_as: str,
+        owner: object,
     ) -> None:
         self.triton = triton
         self.pools = pools
         self.pool = pool
-        self._owner = owner
-        self._headers = headers
+        self.options = options
+        self.slot_timeout_s = slot_timeout_s
         self._client_timeout_s = client_timeout_s
+        self._headers = headers
+        self.request_id = request_id
         self._reconnect_timeout_s = reconnect_timeout_s
+        self._outputs_as = outputs_as
+        self._owner = owner
         self._rotated = False
         self.started = time.monotonic()
         self._use(triton.keys.metadata())
@@ -97,7 +109,20 @@ class Call:
         self.pool = self.pools.next_pool(self.pool, exc, options, self.started)
         return self.pool
 
-    def moves(self, options: RequestOptions | None) -> Moves[ModelPool]:
+    def infer(self, inputs: Mapping[str, InputValue]) -> dict[str, Any]:
+        """Runs the call on ``inputs``, blocking (see ``infer_shm``)."""
+        return self._moves().run(
+            lambda pool: drive(self._steps(pool, inputs), self.do), failed=count_failure
+        )
+
+    async def infer_async(self, inputs: Mapping[str, InputValue]) -> dict[str, Any]:
+        """Runs the call on ``inputs`` on the running event loop."""
+        return await self._moves().run_async(
+            lambda pool: drive_async(self._steps(pool, inputs), self.do_async),
+            failed=count_failure,
+        )
+
+    def _moves(self) -> Moves[ModelPool]:
         """Where the call goes on when its keys are refused (read them again, once) or its
         pool stops it (the model's newer pool)."""
 
@@ -106,24 +131,17 @@ class Call:
                 if not self.rotate():
                     raise exc
                 return pool
-            return self.moved(exc, options)
+            return self.moved(exc, self.options)
 
         return Moves(self.pool, (AccessDeniedError, *MOVED), recover)
 
-    def steps(
-        self,
-        pool: ModelPool,
-        inputs: Mapping[str, InputValue],
-        options: RequestOptions | None,
-        slot_timeout_s: float | None,
-        request_id: str,
-        outputs_as: str = "numpy",
-    ) -> Steps:
+    def _steps(self, pool: ModelPool, inputs: Mapping[str, InputValue]) -> Steps:
         """The steps of the call on ``pool``, its inputs and options checked against it.
 
         Raises:
             InvalidInputError: naming what does not match (nothing was written).
         """
+        options, outputs_as = self.options, self._outputs_as
         spec = pool.spec
         device = pool.memory.device
         if outputs_as not in OUTPUT_KINDS or (outputs_as != "numpy" and device is None):
@@ -152,8 +170,8 @@ class Call:
         return run(
             pool,
             batch,
-            slot_timeout_s=slot_timeout_s,
-            request_id=request_id,
+            slot_timeout_s=self.slot_timeout_s,
+            request_id=self.request_id,
             options=chosen,
             outputs_as=outputs_as,
         )

@@ -364,7 +364,8 @@ def _model_pool(text: str) -> tuple[str, int | None]:
 def _cmd_doctor(args: argparse.Namespace) -> int:
     import json
 
-    from ray_triton_shm._tools._doctor import check_node, format_reports
+    from ray_triton_shm._tools._doctor import check_node
+    from ray_triton_shm._tools._doctor_report import format_reports
 
     tls = {
         "ssl": args.ssl,

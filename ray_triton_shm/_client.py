@@ -1,12 +1,17 @@
-"""``TritonSHMClient``: tritonclient's gRPC client plus pooled system-shared-memory inference.
+"""``TritonSHMClient``: tritonclient's gRPC client plus pooled shared-memory inference.
 
-Per registered model the client owns one POSIX region cut into slots, each big enough for every
+Per registered model the client owns one region cut into slots, each big enough for every
 input and output of one batch of ``max_batch_size`` samples: a fixed ``pool_size`` of them, or
 by default as many as its callers need at once, between ``min_slots`` and ``max_slots``
-(:mod:`._pools._scaling`). ``infer_shm`` validates the inputs, then for each chunk of at most
-``max_batch_size`` samples takes a slot, copies the chunk in, sends Triton a request that only
-points at the slot, and copies the outputs out once the response arrives. Up to one chunk per
-slot is in flight at once; when every slot is busy, callers wait.
+(:mod:`._pools._scaling`). The slots are in system shared memory (POSIX), or in GPU memory
+through Triton's CUDA shared memory (``memory="cuda"``, :mod:`._slots._memory`); where Triton
+cannot map this process's memory (another host, a container with its own ``/dev/shm``), the
+tensors go by value, in the requests, and the slots still bound the requests in flight
+(``transport``, :mod:`._inference._transport`). ``infer_shm`` validates the inputs, then for
+each chunk of at most ``max_batch_size`` samples takes a slot, copies the chunk in, sends Triton
+a request that points at the slot (or carries the chunk, by value), and copies the outputs out
+once the response arrives. Up to one chunk per slot is in flight at once; when every slot is
+busy, callers wait.
 
 How one call runs over the slots (chunking, slot reuse after errors, deadlines and
 cancellation, sending again after Triton restarts) is written once, in :mod:`._inference._engine`;
@@ -22,14 +27,21 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import tritonclient.grpc as grpcclient
+from tritonclient.utils import raise_error
 
 from ._calls import Call, count_failure
 from ._defaults import DEFAULT_RECONNECT_TIMEOUT_S, DEFAULT_URL
-from ._drive import drive, drive_async
 from ._exceptions import InvalidInputError, TritonSHMError
 from ._inference._inputs import InputValue
 from ._inference._model_change import plan_registration
-from ._inference._options import ParameterValue, RequestOptions, request_options, select_outputs
+from ._inference._options import (
+    ParameterValue,
+    RequestOptions,
+    options_without_sequence,
+    renamed_outputs,
+    request_options,
+    select_outputs,
+)
 from ._lease import SlotLease
 from ._pools._reclaim import reclaim_dead_registrations
 from ._pools._registry import Registry
@@ -38,14 +50,15 @@ from ._slots._sizing import SlotAutoscaling
 from ._slots._slot_pool import PoolStats
 from ._slots._specs import ModelSpec, SpecLike
 from ._wire._channel import Channel, tritonclient_options
-from ._wire._http import AUTO
-from ._wire._keys import REDACTED, Keys, Metadata
+from ._wire._http import AUTO_HTTP_URL
+from ._wire._keys import REDACTED, Keys
 
-__all__ = ["TritonSHMClient", "registry_of"]
+__all__ = ["Call", "TritonSHMClient", "call_with", "lease_with", "registry_of"]
 
 
 class TritonSHMClient(grpcclient.InferenceServerClient):
-    """A Triton gRPC client that also runs inference through pooled system shared memory.
+    """A Triton gRPC client that also runs inference through pooled shared memory: system
+    shared memory, GPU memory (``memory="cuda"``), or by value where Triton cannot map it.
 
     A subclass of :class:`tritonclient.grpc.InferenceServerClient`: every plain gRPC method
     still works. It is a drop-in replacement for ``triton_shm_client.TritonSHMClient``.
@@ -115,7 +128,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         reconnect_timeout_s: float = DEFAULT_RECONNECT_TIMEOUT_S,
         config_check_interval_s: float | None = 10.0,
         shm_budget_bytes: int | None = None,
-        http_url: str | None = AUTO,
+        http_url: str | None = AUTO_HTTP_URL,
         **kwargs: Any,
     ) -> None:
         if reconnect_timeout_s < 0:
@@ -156,6 +169,9 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             config_check_interval_s=config_check_interval_s,
             shm_budget_bytes=shm_budget_bytes,
         )
+        # tritonclient's own calls carry the client's keys through its one plugin; the
+        # caller's plugin runs inside it (see register_plugin).
+        super().register_plugin(self._triton.headers_plugin)
 
     # ------------------------------------------------------------------ registration
 
@@ -278,18 +294,29 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         )
 
     def register_plugin(self, plugin: Any) -> None:
-        """tritonclient's: ``plugin`` sees the headers of every call, the pools' too."""
-        super().register_plugin(plugin)
+        """tritonclient's: ``plugin`` sees the headers of every call, the pools' too, after
+        the client's keys.
+
+        Raises:
+            InferenceServerException: a plugin is registered already.
+        """
+        if self._triton.plugin is not None:
+            raise_error("A plugin is already registered: unregister it first")
         self._triton.plugin = plugin
 
     def unregister_plugin(self) -> None:
-        """tritonclient's: calls go on without the plugin."""
-        super().unregister_plugin()
+        """tritonclient's: calls go on without the plugin.
+
+        Raises:
+            InferenceServerException: no plugin is registered.
+        """
+        if self._triton.plugin is None:
+            raise_error("No plugin has been registered")
         self._triton.plugin = None
 
-    def _get_metadata(self, headers: Mapping[str, str] | None) -> Metadata:
-        """The metadata of tritonclient's own calls: the client's keys, ``headers`` over them."""
-        return self._triton.metadata(headers)
+    def plugin(self) -> Any:
+        """tritonclient's: the plugin registered, or ``None``."""
+        return self._triton.plugin
 
     def unregister_shm_model(self, model_name: str) -> None:
         """Unregisters a model's pool from Triton and frees its memory; idempotent.
@@ -307,23 +334,6 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         """Slots in use and callers waiting for a registered model (this process's share, for
         a region shared with other processes), its size now and its bounds."""
         return self._pools.stats(model_name)
-
-    def _call(
-        self,
-        model_name: str,
-        headers: Mapping[str, str] | None,
-        client_timeout_s: float | None,
-        reconnect_timeout_s: float | None,
-    ) -> Call:
-        return Call(
-            self._triton,
-            self._pools,
-            self._pools.get(model_name),
-            headers=headers,
-            client_timeout_s=client_timeout_s,
-            reconnect_timeout_s=reconnect_timeout_s,
-            owner=self,
-        )
 
     # ------------------------------------------------------------------ inference
 
@@ -343,8 +353,9 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         sequence_start: bool = False,
         sequence_end: bool = False,
         parameters: Mapping[str, ParameterValue] | None = None,
-        outputs: Sequence[str] | None = None,
+        requested_outputs: Sequence[str] | None = None,
         outputs_as: str = "numpy",
+        outputs: Sequence[str] | None = None,
     ) -> dict[str, Any]:
         """Runs inference through the model's shared-memory slots.
 
@@ -381,9 +392,12 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             sequence_end: This request ends the sequence.
             parameters: Custom parameters for the model (str, int, float or bool values); names
                 the library or Triton use themselves are refused.
-            outputs: Ask for these outputs only (``None``: all); only they are returned.
+            requested_outputs: Ask for these outputs only (``None``: all); only they are
+                returned.
             outputs_as: ``"numpy"`` (the default), or for a pool in GPU memory ``"torch"`` or
                 ``"cupy"``: tensors on the pool's GPU, never through the host.
+            outputs: Deprecated: the earlier name of ``requested_outputs``; given, it sets it,
+                with a :class:`DeprecationWarning`.
 
         Returns:
             ``{output name: array}``; the arrays belong to the caller.
@@ -399,6 +413,8 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             AccessDeniedError: Triton restricts inference, and the headers lack the key.
             ServerUnreachableError: Triton stayed unreachable for ``reconnect_timeout_s``.
         """
+        if outputs is not None:
+            requested_outputs = renamed_outputs(requested_outputs, outputs, stacklevel=2)
         options = request_options(
             model_name,
             priority=priority,
@@ -407,11 +423,11 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             sequence_start=sequence_start,
             sequence_end=sequence_end,
             parameters=parameters,
-            outputs=outputs,
+            requested_outputs=requested_outputs,
         )
-        return self._infer(
+        return call_with(
+            self,
             model_name,
-            inputs,
             options,
             slot_timeout_s=slot_timeout_s,
             client_timeout_s=client_timeout_s,
@@ -419,29 +435,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             request_id=request_id,
             reconnect_timeout_s=reconnect_timeout_s,
             outputs_as=outputs_as,
-        )
-
-    def _infer(
-        self,
-        model_name: str,
-        inputs: Mapping[str, InputValue],
-        options: RequestOptions | None,
-        *,
-        slot_timeout_s: float | None = None,
-        client_timeout_s: float | None = None,
-        headers: Mapping[str, str] | None = None,
-        request_id: str = "",
-        reconnect_timeout_s: float | None = None,
-        outputs_as: str = "numpy",
-    ) -> dict[str, Any]:
-        call = self._call(model_name, headers, client_timeout_s, reconnect_timeout_s)
-        return call.moves(options).run(
-            lambda pool: drive(
-                call.steps(pool, inputs, options, slot_timeout_s, request_id, outputs_as),
-                call.do,
-            ),
-            failed=count_failure,
-        )
+        ).infer(inputs)
 
     def lease(
         self,
@@ -457,6 +451,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         priority: int = 0,
         queue_timeout_s: float | None = None,
         parameters: Mapping[str, ParameterValue] | None = None,
+        requested_outputs: Sequence[str] | None = None,
         outputs: Sequence[str] | None = None,
     ) -> SlotLease:
         """Leases one slot of the model's pool: write the inputs where Triton reads them, read
@@ -470,7 +465,8 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
 
         The slot is taken on entering the block (``with`` or ``async with``), with the rules
         of :meth:`infer_shm` (backpressure, ``slot_timeout_s``, a model that moved), and goes
-        back once the block ended and no array of the lease is alive.
+        back once the block ended and no array of the lease is alive. Its one request is a
+        request of :meth:`infer_shm`, and takes its options (but a sequence's).
 
         Args:
             model_name: A model registered with :meth:`register_shm_model` (in system memory,
@@ -479,68 +475,46 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
                 does not batch).
             shapes: Per-sample shape of each input with variable dims (``-1``); the others
                 take the model's.
-            slot_timeout_s: How long to wait for a free slot (``None``: as long as it takes).
-            client_timeout_s: How long the request waits for Triton's answer (as for
-                :meth:`infer_shm`).
-            headers: gRPC headers of this request, merged over the client's.
-            request_id: Triton request id.
-            reconnect_timeout_s: How long to wait for Triton while it is unreachable.
-            priority: Triton's priority level of the request (see :meth:`infer_shm`).
-            queue_timeout_s: Triton's own queue timeout (see :meth:`infer_shm`).
-            parameters: Custom parameters for the model.
-            outputs: Ask for these outputs only (``None``: all).
+            slot_timeout_s: As for :meth:`infer_shm`.
+            client_timeout_s: As for :meth:`infer_shm`.
+            headers: As for :meth:`infer_shm`.
+            request_id: As for :meth:`infer_shm`.
+            reconnect_timeout_s: As for :meth:`infer_shm`.
+            priority: As for :meth:`infer_shm`.
+            queue_timeout_s: As for :meth:`infer_shm`.
+            parameters: As for :meth:`infer_shm`.
+            requested_outputs: As for :meth:`infer_shm`.
+            outputs: As for :meth:`infer_shm` (deprecated).
 
         Raises:
             ModelNotRegisteredError: the model has no pool.
             InvalidInputError: ``batch``, ``shapes`` or the options do not fit the model (no
                 slot was taken).
         """
-        call = self._call(model_name, headers, client_timeout_s, reconnect_timeout_s)
+        if outputs is not None:
+            requested_outputs = renamed_outputs(requested_outputs, outputs, stacklevel=2)
+        call = call_with(
+            self,
+            model_name,
+            None,
+            slot_timeout_s=slot_timeout_s,
+            client_timeout_s=client_timeout_s,
+            headers=headers,
+            request_id=request_id,
+            reconnect_timeout_s=reconnect_timeout_s,
+        )
         try:
-            options = request_options(
+            call.options = options_without_sequence(
                 model_name,
                 priority=priority,
                 queue_timeout_s=queue_timeout_s,
                 parameters=parameters,
-                outputs=outputs,
+                requested_outputs=requested_outputs,
             )
         except TritonSHMError as exc:
             count_failure(call.pool, exc)
             raise
-        return self._lease(call, options, batch, shapes, slot_timeout_s, request_id)
-
-    def _lease(
-        self,
-        call: Call,
-        options: RequestOptions | None,
-        batch: int | None,
-        shapes: Mapping[str, Sequence[int]] | None,
-        slot_timeout_s: float | None,
-        request_id: str = "",
-    ) -> SlotLease:
-        try:
-            pool = call.pool
-            if pool.by_value:
-                raise InvalidInputError(
-                    f"model {pool.spec.name!r} sends its tensors by value "
-                    f"({pool.transport.reason}): a lease writes into shared memory Triton "
-                    "maps; call infer_shm() there",
-                    model=pool.spec.name,
-                    expected="transport 'shm'",
-                    actual="inline",
-                )
-            chosen = None if options is None else select_outputs(pool.spec, options)
-            return SlotLease(
-                call,
-                batch=batch,
-                shapes=shapes,
-                options=chosen,
-                slot_timeout_s=slot_timeout_s,
-                request_id=request_id,
-            )
-        except TritonSHMError as exc:
-            count_failure(call.pool, exc)
-            raise
+        return lease_with(call, batch, shapes)
 
     async def infer_shm_async(
         self,
@@ -558,14 +532,18 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         sequence_start: bool = False,
         sequence_end: bool = False,
         parameters: Mapping[str, ParameterValue] | None = None,
-        outputs: Sequence[str] | None = None,
+        requested_outputs: Sequence[str] | None = None,
         outputs_as: str = "numpy",
+        outputs: Sequence[str] | None = None,
     ) -> dict[str, Any]:
-        """:meth:`infer_shm` for coroutines: same semantics, no thread blocked while waiting.
+        """:meth:`infer_shm` for coroutines: same arguments, same semantics, no thread blocked
+        while waiting.
 
         Waiting for a slot and for Triton's answer both happen on the event loop. Cancelling
         the coroutine is safe: slots come back once Triton has answered.
         """
+        if outputs is not None:
+            requested_outputs = renamed_outputs(requested_outputs, outputs, stacklevel=2)
         options = request_options(
             model_name,
             priority=priority,
@@ -574,11 +552,11 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             sequence_start=sequence_start,
             sequence_end=sequence_end,
             parameters=parameters,
-            outputs=outputs,
+            requested_outputs=requested_outputs,
         )
-        return await self._infer_async(
+        call = call_with(
+            self,
             model_name,
-            inputs,
             options,
             slot_timeout_s=slot_timeout_s,
             client_timeout_s=client_timeout_s,
@@ -587,28 +565,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             reconnect_timeout_s=reconnect_timeout_s,
             outputs_as=outputs_as,
         )
-
-    async def _infer_async(
-        self,
-        model_name: str,
-        inputs: Mapping[str, InputValue],
-        options: RequestOptions | None,
-        *,
-        slot_timeout_s: float | None = None,
-        client_timeout_s: float | None = None,
-        headers: Mapping[str, str] | None = None,
-        request_id: str = "",
-        reconnect_timeout_s: float | None = None,
-        outputs_as: str = "numpy",
-    ) -> dict[str, Any]:
-        call = self._call(model_name, headers, client_timeout_s, reconnect_timeout_s)
-        return await call.moves(options).run_async(
-            lambda pool: drive_async(
-                call.steps(pool, inputs, options, slot_timeout_s, request_id, outputs_as),
-                call.do_async,
-            ),
-            failed=count_failure,
-        )
+        return await call.infer_async(inputs)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -646,25 +603,71 @@ def registry_of(client: TritonSHMClient) -> Registry:
     return client._pools
 
 
-#: Internal API for the Ray layer: ``infer_with(client, model, inputs, options, **settings)``
-#: is :meth:`TritonSHMClient.infer_shm` with its request options checked once, where the handle
-#: made them (``settings``: its other keywords). The method itself: no call more per request.
-infer_with = TritonSHMClient._infer
-#: :data:`infer_with` for coroutines.
-infer_with_async = TritonSHMClient._infer_async
-
-
-def lease_with(
+def call_with(
     client: TritonSHMClient,
     model_name: str,
     options: RequestOptions | None,
     *,
-    batch: int | None,
-    shapes: Mapping[str, Sequence[int]] | None,
     slot_timeout_s: float | None,
     client_timeout_s: float | None,
+    outputs_as: str = "numpy",
+    headers: Mapping[str, str] | None = None,
+    reconnect_timeout_s: float | None = None,
+    request_id: str = "",
+) -> Call:
+    """One call of :meth:`TritonSHMClient.infer_shm` on ``client``, its request options
+    checked (``options``); ``.infer(inputs)``, or ``await .infer_async(inputs)``, runs it,
+    and :func:`lease_with` leases a slot for it. Internal API for the Ray layer too, whose
+    handles check their options once, where they make them.
+
+    Raises:
+        ModelNotRegisteredError: the model has no pool.
+    """
+    pools = client._pools
+    return Call(
+        client._triton,
+        pools,
+        pools.get(model_name),
+        options,
+        slot_timeout_s,
+        client_timeout_s,
+        headers,
+        request_id,
+        reconnect_timeout_s,
+        outputs_as,
+        client,
+    )
+
+
+def lease_with(
+    call: Call, batch: int | None, shapes: Mapping[str, Sequence[int]] | None
 ) -> SlotLease:
-    """Internal API for the Ray layer: :meth:`TritonSHMClient.lease` with its request options
-    checked once."""
-    call = client._call(model_name, None, client_timeout_s, None)
-    return client._lease(call, options, batch, shapes, slot_timeout_s)
+    """A lease of one slot for ``call`` (:meth:`TritonSHMClient.lease`); internal API for the
+    Ray layer too, with a call of :func:`call_with`.
+
+    Raises:
+        InvalidInputError: the model sends its tensors by value, or its outputs, ``batch`` or
+            ``shapes`` do not fit it (counted as the call's failure).
+    """
+    try:
+        pool = call.pool
+        if pool.by_value:
+            raise InvalidInputError(
+                f"model {pool.spec.name!r} sends its tensors by value "
+                f"({pool.transport.reason}): a lease writes into shared memory Triton "
+                "maps; call infer_shm() there",
+                model=pool.spec.name,
+                expected="transport 'shm'",
+                actual="inline",
+            )
+        return SlotLease(
+            call,
+            batch=batch,
+            shapes=shapes,
+            options=select_outputs(pool.spec, call.options),
+            slot_timeout_s=call.slot_timeout_s,
+            request_id=call.request_id,
+        )
+    except TritonSHMError as exc:
+        count_failure(call.pool, exc)
+        raise

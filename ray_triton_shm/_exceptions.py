@@ -43,7 +43,10 @@ from __future__ import annotations
 
 import warnings
 from errno import EACCES, ENOSPC
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = [
     "AccessDeniedError",
@@ -270,6 +273,9 @@ class LocalServerError(TritonSHMError, RuntimeError):
 class TritonServerError(TritonSHMError, RuntimeError):
     """Triton answered a request with an error.
 
+    Every subclass takes ``status``, ``server_message`` and ``model`` as keywords too (its
+    ``**answer``), after its own.
+
     Attributes:
         status: The gRPC status name Triton answered with (e.g. ``"StatusCode.INVALID_ARGUMENT"``),
             or ``None`` when unknown.
@@ -288,6 +294,14 @@ class TritonServerError(TritonSHMError, RuntimeError):
         super().__init__(message, model=model)
         self.status = status
         self.server_message = server_message
+
+
+class _Answer(TypedDict, total=False):
+    """What a :class:`TritonServerError` keeps of Triton's answer, as its subclasses take it."""
+
+    status: str | None
+    server_message: str
+    model: str | None
 
 
 class ModelChangedError(TritonServerError, ValueError):
@@ -315,11 +329,9 @@ class ModelChangedError(TritonServerError, ValueError):
         tensor: str | None = None,
         registered: str = "",
         current: str = "",
-        status: str | None = None,
-        server_message: str = "",
-        model: str | None = None,
+        **answer: Unpack[_Answer],
     ) -> None:
-        super().__init__(message, status=status, server_message=server_message, model=model)
+        super().__init__(message, **answer)
         self.tensor = tensor
         self.registered = registered
         self.current = current
@@ -351,16 +363,9 @@ class SharedMemoryUnreachableError(TritonServerError):
     """
 
     def __init__(
-        self,
-        message: str,
-        *,
-        node: str = "",
-        reason: str = "",
-        status: str | None = None,
-        server_message: str = "",
-        model: str | None = None,
+        self, message: str, *, node: str = "", reason: str = "", **answer: Unpack[_Answer]
     ) -> None:
-        super().__init__(message, status=status, server_message=server_message, model=model)
+        super().__init__(message, **answer)
         self.node = node
         self.reason = reason
 
@@ -378,16 +383,8 @@ class AccessDeniedError(TritonServerError, PermissionError):
 
     errno = EACCES
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        header: str = "",
-        status: str | None = None,
-        server_message: str = "",
-        model: str | None = None,
-    ) -> None:
-        super().__init__(message, status=status, server_message=server_message, model=model)
+    def __init__(self, message: str, *, header: str = "", **answer: Unpack[_Answer]) -> None:
+        super().__init__(message, **answer)
         self.header = header
 
 
@@ -401,16 +398,9 @@ class ServerUnreachableError(TritonServerError, ConnectionError):
     """
 
     def __init__(
-        self,
-        message: str,
-        *,
-        url: str = "",
-        waited_s: float = 0.0,
-        status: str | None = None,
-        server_message: str = "",
-        model: str | None = None,
+        self, message: str, *, url: str = "", waited_s: float = 0.0, **answer: Unpack[_Answer]
     ) -> None:
-        super().__init__(message, status=status, server_message=server_message, model=model)
+        super().__init__(message, **answer)
         self.url = url
         self.waited_s = waited_s
 
@@ -436,11 +426,9 @@ class TLSHandshakeError(TritonServerError, ConnectionError):
         *,
         url: str = "",
         reason: str = "handshake_failed",
-        status: str | None = None,
-        server_message: str = "",
-        model: str | None = None,
+        **answer: Unpack[_Answer],
     ) -> None:
-        super().__init__(message, status=status, server_message=server_message, model=model)
+        super().__init__(message, **answer)
         self.url = url
         self.reason = reason
 

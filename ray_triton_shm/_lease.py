@@ -38,8 +38,7 @@ import threading
 import time
 import weakref
 from collections.abc import Generator, Mapping, Sequence
-from types import TracebackType
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -227,20 +226,10 @@ class SlotLease:
         self._take(slot)
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         self.close()
 
     def close(self) -> None:
@@ -274,10 +263,7 @@ class SlotLease:
         try:
             response = drive(answer_steps(chunk), self._call.do)
         except BaseException as exc:
-            error = self._failed(exc)
-            if error is exc:
-                raise
-            raise error from exc
+            self._failed(exc)
         return self._outputs(chunk, response)
 
     async def infer_async(self) -> dict[str, np.ndarray]:
@@ -286,10 +272,7 @@ class SlotLease:
         try:
             response = await drive_async(answer_steps(chunk), self._call.do_async)
         except BaseException as exc:
-            error = self._failed(exc)
-            if error is exc:
-                raise
-            raise error from exc
+            self._failed(exc)
         return self._outputs(chunk, response)
 
     # ---------------------------------------------------------------- internals
@@ -358,13 +341,15 @@ class SlotLease:
         fate.chunk = chunk
         return chunk
 
-    def _failed(self, exc: BaseException) -> BaseException:
-        """What a failed request raises (counted by kind); its slot's fate is the lease's."""
-        if isinstance(exc, SuspectedChange):
-            exc = exc.error
-        if isinstance(exc, TritonSHMError):
-            self._call.pool.count_failure(exc)
-        return exc
+    def _failed(self, exc: BaseException) -> NoReturn:
+        """Raises what the failed request ``exc`` stands for (counted by kind); its slot's fate
+        is the lease's."""
+        error = exc.error if isinstance(exc, SuspectedChange) else exc
+        if isinstance(error, TritonSHMError):
+            self._call.pool.count_failure(error)
+        if error is exc:
+            raise exc
+        raise error from exc
 
     def _outputs(self, chunk: Chunk, answered: Answer) -> dict[str, Any]:
         assert self._fate is not None and self._buffer is not None

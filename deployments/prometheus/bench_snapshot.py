@@ -121,15 +121,14 @@ def main(argv: list[str] | None = None) -> int:
     rules = Path(__file__).with_name("ray-triton-shm-rules.yaml")
     with LocalTritonServer(install=True) as triton:
         os.environ[URL_ENV_VAR] = triton.grpc_url
-        ray.init(
+        context = ray.init(
             address="local",
             include_dashboard=True,
             _system_config={"metrics_report_interval_ms": 1000},
         )
-        discovery = (
-            Path(ray._private.worker._global_node.get_temp_dir_path())
-            / "prom_metrics_service_discovery.json"
-        )
+        # The head writes it in Ray's temp dir, above its session's.
+        temp_dir = Path(context.address_info["session_dir"]).parent
+        discovery = temp_dir / "prom_metrics_service_discovery.json"
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "5s"},
             "rule_files": [str(rules)],

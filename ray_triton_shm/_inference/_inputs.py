@@ -152,6 +152,26 @@ def prepare_batch(
     if batch is not None:
         return batch
     model = spec.name
+    _check_names(spec, inputs)
+    sizes: dict[str, int] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
+    values: dict[str, np.ndarray | tuple[np.ndarray, ...] | DeviceInput] = {}
+    for tensor in spec.inputs:
+        sizes[tensor.name], shapes[tensor.name], values[tensor.name] = _one_input(
+            model, tensor, inputs[tensor.name], device, batched=spec.batched
+        )
+    size = _batch_size(model, sizes)
+    encoded = {
+        t.name: _encode(model, t, values[t.name], size if spec.batched else 1)  # type: ignore[arg-type]
+        for t in spec.inputs
+        if t.is_bytes
+    }
+    return Batch(spec, size, shapes, values, encoded)
+
+
+def _check_names(spec: ModelSpec, inputs: Any) -> None:
+    """Checks that ``inputs`` maps each input of ``spec``, and nothing else, to a value."""
+    model = spec.name
     if not isinstance(inputs, Mapping):
         raise InvalidInputError(
             f"model {model!r}: inputs must be a mapping of tensor name to array, "
@@ -182,23 +202,24 @@ def prepare_batch(
             actual=list(inputs),
         )
 
-    sizes: dict[str, int] = {}
-    shapes: dict[str, tuple[int, ...]] = {}
-    values: dict[str, np.ndarray | tuple[np.ndarray, ...] | DeviceInput] = {}
-    for tensor in spec.inputs:
-        value = inputs[tensor.name]
-        if is_device_tensor(value):
-            described = _device_input(model, tensor, value, device, batched=spec.batched)
-            shape = described.shape[1:] if spec.batched else described.shape
-            size = described.shape[0] if spec.batched else 1
-            sizes[tensor.name], shapes[tensor.name], values[tensor.name] = size, shape, described
-        elif spec.batched:
-            size, shape, normalized = _batched_input(model, tensor, value)
-        else:
-            shape, normalized = _unbatched_input(model, tensor, value)
-            size = 1
-        sizes[tensor.name], shapes[tensor.name], values[tensor.name] = size, shape, normalized
 
+def _one_input(
+    model: str, tensor: TensorSpec, value: Any, device: Device | None, *, batched: bool
+) -> tuple[int, tuple[int, ...], np.ndarray | tuple[np.ndarray, ...] | DeviceInput]:
+    """One input checked: its samples, its sample shape, and the value kept for the slots."""
+    if is_device_tensor(value):
+        described = _device_input(model, tensor, value, device, batched=batched)
+        if batched:
+            return described.shape[0], described.shape[1:], described
+        return 1, described.shape, described
+    if batched:
+        return _batched_input(model, tensor, value)
+    shape, normalized = _unbatched_input(model, tensor, value)
+    return 1, shape, normalized
+
+
+def _batch_size(model: str, sizes: Mapping[str, int]) -> int:
+    """The samples of the batch, which every input must have."""
     if len(set(sizes.values())) > 1:
         first, *_ = sizes
         other = next(n for n in sizes if sizes[n] != sizes[first])
@@ -210,13 +231,7 @@ def prepare_batch(
             expected=sizes[first],
             actual=sizes[other],
         )
-    size = next(iter(sizes.values()))
-    encoded = {
-        t.name: _encode(model, t, values[t.name], size if spec.batched else 1)  # type: ignore[arg-type]
-        for t in spec.inputs
-        if t.is_bytes
-    }
-    return Batch(spec, size, shapes, values, encoded)
+    return next(iter(sizes.values()))
 
 
 def _device_input(

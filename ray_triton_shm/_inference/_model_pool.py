@@ -11,14 +11,14 @@ from dataclasses import dataclass, field
 
 from .._exceptions import ClientClosedError, TritonSHMError, error_kind
 from .._slots._header import RegionHeader
-from .._slots._memory import INLINE, SlotIO, SlotMemory
+from .._slots._memory import BY_VALUE, SlotIO, SlotMemory
 from .._slots._shm import SharedMemoryRegion, slot_key
 from .._slots._sizing import SlotAutoscaling
 from .._slots._slot_pool import SlotSource
 from .._slots._specs import ModelSpec, SlotLayout
 from ._model_change import Registration
 from ._requests import SlotRequests, ValueRequests
-from ._transport import SHM, Transport
+from ._transport import INLINE, SHM, Transport
 
 __all__ = ["FollowState", "ModelPool", "PoolRetired"]
 
@@ -101,7 +101,7 @@ class ModelPool:
     @property
     def by_value(self) -> bool:
         """Whether its tensors travel in the requests (Triton maps none of its memory)."""
-        return self.memory.kind == INLINE
+        return self.memory.kind == BY_VALUE
 
     @property
     def owned(self) -> bool:
@@ -133,12 +133,12 @@ class ModelPool:
         keys = [slot_key(region.name, slot) for slot in range(count)]
         bases = [memory.offset(slot) for slot in range(count)]
         requests: SlotRequests | ValueRequests
-        if memory.kind == INLINE:
+        if memory.kind == BY_VALUE:
             requests = ValueRequests(spec, count)
         else:
             requests = SlotRequests(spec, memory.layout, keys, bases)
         if transport is None:
-            transport = Transport(INLINE if memory.kind == INLINE else SHM, "")
+            transport = Transport(INLINE if memory.kind == BY_VALUE else SHM, "")
         return cls(
             spec=spec,
             layout=memory.layout,

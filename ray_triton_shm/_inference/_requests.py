@@ -29,10 +29,84 @@ __all__ = ["SlotRequests", "ValueRequests"]
 _RAW_INPUT_TAG = b"\x3a"
 
 
-class SlotRequests:
-    """One reusable ``ModelInferRequest`` per slot, pointing at that slot's tensors.
+class _Requests:
+    """What both kinds of requests share: one reusable ``ModelInferRequest`` per slot, updated
+    in place (a slot is used by one call at a time), and what it was last encoded to, dropped
+    whenever it changes.
 
-    A slot is used by one call at a time, so its message can be updated in place.
+    Args:
+        spec: The model.
+        requests: Each slot's request.
+    """
+
+    #: Whether the tensors travel in the requests, by value (else they are in the slots).
+    by_value = False
+    #: The path of the model's inference requests over HTTP (empty: over gRPC).
+    path = b""
+
+    def __init__(self, spec: ModelSpec, requests: list[service_pb2.ModelInferRequest]) -> None:
+        self._spec = spec
+        self._requests = requests
+        #: The shape of each input each slot's request was last sent with.
+        self._shapes: list[list[tuple[int, ...] | None]] = [
+            [None] * len(spec.inputs) for _ in requests
+        ]
+        #: Each slot's request encoded, while it is as last sent: its JSON for Triton's HTTP
+        #: endpoint (see :meth:`SlotRequests.body`), or by value, its head serialized.
+        self._encoded: list[bytes | None] = [None] * len(requests)
+
+    def write(
+        self,
+        slot: int,
+        views: SlotIO,
+        batch: Batch,
+        start: int,
+        stop: int,
+        request_id: str,
+        options: RequestOptions | None,
+    ) -> tuple[Any, list[int]]:
+        """Rows ``start:stop`` of ``batch`` on ``slot``: their inputs written into the slot's
+        ``views`` (by value: taken from the caller's arrays), and what is sent for them (a
+        copy of the slot's request with ``options``), with the bytes of each input."""
+        rows = stop - start if batch.batched else None
+        if self.by_value:
+            inputs: Any = batch.chunk_values(start, stop)
+        else:
+            inputs = batch.write_chunk(views, start, stop)
+        request = self._update(slot, rows, batch.sample_shapes, request_id)
+        return self._with_inputs(slot, request, inputs, options)
+
+    def _update(
+        self,
+        slot: int,
+        rows: int | None,
+        sample_shapes: Mapping[str, tuple[int, ...]],
+        request_id: str,
+    ) -> service_pb2.ModelInferRequest:
+        """The slot's request with this id and these shapes; what it was encoded to is
+        dropped if either changed."""
+        request = self._requests[slot]
+        if request.id != request_id:
+            request.id = request_id
+            self._encoded[slot] = None
+        if _reshape(request, self._spec, self._shapes[slot], rows, sample_shapes):
+            self._encoded[slot] = None
+        return request
+
+    def _with_inputs(
+        self, slot: int, request: Any, inputs: Any, options: RequestOptions | None
+    ) -> tuple[Any, list[int]]:
+        """What is sent for the chunk (see :meth:`write`)."""
+        raise NotImplementedError
+
+    def body(self, slot: int, request: Any) -> bytes | None:
+        """``request``, prepared on ``slot``, as Triton's JSON; ``None``: it goes over gRPC."""
+        return None
+
+
+class SlotRequests(_Requests):
+    """The requests that point Triton at each slot's tensors in shared memory: only shapes and
+    sizes change per call.
 
     Args:
         spec: The model.
@@ -49,20 +123,11 @@ class SlotRequests:
         slot_keys: Sequence[str],
         bases: Sequence[int],
     ) -> None:
-        self._spec = spec
-        self._requests = [
-            self._build(spec, layout, key, base) for key, base in zip(slot_keys, bases)
-        ]
-        slot_count = len(slot_keys)
-        # Shapes and byte sizes each slot's request was last sent with: most calls repeat them.
-        self._shapes: list[list[tuple[int, ...] | None]] = [
-            [None] * len(spec.inputs) for _ in range(slot_count)
-        ]
-        self._sizes: list[list[int]] = [[-1] * len(spec.inputs) for _ in range(slot_count)]
-        #: Each slot's request as Triton's JSON, while it is as last sent (see :meth:`body`).
-        self._bodies: list[bytes | None] = [None] * slot_count
-        #: The path of the model's inference requests over HTTP (empty: its name cannot be
-        #: in one, the requests go over gRPC).
+        super().__init__(
+            spec, [self._build(spec, layout, key, base) for key, base in zip(slot_keys, bases)]
+        )
+        # The byte sizes each slot's request was last sent with: most calls repeat them.
+        self._sizes: list[list[int]] = [[-1] * len(spec.inputs) for _ in slot_keys]
         self.path = http_path(spec.name, spec.version) or b""
 
     @staticmethod
@@ -83,22 +148,19 @@ class SlotRequests:
             ]
         return request
 
-    def write(
-        self,
-        slot: int,
-        views: SlotIO,
-        batch: Batch,
-        start: int,
-        stop: int,
-        request_id: str,
-        options: RequestOptions | None,
+    def _with_inputs(
+        self, slot: int, request: Any, inputs: Any, options: RequestOptions | None
     ) -> tuple[service_pb2.ModelInferRequest, list[int]]:
-        """Writes rows ``start:stop`` of ``batch`` into the slot's ``views``; returns the
-        slot's request for them (a copy with ``options``) and the bytes of each input."""
-        written = batch.write_chunk(views, start, stop)
-        rows = stop - start if batch.batched else None
-        request = self.prepare(slot, rows, batch.sample_shapes, written, request_id)
-        return (request if options is None else options.apply(request)), written
+        """The slot's request for inputs of ``inputs`` bytes each (a copy with ``options``):
+        the byte size of each input whose size changed since the slot's last request is set."""
+        last_sizes = self._sizes[slot]
+        for index in range(len(last_sizes)):
+            if last_sizes[index] != inputs[index]:
+                last_sizes[index] = inputs[index]
+                parameters = request.inputs[index].parameters
+                parameters["shared_memory_byte_size"].int64_param = inputs[index]
+                self._encoded[slot] = None
+        return (request if options is None else options.apply(request)), inputs
 
     def prepare(
         self,
@@ -108,7 +170,8 @@ class SlotRequests:
         byte_sizes: Sequence[int],
         request_id: str,
     ) -> service_pb2.ModelInferRequest:
-        """Returns the slot's request, updated for this chunk.
+        """Returns the slot's request, updated for inputs written into the slot by hand (a
+        lease's, the probe's).
 
         Args:
             slot: The slot.
@@ -117,60 +180,40 @@ class SlotRequests:
             byte_sizes: Bytes written for each input.
             request_id: Triton request id (may be empty).
         """
-        request = self._requests[slot]
-        if request.id != request_id:
-            request.id = request_id
-            self._bodies[slot] = None
-        if _reshape(request, self._spec, self._shapes[slot], rows, sample_shapes):
-            self._bodies[slot] = None
-        last_sizes = self._sizes[slot]
-        for index in range(len(last_sizes)):
-            if last_sizes[index] != byte_sizes[index]:
-                last_sizes[index] = byte_sizes[index]
-                parameters = request.inputs[index].parameters
-                parameters["shared_memory_byte_size"].int64_param = byte_sizes[index]
-                self._bodies[slot] = None
-        return request
+        request = self._update(slot, rows, sample_shapes, request_id)
+        return self._with_inputs(slot, request, byte_sizes, None)[0]
 
     def body(self, slot: int, request: service_pb2.ModelInferRequest) -> bytes | None:
         """``request``, prepared on ``slot``, as Triton's JSON (see
         :func:`.._wire._http.http_body`): written once per slot and shape while the slot's own
-        request is sent (a call with
-        options sends a copy, written each time)."""
+        request is sent (a call with options sends a copy, written each time)."""
         if not self.path:
             return None
         if request is not self._requests[slot]:
             return http_body(request)
-        body = self._bodies[slot]
+        body = self._encoded[slot]
         if body is None:
-            body = self._bodies[slot] = http_body(request)
+            body = self._encoded[slot] = http_body(request)
         return body
 
 
-class ValueRequests:
+class ValueRequests(_Requests):
     """The requests of a pool by value: each one's tensors in its own bytes, serialized here.
 
     Per slot, the request without its tensors (model, shapes, id) is serialized once per
     shape; a call appends its inputs' bytes as ``raw_input_contents`` fields (protobuf merges
     repeated fields written one after another), and Triton answers its outputs in the
-    response. Sent as bytes (see :attr:`.._wire._channel.Channel.infer_bytes`).
+    response. Sent as bytes, over gRPC (see :attr:`.._wire._channel.Channel.infer_bytes`).
 
     Args:
         spec: The model.
         slot_count: Slots of the pool.
     """
 
-    #: Requests by value go over gRPC.
-    path = b""
+    by_value = True
 
     def __init__(self, spec: ModelSpec, slot_count: int) -> None:
-        self._spec = spec
-        self._requests = [self._build(spec) for _ in range(slot_count)]
-        self._shapes: list[list[tuple[int, ...] | None]] = [
-            [None] * len(spec.inputs) for _ in range(slot_count)
-        ]
-        #: Each slot's request without its tensors, serialized, while it is as last sent.
-        self._heads: list[bytes | None] = [None] * slot_count
+        super().__init__(spec, [self._build(spec) for _ in range(slot_count)])
 
     @staticmethod
     def _build(spec: ModelSpec) -> service_pb2.ModelInferRequest:
@@ -181,44 +224,24 @@ class ValueRequests:
             request.outputs.add(name=tensor.name)
         return request
 
-    def write(
-        self,
-        slot: int,
-        views: SlotIO,
-        batch: Batch,
-        start: int,
-        stop: int,
-        request_id: str,
-        options: RequestOptions | None,
+    def _with_inputs(
+        self, slot: int, request: Any, inputs: Any, options: RequestOptions | None
     ) -> tuple[bytes, list[int]]:
-        """The serialized request of rows ``start:stop`` of ``batch`` on ``slot`` (``views``
-        holds nothing by value), and the bytes of each input."""
-        request = self._requests[slot]
-        rows = stop - start if batch.batched else None
-        changed = request.id != request_id
-        if changed:
-            request.id = request_id
-        if _reshape(request, self._spec, self._shapes[slot], rows, batch.sample_shapes) or changed:
-            self._heads[slot] = None  # also when this call, with options, does not cache it
-        if options is not None:
+        """The serialized request carrying ``inputs``, the chunk's values."""
+        if options is not None:  # a copy, serialized each time
             head = options.apply(request).SerializeToString()
         else:
-            head = self._heads[slot] or request.SerializeToString()
-            self._heads[slot] = head
-        values = batch.chunk_values(start, stop)
+            head = self._encoded[slot] or request.SerializeToString()
+            self._encoded[slot] = head
         parts: list[Any] = [head]
         written = []
-        for value in values:
+        for value in inputs:
             size = len(value)
             written.append(size)
             parts.append(_RAW_INPUT_TAG)
             parts.append(_varint(size))
             parts.append(value)
         return b"".join(parts), written
-
-    def body(self, slot: int, request: Any) -> bytes | None:
-        """Requests by value go over gRPC."""
-        return None
 
 
 def _reshape(

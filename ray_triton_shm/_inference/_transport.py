@@ -9,28 +9,34 @@ another file of the same name in another mount namespace). A memory Triton canno
 :class:`Unmappable` with the reason, and the next is tried; by value always works.
 ``transport="shm"`` stops with :class:`SharedMemoryUnreachableError` instead, naming the node
 and the reasons.
+
+Whether Triton opens a region made here at all, without a pool (a pool by value asking again,
+the doctor), is :func:`region_refusal`.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import secrets
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 import numpy as np
+from tritonclient.grpc import service_pb2
 
 from .._exceptions import ModelSpecError, SharedMemoryUnreachableError, TritonServerError
-from .._slots._memory import CUDA, INLINE, SYSTEM, SlotMemory
+from .._slots._memory import BY_VALUE, CUDA, SYSTEM, SlotMemory
+from .._slots._shm import SHM_DIR, SharedMemoryRegion, new_region_name
 from .._slots._specs import ModelSpec
 from .._wire._triton_errors import status_and_message
 from ._requests import SlotRequests
 
 __all__ = [
-    "AUTO",
+    "AUTO_TRANSPORT",
     "INLINE",
     "SHM",
     "TRANSPORTS",
@@ -39,16 +45,26 @@ __all__ = [
     "attempts",
     "check_transport",
     "probe",
+    "region_refusal",
     "unreachable_error",
 ]
 
-AUTO, SHM = "auto", "shm"
+#: ``transport="auto"``: shared memory where Triton proves it maps this process's, else by
+#: value (:func:`attempts`).
+AUTO_TRANSPORT = "auto"
+#: ``transport="shm"``: through shared memory Triton maps, or an error.
+SHM = "shm"
+#: ``transport="inline"``: by value, in the requests (a pool whose memory is
+#: :data:`.._slots._memory.BY_VALUE`).
+INLINE = "inline"
 #: What ``transport=`` takes.
-TRANSPORTS = (AUTO, SHM, INLINE)
+TRANSPORTS = (AUTO_TRANSPORT, SHM, INLINE)
 #: How long the probe request waits for Triton's answer.
 PROBE_TIMEOUT_S = 30.0
 #: The id of the probe request, as Triton logs it.
 PROBE_REQUEST_ID = "ray-triton-shm-probe"
+#: The size of a region made only to see whether Triton opens it (:func:`region_refusal`).
+_TRIAL_BYTES = 4096
 
 
 @dataclass(frozen=True)
@@ -65,7 +81,7 @@ class Transport:
 
     kind: str
     reason: str
-    asked: str = AUTO
+    asked: str = AUTO_TRANSPORT
 
     @property
     def by_value(self) -> bool:
@@ -104,9 +120,9 @@ def attempts(transport: str, memory: str) -> tuple[str, ...]:
     """The memories a pool tries, in order, for ``transport=`` and ``memory=``: where Triton
     cannot map one, the next (GPU memory falls back to system memory, then by value)."""
     if transport == INLINE:
-        return (INLINE,)
+        return (BY_VALUE,)
     shared = (CUDA, SYSTEM) if memory == CUDA else (SYSTEM,)
-    return shared if transport == SHM else (*shared, INLINE)
+    return shared if transport == SHM else (*shared, BY_VALUE)
 
 
 def node_name() -> str:
@@ -146,6 +162,46 @@ def refusal_reason(url: str, region: str, refusal: BaseException) -> str:
         "it runs on another host, in another /dev/shm (a container, a mount namespace), or as "
         "a user that cannot open it"
     )
+
+
+def region_refusal(
+    stub: Any,
+    metadata: Any,
+    timeout_s: float,
+    *,
+    label: str,
+    mode: int = 0o600,
+    then: Callable[[str], object] | None = None,
+) -> grpc.RpcError | None:
+    """Whether Triton opens a region made here now: a small one of ``mode``, registered (and
+    ``then`` called with its name while it is), then unregistered and removed.
+
+    Returns:
+        Triton's refusal, or ``None`` if it registered the region.
+    """
+    region = SharedMemoryRegion.create(new_region_name(label), _TRIAL_BYTES)
+    try:
+        os.chmod(SHM_DIR / region.name, mode)
+        request = service_pb2.SystemSharedMemoryRegisterRequest(
+            name=region.name, key=region.key, offset=0, byte_size=region.size
+        )
+        try:
+            stub.SystemSharedMemoryRegister(request, metadata=metadata, timeout=timeout_s)
+        except grpc.RpcError as exc:
+            return exc
+        try:
+            if then is not None:
+                then(region.name)
+        finally:
+            stub.SystemSharedMemoryUnregister(
+                service_pb2.SystemSharedMemoryUnregisterRequest(name=region.name),
+                metadata=metadata,
+                timeout=timeout_s,
+            )
+        return None
+    finally:
+        region.close()
+        region.unlink()
 
 
 def probe(

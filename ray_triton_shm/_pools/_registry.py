@@ -32,6 +32,7 @@ from .._inference._model_change import Registration
 from .._inference._model_pool import ModelPool, PoolRetired
 from .._inference._options import RequestOptions
 from .._inference._transport import (
+    INLINE,
     SHM,
     Transport,
     Unmappable,
@@ -42,10 +43,10 @@ from .._inference._transport import (
 )
 from .._slots._header import RegionHeader
 from .._slots._memory import (
+    BY_VALUE,
     CUDA,
-    INLINE,
     SYSTEM,
-    InlineMemory,
+    ByValueMemory,
     SlotMemory,
     check_numeric,
     new_memory,
@@ -327,7 +328,7 @@ class Registry:
         layout = SlotLayout.for_model(spec)
         try:
             if transport is not None and transport.by_value:
-                memory: SlotMemory = InlineMemory(region, layout, slot_count)
+                memory: SlotMemory = ByValueMemory(region, layout, slot_count)
             else:
                 memory = open_memory(region, layout, slot_count)
         except BaseException:
@@ -363,7 +364,7 @@ class Registry:
             model_version=spec.version,
             transport=INLINE,
         )
-        pool = self._create_in(INLINE, spec, slot_count, registration, 0, None, [reason])
+        pool = self._create_in(BY_VALUE, spec, slot_count, registration, 0, None, [reason])
         logger.info("ray-triton-shm: model %r sends its tensors by value: %s", spec.name, reason)
         self._install(pool)
 
@@ -467,30 +468,8 @@ class Registry:
         layout = SlotLayout.for_model(spec)
         if kind == CUDA:
             check_numeric(spec)
-        if isinstance(sizing, SlotAutoscaling):
-            capacity = sizing.max_slots
-            count = min(max(initial or sizing.min_slots, sizing.min_slots), capacity)
-        else:
-            capacity = count = sizing
-        size = region_bytes(kind, layout, capacity)
-        backed = region_bytes(kind, layout, count)
-        if kind != INLINE:
-            where = "" if kind == SYSTEM else " (their table; the slots are on the GPU)"
-            ensure_room(
-                backed,
-                what=f"model {spec.name!r}: a pool of {count} slot(s) of "
-                f"{mib(layout.slot_bytes)}" + where,
-                model=spec.name,
-                fix="register the model with a smaller pool_size, min_slots or max_batch_size",
-            )
-        if self._crash_cleanup:  # by value too: its region's file is ours to unlink
-            watch(None if kind == INLINE else self._triton.url)
-        region = SharedMemoryRegion.create(
-            new_region_name(spec.name),
-            size,
-            slots=capacity if kind == SYSTEM else 0,
-            backed=backed,
-        )
+        count, capacity = _slot_counts(sizing, initial)
+        region = self._new_region(kind, spec, layout, count, capacity)
         try:
             memory = new_memory(
                 kind,
@@ -508,25 +487,10 @@ class Registry:
         keys = [slot_key(region.name, slot) for slot in range(capacity)]
         registered = False
         try:
-            if kind == INLINE:
-                asked = registration.transport
-                why = "; ".join(reasons) or f"transport={asked!r} was asked for"
-            else:
+            if kind != BY_VALUE:
                 self.register_slots(memory, keys, model=spec.name)
                 registered = True
-                if kind == SYSTEM:
-                    why = probe(
-                        self._triton.stub,
-                        self._triton.metadata(),
-                        memory,
-                        spec,
-                        keys[0],
-                        self._triton.url,
-                    )
-                    self._triton.prove_http(keys[0])
-                    why = "; ".join([*reasons, why])  # after GPU memory it could not open
-                else:
-                    why = f"Triton at {self._triton.url} opened the GPU memory of every slot"
+            why = self._proof(kind, spec, memory, keys[0], registration, reasons)
             header = RegionHeader(region.buffer, capacity)
             header.set_size(count)
             header.set_bounds(count if isinstance(sizing, int) else sizing.min_slots)
@@ -539,14 +503,16 @@ class Registry:
                 registration=registration,
                 generation=generation,
                 sizing=sizing,
-                transport=Transport(INLINE if kind == INLINE else SHM, why, registration.transport),
+                transport=Transport(
+                    INLINE if kind == BY_VALUE else SHM, why, registration.transport
+                ),
             )
             pool.following.next_check = time.monotonic() + (self._config_check_interval_s or 0)
             pool.following.probed_at = time.monotonic()
         except BaseException as exc:
             # Registered, or interrupted (Ctrl-C) while Triton may have been registering it.
             held: list[int] = []
-            if kind != INLINE and (registered or not isinstance(exc, Exception)):
+            if kind != BY_VALUE and (registered or not isinstance(exc, Exception)):
                 held = unregister_slots(
                     self._triton.stub, memory, keys, self._triton.keys.metadata()
                 )
@@ -559,6 +525,59 @@ class Registry:
         if isinstance(sizing, SlotAutoscaling):
             self._scaler.watch(pool, sizing)
         return pool
+
+    def _new_region(
+        self, kind: str, spec: ModelSpec, layout: SlotLayout, count: int, capacity: int
+    ) -> SharedMemoryRegion:
+        """The region of a new pool in memory of ``kind``: room for ``capacity`` slots, backed
+        for ``count`` of them (checked against ``/dev/shm``), watched if this process dies.
+
+        Raises:
+            SharedMemoryFullError: ``/dev/shm`` has no room for ``count`` slots.
+        """
+        if kind != BY_VALUE:
+            where = "" if kind == SYSTEM else " (their table; the slots are on the GPU)"
+            ensure_room(
+                region_bytes(kind, layout, count),
+                what=f"model {spec.name!r}: a pool of {count} slot(s) of "
+                f"{mib(layout.slot_bytes)}" + where,
+                model=spec.name,
+                fix="register the model with a smaller pool_size, min_slots or max_batch_size",
+            )
+        if self._crash_cleanup:  # by value too: its region's file is ours to unlink
+            watch(None if kind == BY_VALUE else self._triton.url)
+        return SharedMemoryRegion.create(
+            new_region_name(spec.name),
+            region_bytes(kind, layout, capacity),
+            slots=capacity if kind == SYSTEM else 0,
+            backed=region_bytes(kind, layout, count),
+        )
+
+    def _proof(
+        self,
+        kind: str,
+        spec: ModelSpec,
+        memory: SlotMemory,
+        key: str,
+        registration: Registration,
+        reasons: Sequence[str],
+    ) -> str:
+        """Why a new pool in memory of ``kind`` reaches Triton as it does: Triton proves it
+        maps system memory (a probe request lands in the slot registered as ``key``) and
+        opened GPU memory (registered); a pool by value says why (``reasons`` the others
+        failed).
+
+        Raises:
+            Unmappable: the probe request did not land in the slot.
+        """
+        if kind == BY_VALUE:
+            return "; ".join(reasons) or f"transport={registration.transport!r} was asked for"
+        if kind != SYSTEM:
+            return f"Triton at {self._triton.url} opened the GPU memory of every slot"
+        triton = self._triton
+        why = probe(triton.stub, triton.metadata(), memory, spec, key, triton.url)
+        triton.prove_http(key)
+        return "; ".join([*reasons, why])  # after GPU memory it could not open
 
     def register_slots(
         self,
@@ -733,6 +752,15 @@ class Registry:
         """:meth:`Follower.maybe_check` and :meth:`Rerouter.maybe_reprobe`."""
         self._follower.maybe_check(pool)
         self._rerouter.maybe_reprobe(pool)
+
+
+def _slot_counts(sizing: int | SlotAutoscaling, initial: int | None) -> tuple[int, int]:
+    """A new pool's slots now (one that follows its load: ``initial``, within its bounds),
+    and the most it may have (its region's room)."""
+    if isinstance(sizing, SlotAutoscaling):
+        most = sizing.max_slots
+        return min(max(initial or sizing.min_slots, sizing.min_slots), most), most
+    return sizing, sizing
 
 
 def _sizing_text(sizing: int | SlotAutoscaling | None) -> str:

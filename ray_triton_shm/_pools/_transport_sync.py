@@ -10,15 +10,18 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from .._inference._model_pool import ModelPool
-from .._inference._transport import AUTO, SHM, Unmappable, unreachable_error
-from .._slots._memory import SlotMemory
-from .._slots._shm import SharedMemoryRegion, new_region_name
-from .._slots._specs import REGION_HEADER_BYTES, SlotLayout
+from .._inference._transport import (
+    AUTO_TRANSPORT,
+    SHM,
+    Unmappable,
+    region_refusal,
+    unreachable_error,
+)
+from .._slots._memory import CALL_TIMEOUT_S
 from .._wire._channel import Channel
-from ._abandoned import unregister_slots
 from ._model_sync import Replace
 
 __all__ = ["Rerouter"]
@@ -114,7 +117,7 @@ class Rerouter:
 
     @staticmethod
     def _may_move(pool: ModelPool) -> bool:
-        return pool.by_value and pool.transport.asked == AUTO and pool.owned
+        return pool.by_value and pool.transport.asked == AUTO_TRANSPORT and pool.owned
 
     def _reprobe_quietly(self, pool: ModelPool) -> None:
         try:
@@ -132,19 +135,10 @@ class Rerouter:
         return None if new.by_value else new
 
     def _maps_shared_memory(self) -> bool:
-        """Whether Triton opens a region of this process now: a small one, registered and
-        unregistered at once."""
-        region = SharedMemoryRegion.create(new_region_name("probe"), REGION_HEADER_BYTES)
+        """Whether Triton opens a region of this process now (see :func:`region_refusal`)."""
+        triton = self._triton
         try:
-            memory = SlotMemory(region, SlotLayout({}, {}, {}, 0), 0)
-            keys: Sequence[str] = [region.name]
-            try:
-                self._register_slots(memory, keys, model=region.name)
-            except Exception:  # Unmappable, or Triton away or refusing: the next look tells
-                return False
-            metadata = self._triton.keys.metadata()
-            unregister_slots(self._triton.stub, memory, list(keys), metadata)
-            return True
-        finally:
-            region.unlink()
-            region.close()
+            refusal = region_refusal(triton.stub, triton.metadata(), CALL_TIMEOUT_S, label="probe")
+        except Exception:  # Triton away, or /dev/shm full: the next look tells
+            return False
+        return refusal is None

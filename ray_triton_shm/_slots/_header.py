@@ -54,7 +54,8 @@ _MAX_WAITING, _RETIRED, _MEMORY = 0, 1, 3
 _SIZE, _MIN_SIZE, _LIMITED, _GROWS, _SHRINKS = 4, 5, 6, 7, 8
 #: Why a pool's growth stopped short of its callers, as the header word ``_LIMITED`` stores it.
 LIMITS = ("", "max_slots", "shm_budget", "shm_full", "upscale_delay_s")
-#: The kinds of memory a region's slots live in, as the header word ``_MEMORY`` stores them.
+#: The kinds of memory a region's slots live in, as the header word ``_MEMORY`` stores them
+#: (their index: other versions read it; ``"inline"`` is a pool by value's).
 _MEMORY_KINDS = ("system", "cuda", "inline")
 #: Failed calls by kind (see :func:`.._exceptions.error_kind`), one word each from ``_FAILURES``:
 #: written by any process, under the region's mutex.
@@ -145,12 +146,13 @@ class RegionHeader:
 
     def set_memory(self, kind: str) -> None:
         """Records where the slots' bytes live (``"system"``, ``"cuda"``, or ``"inline"``: in
-        the requests themselves; by the owner)."""
+        the requests themselves, by value; by the owner)."""
         self._word[_MEMORY] = _MEMORY_KINDS.index(kind)
 
     @property
     def memory(self) -> str:
-        """Where the slots' bytes live: ``"system"`` (after the header) or ``"cuda"``."""
+        """Where the slots' bytes live: ``"system"`` (after the header), ``"cuda"``, or
+        ``"inline"`` (by value: in the requests)."""
         return _MEMORY_KINDS[self._word[_MEMORY]]
 
     # ---------------------------------------------------------------- the pool's size
@@ -344,11 +346,6 @@ class RegionHeader:
             name: self._slots[:, first : first + _BUCKETS].sum(axis=0)
             for name, first in HISTOGRAMS.items()
         }
-
-    def wait_quantile_s(self, q: float) -> float:
-        """The ``q`` quantile of the waits for a slot, in seconds (the bucket's upper bound;
-        ``0.0`` if nobody waited). Requests that found a slot free do not count."""
-        return _quantile_s(self._slots[:, _WAIT_BUCKETS:_SETTLE_BUCKETS], q)
 
     def settle_quantile_s(self, q: float) -> float:
         """The ``q`` quantile of how long abandoned slots waited for Triton, in seconds (the

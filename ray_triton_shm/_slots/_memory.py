@@ -19,7 +19,7 @@ and the region's file holds, after the header, a table every process reads to us
 UUID, the slot size, and each slot's IPC handle. The owner allocates and exports; every other
 process opens the handles once (:meth:`CudaMemory.attach`), on the GPU it finds by UUID.
 
-A pool **by value** (:class:`InlineMemory`) has a region of its header alone: its slots are
+A pool **by value** (:class:`ByValueMemory`) has a region of its header alone: its slots are
 locks that bound the requests in flight (on a node, over every process), and nothing is
 registered in Triton.
 """
@@ -42,14 +42,14 @@ from ._shm import SharedMemoryRegion
 from ._specs import REGION_HEADER_BYTES, SLOT_ALIGNMENT, ModelSpec, SlotLayout, TensorSpec
 
 __all__ = [
+    "BY_VALUE",
     "CUDA",
     "CUDA_PREVIEW",
     "MEMORY_KINDS",
     "SYSTEM",
+    "ByValueMemory",
     "CudaMemory",
     "CudaSlotViews",
-    "INLINE",
-    "InlineMemory",
     "SlotIO",
     "SlotMemory",
     "SlotViews",
@@ -61,8 +61,9 @@ __all__ = [
 ]
 
 SYSTEM, CUDA = "system", "cuda"
-#: Where the slots of a pool by value "live": in the requests themselves.
-INLINE = "inline"
+#: The memory of a pool whose tensors travel by value, in the requests: its slots hold none.
+#: Its word is ``"inline"``, the transport it makes (as headers, stats and metrics say it).
+BY_VALUE = "inline"
 #: What ``memory=`` takes.
 MEMORY_KINDS = (SYSTEM, CUDA)
 #: What GPU memory is worth as long as its GPU tests have not passed on a GPU: said by
@@ -551,11 +552,11 @@ class _NoViews:
         """Nothing to free."""
 
 
-class InlineMemory(SlotMemory):
+class ByValueMemory(SlotMemory):
     """The slots of a pool whose tensors go by value, in the requests: locks in a region of
     the header alone, which Triton never maps (nothing is registered in it)."""
 
-    kind = INLINE
+    kind = BY_VALUE
 
     def views(self, spec: ModelSpec) -> list[SlotIO]:
         return [_NoViews()] * self.slot_count
@@ -590,9 +591,9 @@ def new_memory(
     is allocated here), said in the region's header for the processes that attach it."""
     if kind == SYSTEM:
         return SlotMemory(region, layout, slot_count)
-    if kind == INLINE:
-        RegionHeader(region.buffer, slot_count).set_memory(INLINE)
-        return InlineMemory(region, layout, slot_count)
+    if kind == BY_VALUE:
+        RegionHeader(region.buffer, slot_count).set_memory(BY_VALUE)
+        return ByValueMemory(region, layout, slot_count)
     assert triton_device_id is not None
     device = _cuda.find_device(gpu)
     return CudaMemory.create(region, layout, slot_count, device, triton_device_id, model=model)
@@ -603,8 +604,8 @@ def open_memory(region: SharedMemoryRegion, layout: SlotLayout, slot_count: int)
     kind = RegionHeader(region.buffer, slot_count).memory
     if kind == CUDA:
         return CudaMemory.attach(region, layout, slot_count)
-    if kind == INLINE:
-        return InlineMemory(region, layout, slot_count)
+    if kind == BY_VALUE:
+        return ByValueMemory(region, layout, slot_count)
     return SlotMemory(region, layout, slot_count)
 
 

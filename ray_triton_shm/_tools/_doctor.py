@@ -36,24 +36,15 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from importlib import metadata as importlib_metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc
 from tritonclient.grpc import service_pb2
 
 from .._defaults import DEFAULT_URL, HTTP_URL_ENV_VAR, URL_ENV_VAR
-from .._inference._transport import AUTO, TRANSPORTS
-from .._slots._memory import INLINE, SYSTEM, region_bytes
-from .._slots._shm import (
-    DEAD,
-    SHM_DIR,
-    SharedMemoryRegion,
-    mib,
-    new_region_name,
-    object_store_in_dev_shm,
-    own_raylet,
-    shm_space,
-)
+from .._inference._transport import AUTO_TRANSPORT, INLINE, TRANSPORTS, region_refusal
+from .._slots._memory import BY_VALUE, SYSTEM, region_bytes
+from .._slots._shm import DEAD, SHM_DIR, mib, object_store_in_dev_shm, own_raylet, shm_space
 from .._slots._sizing import default_autoscaling
 from .._slots._specs import SlotLayout, resolve_model_spec
 from .._wire._channel import Channel
@@ -67,35 +58,15 @@ from .._wire._triton_errors import (
     status_and_message,
     translate_error,
 )
-from ._doctor_report import (
-    FAIL,
-    OK,
-    SKIP,
-    WARN,
-    CheckResult,
-    NodeReport,
-    format_reports,
-    transport_result,
-)
+from ._doctor_report import FAIL, OK, SKIP, WARN, CheckResult, NodeReport, transport_result
 from ._region_status import region_status
 
-__all__ = [
-    "FAIL",
-    "OK",
-    "SKIP",
-    "WARN",
-    "CheckResult",
-    "NodeReport",
-    "check_node",
-    "format_reports",
-    "url_for_node",
-]
+__all__ = ["check_node", "url_for_node"]
 
 #: Below this much ``/dev/shm`` with nothing else known, it is most likely Docker's default.
 _DOCKER_DEFAULT_SHM = 64 * 2**20
 #: A model no Triton serves: a call about it that Triton answers "unknown" was allowed.
 _NO_MODEL = "__ray_triton_shm_doctor__"
-_PROBE_BYTES = 4096
 
 
 def url_for_node(url: str | None) -> tuple[str, str]:
@@ -121,7 +92,7 @@ def check_node(
     private_key: str | None = None,
     certificate_chain: str | None = None,
     tls_dir: str | None = None,
-    transport: str = AUTO,
+    transport: str = AUTO_TRANSPORT,
 ) -> NodeReport:
     """Runs every check on this machine.
 
@@ -154,41 +125,19 @@ def check_node(
         raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
     started = time.monotonic()
     chosen, source = url_for_node(url)
-    try:
-        keys, keys_error = Keys(environ=True), None
-    except ValueError as exc:  # names the directory, never a value
-        keys, keys_error = Keys(environ=True, files=False), str(exc)
-    store = object_store_bytes
-    checks: list[CheckResult] = []
+    keys, keys_error = _node_keys()
     given = {
         "ssl": ssl or any(f is not None for f in (root_certificates, private_key)),
         "root_certificates": root_certificates,
         "private_key": private_key,
         "certificate_chain": certificate_chain,
     }
-    try:
-        tls: TlsFiles | None = TlsFiles.from_options(given, tls_dir)
-        tls_error = None
-    except ValueError as exc:
-        tls, tls_error = None, str(exc)
+    tls = _node_tls(given, tls_dir)
     # The doctor waits out no restart: an unreachable Triton fails within timeout_s.
-    with contextlib.closing(Channel.open(chosen, tls, keys, reconnect_timeout_s=0.0)) as channel:
+    with contextlib.closing(Channel.open(chosen, tls[0], keys, reconnect_timeout_s=0.0)) as channel:
         triton = _Triton(channel, timeout_s, keys_error, node)
-        for name, run in (
-            ("tls", lambda: _check_tls(triton, tls, tls_error)),
-            ("triton", triton.check),
-            ("region", lambda: _check_region(triton, transport)),
-            ("http", lambda: _check_http(triton, tls)),
-            ("keys", lambda: _check_keys(triton)),
-            ("models", lambda: _check_models(triton, list(models or {}))),
-            ("dev_shm", lambda: _check_dev_shm(triton, models or {}, held or {}, store)),
-            ("leftovers", lambda: _check_leftovers(triton)),
-            ("versions", lambda: _check_versions(triton)),
-        ):
-            try:
-                checks.append(run())
-            except Exception as exc:
-                checks.append(CheckResult(name, FAIL, f"the check itself failed: {exc!r}"))
+        pools = _Pools(models or {}, held or {}, object_store_bytes)
+        checks = _run_checks(triton, tls, transport, pools)
     return NodeReport(
         node=node,
         hostname=socket.gethostname(),
@@ -197,6 +146,54 @@ def check_node(
         checks=checks,
         elapsed_s=round(time.monotonic() - started, 3),
     )
+
+
+def _node_keys() -> tuple[Keys, str | None]:
+    """The keys this node's clients send, and why its key files cannot be read, if not."""
+    try:
+        return Keys(environ=True), None
+    except ValueError as exc:  # names the directory, never a value
+        return Keys(environ=True, files=False), str(exc)
+
+
+def _node_tls(given: dict[str, Any], tls_dir: str | None) -> tuple[TlsFiles | None, str | None]:
+    """The TLS files this node's clients use (``None``: plain gRPC), and why they cannot be
+    read, if not."""
+    try:
+        return TlsFiles.from_options(given, tls_dir), None
+    except ValueError as exc:
+        return None, str(exc)
+
+
+class _Pools(NamedTuple):
+    """What the node holds and would hold in ``/dev/shm`` (see :func:`check_node`)."""
+
+    models: Mapping[str, int | None]
+    held: Mapping[str, int]
+    object_store_bytes: int
+
+
+def _run_checks(
+    triton: _Triton, tls: tuple[TlsFiles | None, str | None], transport: str, pools: _Pools
+) -> list[CheckResult]:
+    """Every check, in order: a check that raises fails, saying so, and the next runs."""
+    checks: list[CheckResult] = []
+    for name, run in (
+        ("tls", lambda: _check_tls(triton, *tls)),
+        ("triton", triton.check),
+        ("region", lambda: _check_region(triton, transport)),
+        ("http", lambda: _check_http(triton, tls[0])),
+        ("keys", lambda: _check_keys(triton)),
+        ("models", lambda: _check_models(triton, list(pools.models))),
+        ("dev_shm", lambda: _check_dev_shm(triton, pools)),
+        ("leftovers", lambda: _check_leftovers(triton)),
+        ("versions", lambda: _check_versions(triton)),
+    ):
+        try:
+            checks.append(run())
+        except Exception as exc:
+            checks.append(CheckResult(name, FAIL, f"the check itself failed: {exc!r}"))
+    return checks
 
 
 def _check_tls(triton: _Triton, tls: TlsFiles | None, error: str | None) -> CheckResult:
@@ -424,34 +421,11 @@ def _transport(triton: _Triton, result: CheckResult) -> CheckResult:
 def _register_probe(
     triton: _Triton, *, mode: int, then: Callable[[str], object] | None = None
 ) -> grpc.RpcError | None:
-    """Makes a region, registers it in Triton (and calls ``then`` with its name while it is
-    registered), then unregisters and removes it.
-
-    Returns:
-        Triton's refusal, or ``None`` if it registered the region.
-    """
-    region = SharedMemoryRegion.create(new_region_name("doctor"), _PROBE_BYTES)
-    try:
-        os.chmod(SHM_DIR / region.name, mode)
-        request = service_pb2.SystemSharedMemoryRegisterRequest(
-            name=region.name, key=region.key, offset=0, byte_size=region.size
-        )
-        try:
-            triton.call("SystemSharedMemoryRegister", request)
-        except grpc.RpcError as exc:
-            return exc
-        try:
-            if then is not None:
-                then(region.name)
-        finally:
-            triton.call(
-                "SystemSharedMemoryUnregister",
-                service_pb2.SystemSharedMemoryUnregisterRequest(name=region.name),
-            )
-        return None
-    finally:
-        region.close()
-        region.unlink()
+    """Triton's refusal of a region of ``mode`` made here, or ``None`` (see
+    :func:`region_refusal`)."""
+    metadata = triton.channel.metadata()
+    stub = triton.channel.stub
+    return region_refusal(stub, metadata, triton.timeout_s, label="doctor", mode=mode, then=then)
 
 
 def _check_http(triton: _Triton, tls: TlsFiles | None) -> CheckResult:
@@ -611,12 +585,8 @@ def _served_models(triton: _Triton) -> list[str] | None:
 # ---- /dev/shm -------------------------------------------------------------------------
 
 
-def _check_dev_shm(
-    triton: _Triton,
-    models: Mapping[str, int | None],
-    held: Mapping[str, int],
-    object_store_bytes: int,
-) -> CheckResult:
+def _check_dev_shm(triton: _Triton, pools: _Pools) -> CheckResult:
+    models, held, object_store_bytes = pools
     space = shm_space()
     if space is None:
         return CheckResult("dev_shm", WARN, f"{SHM_DIR} cannot be read: is it mounted?")
@@ -707,7 +677,7 @@ def _pool_sizes(
             unsized[model] = str(exc)
             continue
         layout, elastic = SlotLayout.for_model(spec), default_autoscaling()
-        kind = INLINE if triton.by_value else SYSTEM  # by value: a region of the header alone
+        kind = BY_VALUE if triton.by_value else SYSTEM  # by value: a region of the header alone
         least[model] = region_bytes(kind, layout, pool_size or elastic.min_slots)
         sizes[model] = region_bytes(kind, layout, pool_size or elastic.max_slots)
     return least, sizes, unsized

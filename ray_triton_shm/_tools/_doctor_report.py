@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .._inference._transport import AUTO, INLINE, SHM
+from .._inference._transport import AUTO_TRANSPORT, INLINE, SHM
 
 __all__ = [
     "FAIL",
@@ -105,7 +105,7 @@ def transport_result(
         return CheckResult("region", OK, summary, "", details)
     if mapped:
         return CheckResult("region", OK, f"transport {asked}: shm, because {found}", "", details)
-    if asked == AUTO:
+    if asked == AUTO_TRANSPORT:
         summary = (
             f"transport auto: inline, because {found}: models send their tensors by value, in "
             "each request (as plain gRPC does)"

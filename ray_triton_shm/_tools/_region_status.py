@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from tritonclient.utils import InferenceServerException
 
 from .._defaults import DEFAULT_URL
-from .._inference._transport import SHM
+from .._inference._transport import INLINE, SHM
 from .._pools._reclaim import headers_for_tool, registrations
 from .._slots._header import RegionHeader
-from .._slots._memory import INLINE
+from .._slots._memory import BY_VALUE
 from .._slots._shm import (
     SHM_DIR,
     list_local_regions,
@@ -133,4 +133,4 @@ def _transport(name: str) -> str | None:
         memory = RegionHeader(header, 0).memory
     except IndexError:  # not a memory kind: not a pool's header
         return None
-    return INLINE if memory == INLINE else SHM
+    return INLINE if memory == BY_VALUE else SHM

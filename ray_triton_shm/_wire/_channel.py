@@ -15,12 +15,11 @@ from typing import Any, TypeVar
 
 import grpc
 from google.protobuf.json_format import MessageToJson
-from tritonclient._request import Request
-from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.grpc import Request, service_pb2, service_pb2_grpc
 
 from .._exceptions import AccessDeniedError, TritonServerError
-from ._http import AUTO, HttpRoute, default_http_url, http_headers, prove_same_triton
-from ._keys import Keys, Metadata, normalize
+from ._http import AUTO_HTTP_URL, HttpRoute, default_http_url, http_headers, prove_same_triton
+from ._keys import Keys, Metadata, RedactedHeaders, normalize
 from ._reconnect import Reconnect, channel_options
 from ._tls import ReloadingChannel, TlsFiles, diagnose
 from ._triton_errors import translate_error
@@ -74,8 +73,9 @@ class Channel:
             speaks TLS: :func:`._tls.diagnose` says so).
         reconnect_timeout_s: How long a request waits for an unreachable Triton by default.
         http_url: Triton's HTTP endpoint for inference requests (see :meth:`prove_http`):
-            :data:`~._http.AUTO` for ``$RAY_TRITON_SHM_HTTP_URL``, else where Triton puts it
-            by default (the port before gRPC's), ``"host:port"``, or ``None`` for gRPC alone.
+            :data:`~._http.AUTO_HTTP_URL` for ``$RAY_TRITON_SHM_HTTP_URL``, else where Triton
+            puts it by default (the port before gRPC's), ``"host:port"``, or ``None`` for gRPC
+            alone.
     """
 
     def __init__(
@@ -124,7 +124,7 @@ class Channel:
         """
         if self.http is not None or self._http_url is None or self._http_closed:
             return
-        explicit = self._http_url != AUTO
+        explicit = self._http_url != AUTO_HTTP_URL
         if not self.plain:
             reason = "TLS: the HTTP route is plain text, requests stay on gRPC"
             if explicit:
@@ -214,6 +214,11 @@ class Channel:
         if self.plugin is not None:
             self.plugin(request)
         return Metadata((request.headers or {}).items())
+
+    def headers_plugin(self, request: Request) -> None:
+        """A tritonclient plugin (``client.register_plugin``): the headers of tritonclient's
+        own calls become :meth:`metadata`'s, the keys with the call's headers over them."""
+        request.headers = RedactedHeaders(self.metadata(request.headers))
 
     def reconnect(
         self,

@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import json
 import os
-import re
 import socket
 import threading
 import weakref
@@ -34,9 +33,11 @@ import grpc
 from tritonclient.grpc import service_pb2
 
 from .._defaults import HTTP_URL_ENV_VAR
+from ._keys import GRPC_KEY_PREFIX
+from ._triton_errors import header_named_as_grpc
 
 __all__ = [
-    "AUTO",
+    "AUTO_HTTP_URL",
     "Answer",
     "HttpError",
     "HttpResponse",
@@ -55,7 +56,7 @@ __all__ = [
 #: ``http_url="auto"``: Triton's HTTP endpoint at ``$RAY_TRITON_SHM_HTTP_URL``, else where
 #: Triton puts it by default, on the port before its gRPC port (8000 and 8001), used once
 #: proven to be the same Triton (:func:`default_http_url`, :func:`prove_same_triton`).
-AUTO = "auto"
+AUTO_HTTP_URL = "auto"
 
 #: The outputs of one answer: name, datatype, shape and inline contents (empty for an output
 #: Triton wrote into the slot), in the request's order.
@@ -75,9 +76,6 @@ _STATUS = {
     503: grpc.StatusCode.UNAVAILABLE,
 }
 _RECEIVE_BYTES = 1 << 16
-_GRPC_KEY_PREFIX = "triton-grpc-protocol-"
-#: Triton's refusal of a restricted API over HTTP, which names the key's HTTP header.
-_RESTRICTED = re.compile(r"(is restricted, expecting header )'([^']*)'")
 #: What a name in a request's path may not hold, as Triton reads paths.
 _UNSAFE = frozenset(' /?#%"<>\\^`{|}')
 
@@ -117,7 +115,7 @@ def http_headers(metadata: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
     """A gRPC call's metadata as the headers of the same call over HTTP: a key of Triton's
     restricted protocols, ``triton-grpc-protocol-<key>`` over gRPC, is ``<key>`` over HTTP
     (``--grpc-restricted-protocol`` and ``--http-restricted-api`` name the same ``<key>``)."""
-    return [(name.removeprefix(_GRPC_KEY_PREFIX), value) for name, value in metadata]
+    return [(name.removeprefix(GRPC_KEY_PREFIX), value) for name, value in metadata]
 
 
 def default_http_url(grpc_url: str) -> str:
@@ -266,9 +264,7 @@ class HttpResponse:
         except (ValueError, KeyError, TypeError):
             message = self.body.decode(errors="replace").strip() or f"HTTP {self.status}"
         code = _STATUS.get(self.status, grpc.StatusCode.UNKNOWN)
-        # The keys are named as gRPC sends them everywhere else (see http_headers).
-        message = _RESTRICTED.sub(rf"\1'{_GRPC_KEY_PREFIX}\2'", message)
-        return HttpError(code, message, answered=True)
+        return HttpError(code, header_named_as_grpc(message), answered=True)
 
 
 def _head(head: bytes) -> tuple[int, int | None, int | None, bool, bool]:
@@ -308,6 +304,18 @@ def _dechunk(data: bytes) -> tuple[bytes, int] | None:
             return None
         body += data[start : start + size]
         offset = start + size + 2
+
+
+def _received(data: bytes, received: bytes) -> tuple[bytes, HttpResponse | None]:
+    """What a connection sent so far, ``received`` last, and the response if it is all there.
+
+    Raises:
+        ConnectionResetError: Triton closed the connection (``received`` is empty).
+    """
+    if not received:
+        raise ConnectionResetError("Triton closed the connection")
+    data += received
+    return data, _parse(data)
 
 
 def _parse(data: bytes) -> HttpResponse | None:
@@ -390,17 +398,11 @@ class HttpRoute:
             sock = self._idle.pop()
         except IndexError:
             sock = self._connect()
-        data = b""
+        data, response = b"", None
         try:
             sock.sendall(message)
-            while True:
-                received = sock.recv(_RECEIVE_BYTES)
-                if not received:
-                    raise ConnectionResetError("Triton closed the connection")
-                data += received
-                response = _parse(data)
-                if response is not None:
-                    break
+            while response is None:
+                data, response = _received(data, sock.recv(_RECEIVE_BYTES))
         except BaseException as exc:
             sock.close()
             if isinstance(exc, OSError):
@@ -432,17 +434,11 @@ class HttpRoute:
             sock = writer.get_extra_info("socket")
             if sock is not None:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        data = b""
+        data, response = b"", None
         try:
             writer.write(message)
-            while True:
-                received = await reader.read(_RECEIVE_BYTES)
-                if not received:
-                    raise ConnectionResetError("Triton closed the connection")
-                data += received
-                response = _parse(data)
-                if response is not None:
-                    break
+            while response is None:
+                data, response = _received(data, await reader.read(_RECEIVE_BYTES))
         except BaseException as exc:
             writer.close()
             if isinstance(exc, OSError):

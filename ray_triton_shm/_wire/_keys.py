@@ -28,11 +28,13 @@ from typing import Any, NoReturn
 
 __all__ = [
     "ENV_PREFIX",
+    "GRPC_KEY_PREFIX",
     "KEYS_DIR_ENV_VAR",
     "REDACTED",
     "Keys",
     "KeysPlugin",
     "Metadata",
+    "RedactedHeaders",
     "env_var_for",
     "headers_from_dir",
     "headers_from_env",
@@ -45,6 +47,9 @@ logger = logging.getLogger(__name__)
 #: Every environment variable named ``<ENV_PREFIX><NAME>`` is a header (see
 #: :func:`headers_from_env`).
 ENV_PREFIX = "RAY_TRITON_SHM_HEADER_"
+#: How a restricted protocol's key is named over gRPC: ``triton-grpc-protocol-<key>``, where
+#: the same key is ``<key>`` over HTTP (``--http-restricted-api``).
+GRPC_KEY_PREFIX = "triton-grpc-protocol-"
 #: The environment variable naming a directory of key files (see :func:`headers_from_dir`).
 KEYS_DIR_ENV_VAR = "RAY_TRITON_SHM_KEYS_DIR"
 #: The symlink through which the kubelet swaps a mounted Secret's files all at once.
@@ -163,6 +168,18 @@ class Metadata(tuple):  # type: ignore[type-arg]
 
     def __repr__(self) -> str:
         return repr(tuple((name, REDACTED) for name, _ in self))
+
+
+class RedactedHeaders(dict):  # type: ignore[type-arg]
+    """A tritonclient call's headers, as a plugin leaves them (``request.headers``), whose repr
+    shows no value: tritonclient sends their ``items()``, a :class:`Metadata`, and prints
+    that in verbose mode."""
+
+    def items(self) -> Metadata:  # type: ignore[override]
+        return Metadata(super().items())
+
+    def __repr__(self) -> str:
+        return repr(dict.fromkeys(self, REDACTED))
 
 
 class Keys:
@@ -329,7 +346,9 @@ class KeysPlugin:
         self._keys = keys
 
     def __call__(self, request: Any) -> None:
-        request.headers = {**dict(self._keys.metadata()), **(request.headers or {})}
+        request.headers = RedactedHeaders(
+            {**dict(self._keys.metadata()), **(request.headers or {})}
+        )
 
     def __repr__(self) -> str:
         return f"KeysPlugin({self._keys!r})"

@@ -21,11 +21,12 @@ from .._exceptions import (
     SharedMemoryNotAllowedError,
     TritonServerError,
 )
-from ._keys import KEYS_DIR_ENV_VAR, env_var_for
+from ._keys import GRPC_KEY_PREFIX, KEYS_DIR_ENV_VAR, env_var_for
 
 __all__ = [
     "answered_or_never_sent",
     "expected_header",
+    "header_named_as_grpc",
     "is_change_symptom",
     "is_in_use",
     "is_missing_region",
@@ -43,7 +44,7 @@ __all__ = [
 _REFUSAL_WORDS = ("not allowed", "disabled", "not enabled", "not permitted", "allow-client-shm")
 #: Triton's answer to a call of a restricted protocol without its key, or with a wrong one
 #: (gRPC: "This protocol is restricted, ..."; HTTP: "This API is restricted, ...").
-_RESTRICTED = re.compile(r"is restricted, expecting header '([^']*)'")
+_RESTRICTED = re.compile(r"(is restricted, expecting header ')([^']*)'")
 #: What Triton answers when ``shm_open`` of a region fails (for any reason: it does not say).
 _UNOPENABLE = "Unable to open shared memory region"
 #: Triton's own ``UNAVAILABLE`` answers to a request it queued: not a server that is down.
@@ -108,7 +109,14 @@ def expected_header(exc: BaseException) -> str | None:
     """
     _, message = status_and_message(exc)
     match = _RESTRICTED.search(message)
-    return None if match is None else match.group(1)
+    return None if match is None else match.group(2)
+
+
+def header_named_as_grpc(message: str) -> str:
+    """Triton's message, its refusal of a restricted API over HTTP (which names the key's HTTP
+    header, ``<key>``) naming the header as gRPC sends it everywhere else
+    (``triton-grpc-protocol-<key>``); any other message as it is."""
+    return _RESTRICTED.sub(rf"\g<1>{GRPC_KEY_PREFIX}\g<2>'", message)
 
 
 def translate_error(

@@ -21,8 +21,9 @@ node, a container with its own ``/dev/shm``) the regions hold the slots' locks a
 callers send their tensors by value, straight to Triton too
 (:mod:`ray_triton_shm._inference._transport`).
 
-It is a threaded actor whose methods run in one concurrency group, ``"control"``
-(registration, stats). The actor executes calls in order: Ray's out-of-order execution (the
+It is a threaded actor whose methods run in the concurrency group ``"control"``
+(registration, stats), but the deprecated by-value :meth:`TritonNodeActor.infer`, which may wait
+for a slot, in ``"infer"``. The actor executes calls in order: Ray's out-of-order execution (the
 default for threaded actors) can crash the actor inside Ray core when callers die with calls in
 flight, which is what Ray Data does at the end of every job. In-order execution stalls a
 caller's later calls behind a cancelled one; callers therefore make their control calls from a
@@ -37,6 +38,7 @@ import logging
 import os
 import threading
 import time
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
@@ -45,16 +47,19 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from tritonclient.utils import InferenceServerException
 
-from .._client import TritonSHMClient, registry_of
+from .._client import TritonSHMClient, call_with, registry_of
 from .._defaults import DEFAULT_RECONNECT_TIMEOUT_S, DEFAULT_URL, URL_ENV_VAR
 from .._exceptions import ModelSpecError, RegionReplacedError, TritonServerError, TritonSHMError
 from .._inference._model_pool import ModelPool
-from .._inference._transport import check_transport
+from .._inference._options import RequestOptions
+from .._inference._transport import AUTO_TRANSPORT, check_transport
 from .._pools._reclaim import reclaim_regions, registrations
 from .._pools._scaling import default_shm_budget
 from .._pools._snapshot import PoolSnapshot
+from .._slots._memory import SYSTEM
 from .._slots._shm import DEAD, list_local_regions, object_store_in_dev_shm, shm_space
 from .._slots._sizing import SlotAutoscaling, default_autoscaling
+from .._slots._specs import SpecLike
 from .._wire._keys import Keys
 from ._config import ModelRegistration, NodeActorConfig, NodeStats
 from ._metrics import NodeMetrics
@@ -130,6 +135,7 @@ class TritonNodeActor:
         self._pools = registry_of(self._client)
         self._pools.share_slots(max_waiting=config.max_waiting)
         self._lock = threading.Lock()
+        self._infer_warned = False
         self._metrics = NodeMetrics(self._node_id)
         self._stop = threading.Event()
         threading.Thread(target=self._housekeeping, name="housekeeping", daemon=True).start()
@@ -140,8 +146,8 @@ class TritonNodeActor:
     def register(
         self,
         model_name: str,
-        inputs: Sequence[Any] | None = None,
-        outputs: Sequence[Any] | None = None,
+        inputs: Sequence[SpecLike] | None = None,
+        outputs: Sequence[SpecLike] | None = None,
         max_batch_size: int | None = None,
         pool_size: int | None = None,
         *,
@@ -150,17 +156,22 @@ class TritonNodeActor:
         max_shapes: Mapping[str, Sequence[int]] | None = None,
         max_element_bytes: Mapping[str, int] | None = None,
         replace: bool = False,
-        memory: str = "system",
+        memory: str = SYSTEM,
         device: str | None = None,
         triton_device_id: int | None = None,
+        transport: str = AUTO_TRANSPORT,
     ) -> ModelRegistration:
-        """Registers a model (a no-op when already registered with the same specs).
+        """Registers a model (a no-op when already registered with the same specs): the
+        arguments of :meth:`TritonSHMClient.register_shm_model`, with the node's limits.
 
         Without ``pool_size`` its pool follows its load: ``autoscaling``'s fields left out
         take the actor's (see :class:`NodeActorConfig`).
 
         ``memory="cuda"`` puts its slots on the GPU ``device`` (a UUID: the actor sees every
         GPU of the node, whatever its callers see).
+
+        ``transport="auto"`` (the default) takes the actor's ``transport``; ``"shm"`` or
+        ``"inline"`` is the model's own.
 
         With ``replace``, a model registered with other specs is laid out anew for these:
         every process on the node moves to the new region at its next call.
@@ -175,7 +186,7 @@ class TritonNodeActor:
                 f"{limit} slots; create the node actor with more slots",
                 model=model_name,
             )
-        if pool_size is None and memory == "system":
+        if pool_size is None and memory == SYSTEM:
             base = self._config.autoscaling or default_autoscaling(limit)
             autoscaling = SlotAutoscaling.of(autoscaling, **asdict(base))
             if autoscaling.max_slots > limit:
@@ -199,7 +210,7 @@ class TritonNodeActor:
             memory=memory,
             device=device,
             triton_device_id=triton_device_id,
-            transport=self._config.transport,
+            transport=self._config.transport if transport == AUTO_TRANSPORT else transport,
         )
         del spec  # the pool's own spec: another caller may have laid it out anew meanwhile
         return self._registration(self._pools.get(model_name))
@@ -316,6 +327,70 @@ class TritonNodeActor:
         """Unregisters every model and frees its memory (the actor can then be killed)."""
         self._stop.set()
         self._client.close()
+
+    # ---------------------------------------------------------------- deprecated
+
+    @ray.method(concurrency_group="infer")
+    def infer(
+        self,
+        model_name: str,
+        incarnation: str,
+        inputs: Mapping[str, Any],
+        reconnect_timeout_s: float | None = None,
+        headers: Mapping[str, str] | None = None,
+        client_timeout_s: float | None = None,
+        options: RequestOptions | Mapping[str, Any] | None = None,
+        outputs_as: str = "numpy",
+    ) -> dict[str, Any]:
+        """Deprecated: a :class:`ShmModel` sends its requests straight to Triton, by value too
+        where Triton cannot map the node's memory, with no Ray call per request. This serves
+        one by value through the actor's client (arrays in and out through Ray's object
+        store), on the slots of the node, and warns once per actor.
+
+        ``incarnation`` is the one of a registration (see :meth:`register`);
+        ``reconnect_timeout_s``, ``headers``, ``client_timeout_s`` and ``outputs_as`` are those
+        of :meth:`TritonSHMClient.infer_shm`, and ``options`` its request options: its
+        keywords (``priority``, ``sequence_id``...), or checked, as handles once sent them.
+
+        Raises:
+            RegionReplacedError: ``incarnation`` is not this actor's (it restarted).
+            OverloadedError: ``max_waiting`` callers already wait for a slot of this model.
+        """
+        self._warn_infer_deprecated()
+        self._check_incarnation(incarnation)
+        if isinstance(options, Mapping):
+            return self._client.infer_shm(
+                model_name,
+                inputs,
+                client_timeout_s=client_timeout_s,
+                headers=headers,
+                reconnect_timeout_s=reconnect_timeout_s,
+                outputs_as=outputs_as,
+                **options,
+            )
+        call = call_with(
+            self._client,
+            model_name,
+            options,
+            slot_timeout_s=None,
+            client_timeout_s=client_timeout_s,
+            outputs_as=outputs_as,
+            headers=headers,
+            reconnect_timeout_s=reconnect_timeout_s,
+        )
+        return call.infer(inputs)
+
+    def _warn_infer_deprecated(self) -> None:
+        with self._lock:
+            warned, self._infer_warned = self._infer_warned, True
+        if warned:
+            return
+        message = (
+            "TritonNodeActor.infer is deprecated: use ShmModel, whose calls go straight to "
+            "Triton (by value too, transport='inline'), with no Ray call per request"
+        )
+        warnings.warn(message, DeprecationWarning, stacklevel=3)
+        logger.warning("ray-triton-shm: %s", message)
 
     # ---------------------------------------------------------------- internals
 
@@ -553,7 +628,9 @@ def get_node_actor(
         transport=transport,
     )
     actor_class = ray.remote(  # type: ignore[call-overload]
-        concurrency_groups={"control": 4},
+        # The deprecated by-value infer waits for a slot in the region, where it is counted
+        # (and refused past max_waiting), not in Ray's queue.
+        concurrency_groups={"infer": slots + max_waiting + 1, "control": 4},
         allow_out_of_order_execution=False,  # see the module docstring
     )(TritonNodeActor)
     # A runtime environment of its own costs a worker process started for it (a second); only

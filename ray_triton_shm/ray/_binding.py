@@ -11,12 +11,12 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import ray
 
-from .._client import TritonSHMClient, infer_with, infer_with_async, registry_of
+from .._client import Call, TritonSHMClient, call_with, registry_of
 from .._exceptions import (
     BlockingCallError,
     ClientClosedError,
@@ -26,9 +26,8 @@ from .._exceptions import (
 from .._inference._engine import SuspectedChange
 from .._inference._inputs import InputValue
 from .._inference._options import RequestOptions
-from .._inference._transport import SHM, Transport, unreachable_error
+from .._inference._transport import INLINE, SHM, Transport, unreachable_error
 from .._pools._registry import Registry
-from .._slots._memory import INLINE
 from .._slots._slot_pool import PoolStats
 from .._slots._specs import ModelSpec
 from .._wire._keys import Keys
@@ -132,13 +131,13 @@ class Binding:
         self, inputs: Mapping[str, InputValue], options: RequestOptions | None, call: CallSettings
     ) -> Any:
         self._check_region()
-        return infer_with(self.client, self.spec.name, inputs, options, **call.keywords)
+        return call.of(self.client, self.spec.name, options).infer(inputs)
 
     async def infer_async(
         self, inputs: Mapping[str, InputValue], options: RequestOptions | None, call: CallSettings
     ) -> Any:
         self._check_region()
-        return await infer_with_async(self.client, self.spec.name, inputs, options, **call.keywords)
+        return await call.of(self.client, self.spec.name, options).infer_async(inputs)
 
     def _check_region(self) -> None:
         """Calls by value never hear from Triton that the node's region is gone (the node
@@ -172,16 +171,17 @@ class CallSettings:
     slot_timeout_s: float | None
     client_timeout_s: float | None
     outputs_as: str
-    #: The same, as keywords of ``infer_shm`` (made once: a call only reads them).
-    keywords: dict[str, Any] = field(init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        keywords = {
-            "slot_timeout_s": self.slot_timeout_s,
-            "client_timeout_s": self.client_timeout_s,
-            "outputs_as": self.outputs_as,
-        }
-        object.__setattr__(self, "keywords", keywords)
+    def of(self, client: TritonSHMClient, model: str, options: RequestOptions | None) -> Call:
+        """A call of ``model`` with these settings and ``options`` (checked), on ``client``."""
+        return call_with(
+            client,
+            model,
+            options,
+            slot_timeout_s=self.slot_timeout_s,
+            client_timeout_s=self.client_timeout_s,
+            outputs_as=self.outputs_as,
+        )
 
 
 class InProcess:

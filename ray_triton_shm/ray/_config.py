@@ -51,8 +51,9 @@ class NodeActorConfig:
             (``None``: 90% of it, less Ray's object store where it lives there).
         transport: How the node's models reach Triton: ``"auto"`` (shared memory where
             Triton proves it maps the node's, else by value), ``"shm"`` or ``"inline"`` (see
-            :meth:`TritonSHMClient.register_shm_model`). A Triton on another node (``url``)
-            gets the tensors by value, and nothing is registered in it.
+            :meth:`TritonSHMClient.register_shm_model`), for the models whose registration
+            leaves it at ``"auto"`` (:meth:`TritonNodeActor.register`). A Triton on another
+            node (``url``) gets the tensors by value, and nothing is registered in it.
         sweep_interval_s: Deprecated: the earlier name of ``metrics_interval_s``; given, it
             sets it, with a :class:`DeprecationWarning`.
     """

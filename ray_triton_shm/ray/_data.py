@@ -186,7 +186,9 @@ class ShmPredictor:
             return None
         shapes = {name: sample for name, (_, sample) in columns.items()}
         try:
-            with self._model.lease(batch=count, shapes=shapes, outputs=self._requested) as lease:
+            with self._model.lease(
+                batch=count, shapes=shapes, requested_outputs=self._requested
+            ) as lease:
                 for name, (values, _) in columns.items():
                     target = lease.inputs[name]
                     if values.dtype == object:
@@ -202,11 +204,13 @@ class ShmPredictor:
 
     def _infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if self._spec.batched:
-            return self._model.infer(inputs, outputs=self._requested)
+            return self._model.infer(inputs, requested_outputs=self._requested)
         # A model without a batch dimension: one request per row, outputs stacked.
         rows = len(next(iter(inputs.values())))
         per_row = [
-            self._model.infer({k: v[i] for k, v in inputs.items()}, outputs=self._requested)
+            self._model.infer(
+                {k: v[i] for k, v in inputs.items()}, requested_outputs=self._requested
+            )
             for i in range(rows)
         ]
         return {

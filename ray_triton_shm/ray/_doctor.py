@@ -15,7 +15,8 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from .._tools._doctor import FAIL, SKIP, CheckResult, NodeReport, check_node
+from .._tools._doctor import check_node
+from .._tools._doctor_report import FAIL, SKIP, CheckResult, NodeReport
 from ._actor import find_node_actor, joined_cluster
 
 __all__ = ["check_cluster"]

@@ -34,14 +34,16 @@ from .._inference._options import (
     NotGiven,
     ParameterValue,
     RequestOptions,
+    options_without_sequence,
     over_defaults,
+    renamed_outputs,
     request_options,
 )
-from .._inference._transport import SHM, check_transport
+from .._inference._transport import INLINE, SHM, check_transport
 from .._lease import SlotLease
 from .._pools._retry import MOVED, RETIRED, Moves, follow_model
 from .._slots import _cuda
-from .._slots._memory import CUDA, INLINE, SYSTEM, check_memory_options
+from .._slots._memory import CUDA, SYSTEM, check_memory_options
 from .._slots._sizing import SlotAutoscaling
 from .._slots._slot_pool import PoolStats
 from .._slots._specs import ModelSpec, SpecLike
@@ -74,67 +76,67 @@ class ShmModel:
 
     Args:
         model_name: The model on the node's Triton.
-        inputs: Input specs (``(name, shape, dtype)``), or ``None`` for the model config.
-        outputs: Output specs, or ``None`` for the model config.
-        max_batch_size: Samples per slot, or ``None`` for the model config.
+        inputs: As for :meth:`TritonSHMClient.register_shm_model` (``None``: the model
+            config's).
+        outputs: As for :meth:`TritonSHMClient.register_shm_model`.
+        max_batch_size: As for :meth:`TritonSHMClient.register_shm_model`.
         pool_size: A fixed number of slots of the model on the node (requests in flight
             there, over every process); ``None`` (the default): the pool follows the model's
-            load on the node, as ``autoscaling`` says.
-        autoscaling: How the pool follows its load without ``pool_size``: a
-            :class:`SlotAutoscaling` or a mapping of its fields (``min_slots``,
-            ``max_slots``, ``upscale_delay_s``, ``downscale_delay_s``); those left out take
-            the node actor's (2 slots up to its ``slots``). The first handle to register the
-            model on a node sets them.
-        max_shapes: Maxima for ``-1`` dims, e.g. ``{"INPUT0": (16,)}``.
-        max_element_bytes: The longest element of each BYTES (string) tensor, e.g.
-            ``{"TEXT": 256, "UPPER": 256}``.
-        model_version: Model version (``""`` lets Triton choose).
+            load on the node, as ``autoscaling`` says (see
+            :meth:`TritonSHMClient.register_shm_model`).
+        autoscaling: How the pool follows its load without ``pool_size`` (see
+            :meth:`TritonSHMClient.register_shm_model`); the fields left out take the node
+            actor's (2 slots up to its ``slots``). The first handle to register the model on
+            a node sets them.
+        max_shapes: As for :meth:`TritonSHMClient.register_shm_model`.
+        max_element_bytes: As for :meth:`TritonSHMClient.register_shm_model`.
+        model_version: As for :meth:`TritonSHMClient.register_shm_model`.
         url: Triton's gRPC address on the node (see :func:`get_node_actor`): a Triton on
             another node gets the tensors by value.
-        transport: How this handle's calls reach Triton: ``"auto"`` (the default: as the
+        transport: How this handle's calls reach Triton (see
+            :meth:`TritonSHMClient.register_shm_model`): ``"auto"`` (the default: as the
             node actor's probe found, shared memory where Triton maps the node's, else by
             value), ``"shm"`` (shared memory, or :class:`SharedMemoryUnreachableError` naming
             the node and why) or ``"inline"`` (by value). Either way straight from the caller,
             on the node's slots, with no Ray call per request. :meth:`shm_stats` says which,
             and why.
         zero_copy: ``False`` is ``transport="inline"`` (the earlier name).
-        slot_timeout_s: How long a call waits for a slot (``None``: no limit).
-        client_timeout_s: How long a call waits for Triton's answer to each request, from
-            when it is sent (``None``: no limit); past it the call raises
-            :class:`TritonServerError` (``status`` ``"StatusCode.DEADLINE_EXCEEDED"``), and
-            the request's slot comes back once Triton has finished it.
+        slot_timeout_s: As for :meth:`TritonSHMClient.infer_shm`, for this handle's calls.
+        client_timeout_s: As for :meth:`TritonSHMClient.infer_shm`, for this handle's calls.
         reconnect_timeout_s: How long a call waits for the node's Triton while it is
             unreachable (restarting) before :class:`ServerUnreachableError`; ``0`` fails at
             once.
-        headers: gRPC headers of this caller's requests: Triton's inference key, over those
-            of the node, read where the handle binds so that they travel in no argument: its
+        headers: gRPC headers of this caller's requests (as for
+            :meth:`TritonSHMClient.infer_shm`): Triton's inference key, over those of the
+            node, read where the handle binds so that they travel in no argument: its
             key files (``RAY_TRITON_SHM_KEYS_DIR``, a mounted Secret, read again when they
             change) and its ``RAY_TRITON_SHM_HEADER_*`` variables. Never shown; but these
-            travel with the handle (and by-value calls send them to the actor), so prefer the
-            node's key files.
+            travel with the handle, so prefer the node's key files.
         client_options: Keyword arguments of this caller's :class:`TritonSHMClient` (TLS:
             ``ssl=True``, ``root_certificates=``, ...).
         actor_options: Extra keyword arguments for :func:`get_node_actor` (``slots``,
             ``max_waiting``, ``reconnect_timeout_s``, ``headers`` and
             ``client_options`` of the control plane), used if this call creates the actor.
-        priority: Default Triton priority level of this handle's requests (``0``: the
-            model's default); a call's own ``priority`` wins.
-        queue_timeout_s: Default Triton queue timeout of this handle's requests (see
-            :meth:`TritonSHMClient.infer_shm`).
-        parameters: Default custom parameters of this handle's requests; a call's own are
-            merged over them.
-        requested_outputs: The outputs this handle's requests ask for by default (``None``:
-            all); a call's own ``outputs=`` wins.
+        priority: The default of this handle's calls (see
+            :meth:`TritonSHMClient.infer_shm`); a call's own wins.
+        queue_timeout_s: The default of this handle's calls (see
+            :meth:`TritonSHMClient.infer_shm`); a call's own wins.
+        parameters: The default of this handle's calls (see
+            :meth:`TritonSHMClient.infer_shm`); a call's own are merged over them.
+        requested_outputs: The default of this handle's calls (see
+            :meth:`TritonSHMClient.infer_shm`); a call's own wins.
         memory: Where the model's slots live on the node: ``"system"`` or ``"cuda"`` (GPU
             memory; see :meth:`TritonSHMClient.register_shm_model`). The node actor allocates
             them on the GPU ``device`` names, as the process that binds first sees it.
-        device: For ``memory="cuda"``: an index in the binding process (``0``, ``"cuda:0"``),
-            a UUID (``"GPU-..."``), or ``None`` for its current CUDA device (in a replica or
-            task with ``num_gpus=1``: its GPU).
+        device: For ``memory="cuda"`` (see :meth:`TritonSHMClient.register_shm_model`): an
+            index in the binding process (``0``, ``"cuda:0"``), a UUID (``"GPU-..."``), or
+            ``None`` for its current CUDA device (in a replica or task with ``num_gpus=1``:
+            its GPU).
         triton_device_id: For ``memory="cuda"``, the index Triton knows the GPU by (``None``:
-            the node actor's guess, right when Triton sees every GPU of the node).
-        outputs_as: ``"numpy"``, or for ``memory="cuda"`` ``"torch"`` or ``"cupy"``: outputs
-            as tensors on the GPU; a call's own ``outputs_as=`` wins.
+            the node actor's guess, right when Triton sees every GPU of the node; see
+            :meth:`TritonSHMClient.register_shm_model`).
+        outputs_as: The default of this handle's calls (see
+            :meth:`TritonSHMClient.infer_shm`); a call's own wins.
 
     When the model changes on Triton and its specs came from Triton's config (``inputs``,
     ``outputs`` and ``max_batch_size`` left out), the node actor lays its pool out anew, once
@@ -180,12 +182,12 @@ class ShmModel:
         # Checked here, where the handle is made, not at its first call in a worker.
         check_memory_options(model_name, memory, device, triton_device_id)
         check_transport(model_name, transport)
-        self._defaults = request_options(
+        self._defaults = options_without_sequence(
             model_name,
             priority=priority,
             queue_timeout_s=queue_timeout_s,
             parameters=parameters,
-            outputs=requested_outputs,
+            requested_outputs=requested_outputs,
         )
         self._call = CallSettings(slot_timeout_s, client_timeout_s, outputs_as)
         self.model_name = model_name
@@ -353,17 +355,19 @@ class ShmModel:
         *,
         priority: int | None = None,
         queue_timeout_s: float | None = None,
+        parameters: Mapping[str, ParameterValue] | None = None,
+        requested_outputs: Sequence[str] | None = None,
+        outputs_as: str | None = None,
         sequence_id: int | str = 0,
         sequence_start: bool = False,
         sequence_end: bool = False,
-        parameters: Mapping[str, ParameterValue] | None = None,
         outputs: Sequence[str] | None = None,
-        outputs_as: str | None = None,
     ) -> dict[str, Any]:
         """Runs the model on a batch; blocks until the outputs are back.
 
-        The options are Triton's, as in :meth:`TritonSHMClient.infer_shm`; those left out take
-        the handle's defaults.
+        The options are those of :meth:`TritonSHMClient.infer_shm` (``outputs=``: the
+        deprecated name of ``requested_outputs=``); those left at ``None`` take this handle's
+        defaults (``priority=0`` is the model's own level, over the handle's).
 
         Raises:
             InvalidInputError: bad inputs (checked here, before any shared memory is touched).
@@ -378,14 +382,15 @@ class ShmModel:
         """
         refuse_on_event_loop(self.model_name, "infer()", "await infer_async()")
         options, call = self._prepare(
+            priority,
+            queue_timeout_s,
+            parameters,
+            requested_outputs,
             outputs_as,
-            priority=priority,
-            queue_timeout_s=queue_timeout_s,
-            sequence_id=sequence_id,
-            sequence_start=sequence_start,
-            sequence_end=sequence_end,
-            parameters=parameters,
-            outputs=outputs,
+            sequence_id,
+            sequence_start,
+            sequence_end,
+            outputs,
         )
         moves = self._moves(self._bind(), MOVED, options)
         return moves.run(lambda binding: binding.infer(inputs, options, call))
@@ -396,26 +401,28 @@ class ShmModel:
         *,
         priority: int | None = None,
         queue_timeout_s: float | None = None,
+        parameters: Mapping[str, ParameterValue] | None = None,
+        requested_outputs: Sequence[str] | None = None,
+        outputs_as: str | None = None,
         sequence_id: int | str = 0,
         sequence_start: bool = False,
         sequence_end: bool = False,
-        parameters: Mapping[str, ParameterValue] | None = None,
         outputs: Sequence[str] | None = None,
-        outputs_as: str | None = None,
     ) -> dict[str, Any]:
         """:meth:`infer` for coroutines (e.g. Ray Serve replicas): blocks no thread.
 
         Cancelling is safe: a slot is reused only once Triton has answered.
         """
         options, call = self._prepare(
+            priority,
+            queue_timeout_s,
+            parameters,
+            requested_outputs,
             outputs_as,
-            priority=priority,
-            queue_timeout_s=queue_timeout_s,
-            sequence_id=sequence_id,
-            sequence_start=sequence_start,
-            sequence_end=sequence_end,
-            parameters=parameters,
-            outputs=outputs,
+            sequence_id,
+            sequence_start,
+            sequence_end,
+            outputs,
         )
         moves = self._moves(await self._bind_async(), MOVED, options)
         return await moves.run_async(lambda binding: binding.infer_async(inputs, options, call))
@@ -428,6 +435,7 @@ class ShmModel:
         priority: int | None = None,
         queue_timeout_s: float | None = None,
         parameters: Mapping[str, ParameterValue] | None = None,
+        requested_outputs: Sequence[str] | None = None,
         outputs: Sequence[str] | None = None,
     ) -> _ModelLease:
         """Leases a slot of the model on this node: the inputs are written where Triton reads
@@ -449,7 +457,8 @@ class ShmModel:
             priority: As for :meth:`infer`.
             queue_timeout_s: As for :meth:`infer`.
             parameters: As for :meth:`infer`.
-            outputs: As for :meth:`infer`.
+            requested_outputs: As for :meth:`infer`.
+            outputs: As for :meth:`infer` (deprecated).
 
         Raises:
             InvalidInputError: on entry, when the model's calls here go by value
@@ -458,36 +467,57 @@ class ShmModel:
             BlockingCallError: ``with`` on a thread that runs an event loop: use
                 ``async with`` there.
         """
-        options = over_defaults(
-            self.model_name,
-            self._defaults,
-            priority=priority,
+        if outputs is not None:
+            requested_outputs = renamed_outputs(requested_outputs, outputs, stacklevel=2)
+        name, settings = self.model_name, self._call
+        own = options_without_sequence(
+            name,
+            priority=priority or 0,
             queue_timeout_s=queue_timeout_s,
             parameters=parameters,
-            outputs=outputs,
+            requested_outputs=requested_outputs,
         )
+        options = over_defaults(self._defaults, own, priority_given=priority is not None)
+
+        def new_lease(binding: Binding) -> SlotLease:
+            return lease_with(settings.of(binding.client, name, options), batch, shapes)
 
         async def moves_async() -> Moves[Binding]:
             return self._moves(await self._bind_async(), RETIRED, options)
 
         return _ModelLease(
-            self.model_name,
-            options,
-            batch,
-            shapes,
-            self._call,
-            lambda: self._moves(self._bind(), RETIRED, options),
-            moves_async,
+            name, new_lease, lambda: self._moves(self._bind(), RETIRED, options), moves_async
         )
 
     def _prepare(
-        self, outputs_as: str | None, **options: Any
+        self,
+        priority: int | None,
+        queue_timeout_s: float | None,
+        parameters: Mapping[str, ParameterValue] | None,
+        requested_outputs: Sequence[str] | None,
+        outputs_as: str | None,
+        sequence_id: int | str,
+        sequence_start: bool,
+        sequence_end: bool,
+        outputs: Sequence[str] | None,
     ) -> tuple[RequestOptions | None, CallSettings]:
         """A call's request options over the handle's defaults, and its settings."""
+        if outputs is not None:
+            requested_outputs = renamed_outputs(requested_outputs, outputs, stacklevel=3)
+        own = request_options(
+            self.model_name,
+            priority=priority or 0,
+            queue_timeout_s=queue_timeout_s,
+            parameters=parameters,
+            requested_outputs=requested_outputs,
+            sequence_id=sequence_id,
+            sequence_start=sequence_start,
+            sequence_end=sequence_end,
+        )
         call = self._call
         if outputs_as is not None and outputs_as != call.outputs_as:
             call = dataclasses.replace(call, outputs_as=outputs_as)
-        return over_defaults(self.model_name, self._defaults, **options), call
+        return over_defaults(self._defaults, own, priority_given=priority is not None), call
 
     def options(
         self,
@@ -515,14 +545,14 @@ class ShmModel:
         old, call = self._defaults or RequestOptions(), self._call
         handle = object.__new__(ShmModel)
         handle.__dict__.update(self.__dict__)  # not copy.copy(): that drops the binding
-        handle._defaults = request_options(
+        handle._defaults = options_without_sequence(
             self.model_name,
             priority=_pick(priority, old.priority),
             queue_timeout_s=_pick(
                 queue_timeout_s, old.queue_timeout_us / 1e6 if old.queue_timeout_us else None
             ),
             parameters=_pick(parameters, dict(old.parameters)),
-            outputs=_pick(requested_outputs, old.outputs),
+            requested_outputs=_pick(requested_outputs, old.outputs),
         )
         handle._call = CallSettings(
             _pick(slot_timeout_s, call.slot_timeout_s),
@@ -559,10 +589,7 @@ class _ModelLease:
 
     Args:
         model: The model's name.
-        options: The request's options, checked.
-        batch: As for :meth:`ShmModel.lease`.
-        shapes: As for :meth:`ShmModel.lease`.
-        call: The handle's call settings.
+        new_lease: A lease of the model on a binding, with the call's options and settings.
         moves: Where the lease starts, and where it goes on after its layout was retired.
         moves_async: :obj:`moves` for coroutines (binds in a thread).
     """
@@ -570,32 +597,15 @@ class _ModelLease:
     def __init__(
         self,
         model: str,
-        options: RequestOptions | None,
-        batch: int | None,
-        shapes: Mapping[str, Sequence[int]] | None,
-        call: CallSettings,
+        new_lease: Callable[[Binding], SlotLease],
         moves: Callable[[], Moves[Binding]],
         moves_async: Callable[[], Awaitable[Moves[Binding]]],
     ) -> None:
         self._model = model
-        self._options = options
-        self._batch = batch
-        self._shapes = shapes
-        self._call = call
+        self._new_lease = new_lease
         self._moves = moves
         self._moves_async = moves_async
         self._lease: SlotLease | None = None
-
-    def _new_lease(self, binding: Binding) -> SlotLease:
-        return lease_with(
-            binding.client,
-            self._model,
-            self._options,
-            batch=self._batch,
-            shapes=self._shapes,
-            slot_timeout_s=self._call.slot_timeout_s,
-            client_timeout_s=self._call.client_timeout_s,
-        )
 
     def __enter__(self) -> SlotLease:
         refuse_on_event_loop(self._model, "with lease()", "async with lease()")

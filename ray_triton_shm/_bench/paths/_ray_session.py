@@ -19,10 +19,10 @@ from ray_triton_shm._bench.paths._clients import Backend
 
 try:
     import ray
-    from ray._private import worker
 
     from ray_triton_shm.ray import URL_ENV_VAR
     from ray_triton_shm.ray._actor import find_node_actor
+    from ray_triton_shm.ray._ray_internals import quiet_raylet_messages
 except ImportError as exc:  # without the ray extra: the session says so, and the paths skip
     _NO_RAY: ImportError | None = exc
 else:
@@ -123,11 +123,9 @@ class RayBenchSession:
             for field in ("enable_progress_bars", "print_on_execution_start"):
                 self._set(context, field, False)
             self._set_level("ray.data", logging.CRITICAL)  # its errors: the bench's
-            # The driver prints the raylet's warnings ("N worker processes have been
-            # started") whatever log_to_driver says: they stay out of the bench's output.
-            printer = worker.print_to_stdstream
-            self._undo.append(lambda: setattr(worker, "print_to_stdstream", printer))
-            worker.print_to_stdstream = lambda data, ignore_prefix: None
+            # The raylet's warnings ("N worker processes have been started") stay out of
+            # the bench's output.
+            self._undo.append(quiet_raylet_messages())
         except Exception as exc:
             self.error = exc
         return self
