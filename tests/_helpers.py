@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import html
 import ipaddress
 import json
@@ -17,7 +18,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -26,6 +27,7 @@ import numpy as np
 import pytest
 
 from ray_triton_shm import ClientClosedError
+from ray_triton_shm.local._server import LocalTritonServer
 
 #: The headers of the access keys of the ``restricted`` Triton fixture.
 ADMIN = "triton-grpc-protocol-admin-key"
@@ -82,21 +84,22 @@ def raylet_start_window(seconds: int = RAYLET_START_WAIT_S) -> Iterator[None]:
     "The current node timed out during startup".
 
     RayConfig reads its ``RAY_*`` variables once per process, so the variable is set and the
-    config re-read (``ray._raylet.Config.initialize``, as Ray does itself when it turns token
+    config re-read (``_ray_internals.reread_ray_config``, as Ray does itself when it turns token
     auth on), then the variable is restored, and so is the config if no driver is connected
     (a connected driver's config came from its cluster; it keeps the wider wait). The node
     processes started inside inherit the variable: for them too it only widens that wait.
     """
     import ray
 
+    from ray_triton_shm.ray._ray_internals import reread_ray_config
+
     name = "RAY_raylet_start_wait_time_s"
     old = os.environ.get(name)
-    config = getattr(ray._raylet, "Config", None)
-    if (old is not None and old.isdigit() and int(old) >= seconds) or config is None:
+    if old is not None and old.isdigit() and int(old) >= seconds:
         yield
         return
     os.environ[name] = str(seconds)
-    config.initialize("")
+    read = reread_ray_config()  # False: a Ray without that config, which keeps its 30 s
     try:
         yield
     finally:
@@ -104,8 +107,8 @@ def raylet_start_window(seconds: int = RAYLET_START_WAIT_S) -> Iterator[None]:
             os.environ.pop(name, None)
         else:
             os.environ[name] = old
-        if not ray.is_initialized():
-            config.initialize("")
+        if read and not ray.is_initialized():
+            reread_ray_config()
 
 
 #: What Ray says when a node's start-up timed out.
@@ -228,18 +231,37 @@ def our_regions(pid: int | None = None) -> set[str]:
     return {region_of(p.name) for p in SHM_DIR.iterdir() if p.name.startswith(prefix)}
 
 
-def wait_for(condition: Callable[[], T], *, timeout_s: float = 30.0, what: str = "it") -> T:
+def wait_for(
+    condition: Callable[[], T],
+    *,
+    timeout_s: float = 30.0,
+    what: str | Callable[[], str] = "it",
+    every_s: float = 0.02,
+) -> T:
     """Waits until ``condition()`` is truthy and returns it; fails the test, saying ``what``
-    it waited for, past ``timeout_s``. The one wait of the tests: for an event, never for
-    time standing in for it."""
+    it waited for (and the last value seen, but ``None`` or ``False``), past ``timeout_s``.
+    The one wait of the tests: for an event, never for time standing in for it. In a
+    coroutine: ``await asyncio.to_thread(wait_for, ...)`` (the loop runs on meanwhile).
+
+    Args:
+        condition: The event. It may fail the test itself (an ``assert``) where what it
+            watches died, to end the wait at once.
+        timeout_s: How long the event may take.
+        what: What is waited for; or a function that says it at the deadline, with what it
+            finds then (a log's tail).
+        every_s: How often ``condition`` is asked; ``0`` for one that blocks until something
+            happens (a line read from a pipe).
+    """
     deadline = time.monotonic() + timeout_s
     while True:
         value = condition()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
-        time.sleep(0.02)
+            said = what() if callable(what) else what
+            last = "" if value is None or value is False else f" (last: {value!r})"
+            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {said}{last}")
+        time.sleep(every_s)
 
 
 def queued_in_triton(metrics_url: str, model: str) -> int:
@@ -261,16 +283,45 @@ def request_sent(pool: Any) -> bool:
     return any(header.busy_since(slot) for slot in range(header.slot_count))
 
 
-def registered_on(url: str) -> set[str]:
+@contextlib.contextmanager
+def runs_in_triton(server: LocalTritonServer, model: str) -> Iterator[Callable[[], int]]:
+    """Counts the requests of ``model`` (a Python-backend model) that ``server`` began to
+    run while inside, from its verbose log, switched on meanwhile: an event a test can wait
+    for where a request must be *in* Triton, holding its slot's registration, before its
+    caller goes away (sent, :func:`request_sent`, is not yet there)."""
+    import tritonclient.grpc as grpcclient
+
+    started = re.compile(rf"model {re.escape(model)}, instance \S+, executing (\d+) requests")
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        settings = client.get_log_settings(as_json=True)["settings"]
+        verbose = int(settings["log_verbose_level"]["uint32_param"])
+        start = server.log_path.stat().st_size
+        client.update_log_settings({"log_verbose_level": max(verbose, 1)})
+
+        def runs() -> int:
+            with server.log_path.open("rb") as log:
+                log.seek(start)
+                text = log.read().decode(errors="replace")
+            return sum(int(n) for n in started.findall(text))
+
+        try:
+            yield runs
+        finally:
+            client.update_log_settings({"log_verbose_level": verbose})
+
+
+def registered_on(url: str, headers: Mapping[str, str] | None = None) -> set[str]:
     """The regions with a shared-memory registration, system or CUDA, in the Triton at
-    ``url`` (a region's slots are registered one by one, under names of their own)."""
+    ``url`` (a region's slots are registered one by one, under names of their own), asked
+    with ``headers`` (a Triton with keys wants its shared-memory key)."""
     import tritonclient.grpc as grpcclient
 
     from ray_triton_shm._slots._shm import region_of
 
+    asked = {"headers": dict(headers or {}), "as_json": True}
     with grpcclient.InferenceServerClient(url) as client:
-        names = [*client.get_system_shared_memory_status(as_json=True).get("regions", {})]
-        names += client.get_cuda_shared_memory_status(as_json=True).get("regions", {})
+        names = [*client.get_system_shared_memory_status(**asked).get("regions", {})]
+        names += client.get_cuda_shared_memory_status(**asked).get("regions", {})
     return {region_of(name) for name in names}
 
 
@@ -477,6 +528,83 @@ def model_repository(directory: Path, *models: str) -> Path:
     return directory
 
 
+@contextlib.contextmanager
+def local_triton(
+    repository: str | Path | Sequence[str | Path], **options: Any
+) -> Iterator[LocalTritonServer]:
+    """A ``LocalTritonServer`` of ``repository`` with ``options``, started (every model
+    ready); killed and closed on the way out, however the block ends: nobody waits on a test's
+    Triton's graceful end (``tests/test_server.py`` tests that one)."""
+    server = LocalTritonServer(repository, **options)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.kill()
+        server.close()
+
+
+#: A launcher (``LocalTritonServer(launcher=...)``) under which Triton sees a ``/dev/shm`` of
+#: its own, in a mount namespace of its own (the container mistake): it maps no region of ours.
+OWN_DEV_SHM = ("unshare", "--mount", "sh", "-c", 'mount -t tmpfs tmpfs /dev/shm && exec "$0" "$@"')
+
+
+@functools.cache
+def unshare_reason(*flags: str) -> str | None:
+    """Why ``unshare`` with these ``flags`` cannot run here, or ``None`` where it can."""
+    if shutil.which("unshare") is None:
+        return "unshare is not installed"
+    done = subprocess.run(["unshare", *flags, "true"], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        return f"`unshare {' '.join(flags)}` cannot run here (it needs root): {done.stderr.strip()}"
+    return None
+
+
+def need_unshare(*flags: str) -> None:
+    """Skips the test where ``unshare`` with these ``flags`` cannot run, saying why."""
+    reason = unshare_reason(*flags)
+    if reason:
+        pytest.skip(reason)
+
+
+def in_threads(work: Callable[[int], object], seeds: Iterable[int], timeout_s: float = 120) -> None:
+    """Runs ``work(seed)`` for each of ``seeds`` at once, each on a thread of its own, and
+    waits for them all. The first error of one (a failed assertion too) is raised here, once
+    every thread is done; a thread still running after ``timeout_s`` fails the test."""
+    errors: list[BaseException] = []
+
+    def run(seed: int) -> None:
+        try:
+            work(seed)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(seed,), daemon=True) for seed in seeds]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + timeout_s
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    assert not [t for t in threads if t.is_alive()], f"threads still ran after {timeout_s:g} s"
+    if errors:
+        raise errors[0]
+
+
+#: A bench run's own numbers for an elastic pool (its ``extra``): the pool grew from 2 to 16
+#: slots 0.4 s into its load, and stayed there.
+GREW: dict[str, Any] = {
+    "pool_sizes": [[0.0, 2], [0.2, 2], [0.4, 16], [0.6, 16], [1.5, 16]],
+    "min_slots": 2,
+    "max_slots": 64,
+    "pool_size_max": 16,
+    "pool_size_max_s": 0.4,
+    "pool_size_settled": 16,
+    "limited_by": "",
+    "warmup_s": 1.0,
+    "warmup_requests_per_s": 900.0,
+}
+
+
 #: The probe the browser tests add to a page: what the reader would see, as JSON in a <pre>.
 _PROBE = """<script>
 window.addEventListener("load", () => {
@@ -498,31 +626,43 @@ window.addEventListener("load", () => {
 </script>"""
 
 
-def browse(page: Path, width: int, height: int = 900) -> dict[str, Any]:
-    """Opens ``page`` in headless Chromium in a ``width`` x ``height`` window; returns what
-    the page's reader gets (:data:`_PROBE`): the viewport and the page's width, each image
-    (loaded or not, its width on screen), each section (id, heading, height)."""
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
+def chromium() -> str | None:
+    """The headless Chromium's path, or ``None`` where none is installed."""
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def dump_dom(page: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    """Opens ``page`` in headless Chromium (a profile of its own, no network of its own
+    making: no updates, no sync) with Chromium's other ``flags``; its ``stdout`` is the page's
+    DOM once loaded. Fails the test where no Chromium is installed."""
+    path = chromium()
+    if path is None:
         pytest.fail("headless Chromium is missing: apt-get install chromium (.ci/run does)")
-    probed = page.with_name(f"probed-{width}-{page.name}")
-    probed.write_text(page.read_text().replace("</body>", _PROBE + "</body>"))
     with tempfile.TemporaryDirectory() as profile:
-        done = subprocess.run(
+        return subprocess.run(
             [
-                chromium,
+                path,
                 *("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"),
                 *("--disable-background-networking", "--disable-component-update"),
                 *("--disable-sync", f"--user-data-dir={profile}"),
-                f"--window-size={width},{height}",
+                *flags,
                 "--dump-dom",
-                probed.as_uri(),
+                page.as_uri(),
             ],
             capture_output=True,
             text=True,
             timeout=120,
             check=False,
         )
+
+
+def browse(page: Path, width: int, height: int = 900) -> dict[str, Any]:
+    """Opens ``page`` in headless Chromium in a ``width`` x ``height`` window; returns what
+    the page's reader gets (:data:`_PROBE`): the viewport and the page's width, each image
+    (loaded or not, its width on screen), each section (id, heading, height)."""
+    probed = page.with_name(f"probed-{width}-{page.name}")
+    probed.write_text(page.read_text().replace("</body>", _PROBE + "</body>"))
+    done = dump_dom(probed, f"--window-size={width},{height}")
     found = re.search(r'<pre id="probe">(.*?)</pre>', done.stdout, re.S)
     assert found is not None, f"no probe in Chromium's page (rc {done.returncode}): {done.stderr}"
     return json.loads(html.unescape(found.group(1)))  # type: ignore[no-any-return]

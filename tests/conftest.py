@@ -14,15 +14,19 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _helpers import (
     ADMIN,
     INFER,
+    OWN_DEV_SHM,
     READ,
     end_node_actor,
     init_ray,
+    local_triton,
     model_repository,
+    need_unshare,
     our_regions,
     registered_on,
     wait_for,
@@ -41,6 +45,8 @@ TEST_MODEL_REPOSITORY: Path = Path(__file__).resolve().parent / "models"
 MODEL_REPOSITORIES: tuple[Path, ...] = (EXAMPLE_MODEL_REPOSITORY, TEST_MODEL_REPOSITORY)
 #: The models of the ``fresh_triton`` fixture (the tests that restart or kill Triton).
 FRESH_MODELS = ("classifier", "identity", "large_image", "delay_echo")
+#: The models of the ``triton_elsewhere`` fixture (a Triton with a /dev/shm of its own).
+ELSEWHERE_MODELS = ("identity", "upper", "add_nobatch", "echo_parameters")
 
 #: How long the chaos soak (tests/test_soak.py) runs unless ``--soak-s`` says otherwise.
 DEFAULT_SOAK_S = 25.0
@@ -107,32 +113,38 @@ def swing_s(request: pytest.FixtureRequest) -> float:
 def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalTritonServer]:
     """A Triton server shared by the whole session (do not stop or restart it)."""
     log_path = tmp_path_factory.mktemp("triton") / "tritonserver.log"
-    server = LocalTritonServer(list(MODEL_REPOSITORIES), log_path=log_path)
-    server.start()
-    try:
+    with local_triton(list(MODEL_REPOSITORIES), log_path=log_path) as server:
         yield server
-    finally:
-        server.kill()  # its graceful end is tests/test_server.py's: seconds sooner
-        server.close()
 
 
 @pytest.fixture
 def fresh_triton(tmp_path: Path) -> Iterator[LocalTritonServer]:
     """A Triton server of the test's own, free to be stopped, restarted or killed. It serves
     the models such tests use only: it (re)starts in seconds, not one per model."""
-    server = LocalTritonServer(
+    with local_triton(
         model_repository(tmp_path / "models", *FRESH_MODELS),
         log_path=tmp_path / "tritonserver.log",
         # Triton's exit timeout is a second less: unloading delay_echo's 4 instances takes it
         # ~5 s, so every graceful stop would wait that long for the stub processes.
         stop_grace_s=2.0,
-    )
-    server.start()
-    try:
+    ) as server:
         yield server
-    finally:
-        server.kill()  # nobody waits on its graceful end: seconds sooner
-        server.close()
+
+
+@pytest.fixture(scope="session")
+def triton_elsewhere(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalTritonServer]:
+    """A Triton in a mount namespace of its own, with a ``/dev/shm`` of its own (the
+    container mistake): it maps no region of ours, every pool goes to it by value. Shared by
+    the session as ``triton`` is (do not stop it; nothing may stay registered there); the
+    tests that need it are skipped where ``unshare --mount`` cannot run."""
+    need_unshare("--mount")
+    work = tmp_path_factory.mktemp("elsewhere")
+    with local_triton(
+        model_repository(work / "models", *ELSEWHERE_MODELS),
+        launcher=OWN_DEV_SHM,
+        log_path=work / "tritonserver.log",
+    ) as server:
+        yield server
 
 
 @pytest.fixture
@@ -238,16 +250,32 @@ def grpc_url(triton: LocalTritonServer) -> str:
 
 
 @pytest.fixture
-def client(grpc_url: str) -> Iterator[TritonSHMClient]:
-    """A ``TritonSHMClient`` on the session server. After the test it is closed, and nothing
-    of it may be left: no region of this process in ``/dev/shm``, none registered in Triton
-    that was not before."""
-    registered = registered_on(grpc_url)
-    shm_client = TritonSHMClient(url=grpc_url)
-    yield shm_client
-    shm_client.close()
+def make_client() -> Iterator[Callable[..., TritonSHMClient]]:
+    """``make_client(url, **options)``: a ``TritonSHMClient`` of the Triton at ``url`` (one
+    that outlives the test). After the test each is closed, and nothing of them may be left:
+    no region of this process in ``/dev/shm``, none registered in those Tritons that was not
+    before (asked with the client's ``headers``: with keys, they hold the shared-memory one)."""
+    made: list[tuple[TritonSHMClient, str, dict[str, str], set[str]]] = []
+
+    def make(url: str, **options: Any) -> TritonSHMClient:
+        headers = dict(options.get("headers") or {})
+        registered = registered_on(url, headers)
+        made.append((TritonSHMClient(url, **options), url, headers, registered))
+        return made[-1][0]
+
+    yield make
+    for shm_client, *_ in made:
+        shm_client.close()
     assert our_regions(os.getpid()) == set(), "a region of this process survived close()"
-    assert registered_on(grpc_url) - registered == set(), "a registration survived close()"
+    for _, url, headers, registered in made:
+        assert registered_on(url, headers) - registered == set(), "a registration survived close()"
+
+
+@pytest.fixture
+def client(grpc_url: str, make_client: Callable[..., TritonSHMClient]) -> TritonSHMClient:
+    """A ``TritonSHMClient`` on the session server, checked as :func:`make_client` checks
+    its own."""
+    return make_client(grpc_url)
 
 
 @pytest.fixture
@@ -275,21 +303,23 @@ def _register_then_sigkill(url: str, *, crash_cleanup: bool) -> str:
     return done.stdout.strip()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def keys() -> dict[str, str]:
-    """Fresh access keys by header, unique enough that finding one anywhere is a leak."""
+    """Fresh access keys by header, unique enough that finding one anywhere is a leak (do not
+    change them: ``restricted`` keeps them for the session)."""
     return {name: f"secret-{secrets.token_hex(8)}" for name in (ADMIN, INFER, READ)}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def restricted(
     tmp_path_factory: pytest.TempPathFactory, keys: dict[str, str]
 ) -> Iterator[LocalTritonServer]:
-    """A Triton of the module's own, locked down with three keys: the admin key
-    (shared-memory, model-repository), the inference key, and a read key (health, metadata,
-    model-config, statistics)."""
+    """A Triton locked down with three keys: the admin key (shared-memory,
+    model-repository), the inference key, and a read key (health, metadata, model-config,
+    statistics). Shared by the session as ``triton`` is (do not stop or restart it; nothing
+    may stay registered there)."""
     work = tmp_path_factory.mktemp("restricted")
-    server = LocalTritonServer(
+    with local_triton(
         model_repository(work / "models", "classifier", "identity", "my_model"),
         log_path=work / "tritonserver.log",
         restricted_protocols={
@@ -297,10 +327,5 @@ def restricted(
             "inference": ("infer-key", keys[INFER]),
             "health,metadata,model-config,statistics": ("read-key", keys[READ]),
         },
-    )
-    server.start()
-    try:
+    ) as server:
         yield server
-    finally:
-        server.kill()
-        server.close()

@@ -13,14 +13,14 @@ import random
 import signal
 import threading
 import time
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from _helpers import registered_on, request_sent, wait_for
+from _helpers import in_threads, registered_on, request_sent, runs_in_triton, wait_for
 
 from ray_triton_shm import TritonServerError, TritonSHMClient
 from ray_triton_shm._client import registry_of
+from ray_triton_shm.local import LocalTritonServer
 
 ECHO_SHAPES = {"DATA": (64,), "ECHO": (64,)}
 
@@ -33,10 +33,9 @@ def _inputs(delay_ms: int, value: float, length: int = 64) -> dict[str, np.ndarr
 
 
 @pytest.fixture
-def one_slot(grpc_url: str) -> Iterator[TritonSHMClient]:
-    with TritonSHMClient(url=grpc_url) as client:
-        client.register_shm_model("delay_echo", max_shapes=ECHO_SHAPES, pool_size=1)
-        yield client
+def one_slot(client: TritonSHMClient) -> TritonSHMClient:
+    client.register_shm_model("delay_echo", max_shapes=ECHO_SHAPES, pool_size=1)
+    return client
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
@@ -92,12 +91,13 @@ def test_an_interrupted_blocking_call_is_abandoned_until_triton_is_done(
 
 
 def test_a_cancelled_coroutine_frees_its_slot_when_triton_answers(
-    one_slot: TritonSHMClient,
+    one_slot: TritonSHMClient, triton: LocalTritonServer
 ) -> None:
     async def main() -> float:
         started = time.monotonic()
-        slow = asyncio.ensure_future(one_slot.infer_shm_async("delay_echo", _inputs(600, 1.0)))
-        await asyncio.sleep(0.1)
+        with runs_in_triton(triton, "delay_echo") as runs:
+            slow = asyncio.ensure_future(one_slot.infer_shm_async("delay_echo", _inputs(600, 1.0)))
+            await asyncio.to_thread(wait_for, runs, what="the slow request running in Triton")
         slow.cancel()
         with pytest.raises(asyncio.CancelledError):
             await slow
@@ -109,46 +109,41 @@ def test_a_cancelled_coroutine_frees_its_slot_when_triton_answers(
 
 
 def test_many_threads_with_deadlines_on_few_slots_never_get_another_requests_data(
-    grpc_url: str,
+    client: TritonSHMClient,
 ) -> None:
     """The case that once answered 1 request in 456 with another's data: 8 threads on 2 slots,
     delays of 0 to 250 ms, one request in four with a 60 ms deadline."""
     wrong: list[tuple[float, np.ndarray]] = []
     counts = {"answered": 0, "deadline": 0}
     lock = threading.Lock()
-    with TritonSHMClient(url=grpc_url) as client:
-        client.register_shm_model("delay_echo", max_shapes=ECHO_SHAPES, pool_size=2)
+    client.register_shm_model("delay_echo", max_shapes=ECHO_SHAPES, pool_size=2)
 
-        def caller(seed: int) -> None:
-            rng = random.Random(seed)
-            for n in range(30):
-                value = seed * 1000 + n
-                length = rng.randint(1, 64)
-                deadline = 0.06 if rng.random() < 0.25 else None
-                inputs = _inputs(rng.choice([0, 0, 50, 120, 250]), value, length)
-                try:
-                    out = client.infer_shm("delay_echo", inputs, client_timeout_s=deadline)["ECHO"]
-                except TritonServerError as exc:
-                    assert exc.status == "StatusCode.DEADLINE_EXCEEDED", exc
-                    with lock:
-                        counts["deadline"] += 1
-                    continue
+    def caller(seed: int) -> None:
+        rng = random.Random(seed)
+        for n in range(30):
+            value = seed * 1000 + n
+            length = rng.randint(1, 64)
+            deadline = 0.06 if rng.random() < 0.25 else None
+            inputs = _inputs(rng.choice([0, 0, 50, 120, 250]), value, length)
+            try:
+                out = client.infer_shm("delay_echo", inputs, client_timeout_s=deadline)["ECHO"]
+            except TritonServerError as exc:
+                assert exc.status == "StatusCode.DEADLINE_EXCEEDED", exc
                 with lock:
-                    counts["answered"] += 1
-                    if not np.array_equal(out, inputs["DATA"]):
-                        wrong.append((value, out))
+                    counts["deadline"] += 1
+                continue
+            with lock:
+                counts["answered"] += 1
+                if not np.array_equal(out, inputs["DATA"]):
+                    wrong.append((value, out))
 
-        threads = [threading.Thread(target=caller, args=(seed,)) for seed in range(1, 9)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        # Every slot comes back once Triton has answered the requests given up on.
-        wait_for(
-            lambda: client.shm_stats("delay_echo").in_use == 0,
-            timeout_s=5,
-            what="every slot back once Triton answered",
-        )
+    in_threads(caller, range(1, 9))
+    # Every slot comes back once Triton has answered the requests given up on.
+    wait_for(
+        lambda: client.shm_stats("delay_echo").in_use == 0,
+        timeout_s=5,
+        what="every slot back once Triton answered",
+    )
     assert wrong == []
     assert counts["deadline"] > 0 and counts["answered"] + counts["deadline"] == 240
 
@@ -194,9 +189,9 @@ def test_a_close_from_another_thread_meanwhile_waits_for_the_first(
     pool = registry_of(client).get("delay_echo")
     wait_for(lambda: request_sent(pool), timeout_s=5, what="the request sent to Triton")
     closers = [threading.Thread(target=client.close) for _ in range(2)]
-    for thread in closers:
-        thread.start()
-        time.sleep(0.05)
+    closers[0].start()
+    wait_for(lambda: registry_of(client).closed, timeout_s=5, what="the first close under way")
+    closers[1].start()
     for thread in [caller, *closers]:
         thread.join(timeout=30)
     assert errors == []

@@ -7,6 +7,7 @@ import threading
 
 import numpy as np
 import pytest
+from _helpers import wait_for
 
 from ray_triton_shm import SlotTimeoutError, TritonSHMClient
 
@@ -48,7 +49,7 @@ def test_waiting_for_a_slot_blocks_no_thread(client: TritonSHMClient) -> None:
         while not all(c.done() for c in calls):
             ticks += 1  # the loop keeps running while three callers wait for the one slot
             assert client.shm_stats("slow_identity").waiting <= 3
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.01)  # the probe itself: a tick, counted while they wait
         for i, call in enumerate(calls):
             np.testing.assert_array_equal(call.result()["OUTPUT0"], x * i)
         return ticks, threading.active_count() - threads_before
@@ -64,7 +65,9 @@ def test_slot_timeout_async(client: TritonSHMClient) -> None:
 
     async def main() -> None:
         holder = asyncio.ensure_future(client.infer_shm_async("slow_identity", {"INPUT0": x}))
-        await asyncio.sleep(0.05)
+        await asyncio.to_thread(
+            wait_for, lambda: client.shm_stats("slow_identity").in_use, what="the holder's slot"
+        )
         with pytest.raises(SlotTimeoutError):
             await client.infer_shm_async("slow_identity", {"INPUT0": x}, slot_timeout_s=0.01)
         await holder
@@ -81,16 +84,21 @@ def test_cancellation_never_loses_or_reuses_a_busy_slot(client: TritonSHMClient)
         # One caller with five chunks in flight over two slots, one waiting for a slot: cancel both.
         busy = asyncio.ensure_future(client.infer_shm_async("slow_identity", {"INPUT0": x}))
         waiting = asyncio.ensure_future(client.infer_shm_async("slow_identity", {"INPUT0": x[:1]}))
-        await asyncio.sleep(0.1)
-        assert client.shm_stats("slow_identity").in_use == 2
+
+        def both_taken_one_waiting() -> bool:
+            stats = client.shm_stats("slow_identity")
+            return (stats.in_use, stats.waiting) == (2, 1)
+
+        await asyncio.to_thread(wait_for, both_taken_one_waiting, what="2 slots taken, 1 waiting")
         busy.cancel()
         waiting.cancel()
         for task in (busy, waiting):
             with pytest.raises(asyncio.CancelledError):
                 await task
         # Slots come back once Triton has answered the requests already sent.
-        while client.shm_stats("slow_identity").in_use:
-            await asyncio.sleep(0.01)
+        await asyncio.to_thread(
+            wait_for, lambda: client.shm_stats("slow_identity").in_use == 0, what="every slot"
+        )
         out = await client.infer_shm_async("slow_identity", {"INPUT0": x})
         np.testing.assert_array_equal(out["OUTPUT0"], x)
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _helpers import registered_on
+from _helpers import GREW, registered_on, wait_for
 from rich.console import Console
 
 from ray_triton_shm._bench import _runner
@@ -46,7 +46,8 @@ from ray_triton_shm._bench.report._figures import curves_path, write_figures
 from ray_triton_shm._bench.report._html import SECTIONS
 from ray_triton_shm._bench.report._json import bench_json
 from ray_triton_shm._cli import main
-from ray_triton_shm._slots._specs import TensorSpec
+from ray_triton_shm._slots._header import MAX_SLOTS, RegionHeader
+from ray_triton_shm._slots._specs import REGION_HEADER_BYTES, TensorSpec
 from ray_triton_shm.local._server import LocalTritonServer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -65,6 +66,19 @@ def _regions_of(pid: int) -> list[str]:
     """Regions in /dev/shm created by ``pid`` through the library or the bench's manual path."""
     prefixes = (f"rtshm_{pid}-", f"{SHM_KEY_PREFIX}{pid}_")
     return sorted(p.name for p in SHM_DIR.iterdir() if p.name.startswith(prefixes))
+
+
+def _answered_on(region: str) -> int:
+    """Requests answered on a library region of another process, as its header counts them
+    (``0`` once it is gone)."""
+    try:
+        with (SHM_DIR / region).open("rb") as file:
+            header = file.read(REGION_HEADER_BYTES)
+    except FileNotFoundError:
+        return 0
+    if len(header) < REGION_HEADER_BYTES:
+        return 0  # not a pool's (a probe's)
+    return RegionHeader(header, MAX_SLOTS).totals().requests
 
 
 def _bench(triton: LocalTritonServer, *extra: str) -> subprocess.Popen[str]:
@@ -356,25 +370,11 @@ def test_the_recommendation_is_the_fewest_slots_near_the_best() -> None:
     assert ModelResult("m", runs=[_run("grpc", 1, None, 100)]).recommendation(None) is None
 
 
-#: An elastic run's own numbers: its pool grew from 2 to 16 slots 0.4 s into its load.
-_GREW = {
-    "pool_sizes": [[0.0, 2], [0.2, 2], [0.4, 16], [0.6, 16]],
-    "min_slots": 2,
-    "max_slots": 64,
-    "pool_size_max": 16,
-    "pool_size_max_s": 0.4,
-    "pool_size_settled": 16,
-    "limited_by": "",
-    "warmup_s": 1.0,
-    "warmup_requests_per_s": 800.0,
-}
-
-
 def test_the_advice_under_load_is_the_elastic_pools_size_beside_the_best_fixed() -> None:
     model = ModelResult("m", runs=[
         _run("grpc", 1, None, 100), _run("shm-client", 1, 1, 150, shm_bytes=10),
         _run("grpc", 4, None, 200), _run("shm-client", 4, 4, 392, shm_bytes=40),
-        _run("shm-model", 16, ELASTIC, 1008, **_GREW), _run("grpc-procs", 16, None, 320),
+        _run("shm-model", 16, ELASTIC, 1008, **GREW), _run("grpc-procs", 16, None, 320),
         _run("shm-model", 16, 4, 640), _run("shm-model", 16, 16, 1024),
     ])  # fmt: skip
     # The runs are found by their slots: a fixed pool of 4 is not the elastic run.
@@ -437,15 +437,27 @@ def test_bench_ctrl_c_cleans_up_and_reports_what_ran(
         *("--rounds", "1000", "--no-plot", "--json", str(tmp_path / "bench.json")),
         *("--report", str(tmp_path / "report.html")),
     )
+
+    def answered() -> int:
+        """Requests answered on the library's pool of the model so far (``-1``: none)."""
+        assert proc.poll() is None, proc.communicate()
+        ours, model = f"rtshm_{proc.pid}-", "_classifier"
+        pools = [n for n in _regions_of(proc.pid) if n.startswith(ours) and n.endswith(model)]
+        return max((_answered_on(n) for n in pools), default=-1)
+
     try:
-        deadline = time.monotonic() + 120
-        # Both shm paths have set up once the library's region exists (set up second).
-        while not any(n.startswith(f"rtshm_{proc.pid}-") for n in _regions_of(proc.pid)):
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "the bench never created its regions"
-            time.sleep(0.1)
-        assert any(n.startswith(SHM_KEY_PREFIX) for n in _regions_of(proc.pid))
-        time.sleep(0.5)
+        # Set up in order: shm-manual's regions, then shm-client's pool (a pool of the bench's
+        # check of the transport came and went before them).
+        wait_for(
+            lambda: (
+                any(n.startswith(SHM_KEY_PREFIX) for n in _regions_of(proc.pid)) and answered() >= 0
+            ),
+            timeout_s=120,
+            what="both shm paths set up",
+        )
+        # Then measured in that order: shm-client answers past its set-up (a check and the
+        # warm-up: a few requests) once shm-manual's first slice posted its numbers.
+        wait_for(lambda: answered() > 20, timeout_s=60, what="a slice of shm-manual measured")
         proc.send_signal(signal.SIGINT)
         sent = time.monotonic()
         _, stderr = proc.communicate(timeout=60)
@@ -556,8 +568,8 @@ class _CrashesTheServer(_plain.GrpcPath):
         pid = self.target.server_pid
         if _CrashesTheServer.slices == 2 and pid is not None:
             os.kill(pid, signal.SIGABRT)
-            while _cmdline(pid):  # Triton's handler takes a moment to end it
-                time.sleep(0.01)
+            # Triton's handler takes a moment to end it.
+            wait_for(lambda: not _cmdline(pid), what="the aborted Triton gone", every_s=0.01)
         return super().run_slice(slice_s)
 
 

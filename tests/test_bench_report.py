@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _helpers import browse
+from _helpers import GREW, browse
 from rich.console import Console
 
 from ray_triton_shm._bench._cases import ModelCase
@@ -53,7 +53,7 @@ def test_open_loop_latency_counts_from_when_a_request_was_due() -> None:
 
     def slow() -> None:
         calls.append(time.perf_counter())
-        time.sleep(0.02)
+        time.sleep(0.02)  # the load itself: the server's 20 ms a request
 
     loop = run_open_loop(slow, np.arange(20) / 100, time.perf_counter(), 1, give_up_s=10)
     assert loop.dropped == 0 and len(loop.latencies) == 20
@@ -94,20 +94,6 @@ def _open(path: str, slots: int | None, rate: float, p99_s: float, dropped: int 
     return run
 
 
-#: An elastic run's own numbers: its pool grew from 2 to 16 slots 0.4 s into its load.
-_GREW = {
-    "pool_sizes": [[0.0, 2], [0.2, 2], [0.4, 16], [0.6, 16], [1.5, 16]],
-    "min_slots": 2,
-    "max_slots": 64,
-    "pool_size_max": 16,
-    "pool_size_max_s": 0.4,
-    "pool_size_settled": 16,
-    "limited_by": "",
-    "warmup_s": 1.0,
-    "warmup_requests_per_s": 900.0,
-}
-
-
 def _results(tmp_path: Path) -> BenchResults:
     """Two models as a --ray run with --request-rate would leave them."""
     runs = [
@@ -117,7 +103,7 @@ def _results(tmp_path: Path) -> BenchResults:
         _closed("shm-client", 4, 4, 800, shm_bytes=40),
         _closed("shm-model", 1, 1, 250),
         _closed("grpc-procs", 1, None, 90),
-        _closed("shm-model", 16, ELASTIC, 960, **_GREW),
+        _closed("shm-model", 16, ELASTIC, 960, **GREW),
         _closed("grpc-procs", 16, None, 160),
         _closed("shm-model", 16, 4, 640),
         _closed("shm-model", 16, 16, 992),

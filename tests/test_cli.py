@@ -7,7 +7,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -15,9 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from _helpers import free_ports
+from _helpers import free_ports, wait_for
 from tritonclient.utils import InferenceServerException
 
+from ray_triton_shm import TritonSHMClient
 from ray_triton_shm._cli import main
 from ray_triton_shm.local._server import LocalTritonServer
 
@@ -102,15 +102,17 @@ def test_serve_local_answers_restarts_a_crashed_triton_then_stops_on_sigint() ->
     lines: list[str] = []
     server_pid = None
     try:
-        assert proc.stdout is not None
-        deadline = time.monotonic() + 240
-        while True:
-            line = proc.stdout.readline()
-            assert line or proc.poll() is None, "".join(lines) + proc.stderr.read()
+        out, err = proc.stdout, proc.stderr
+        assert out is not None and err is not None
+
+        def printed(start: str) -> str | None:
+            """Its next line, if that starts with ``start`` (reading waits for one)."""
+            line = out.readline()
+            assert line or proc.poll() is None, "".join(lines) + err.read()
             lines.append(line)
-            if line.startswith("Press Ctrl-C"):
-                break
-            assert time.monotonic() < deadline
+            return line if line.startswith(start) else None
+
+        wait_for(lambda: printed("Press Ctrl-C"), timeout_s=240, every_s=0, what="it ready")
         text = "".join(lines)
         server_pid = int(re.search(r"pid (\d+)", text).group(1))  # type: ignore[union-attr]
         assert f"127.0.0.1:{grpc_port}" in text and f"127.0.0.1:{http_port}" in text
@@ -123,11 +125,9 @@ def test_serve_local_answers_restarts_a_crashed_triton_then_stops_on_sigint() ->
         # A crash (as Triton's Python backend can abort): said as it happens, and Triton is
         # back on the same ports.
         os.kill(server_pid, signal.SIGABRT)
-        while not line.startswith("Triton is back"):
-            line = proc.stdout.readline()
-            assert line or proc.poll() is None, "".join(lines) + proc.stderr.read()
-            lines.append(line)
-            assert time.monotonic() < deadline
+        line = wait_for(
+            lambda: printed("Triton is back"), timeout_s=240, every_s=0, what="Triton back"
+        )
         crashed = next(line for line in lines if line.startswith("Triton crash 1"))
         assert f"(pid {server_pid}): SIGABRT" in crashed and "restarting it (log: " in crashed
         kept = Path(crashed.rsplit("(log: ", 1)[1].rstrip(")\n"))
@@ -177,15 +177,12 @@ def test_serve_local_bad_repository_fails(tmp_path: Path) -> None:
 
 
 def test_status_shows_a_registered_region(
-    triton: LocalTritonServer, capsys: pytest.CaptureFixture[str]
+    triton: LocalTritonServer, client: TritonSHMClient, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from ray_triton_shm._client import TritonSHMClient
-
-    with TritonSHMClient(triton.grpc_url) as client:
-        client.register_shm_model("classifier", pool_size=1)
-        client.register_shm_model("my_model", pool_size=1, transport="inline")
-        assert main(["status", "--url", triton.grpc_url]) == 0
-        out = capsys.readouterr().out
+    client.register_shm_model("classifier", pool_size=1)
+    client.register_shm_model("my_model", pool_size=1, transport="inline")
+    assert main(["status", "--url", triton.grpc_url]) == 0
+    out = capsys.readouterr().out
     assert f"server: {triton.grpc_url}" in out
     assert out.splitlines()[1].split()[-1] == "transport"
     # Each region says how its pool reaches Triton: by value, it is never registered.

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from _helpers import classifier_expected, our_regions, registered_on, wait_for
+from _helpers import classifier_expected, in_threads, our_regions, registered_on, wait_for
 
 from ray_triton_shm import (
     ClientClosedError,
@@ -27,6 +27,7 @@ from ray_triton_shm import (
     TritonServerError,
     TritonSHMClient,
 )
+from ray_triton_shm.local import LocalTritonServer
 
 rng = np.random.default_rng(0)
 
@@ -262,7 +263,7 @@ def test_reaper_is_not_held_up_by_a_forked_child(grpc_url: str) -> None:
         "child = os.fork()\n"
         "if child == 0:\n"
         "    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)\n"
-        "    time.sleep(120)\n"
+        "    time.sleep(120)\n"  # the load itself: a child that holds the fds until killed
         "    os._exit(0)\n"
         "print(registry_of(c).get('classifier').region.name, child, flush=True)\n"
         "os.kill(os.getpid(), signal.SIGKILL)\n"
@@ -294,21 +295,23 @@ def test_killed_owner_is_reclaimed_by_the_next_client(
     wait_for(lambda: not os.path.exists(f"/dev/shm/{name}"))
 
 
-def test_server_restart_is_survived(fresh_triton) -> None:  # type: ignore[no-untyped-def]
-    with TritonSHMClient(url=fresh_triton.grpc_url) as shm_client:
-        shm_client.register_shm_model("classifier", pool_size=2)
-        x = rng.random((12, 3, 224, 224), dtype=np.float32)
-        shm_client.infer_shm("classifier", {"INPUT0": x})
-        fresh_triton.restart()
-        assert registered_on(fresh_triton.grpc_url) == set()
-        out = shm_client.infer_shm("classifier", {"INPUT0": x})["OUTPUT0"]  # two chunks
-        np.testing.assert_allclose(out, classifier_expected(x), rtol=1e-5)
-        assert our_regions(os.getpid()) == registered_on(fresh_triton.grpc_url)
-        fresh_triton.restart()
-        small = x[:3]
-        out = shm_client.infer_shm("classifier", {"INPUT0": small})["OUTPUT0"]  # one chunk
-        np.testing.assert_allclose(out, classifier_expected(small), rtol=1e-5)
-        assert shm_client.shm_stats("classifier").in_use == 0
+def test_server_restart_is_survived(
+    fresh_triton: LocalTritonServer, make_client: Callable[..., TritonSHMClient]
+) -> None:
+    shm_client = make_client(fresh_triton.grpc_url)
+    shm_client.register_shm_model("classifier", pool_size=2)
+    x = rng.random((12, 3, 224, 224), dtype=np.float32)
+    shm_client.infer_shm("classifier", {"INPUT0": x})
+    fresh_triton.restart()
+    assert registered_on(fresh_triton.grpc_url) == set()
+    out = shm_client.infer_shm("classifier", {"INPUT0": x})["OUTPUT0"]  # two chunks
+    np.testing.assert_allclose(out, classifier_expected(x), rtol=1e-5)
+    assert our_regions(os.getpid()) == registered_on(fresh_triton.grpc_url)
+    fresh_triton.restart()
+    small = x[:3]
+    out = shm_client.infer_shm("classifier", {"INPUT0": small})["OUTPUT0"]  # one chunk
+    np.testing.assert_allclose(out, classifier_expected(small), rtol=1e-5)
+    assert shm_client.shm_stats("classifier").in_use == 0
 
 
 # ---------------------------------------------------------------- backpressure and concurrency
@@ -351,7 +354,7 @@ def test_chunks_in_flight_are_bounded_by_the_pool(client: TritonSHMClient) -> No
     def watch() -> None:
         while not done.is_set():
             seen.append(client.shm_stats("slow_identity").in_use)
-            time.sleep(0.005)
+            time.sleep(0.005)  # the watch itself: its sampling period, not a wait
 
     watcher = threading.Thread(target=watch)
     watcher.start()
@@ -366,26 +369,17 @@ def test_chunks_in_flight_are_bounded_by_the_pool(client: TritonSHMClient) -> No
 
 def test_many_threads_share_a_small_pool(client: TritonSHMClient) -> None:
     client.register_shm_model("my_model", pool_size=2)
-    errors: list[BaseException] = []
 
     def work(seed: int) -> None:
         local = np.random.default_rng(seed)
-        try:
-            for _ in range(3):
-                n = int(local.integers(1, 20))
-                x0 = local.random((n, 3, 224, 224), dtype=np.float32)
-                x1 = local.integers(0, 50, size=(n, 10), dtype=np.int32)
-                out = client.infer_shm("my_model", {"INPUT0": x0, "INPUT1": x1})
-                np.testing.assert_array_equal(out["OUTPUT1"], x1[:, :5] * 2)
-        except BaseException as exc:
-            errors.append(exc)
+        for _ in range(3):
+            n = int(local.integers(1, 20))
+            x0 = local.random((n, 3, 224, 224), dtype=np.float32)
+            x1 = local.integers(0, 50, size=(n, 10), dtype=np.int32)
+            out = client.infer_shm("my_model", {"INPUT0": x0, "INPUT1": x1})
+            np.testing.assert_array_equal(out["OUTPUT1"], x1[:, :5] * 2)
 
-    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert errors == []
+    in_threads(work, range(6))
     assert client.shm_stats("my_model").in_use == 0
 
 

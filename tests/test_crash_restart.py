@@ -12,13 +12,19 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-from _helpers import end_node_actor, model_repository, our_regions, registered_on, wait_for
+from _helpers import (
+    end_node_actor,
+    local_triton,
+    model_repository,
+    our_regions,
+    registered_on,
+    wait_for,
+)
 
 from ray_triton_shm import TritonSHMClient
 from ray_triton_shm.local._crashes import RestartPolicy, ServerEvent, crash_reason, reason_lines
@@ -94,11 +100,12 @@ def _group_alive(pgid: int) -> bool:
 def _wait_back(server: LocalTritonServer, crashes: int) -> float:
     """Waits until ``server`` recorded ``crashes`` crashes and is ready again; the seconds
     from the last crash until it was."""
-    deadline = time.monotonic() + BACK_WITHIN_S
-    while len(server.crashes) < crashes or server.is_restarting or not server.is_running:
+
+    def back() -> bool:
         assert server.failure is None, server.failure
-        assert time.monotonic() < deadline, f"not back: {server.crashes}"
-        time.sleep(0.02)
+        return len(server.crashes) >= crashes and not server.is_restarting and server.is_running
+
+    wait_for(back, timeout_s=BACK_WITHIN_S, what=lambda: f"Triton back after {server.crashes}")
     down_s = server.crashes[-1].down_s
     assert down_s is not None
     return down_s
@@ -107,17 +114,13 @@ def _wait_back(server: LocalTritonServer, crashes: int) -> float:
 @pytest.fixture
 def supervised(tmp_path: Path) -> Iterator[tuple[LocalTritonServer, list[ServerEvent]]]:
     events: list[ServerEvent] = []
-    server = LocalTritonServer(
+    with local_triton(
         model_repository(tmp_path / "models", "identity"),
         log_path=tmp_path / "tritonserver.log",
         stop_grace_s=5.0,
         on_event=events.append,
-    )
-    server.start()
-    try:
+    ) as server:
         yield server, events
-    finally:
-        server.close()
 
 
 class _Load:
@@ -149,10 +152,11 @@ class _Load:
                 self.wrong += not np.array_equal(out, x)
 
     def wait_for(self, answers: int) -> None:
-        deadline = time.monotonic() + BACK_WITHIN_S
-        while self.answers < answers:
-            assert time.monotonic() < deadline, (self.answers, self.errors)
-            time.sleep(0.01)
+        wait_for(
+            lambda: self.answers >= answers,
+            timeout_s=BACK_WITHIN_S,
+            what=lambda: f"{answers} answers ({self.answers}; errors: {self.errors})",
+        )
 
     def stop(self) -> None:
         self._stop.set()
@@ -302,13 +306,11 @@ def test_the_node_actor_counts_restarts_from_the_registrations_triton_lost(
 
 def test_repeated_crashes_past_the_limit_give_up_naming_the_log(tmp_path: Path) -> None:
     events: list[ServerEvent] = []
-    server = LocalTritonServer(
+    with local_triton(
         model_repository(tmp_path / "models", "identity"),
         max_crashes=2,
         on_event=events.append,
-    )
-    server.start()
-    try:
+    ) as server:
         first = server.pid
         assert first is not None
         os.kill(first, signal.SIGABRT)
@@ -324,21 +326,17 @@ def test_repeated_crashes_past_the_limit_give_up_naming_the_log(tmp_path: Path) 
         assert not server.is_running and not server.is_restarting
         for pid in (first, second):
             assert not _group_alive(pid)  # no tritonserver, no stub left running
-    finally:
-        server.close()
     # The evidence outlives the server (its temporary directory is gone).
     assert log.is_file() and "Signal (6) received" in log.read_text()
     log.unlink()
 
 
 def test_restarts_off_leave_the_server_down_with_its_reason(tmp_path: Path) -> None:
-    server = LocalTritonServer(
+    with local_triton(
         model_repository(tmp_path / "models", "identity"),
         log_path=tmp_path / "tritonserver.log",
         restart_on_crash=False,
-    )
-    server.start()
-    try:
+    ) as server:
         pid = server.pid
         assert pid is not None
         os.kill(pid, signal.SIGSEGV)
@@ -347,8 +345,6 @@ def test_restarts_off_leave_the_server_down_with_its_reason(tmp_path: Path) -> N
         assert "SIGSEGV" in server.failure and not server.is_running
         server.start()  # a start by hand brings it back
         assert server.is_running and server.failure is None
-    finally:
-        server.close()
 
 
 def test_a_log_that_failed_to_start_is_kept(tmp_path: Path) -> None:
@@ -412,11 +408,9 @@ def test_the_reason_lines_are_the_errors_the_exception_and_the_traceback() -> No
 
 def test_a_kill_ends_the_server_at_once_and_is_no_crash(tmp_path: Path) -> None:
     events: list[ServerEvent] = []
-    server = LocalTritonServer(
+    with local_triton(
         model_repository(tmp_path / "models", "identity"), on_event=events.append
-    )
-    server.start()
-    try:
+    ) as server:
         pid = server.pid
         assert pid is not None
         server.kill()
@@ -425,5 +419,3 @@ def test_a_kill_ends_the_server_at_once_and_is_no_crash(tmp_path: Path) -> None:
         assert not [p for p in SHM_DIR.iterdir() if p.name.startswith(server._shm_prefix)]
         server.start()  # and it starts again
         assert server.is_running
-    finally:
-        server.close()

@@ -323,10 +323,11 @@ def test_python_examples_run(
             for block in blocks_of(page):
                 if block.runs and block.lang == "bash":
                     _run_bash(block, grpc_url)
-            from ray_triton_shm.local import LocalTritonServer
+            from _helpers import local_triton
 
-            server = LocalTritonServer(repository, log_path=tmp_path / "tritonserver.log")
-            stack.enter_context(contextlib.closing(server)).start()
+            server = stack.enter_context(
+                local_triton(repository, log_path=tmp_path / "tritonserver.log")
+            )
             grpc_url = server.grpc_url
         try:
             out = _run_python(page, blocks, grpc_url, _env(grpc_url, extra))

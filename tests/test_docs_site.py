@@ -9,12 +9,10 @@ defines it. Skipped where no site was built (CI builds it before the tests).
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
+from _helpers import chromium, dump_dom
 
 SITE = Path(__file__).resolve().parent.parent / "site"
 MERMAID = "assets/javascripts/mermaid.min.js"
@@ -54,34 +52,19 @@ def test_every_page_with_a_diagram_loads_the_local_mermaid_first() -> None:
 
 
 @pytest.mark.skipif(
-    not (shutil.which("chromium") or shutil.which("chromium-browser")),
-    reason="headless Chromium is missing (make browser installs it)",
+    chromium() is None, reason="headless Chromium is missing (make browser installs it)"
 )
 def test_the_diagrams_render_with_no_network() -> None:
     """In headless Chromium with every host name unresolvable, Material replaces each
     diagram's ``<pre class="mermaid">`` by the ``<div class="mermaid">`` it draws into once
     mermaid rendered it (a failed load leaves the ``pre``, without its class)."""
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    assert chromium is not None
     for page in _pages_with_diagrams():
         diagrams = page.read_text().count('<pre class="mermaid">')
-        with tempfile.TemporaryDirectory() as profile:
-            done = subprocess.run(
-                [
-                    chromium,
-                    *("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"),
-                    *("--disable-background-networking", "--disable-component-update"),
-                    *("--disable-sync", f"--user-data-dir={profile}"),
-                    "--host-resolver-rules=MAP * ~NOTFOUND",  # offline: no CDN to fall back on
-                    "--virtual-time-budget=15000",  # until the asynchronous rendering is done
-                    "--dump-dom",
-                    page.as_uri(),
-                ],
-                capture_output=True,
-                text=True,
-                timeout=120,
-                check=False,
-            )
+        done = dump_dom(
+            page,
+            "--host-resolver-rules=MAP * ~NOTFOUND",  # offline: no CDN to fall back on
+            "--virtual-time-budget=15000",  # until the asynchronous rendering is done
+        )
         drawn = done.stdout.count('<div class="mermaid">')
         assert drawn == diagrams, (
             f"{page.relative_to(SITE)}: {drawn} of {diagrams} diagrams drawn offline "

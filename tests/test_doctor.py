@@ -30,13 +30,17 @@ import pytest
 from _helpers import (
     ADMIN,
     INFER,
+    OWN_DEV_SHM,
     READ,
     free_port_pair,
     free_ports,
+    local_triton,
     model_repository,
+    need_unshare,
     our_regions,
     registered_on,
     start_cluster,
+    wait_for,
 )
 
 from ray_triton_shm._wire._keys import env_var_for
@@ -44,8 +48,6 @@ from ray_triton_shm.local._server import LocalTritonServer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHM_DIR = Path("/dev/shm")
-#: A Triton started under this sees a /dev/shm of its own (the container mistake).
-OWN_DEV_SHM = ("unshare", "--mount", "sh", "-c", 'mount -t tmpfs tmpfs /dev/shm && exec "$0" "$@"')
 #: A Triton started under this runs as nobody. It keeps the right to read any file (root's
 #: Python installation is private here), but not to write one: it cannot open a 0600 region.
 OTHER_UID = (
@@ -97,13 +99,6 @@ def _statuses(checks: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
     return {name: check["status"] for name, check in checks.items()}
 
 
-def _unshare_reason(*flags: str) -> str | None:
-    if shutil.which("unshare") is None:
-        return "unshare is not installed"
-    done = subprocess.run(["unshare", *flags, "true"], capture_output=True, text=True)
-    return None if done.returncode == 0 else f"`unshare {' '.join(flags)}` needs root here"
-
-
 @pytest.fixture
 def leaves_nothing(triton: LocalTritonServer) -> Iterator[None]:
     """Fails the test if anything of ours appeared in /dev/shm or in the shared Triton."""
@@ -114,32 +109,22 @@ def leaves_nothing(triton: LocalTritonServer) -> Iterator[None]:
 
 
 @pytest.fixture
-def odd_triton(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LocalTritonServer]:
-    """A Triton started under the launcher given by ``request.param``."""
-    launcher = request.param
-    if launcher[0] == "unshare":
-        reason = _unshare_reason("--mount")
-    elif os.geteuid() != 0 or shutil.which("setpriv") is None:
-        reason = "running Triton as another uid needs root and setpriv"
-    else:
-        reason = None
-    if reason:
-        pytest.skip(reason)
+def other_uid_triton(tmp_path: Path) -> Iterator[LocalTritonServer]:
+    """A Triton started as another uid (:data:`OTHER_UID`)."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("running Triton as another uid needs root and setpriv")
     # One model, not every one: the checks need none, and it starts in a third of the time.
     # Outside tmp_path, which another uid cannot enter.
     repository = Path(tempfile.mkdtemp(prefix="rtshm-test-odd-"))
     repository.chmod(0o755)
-    server = LocalTritonServer(
-        model_repository(repository, "identity"),
-        launcher=launcher,
-        log_path=tmp_path / "tritonserver.log",
-    )
     try:
-        server.start()
-        yield server
+        with local_triton(
+            model_repository(repository, "identity"),
+            launcher=OTHER_UID,
+            log_path=tmp_path / "tritonserver.log",
+        ) as server:
+            yield server
     finally:
-        server.kill()  # its graceful end is test_server.py's
-        server.close()
         shutil.rmtree(repository)
 
 
@@ -241,11 +226,10 @@ def test_a_host_that_does_not_resolve_is_told_apart() -> None:
     assert "does not resolve" in triton["summary"]
 
 
-@pytest.mark.parametrize("odd_triton", [OWN_DEV_SHM], indirect=True)
-def test_a_triton_with_its_own_dev_shm_is_named(odd_triton: LocalTritonServer) -> None:
+def test_a_triton_with_its_own_dev_shm_is_named(triton_elsewhere: LocalTritonServer) -> None:
     before = our_regions()
     # transport auto (the default): the models go by value, a warning that says why.
-    code, report, _ = _doctor("--url", odd_triton.grpc_url)
+    code, report, _ = _doctor("--url", triton_elsewhere.grpc_url)
     checks = _checks(report)
     assert code == 0 and not report["failed"], report
     expected = {**dict.fromkeys(CHECKS, "ok"), "region": "warn", "http": "skip"}
@@ -259,7 +243,7 @@ def test_a_triton_with_its_own_dev_shm_is_named(odd_triton: LocalTritonServer) -
     assert "by value, over gRPC" in checks["http"]["summary"]
 
     # transport shm: registering would fail, and the doctor fails.
-    code, report, _ = _doctor("--url", odd_triton.grpc_url, "--transport", "shm")
+    code, report, _ = _doctor("--url", triton_elsewhere.grpc_url, "--transport", "shm")
     checks = _checks(report)
     assert code == 1 and report["failed"]
     expected = {**dict.fromkeys(CHECKS, "ok"), "region": "fail", "http": "skip"}
@@ -269,15 +253,14 @@ def test_a_triton_with_its_own_dev_shm_is_named(odd_triton: LocalTritonServer) -
     assert "SharedMemoryUnreachableError" in region["summary"]
     assert "--ipc=container:" in region["fix"] and "transport='auto'" in region["fix"]
     assert our_regions() == before
-    assert not registered_on(odd_triton.grpc_url)
+    assert not registered_on(triton_elsewhere.grpc_url)
 
 
-@pytest.mark.parametrize("odd_triton", [OTHER_UID], indirect=True)
-def test_a_triton_running_as_another_uid_is_named(odd_triton: LocalTritonServer) -> None:
-    status = Path(f"/proc/{odd_triton.pid}/status").read_text()
+def test_a_triton_running_as_another_uid_is_named(other_uid_triton: LocalTritonServer) -> None:
+    status = Path(f"/proc/{other_uid_triton.pid}/status").read_text()
     assert "Uid:\t65534" in status  # the set-up really runs Triton as another user
     before = our_regions()
-    code, report, _ = _doctor("--url", odd_triton.grpc_url, "--transport", "shm")
+    code, report, _ = _doctor("--url", other_uid_triton.grpc_url, "--transport", "shm")
     checks = _checks(report)
     assert code == 1
     expected = {**dict.fromkeys(CHECKS, "ok"), "region": "fail", "http": "skip"}
@@ -287,7 +270,7 @@ def test_a_triton_running_as_another_uid_is_named(odd_triton: LocalTritonServer)
     assert "another user" in region["summary"] and "0600" in region["summary"]
     assert "runAsUser" in region["fix"] and "--user" in region["fix"]
     # transport auto: by value, a warning naming the same cause.
-    code, report, _ = _doctor("--url", odd_triton.grpc_url)
+    code, report, _ = _doctor("--url", other_uid_triton.grpc_url)
     region = _checks(report)["region"]
     assert code == 0 and region["status"] == "warn", report
     assert region["details"] == {
@@ -298,7 +281,7 @@ def test_a_triton_running_as_another_uid_is_named(odd_triton: LocalTritonServer)
     }
     assert region["summary"].startswith("transport auto: inline, because Triton runs as another")
     assert our_regions() == before
-    assert not registered_on(odd_triton.grpc_url)
+    assert not registered_on(other_uid_triton.grpc_url)
 
 
 def _switches(caplog: pytest.LogCaptureFixture, model: str) -> list[str]:
@@ -321,9 +304,7 @@ def test_going_by_value_and_each_switch_is_one_info_line(
 
     from ray_triton_shm import TritonSHMClient
 
-    reason = _unshare_reason("--mount")
-    if reason:
-        pytest.skip(reason)
+    need_unshare("--mount")
     caplog.set_level(logging.INFO, logger="ray_triton_shm")
     repository = model_repository(tmp_path / "models", "identity")
     grpc_port, http_port = free_port_pair()
@@ -366,11 +347,16 @@ def test_going_by_value_and_each_switch_is_one_info_line(
             server.kill()
             server.close()
             server = start()
-            deadline = time.monotonic() + 30
-            while client.shm_stats("identity").transport != "shm":
-                assert time.monotonic() < deadline, _switches(caplog, "identity")
+
+            def back_on_shm() -> bool:
                 client.infer_shm("identity", {"INPUT0": x})
-                time.sleep(0.2)
+                return client.shm_stats("identity").transport == "shm"
+
+            wait_for(
+                back_on_shm,
+                every_s=0.1,
+                what=lambda: f"a call back on shm; switches: {_switches(caplog, 'identity')}",
+            )
             (back,) = _switches(caplog, "identity")
             assert "transport shm" in back, back
     finally:
@@ -454,9 +440,7 @@ def registrations_left(server: LocalTritonServer, keys: Mapping[str, str]) -> li
 def test_a_64_mb_dev_shm_is_flagged_and_a_pool_that_does_not_fit_fails(
     triton: LocalTritonServer, leaves_nothing: None
 ) -> None:
-    reason = _unshare_reason("--mount")
-    if reason:
-        pytest.skip(reason)
+    need_unshare("--mount")
     small = ("unshare", "--mount", "sh", "-c", 'mount -t tmpfs -o size=64m tmpfs /dev/shm && "$@"')
     prefix = (*small, "doctor")
 

@@ -154,37 +154,33 @@ def test_bad_specs(client: TritonSHMClient, kwargs: dict[str, Any], pattern: str
     assert "classifier" not in client.registered_models
 
 
-def test_triton_errors_keep_status_and_message_and_free_slots(grpc_url: str) -> None:
-    with TritonSHMClient(url=grpc_url) as shm_client:
-        shm_client.register_shm_model(
-            "fail_on_negative", pool_size=2, max_shapes={"INPUT0": (4,), "OUTPUT0": (4,)}
-        )
-        bad = np.ones((20, 4), np.float32)
-        bad[13, 2] = -1  # in the second of three chunks
-        with pytest.raises(TritonServerError, match="negative input") as info:
-            shm_client.infer_shm("fail_on_negative", {"INPUT0": bad})
-        assert info.value.status and "negative input" in info.value.server_message
-        assert info.value.model == "fail_on_negative"
-        assert isinstance(info.value.__cause__, grpc.RpcError)
-        stats = shm_client.shm_stats("fail_on_negative")
-        assert (stats.in_use, stats.waiting) == (0, 0)
-        good = np.abs(bad)
-        out = shm_client.infer_shm("fail_on_negative", {"INPUT0": good})["OUTPUT0"]
-        np.testing.assert_array_equal(out, good)
+def test_triton_errors_keep_status_and_message_and_free_slots(client: TritonSHMClient) -> None:
+    client.register_shm_model(
+        "fail_on_negative", pool_size=2, max_shapes={"INPUT0": (4,), "OUTPUT0": (4,)}
+    )
+    bad = np.ones((20, 4), np.float32)
+    bad[13, 2] = -1  # in the second of three chunks
+    with pytest.raises(TritonServerError, match="negative input") as info:
+        client.infer_shm("fail_on_negative", {"INPUT0": bad})
+    assert info.value.status and "negative input" in info.value.server_message
+    assert info.value.model == "fail_on_negative"
+    assert isinstance(info.value.__cause__, grpc.RpcError)
+    stats = client.shm_stats("fail_on_negative")
+    assert (stats.in_use, stats.waiting) == (0, 0)
+    good = np.abs(bad)
+    out = client.infer_shm("fail_on_negative", {"INPUT0": good})["OUTPUT0"]
+    np.testing.assert_array_equal(out, good)
 
 
-def test_triton_error_async(grpc_url: str) -> None:
-    with TritonSHMClient(url=grpc_url) as shm_client:
-        shm_client.register_shm_model(
-            "fail_on_negative", pool_size=2, max_shapes={"INPUT0": (4,), "OUTPUT0": (4,)}
+def test_triton_error_async(client: TritonSHMClient) -> None:
+    client.register_shm_model(
+        "fail_on_negative", pool_size=2, max_shapes={"INPUT0": (4,), "OUTPUT0": (4,)}
+    )
+    with pytest.raises(TritonServerError, match="negative input"):
+        asyncio.run(
+            client.infer_shm_async("fail_on_negative", {"INPUT0": -np.ones((20, 4), np.float32)})
         )
-        with pytest.raises(TritonServerError, match="negative input"):
-            asyncio.run(
-                shm_client.infer_shm_async(
-                    "fail_on_negative", {"INPUT0": -np.ones((20, 4), np.float32)}
-                )
-            )
-        assert shm_client.shm_stats("fail_on_negative").in_use == 0
+    assert client.shm_stats("fail_on_negative").in_use == 0
 
 
 def test_refused_client_shm_says_how_to_allow_it() -> None:
@@ -230,35 +226,32 @@ def test_every_exception_survives_pickle(error: TritonSHMError) -> None:
         assert copy.errno == error.errno
 
 
-def test_failed_calls_are_counted_by_kind_and_answers_by_latency(grpc_url: str) -> None:
+def test_failed_calls_are_counted_by_kind_and_answers_by_latency(client: TritonSHMClient) -> None:
     """What the metrics export: every failed call counted once under its kind (a bad input
     before any slot, a deadline while Triton runs the request), every answered request in
     the latency and wait histograms."""
-    with TritonSHMClient(url=grpc_url) as client:
-        client.register_shm_model(
-            "delay_echo", pool_size=1, max_shapes={"DATA": (4,), "ECHO": (4,)}
-        )
-        header = registry_of(client).get("delay_echo").header
-        data = np.arange(4, dtype=np.float32)
+    client.register_shm_model("delay_echo", pool_size=1, max_shapes={"DATA": (4,), "ECHO": (4,)})
+    header = registry_of(client).get("delay_echo").header
+    data = np.arange(4, dtype=np.float32)
 
-        def call(delay_ms: int, **options: Any) -> Any:
-            inputs = {"DELAY_MS": np.array([delay_ms], np.int32), "DATA": data}
-            return client.infer_shm("delay_echo", inputs, **options)
+    def call(delay_ms: int, **options: Any) -> Any:
+        inputs = {"DELAY_MS": np.array([delay_ms], np.int32), "DATA": data}
+        return client.infer_shm("delay_echo", inputs, **options)
 
-        for _ in range(3):
-            np.testing.assert_array_equal(call(0)["ECHO"], data)
-        with pytest.raises(InvalidInputError):
-            client.infer_shm("delay_echo", {"DATA": data})
-        with pytest.raises(TritonServerError, match="client_timeout_s"):
-            call(1000, client_timeout_s=0.2)
-        np.testing.assert_array_equal(call(0)["ECHO"], data)  # after Triton answered it
+    for _ in range(3):
+        np.testing.assert_array_equal(call(0)["ECHO"], data)
+    with pytest.raises(InvalidInputError):
+        client.infer_shm("delay_echo", {"DATA": data})
+    with pytest.raises(TritonServerError, match="client_timeout_s"):
+        call(1000, client_timeout_s=0.2)
+    np.testing.assert_array_equal(call(0)["ECHO"], data)  # after Triton answered it
 
-        failures = header.failures()
-        assert failures["bad_input"] == 1 and failures["deadline"] == 1
-        assert sum(failures.values()) == 2
-        totals, histograms = header.totals(), header.histograms()
-        assert totals.requests == 4
-        assert histograms["latency"].sum() == 4 and totals.latency_ns > 0
-        # Every request that took a slot waited for it, if only for nothing: the deadline's too.
-        assert histograms["wait"].sum() == 5
-        assert 0 < header.latency_quantile_s(0.5) < 1.0
+    failures = header.failures()
+    assert failures["bad_input"] == 1 and failures["deadline"] == 1
+    assert sum(failures.values()) == 2
+    totals, histograms = header.totals(), header.histograms()
+    assert totals.requests == 4
+    assert histograms["latency"].sum() == 4 and totals.latency_ns > 0
+    # Every request that took a slot waited for it, if only for nothing: the deadline's too.
+    assert histograms["wait"].sum() == 5
+    assert 0 < header.latency_quantile_s(0.5) < 1.0

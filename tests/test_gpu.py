@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _helpers import local_triton, runs_in_triton, wait_for
 
 from ray_triton_shm import CudaError, GPUMemoryFullError, TritonSHMClient
 from ray_triton_shm._client import registry_of
@@ -62,14 +63,10 @@ pytestmark = [
 @pytest.fixture(scope="module")
 def gpu_triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalTritonServer]:
     log = tmp_path_factory.mktemp("gpu-triton") / "tritonserver.log"
-    server = LocalTritonServer(
+    with local_triton(
         GPU_MODELS, log_path=log, extra_args=["--cuda-memory-pool-byte-size=0:268435456"]
-    )
-    server.start()
-    try:
+    ) as server:
         yield server
-    finally:
-        server.close()
 
 
 @pytest.fixture
@@ -195,12 +192,15 @@ def test_a_caller_killed_mid_request_leaves_its_slot_out_until_triton_is_done(
         _share(owner)
         owner.register_shm_model("gpu_affine", pool_size=1, max_shapes=SHAPES, memory="cuda")
         pool = registry_of(owner).get("gpu_affine")
-        victim = _caller(url, pool.region.name, 1, 4, 1, 0, 1500)  # a 1.5 s request
-        deadline = time.monotonic() + 60
-        while not pool.header.busy_since(0):
-            assert time.monotonic() < deadline and victim.poll() is None, victim.stderr
-            time.sleep(0.01)
-        time.sleep(0.2)  # the request is in Triton
+        with runs_in_triton(gpu_triton, "gpu_affine") as runs:
+            victim = _caller(url, pool.region.name, 1, 4, 1, 0, 1500)  # a 1.5 s request
+
+            def running() -> int:
+                assert victim.poll() is None, victim.communicate()[1]
+                return runs()
+
+            wait_for(running, timeout_s=60, what="the victim's request running in Triton")
+        assert pool.header.busy_since(0)
         victim.send_signal(signal.SIGKILL)
         victim.wait()
         # The next caller waits for Triton to finish the dead caller's request, then gets
@@ -216,13 +216,11 @@ def test_a_caller_killed_mid_request_leaves_its_slot_out_until_triton_is_done(
 
 
 def test_a_triton_restart_registers_gpu_memory_again(tmp_path: Path) -> None:
-    server = LocalTritonServer(
+    with local_triton(
         GPU_MODELS,
         log_path=tmp_path / "tritonserver.log",
         extra_args=["--cuda-memory-pool-byte-size=0:268435456"],
-    )
-    server.start()
-    try:
+    ) as server:
         with TritonSHMClient(url=server.grpc_url, reconnect_timeout_s=120) as client:
             client.register_shm_model("gpu_affine", pool_size=2, max_shapes=SHAPES, memory="cuda")
             x = np.arange(4 * 256, dtype=np.float32).reshape(4, 256)
@@ -235,8 +233,6 @@ def test_a_triton_restart_registers_gpu_memory_again(tmp_path: Path) -> None:
                 np.testing.assert_array_equal(out, _expected(x))
             assert len(_registered(server.grpc_url)) == 2  # both slots, registered again
         assert _registered(server.grpc_url) == set()
-    finally:
-        server.close()
 
 
 def _free_gpu_bytes() -> int:
@@ -274,13 +270,17 @@ def test_a_sigkilled_owners_registrations_are_taken_back(gpu_triton: LocalTriton
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert done.returncode == -9, done.stderr
     region = done.stdout.strip()
-    deadline = time.monotonic() + 30
-    while any(name.startswith(region) for name in _registered(url)):
-        assert time.monotonic() < deadline, "the watchdog did not take the registrations back"
-        time.sleep(0.2)
+    wait_for(
+        lambda: not any(name.startswith(region) for name in _registered(url)),
+        timeout_s=30,
+        what="the watchdog to take the registrations back",
+    )
     assert region not in {r.name for r in list_local_regions()}
-    time.sleep(1.0)
-    assert _free_gpu_bytes() >= before - 16 * 2**20
+    wait_for(
+        lambda: _free_gpu_bytes() >= before - 16 * 2**20,
+        timeout_s=10,
+        what=lambda: f"the GPU memory back ({before} bytes free before, {_free_gpu_bytes()} now)",
+    )
 
 
 def test_a_caller_that_does_not_see_the_gpu_says_which(gpu_triton: LocalTritonServer) -> None:

@@ -184,17 +184,17 @@ def test_ray_leaves_the_node_actor_every_gpu_of_its_node(monkeypatch: pytest.Mon
     """What Ray does to a worker's CUDA_VISIBLE_DEVICES (Ray's own code, no GPU needed): with
     the node actor's environment it keeps the node's; without, a worker without GPUs (the
     actor asks for none) would see none."""
-    nvidia_gpu = pytest.importorskip("ray._private.accelerators.nvidia_gpu")
+    pytest.importorskip("ray")
     from ray_triton_shm.ray._actor import NODE_ACTOR_ENV_VARS, NOSET_VISIBLE_DEVICES_ENV_VAR
+    from ray_triton_shm.ray._ray_internals import noset_visible_gpus_env_var, set_visible_gpus
 
-    assert nvidia_gpu.NOSET_CUDA_VISIBLE_DEVICES_ENV_VAR == NOSET_VISIBLE_DEVICES_ENV_VAR
+    assert noset_visible_gpus_env_var() == NOSET_VISIBLE_DEVICES_ENV_VAR
     assert dict(NODE_ACTOR_ENV_VARS) == {NOSET_VISIBLE_DEVICES_ENV_VAR: "1"}
-    manager = nvidia_gpu.NvidiaGPUAcceleratorManager
     monkeypatch.setenv(VISIBLE_DEVICES_ENV_VAR, "0,1,2,3")  # the node's, as Ray was started
     for name, value in NODE_ACTOR_ENV_VARS.items():
         monkeypatch.setenv(name, value)
-    manager.set_current_process_visible_accelerator_ids([])
+    set_visible_gpus([])
     assert os.environ[VISIBLE_DEVICES_ENV_VAR] == "0,1,2,3"
     monkeypatch.delenv(NOSET_VISIBLE_DEVICES_ENV_VAR)
-    manager.set_current_process_visible_accelerator_ids([])
+    set_visible_gpus([])
     assert os.environ[VISIBLE_DEVICES_ENV_VAR] == ""

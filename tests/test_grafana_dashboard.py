@@ -16,13 +16,16 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("ray.dashboard.modules.metrics.grafana_dashboard_factory")
+pytest.importorskip("ray")
 
+from ray_triton_shm._exceptions import ERROR_KINDS  # noqa: E402
 from ray_triton_shm.ray import grafana_dashboard, install_grafana_dashboard  # noqa: E402
 from ray_triton_shm.ray._dashboard import (  # noqa: E402
     DEPLOYMENT_CONFIGMAP,
     DEPLOYMENT_JSON,
     FILE_NAME,
+    GRAFANA_DASHBOARD_OUTPUT_DIR_ENV_VAR,
+    METRICS_OUTPUT_ROOT_ENV_VAR,
     REGENERATE,
     _deployment_files,
     _panel_queries,
@@ -66,16 +69,6 @@ TRITON = {
     "nv_inference_compute_infer_duration_us",
     "nv_inference_request_success",
     "nv_inference_count",
-}
-ERROR_KINDS = {
-    "overloaded",
-    "deadline",
-    "access_denied",
-    "tls",
-    "unavailable",
-    "model_changed",
-    "bad_input",
-    "other",
 }
 #: Every series name a query may use.
 SERIES = (
@@ -398,10 +391,8 @@ def test_install_writes_the_file(tmp_path: Path, dashboard_json: str) -> None:
 def test_install_goes_where_ray_writes_its_dashboards(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from ray.dashboard.modules.metrics import metrics_head
-
-    for name in ("GRAFANA_DASHBOARD_OUTPUT_DIR_ENV_VAR", "METRICS_OUTPUT_ROOT_ENV_VAR"):
-        monkeypatch.delenv(getattr(metrics_head, name), raising=False)
+    for name in (GRAFANA_DASHBOARD_OUTPUT_DIR_ENV_VAR, METRICS_OUTPUT_ROOT_ENV_VAR):
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
     with pytest.raises(FileNotFoundError, match="no Ray session"):
         install_grafana_dashboard()
@@ -413,9 +404,9 @@ def test_install_goes_where_ray_writes_its_dashboards(
     path = install_grafana_dashboard()
     assert path.resolve() == session / "metrics" / "grafana" / "dashboards" / FILE_NAME
 
-    monkeypatch.setenv(metrics_head.METRICS_OUTPUT_ROOT_ENV_VAR, str(tmp_path / "root"))
+    monkeypatch.setenv(METRICS_OUTPUT_ROOT_ENV_VAR, str(tmp_path / "root"))
     assert install_grafana_dashboard() == tmp_path / "root" / "grafana" / "dashboards" / FILE_NAME
-    monkeypatch.setenv(metrics_head.GRAFANA_DASHBOARD_OUTPUT_DIR_ENV_VAR, str(tmp_path / "d"))
+    monkeypatch.setenv(GRAFANA_DASHBOARD_OUTPUT_DIR_ENV_VAR, str(tmp_path / "d"))
     assert install_grafana_dashboard() == tmp_path / "d" / FILE_NAME
 
 

@@ -8,17 +8,19 @@ import asyncio
 import gc
 import os
 import socket
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
 import numpy as np
 import pytest
-from _helpers import ADMIN, INFER, READ, model_repository, our_regions
+from _helpers import ADMIN, INFER, READ, local_triton, model_repository, our_regions, wait_for
 from tritonclient.grpc import service_pb2
 
 from ray_triton_shm import AccessDeniedError, TritonServerError, TritonSHMClient
 from ray_triton_shm._defaults import HTTP_URL_ENV_VAR
-from ray_triton_shm._tools._doctor import CheckResult, check_node
+from ray_triton_shm._tools._doctor import check_node
+from ray_triton_shm._tools._doctor_report import CheckResult
 from ray_triton_shm._wire._http import HttpRoute, http_body, http_headers
 from ray_triton_shm._wire._plain_client import tritonclient_for
 from ray_triton_shm.local._server import LocalTritonServer
@@ -87,15 +89,13 @@ def test_an_endpoint_that_is_not_this_triton_is_never_used(
     ``$RAY_TRITON_SHM_HTTP_URL``, is proven and used."""
     grpc_port = _free_port()
     http_port = next(p for p in iter(_free_port, None) if abs(p - grpc_port) > 1)
-    server = LocalTritonServer(
+    x = np.arange(32, dtype=np.float32).reshape(2, 16)
+    with local_triton(
         model_repository(tmp_path / "models", "identity"),
         grpc_port=grpc_port,
         http_port=http_port,
         log_path=tmp_path / "tritonserver.log",
-    )
-    x = np.arange(32, dtype=np.float32).reshape(2, 16)
-    with server:
-        server.start()
+    ) as server:
         with TritonSHMClient(url=server.grpc_url) as client:
             client.register_shm_model("identity", pool_size=1, **IDENTITY)
             stats = client.shm_stats("identity")
@@ -125,20 +125,22 @@ def test_an_endpoint_that_is_not_this_triton_is_never_used(
     assert our_regions(os.getpid()) == set()
 
 
-def test_a_restarted_triton_is_reached_again_over_http(fresh_triton: LocalTritonServer) -> None:
+def test_a_restarted_triton_is_reached_again_over_http(
+    fresh_triton: LocalTritonServer, make_client: Callable[..., TritonSHMClient]
+) -> None:
     """The keep-alive connections die with Triton: the next request waits for it, registers
     the region again and goes on, over HTTP still, with exact answers."""
-    with TritonSHMClient(url=fresh_triton.grpc_url, reconnect_timeout_s=60) as client:
-        client.register_shm_model("identity", pool_size=2, **IDENTITY)
-        assert client.shm_stats("identity").protocol == "http"
-        x = np.arange(16, dtype=np.float32).reshape(1, 16)
-        np.testing.assert_array_equal(client.infer_shm("identity", {"INPUT0": x})["OUTPUT0"], x)
-        fresh_triton.restart()
-        for step in range(5):
-            y = x + step
-            np.testing.assert_array_equal(client.infer_shm("identity", {"INPUT0": y})["OUTPUT0"], y)
-        assert client.shm_stats("identity").protocol == "http"
-        assert client.shm_stats("identity").in_use == 0
+    client = make_client(fresh_triton.grpc_url, reconnect_timeout_s=60)
+    client.register_shm_model("identity", pool_size=2, **IDENTITY)
+    assert client.shm_stats("identity").protocol == "http"
+    x = np.arange(16, dtype=np.float32).reshape(1, 16)
+    np.testing.assert_array_equal(client.infer_shm("identity", {"INPUT0": x})["OUTPUT0"], x)
+    fresh_triton.restart()
+    for step in range(5):
+        y = x + step
+        np.testing.assert_array_equal(client.infer_shm("identity", {"INPUT0": y})["OUTPUT0"], y)
+    assert client.shm_stats("identity").protocol == "http"
+    assert client.shm_stats("identity").in_use == 0
 
 
 def test_restricted_apis_take_the_same_keys_over_http(
@@ -206,37 +208,38 @@ def test_tritons_refusals_read_the_same_over_both_protocols(
 
 def test_a_request_given_up_frees_its_slot_once_answered_even_after_a_collection(
     fresh_triton: LocalTritonServer,
+    make_client: Callable[..., TritonSHMClient],
 ) -> None:
     """A request over HTTP whose caller's deadline passed is held by nobody but its own task
     (an event loop holds its tasks weakly): it must still read Triton's answer, however the
     garbage collector runs meanwhile, and free its slot."""
-    with TritonSHMClient(url=fresh_triton.grpc_url) as client:
-        client.register_shm_model(
-            "delay_echo", pool_size=2, max_shapes={"DATA": (8,), "ECHO": (8,)}
+    client = make_client(fresh_triton.grpc_url)
+    client.register_shm_model("delay_echo", pool_size=2, max_shapes={"DATA": (8,), "ECHO": (8,)})
+    assert client.shm_stats("delay_echo").protocol == "http"
+    slow = {"DELAY_MS": np.array([300], np.int32), "DATA": np.ones(8, np.float32)}
+
+    async def give_up() -> list[str]:
+        calls = [
+            client.infer_shm_async("delay_echo", slow, client_timeout_s=0.05) for _ in range(2)
+        ]
+        # Only the names: the errors' tracebacks would hold the requests alive.
+        return [type(r).__name__ for r in await asyncio.gather(*calls, return_exceptions=True)]
+
+    async def give_up_then_wait() -> None:
+        assert await give_up() == ["TritonServerError"] * 2
+        for _ in range(3):  # turns of the loop, no time: it lets go of the callers' tasks
+            await asyncio.sleep(0)
+        gc.collect()
+        await asyncio.to_thread(
+            wait_for,
+            lambda: client.shm_stats("delay_echo").in_use == 0,
+            timeout_s=5,
+            what="both slots back once Triton answered",
         )
-        assert client.shm_stats("delay_echo").protocol == "http"
-        slow = {"DELAY_MS": np.array([300], np.int32), "DATA": np.ones(8, np.float32)}
 
-        async def give_up() -> list[str]:
-            calls = [
-                client.infer_shm_async("delay_echo", slow, client_timeout_s=0.05) for _ in range(2)
-            ]
-            # Only the names: the errors' tracebacks would hold the requests alive.
-            return [type(r).__name__ for r in await asyncio.gather(*calls, return_exceptions=True)]
-
-        async def give_up_then_wait() -> None:
-            assert await give_up() == ["TritonServerError"] * 2
-            for _ in range(3):  # the loop lets go of the callers' tasks
-                await asyncio.sleep(0)
-            gc.collect()
-            for _ in range(100):
-                if client.shm_stats("delay_echo").in_use == 0:
-                    break
-                await asyncio.sleep(0.05)
-
-        asyncio.run(give_up_then_wait())
-        assert client.shm_stats("delay_echo").in_use == 0
-        quick = {"DELAY_MS": np.array([0], np.int32), "DATA": np.arange(8, dtype=np.float32)}
-        np.testing.assert_array_equal(
-            client.infer_shm("delay_echo", quick, slot_timeout_s=5)["ECHO"], quick["DATA"]
-        )
+    asyncio.run(give_up_then_wait())
+    assert client.shm_stats("delay_echo").in_use == 0
+    quick = {"DELAY_MS": np.array([0], np.int32), "DATA": np.arange(8, dtype=np.float32)}
+    np.testing.assert_array_equal(
+        client.infer_shm("delay_echo", quick, slot_timeout_s=5)["ECHO"], quick["DATA"]
+    )

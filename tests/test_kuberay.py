@@ -30,14 +30,13 @@ from typing import Any
 import numpy as np
 import pytest
 from _crd import crd_schema, schema_problems
-from _helpers import CertificateAuthority, write_secret
+from _helpers import CertificateAuthority, local_triton, model_repository, write_secret
 
 jsonschema = pytest.importorskip("jsonschema")
 yaml = pytest.importorskip("yaml")
 
 from ray_triton_shm import TritonSHMClient, check_node  # noqa: E402
 from ray_triton_shm._wire._keys import ENV_PREFIX  # noqa: E402
-from ray_triton_shm.local import EXAMPLE_MODEL_REPOSITORY, LocalTritonServer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MANIFEST = ROOT / "deployments" / "kuberay" / "rayservice.yaml"
@@ -517,14 +516,12 @@ def test_the_triton_container_args_run_and_the_ray_env_is_enough(
     own = ("--grpc-restricted-protocol=", "--http-restricted-api=", "--model-repository=")
     own += tuple(f"--{kind}-{what}=" for kind in TRITON_PORTS for what in ("port", "address"))
     extra = [a for a in args[1:] if not a.startswith(own)]  # after the program
-    server = LocalTritonServer(
-        EXAMPLE_MODEL_REPOSITORY,
+    with local_triton(
+        model_repository(tmp_path / "models", "classifier"),  # the one model the test calls
         restricted_protocols=restricted,
         extra_args=extra,
         log_path=tmp_path / "tritonserver.log",
-    )
-    server.start()
-    try:
+    ) as server:
         (ray_mount,) = _secret_mounts(_pod(manifest), ray_c)
         assert _env(ray_c)["RAY_TRITON_SHM_KEYS_DIR"]["value"] == ray_mount
         monkeypatch.setenv("RAY_TRITON_SHM_KEYS_DIR", str(secret))
@@ -542,9 +539,6 @@ def test_the_triton_container_args_run_and_the_ray_env_is_enough(
         probe = triton["readinessProbe"]["httpGet"]["path"]
         with urllib.request.urlopen(f"http://{server.http_url}{probe}", timeout=5) as answer:
             assert answer.status == 200
-    finally:
-        server.kill()  # its graceful end is test_server.py's
-        server.close()
 
 
 def test_the_liveness_probe_restarts_triton_when_the_keys_rotate(
@@ -732,17 +726,15 @@ def test_the_mtls_triton_args_run_and_the_ray_env_is_enough(
     own += tuple(f"--{kind}-{what}=" for kind in TRITON_PORTS for what in ("port", "address"))
     own += ("--grpc-use-ssl", "--grpc-server-", "--grpc-root-cert=")
     extra = [a for a in args[1:] if not a.startswith(own)]
-    server = LocalTritonServer(
-        EXAMPLE_MODEL_REPOSITORY,
+    with local_triton(
+        model_repository(tmp_path / "models", "classifier"),  # the one model the test calls
         restricted_protocols=restricted,
         extra_args=extra,
         tls_cert=here(_flag(args, "grpc-server-cert")[0]),
         tls_key=here(_flag(args, "grpc-server-key")[0]),
         tls_client_ca=here(_flag(args, "grpc-root-cert")[0]),
         log_path=tmp_path / "tritonserver.log",
-    )
-    server.start()
-    try:
+    ) as server:
         env = _env(ray_c)
         assert set(_secret_mounts(pod, ray_c).values()) == {"triton-keys", "triton-client-tls"}
         monkeypatch.setenv("RAY_TRITON_SHM_KEYS_DIR", str(keys_dir))
@@ -758,9 +750,6 @@ def test_the_mtls_triton_args_run_and_the_ray_env_is_enough(
             out = client.infer_shm("classifier", {"INPUT0": x})["OUTPUT0"]
         expected = x.reshape(2, -1)[:, :150000].reshape(2, 1000, 150).mean(axis=2)
         np.testing.assert_allclose(out, expected, rtol=1e-5)
-    finally:
-        server.kill()  # its graceful end is test_server.py's
-        server.close()
 
 
 # ---- GPU memory ------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 import pytest
-from _helpers import registered_on
+from _helpers import in_threads, registered_on, runs_in_triton, wait_for
 
 from ray_triton_shm import (
     InvalidInputError,
@@ -37,19 +37,18 @@ from ray_triton_shm._client import registry_of
 from ray_triton_shm._slots._shm import list_local_regions
 from ray_triton_shm._slots._slot_pool import KEPT_WARNING_S
 from ray_triton_shm._slots._specs import REGION_HEADER_BYTES
+from ray_triton_shm.local import LocalTritonServer
 
 ECHO_SHAPES = {"DATA": (16,), "ECHO": (16,)}
 
 
 def all_back(client: TritonSHMClient, model: str) -> bool:
-    """Whether every slot of ``model`` is free within a few seconds (a slot whose last view
-    the garbage collector dropped comes back on the lease releaser's thread)."""
-    deadline = time.monotonic() + 5
-    while client.shm_stats(model).in_use:
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
+    """``True`` once every slot of ``model`` is free, within a few seconds, else the test
+    fails (a slot whose last view the garbage collector dropped comes back on the lease
+    releaser's thread)."""
+    return wait_for(
+        lambda: client.shm_stats(model).in_use == 0, timeout_s=5, what=f"every slot of {model}"
+    )
 
 
 def test_a_lease_answers_as_infer_shm_does_sync_and_async(client: TritonSHMClient) -> None:
@@ -113,36 +112,27 @@ def test_views_kept_under_load_are_never_another_requests(client: TritonSHMClien
         "identity", pool_size=3, max_shapes={"INPUT0": (64,), "OUTPUT0": (64,)}
     )
     kept: list[tuple[np.ndarray, np.ndarray]] = []
-    errors: list[BaseException] = []
     lock = threading.Lock()
-    stop = time.monotonic() + 4.0
+    stop = time.monotonic() + 4.0  # the load itself: 4 s of it
 
     def work(seed: int) -> None:
         rng = np.random.default_rng(seed)
-        try:
-            while time.monotonic() < stop:
-                rows = int(rng.integers(1, 9))
-                x = rng.random((rows, 64), dtype=np.float32)
-                with client.lease("identity", batch=rows, shapes={"INPUT0": (64,)}) as lease:
-                    lease.inputs["INPUT0"][:] = x
-                    out = lease.infer()["OUTPUT0"]
-                np.testing.assert_array_equal(out, x)
-                with lock:
-                    kept.append((out, x))  # past the block
-                    if len(kept) > 2:  # the pool has 3 slots: keep at most 2 of them
-                        old, want = kept.pop(0)
-                        np.testing.assert_array_equal(old, want)
-                        del old  # a view held on would hold its slot (the pool has 3)
-                del out
-        except BaseException as exc:
-            errors.append(exc)
+        while time.monotonic() < stop:
+            rows = int(rng.integers(1, 9))
+            x = rng.random((rows, 64), dtype=np.float32)
+            with client.lease("identity", batch=rows, shapes={"INPUT0": (64,)}) as lease:
+                lease.inputs["INPUT0"][:] = x
+                out = lease.infer()["OUTPUT0"]
+            np.testing.assert_array_equal(out, x)
+            with lock:
+                kept.append((out, x))  # past the block
+                if len(kept) > 2:  # the pool has 3 slots: keep at most 2 of them
+                    old, want = kept.pop(0)
+                    np.testing.assert_array_equal(old, want)
+                    del old  # a view held on would hold its slot (the pool has 3)
+            del out
 
-    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors, errors[0]
+    in_threads(work, range(4))
     for view, want in kept:
         np.testing.assert_array_equal(view, want)
     del view  # the loop's last view would keep its slot
@@ -151,7 +141,7 @@ def test_views_kept_under_load_are_never_another_requests(client: TritonSHMClien
 
 
 def test_a_lease_given_up_mid_request_keeps_its_slot_until_triton_answers(
-    client: TritonSHMClient,
+    client: TritonSHMClient, triton: LocalTritonServer
 ) -> None:
     client.register_shm_model("delay_echo", pool_size=1, max_shapes=ECHO_SHAPES)
     data = np.arange(16, dtype=np.float32)
@@ -180,8 +170,9 @@ def test_a_lease_given_up_mid_request_keeps_its_slot_until_triton_answers(
         async with client.lease("delay_echo", shapes=shapes) as lease:
             lease.inputs["DELAY_MS"][:] = 1500
             lease.inputs["DATA"][:] = data
-            task = asyncio.ensure_future(lease.infer_async())
-            await asyncio.sleep(0.3)
+            with runs_in_triton(triton, "delay_echo") as runs:
+                task = asyncio.ensure_future(lease.infer_async())
+                await asyncio.to_thread(wait_for, runs, what="the request running in Triton")
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _helpers import end_node_actor, registered_on, wait_for
+from _helpers import end_node_actor, local_triton, registered_on, wait_for
 
 from ray_triton_shm import (
     LocalTritonServer,
@@ -90,17 +90,12 @@ def explicit(
     """A Triton in ``--model-control-mode=explicit`` serving the ``changing`` model."""
     root = tmp_path_factory.mktemp("repository")
     repository = Repository(root)
-    server = LocalTritonServer(
+    with local_triton(
         root,
         log_path=root.parent / "tritonserver.log",
         extra_args=["--model-control-mode=explicit", "--load-model=changing"],
-    )
-    server.start()
-    try:
+    ) as server:
         yield server, repository
-    finally:
-        server.kill()  # its graceful end is test_server.py's
-        server.close()
 
 
 @pytest.fixture
@@ -203,29 +198,30 @@ def test_what_proves_a_change_waits_for_the_config_to_catch_up(
     changing: Callable[[str], None],
     monkeypatch: pytest.MonkeyPatch,
     case: str,
+    make_client: Callable[..., TritonSHMClient],
 ) -> None:
     """While Triton reloads a model, it may answer from the new config, or refuse an output
     grown past its place, and still serve the old config for a moment (seen under load: 3
     calls in 10,000 failed so, in each way). A real server does that too briefly to hit at
     will: the client here reads the old config three more times."""
     server, _ = explicit
-    with TritonSHMClient(server.grpc_url, config_check_interval_s=None) as client:
-        client.register_shm_model("changing", pool_size=2)
-        x = inputs_for(BASE, seed=1)
-        check(client.infer_shm("changing", {"INPUT0": x}), x, BASE)
-        triton = client._triton
-        load, reads = triton.model_config, []
-        stale = load("changing", "")
+    client = make_client(server.grpc_url, config_check_interval_s=None)
+    client.register_shm_model("changing", pool_size=2)
+    x = inputs_for(BASE, seed=1)
+    check(client.infer_shm("changing", {"INPUT0": x}), x, BASE)
+    triton = client._triton
+    load, reads = triton.model_config, []
+    stale = load("changing", "")
 
-        def lagging(name: str, version: str) -> Any:
-            reads.append(name)
-            return stale if len(reads) <= 3 else load(name, version)
+    def lagging(name: str, version: str) -> Any:
+        reads.append(name)
+        return stale if len(reads) <= 3 else load(name, version)
 
-        monkeypatch.setattr(triton, "model_config", lagging)
-        changing(CHANGES[case])
-        x = inputs_for(CHANGES[case], seed=2)
-        check(client.infer_shm("changing", {"INPUT0": x}), x, CHANGES[case])
-        assert len(reads) == 4 and registry_of(client).get("changing").generation == 1
+    monkeypatch.setattr(triton, "model_config", lagging)
+    changing(CHANGES[case])
+    x = inputs_for(CHANGES[case], seed=2)
+    check(client.infer_shm("changing", {"INPUT0": x}), x, CHANGES[case])
+    assert len(reads) == 4 and registry_of(client).get("changing").generation == 1
 
 
 def test_the_node_actor_reads_the_config_until_it_shows_a_proven_change(
@@ -263,41 +259,45 @@ def test_the_node_actor_reads_the_config_until_it_shows_a_proven_change(
 
 
 def test_a_new_version_with_the_same_io_works_at_once(
-    explicit: tuple[LocalTritonServer, Repository], changing: Callable[[str], None]
+    explicit: tuple[LocalTritonServer, Repository],
+    changing: Callable[[str], None],
+    make_client: Callable[..., TritonSHMClient],
 ) -> None:
     server, repository = explicit
-    with TritonSHMClient(server.grpc_url, config_check_interval_s=None) as client:
-        client.register_shm_model("changing", pool_size=2)
-        x = inputs_for(BASE)
-        check(client.infer_shm("changing", {"INPUT0": x}), x, BASE)
-        shutil.copytree(repository.model / "1", repository.model / "2")
-        changing(BASE)
-        check(client.infer_shm("changing", {"INPUT0": x}), x, BASE, version=2)
-        assert registry_of(client).get("changing").generation == 0  # nothing to lay out anew
+    client = make_client(server.grpc_url, config_check_interval_s=None)
+    client.register_shm_model("changing", pool_size=2)
+    x = inputs_for(BASE)
+    check(client.infer_shm("changing", {"INPUT0": x}), x, BASE)
+    shutil.copytree(repository.model / "1", repository.model / "2")
+    changing(BASE)
+    check(client.infer_shm("changing", {"INPUT0": x}), x, BASE, version=2)
+    assert registry_of(client).get("changing").generation == 0  # nothing to lay out anew
 
 
 def test_changes_no_request_runs_into_are_picked_up_by_the_check(
-    explicit: tuple[LocalTritonServer, Repository], changing: Callable[[str], None]
+    explicit: tuple[LocalTritonServer, Repository],
+    changing: Callable[[str], None],
+    make_client: Callable[..., TritonSHMClient],
 ) -> None:
     server, _ = explicit
     raised = BASE.replace("max_batch_size: 8", "max_batch_size: 16")
     added = raised.replace(
         "output [ {", 'output [ { name: "EXTRA" data_type: TYPE_FP32 dims: [ 2 ] }, {'
     )
-    with TritonSHMClient(server.grpc_url, config_check_interval_s=0.2) as client:
-        client.register_shm_model("changing", pool_size=2)
-        changing(added)
-        x = inputs_for(added, rows=16)
-        out = client.infer_shm("changing", {"INPUT0": x})  # answered on the old layout
-        np.testing.assert_array_equal(out["OUTPUT0"], expected(x, added)["OUTPUT0"])
+    client = make_client(server.grpc_url, config_check_interval_s=0.2)
+    client.register_shm_model("changing", pool_size=2)
+    changing(added)
+    x = inputs_for(added, rows=16)
+    out = client.infer_shm("changing", {"INPUT0": x})  # answered on the old layout
+    np.testing.assert_array_equal(out["OUTPUT0"], expected(x, added)["OUTPUT0"])
 
-        def followed() -> bool:
-            client.infer_shm("changing", {"INPUT0": x})
-            return registry_of(client).get("changing").generation == 1
+    def followed() -> bool:
+        client.infer_shm("changing", {"INPUT0": x})
+        return registry_of(client).get("changing").generation == 1
 
-        wait_for(followed, timeout_s=40, what="the pool to follow the change")
-        assert registry_of(client).get("changing").spec.max_batch_size == 16
-        check(client.infer_shm("changing", {"INPUT0": x}), x, added)
+    wait_for(followed, timeout_s=40, what="the pool to follow the change")
+    assert registry_of(client).get("changing").spec.max_batch_size == 16
+    check(client.infer_shm("changing", {"INPUT0": x}), x, added)
 
 
 def test_an_unloaded_model_is_refused_at_once_and_works_once_loaded(
@@ -324,46 +324,50 @@ def test_an_unloaded_model_is_refused_at_once_and_works_once_loaded(
 
 
 def test_specs_given_by_hand_that_no_longer_match(
-    explicit: tuple[LocalTritonServer, Repository], changing: Callable[[str], None]
+    explicit: tuple[LocalTritonServer, Repository],
+    changing: Callable[[str], None],
+    make_client: Callable[..., TritonSHMClient],
 ) -> None:
     server, _ = explicit
     grown = CHANGES["output grown past the slot"]
-    with TritonSHMClient(server.grpc_url) as client:
-        client.register_shm_model(
-            "changing",
-            inputs=[("INPUT0", (4,), np.float32)],
-            outputs=[("OUTPUT0", (16,), np.float32)],
-            max_batch_size=8,
-            pool_size=2,
-        )
-        changing(grown)
-        x = inputs_for(grown)
-        with pytest.raises(ModelChangedError) as info:
-            client.infer_shm("changing", {"INPUT0": x})
-        error = info.value
-        assert (error.model, error.tensor) == ("changing", "OUTPUT0")
-        assert (error.registered, error.current) == ("output FP32 (16,)", "FP32 (32,)")
-        assert "replace=True" in str(error)
-        assert client.shm_stats("changing").in_use == 0
-        client.register_shm_model(
-            "changing",
-            inputs=[("INPUT0", (4,), np.float32)],
-            outputs=[("OUTPUT0", (32,), np.float32)],
-            max_batch_size=8,
-            pool_size=2,
-            replace=True,
-        )
-        check(client.infer_shm("changing", {"INPUT0": x}), x, grown)
+    client = make_client(server.grpc_url)
+    client.register_shm_model(
+        "changing",
+        inputs=[("INPUT0", (4,), np.float32)],
+        outputs=[("OUTPUT0", (16,), np.float32)],
+        max_batch_size=8,
+        pool_size=2,
+    )
+    changing(grown)
+    x = inputs_for(grown)
+    with pytest.raises(ModelChangedError) as info:
+        client.infer_shm("changing", {"INPUT0": x})
+    error = info.value
+    assert (error.model, error.tensor) == ("changing", "OUTPUT0")
+    assert (error.registered, error.current) == ("output FP32 (16,)", "FP32 (32,)")
+    assert "replace=True" in str(error)
+    assert client.shm_stats("changing").in_use == 0
+    client.register_shm_model(
+        "changing",
+        inputs=[("INPUT0", (4,), np.float32)],
+        outputs=[("OUTPUT0", (32,), np.float32)],
+        max_batch_size=8,
+        pool_size=2,
+        replace=True,
+    )
+    check(client.infer_shm("changing", {"INPUT0": x}), x, grown)
 
 
 def test_the_repository_edited_on_disk_under_poll(tmp_path: Path) -> None:
     repository = Repository(tmp_path / "repository")
-    server = LocalTritonServer(
-        repository.root,
-        log_path=tmp_path / "tritonserver.log",
-        extra_args=["--model-control-mode=poll", "--repository-poll-secs=1"],
-    )
-    with server, TritonSHMClient(server.grpc_url, config_check_interval_s=None) as client:
+    with (
+        local_triton(
+            repository.root,
+            log_path=tmp_path / "tritonserver.log",
+            extra_args=["--model-control-mode=poll", "--repository-poll-secs=1"],
+        ) as server,
+        TritonSHMClient(server.grpc_url, config_check_interval_s=None) as client,
+    ):
         client.register_shm_model("changing", pool_size=2)
         x = inputs_for(BASE)
         check(client.infer_shm("changing", {"INPUT0": x}), x, BASE)

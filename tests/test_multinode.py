@@ -22,13 +22,12 @@ another.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -38,7 +37,14 @@ from typing import Any
 import numpy as np
 import pytest
 import requests
-from _helpers import free_port_pair, free_ports, our_regions, registered_on, wait_for
+from _helpers import (
+    free_port_pair,
+    free_ports,
+    our_regions,
+    registered_on,
+    unshare_reason,
+    wait_for,
+)
 
 ray = pytest.importorskip("ray")
 
@@ -51,14 +57,9 @@ NODE_START_WAIT_S = 120
 RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_raylet_start_wait_time_s": str(NODE_START_WAIT_S)}
 
 
-def _unshare_reason() -> str | None:
-    if shutil.which("unshare") is None:
-        return "unshare is not installed"
-    done = subprocess.run(["unshare", "--mount", "true"], capture_output=True, check=False)
-    return None if done.returncode == 0 else "`unshare --mount` needs root here"
-
-
-pytestmark = pytest.mark.skipif(_unshare_reason() is not None, reason=str(_unshare_reason()))
+pytestmark = pytest.mark.skipif(
+    unshare_reason("--mount") is not None, reason=str(unshare_reason("--mount"))
+)
 
 
 @dataclass
@@ -96,10 +97,10 @@ class Host:
 def _reread_ray_config() -> None:
     """RayConfig, and the auth token Ray cached, read again from the environment (a driver
     that ran a local Ray before has token auth on; these nodes have it off)."""
-    ray._raylet.Config.initialize("")
-    loader = getattr(ray._raylet, "AuthenticationTokenLoader", None)
-    if loader is not None:
-        loader.instance().reset_cache()
+    from ray_triton_shm.ray._ray_internals import forget_auth_token, reread_ray_config
+
+    reread_ray_config()
+    forget_auth_token()
 
 
 @pytest.fixture(scope="module")
@@ -130,15 +131,24 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
     try:
         os.environ.update(RAY_ENV)
         _reread_ray_config()  # this driver reads RAY_AUTH_MODE again
-        deadline = time.monotonic() + NODE_START_WAIT_S
-        while True:
+        failures: list[Exception] = []
+
+        def joined() -> bool:
             try:
                 ray.init(address=address, log_to_driver=False)
-                break
-            except Exception:
-                if time.monotonic() > deadline or head.poll() is not None:
+            except Exception as exc:
+                if head.poll() is not None:
                     raise
-                time.sleep(1)
+                failures.append(exc)
+                return False
+            return True
+
+        wait_for(
+            joined,
+            timeout_s=NODE_START_WAIT_S,
+            every_s=0.5,
+            what=lambda: f"the head at {address} to take this driver ({failures[-1]!r})",
+        )
         for name in ("node_a", "node_b", "node_c"):
             workdir = tmp_path_factory.mktemp(name)
             command = [
@@ -165,10 +175,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
             assert host.mnt_ns != os.readlink("/proc/self/ns/mnt")
             hosts[name] = host
             # One node after another: each registers before the next starts.
-            while not (node := _node_with(name)):
-                assert time.monotonic() < deadline + 120 and proc.poll() is None, name
-                time.sleep(0.5)
-            host.node_id = node
+            host.node_id = wait_for(
+                functools.partial(_registered, name, proc),
+                timeout_s=NODE_START_WAIT_S,
+                every_s=0.1,
+                what=f"{name} to register with the head",
+            )
         yield {"address": address, "hosts": hosts, "serve_port": serve_port}
     finally:
         if ray.is_initialized():
@@ -217,6 +229,13 @@ def _node_with(resource: str) -> str:
         if node.get("Alive") and node.get("Resources", {}).get(resource):
             return str(node["NodeID"])
     return ""
+
+
+def _registered(name: str, host: subprocess.Popen[str]) -> str:
+    """The id of the node ``name`` once it registered with the head (``""`` before); the
+    process of its host must still run."""
+    assert host.poll() is None, f"{name} ended before it registered"
+    return _node_with(name)
 
 
 #: (rows, width) of the calls a task makes at once: whoami takes up to 8 rows of up to 16.

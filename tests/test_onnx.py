@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from _helpers import model_repository
+from _helpers import local_triton, model_repository
 
 from ray_triton_shm import TritonSHMClient
 from ray_triton_shm.local._install import add_server_packages, find_tritonserver
@@ -155,12 +155,10 @@ def test_onnx_models_answer_through_the_python_backend(
     tmp_path: Path, onnxruntime_on_the_server: None
 ) -> None:
     repository = _onnx_repository(tmp_path / "models")
-    server = LocalTritonServer(
-        repository, log_path=tmp_path / "tritonserver.log", onnx_via_python=True
-    )
     rng = np.random.default_rng(7)
-    try:
-        server.start()
+    with local_triton(
+        repository, log_path=tmp_path / "tritonserver.log", onnx_via_python=True
+    ) as server:
         with TritonSHMClient(server.grpc_url) as client:
             client.register_shm_model("affine", pool_size=4)  # specs from the config
             client.register_shm_model("scale", pool_size=1)  # specs from the graph
@@ -201,9 +199,6 @@ def test_onnx_models_answer_through_the_python_backend(
         assert "dynamic_batching" in configs["affine"]
         assert configs["scale"].get("max_batch_size", 0) == 0  # the graph's: no batch dimension
         assert [i["dims"] for i in configs["scale"]["input"]] == [["2", "3"]]
-    finally:
-        server.kill()  # its graceful end is test_server.py's
-        server.close()
 
 
 def test_a_server_environment_without_onnxruntime_says_how_to_install_it(tmp_path: Path) -> None:

@@ -13,12 +13,12 @@ from __future__ import annotations
 import json
 import subprocess
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-from _helpers import end_node_actor
+from _helpers import end_node_actor, local_triton
 
 from ray_triton_shm import TritonSHMClient
 from ray_triton_shm.local._install import add_server_packages, find_tritonserver
@@ -105,17 +105,12 @@ def classifiers(
     """The embedded Triton serving :data:`MODELS`, and their repository."""
     add_server_packages(["onnxruntime"], quiet=True)  # a no-op where make test installed it
     directory = tmp_path_factory.mktemp("classifiers")
-    server = LocalTritonServer(
+    with local_triton(
         _repository(directory / "models"),
         log_path=directory / "tritonserver.log",
         onnx_via_python=True,
-    )
-    server.start()
-    try:
+    ) as server:
         yield server, directory / "models"
-    finally:
-        server.kill()
-        server.close()
 
 
 def _rows(count: int, seed: int) -> np.ndarray:
@@ -139,22 +134,24 @@ def _check(answer: dict[str, np.ndarray], expected: dict[str, np.ndarray], names
 
 
 def test_classifiers_answer_through_the_core_client(
-    classifiers: tuple[LocalTritonServer, Path], tmp_path: Path
+    classifiers: tuple[LocalTritonServer, Path],
+    tmp_path: Path,
+    make_client: Callable[..., TritonSHMClient],
 ) -> None:
     server, models = classifiers
     x = _rows(32, seed=1)
-    with TritonSHMClient(server.grpc_url) as client:
-        for model, (names, _) in MODELS.items():
-            # Specs from Triton's config; a string's longest is the caller's to say.
-            longest = {"label": 16} if names else None
-            spec = client.register_shm_model(model, pool_size=2, max_element_bytes=longest)
-            assert {t.name: t.shape for t in spec.outputs}["label"] == (1,), model
-            expected = _reference(models / model / "1" / "model.onnx", x, tmp_path)
-            batch = spec.batch_capacity
-            for start in range(0, len(x), batch):
-                answer = client.infer_shm(model, {"X": x[start : start + batch]})
-                part = {k: v[start : start + batch] for k, v in expected.items()}
-                _check(answer, part, names)
+    client = make_client(server.grpc_url)
+    for model, (names, _) in MODELS.items():
+        # Specs from Triton's config; a string's longest is the caller's to say.
+        longest = {"label": 16} if names else None
+        spec = client.register_shm_model(model, pool_size=2, max_element_bytes=longest)
+        assert {t.name: t.shape for t in spec.outputs}["label"] == (1,), model
+        expected = _reference(models / model / "1" / "model.onnx", x, tmp_path)
+        batch = spec.batch_capacity
+        for start in range(0, len(x), batch):
+            answer = client.infer_shm(model, {"X": x[start : start + batch]})
+            part = {k: v[start : start + batch] for k, v in expected.items()}
+            _check(answer, part, names)
 
 
 @pytest.mark.usefixtures("ray_local")

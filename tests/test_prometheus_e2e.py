@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _helpers import init_ray
+from _helpers import init_ray, wait_for
 
 from ray_triton_shm._client import registry_of
 from ray_triton_shm._slots._shm import pid_alive
@@ -97,7 +97,7 @@ def ray_reporting_every_second(triton: LocalTritonServer) -> Iterator[Path]:
     os.environ[URL_ENV_VAR] = triton.grpc_url
     for attempt in range(2):
         try:
-            init_ray(
+            context = init_ray(
                 address="local",
                 num_cpus=4,
                 include_dashboard=True,  # its head writes the service-discovery file
@@ -109,15 +109,18 @@ def ray_reporting_every_second(triton: LocalTritonServer) -> Iterator[Path]:
             ray.shutdown()
             if attempt or "dashboard" not in str(exc).lower():
                 raise
-    temp_dir = Path(ray._private.worker._global_node.get_temp_dir_path())
+    # The head writes it in Ray's temp dir, above its session's.
+    temp_dir = Path(context.address_info["session_dir"]).parent
     discovery = temp_dir / "prom_metrics_service_discovery.json"
     port = f":{ray.nodes()[0]['MetricsExportPort']}"
     try:
         # It lists the autoscaler's endpoint first, the node's metrics port seconds later.
-        deadline = time.monotonic() + 60
-        while not (discovery.exists() and port in discovery.read_text()):
-            assert time.monotonic() < deadline, f"{discovery} never listed {port}"
-            time.sleep(0.5)
+        wait_for(
+            lambda: discovery.exists() and port in discovery.read_text(),
+            timeout_s=60,
+            every_s=0.1,
+            what=f"{discovery} to list {port}",
+        )
         yield discovery
     finally:
         ray.shutdown()
@@ -165,16 +168,17 @@ def prometheus(
         stderr=subprocess.STDOUT,
     )
     server = Prometheus(f"http://127.0.0.1:{port}")
+
+    def ready() -> bool:
+        try:
+            with urllib.request.urlopen(f"{server.url}/-/ready", timeout=2):
+                return True
+        except OSError:
+            assert process.poll() is None, (tmp_path / "prometheus.log").read_text()
+            return False
+
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{server.url}/-/ready", timeout=2):
-                    break
-            except OSError:
-                assert process.poll() is None, (tmp_path / "prometheus.log").read_text()
-                assert time.monotonic() < deadline, "Prometheus did not get ready in 60 s"
-                time.sleep(0.2)
+        wait_for(ready, timeout_s=60, every_s=0.1, what="Prometheus ready")
         yield server
     finally:
         process.terminate()
@@ -200,7 +204,7 @@ class Caller:
     def classify(self, seconds: float) -> int:
         model = self.model("classifier")
         rng = np.random.default_rng()
-        deadline = time.monotonic() + seconds
+        deadline = time.monotonic() + seconds  # the load itself: `seconds` of it
         while time.monotonic() < deadline and not self.stop.is_set():
             image = rng.random((1, 3, 224, 224), dtype=np.float32)
             out = model.infer({"INPUT0": image})
@@ -248,10 +252,11 @@ def test_prometheus_sees_every_panel_and_fires_the_overload_and_abandoned_slot_a
         assert ray.get(callers[0].echo.remote(0)) == "answered"
         # Counters exist at zero before their first event, or rate() would not see it.
         overloads = 'ray_triton_shm_errors_total{model="delay_echo",kind="overloaded"}'
-        deadline = time.monotonic() + 30
-        while not prometheus.query(overloads):
-            assert time.monotonic() < deadline, prometheus.diagnosis()
-            time.sleep(0.5)
+        wait_for(
+            lambda: prometheus.query(overloads),
+            every_s=0.25,
+            what=lambda: f"{overloads} at 0 in Prometheus; {prometheus.diagnosis()}",
+        )
         # More callers than the slot and its seats: the others are refused at once.
         endings = ray.get([callers[0].echo.remote(300) for _ in range(8)])
         assert endings.count("OverloadedError") >= 1, endings
@@ -259,30 +264,32 @@ def test_prometheus_sees_every_panel_and_fires_the_overload_and_abandoned_slot_a
         # A caller killed mid-request: its slot stays out of use until Triton is done.
         pid = ray.get(victim.pid.remote())
         victim.echo.remote(ABANDONED_MS)
-        while not ray.get(victim.sent.remote()):
-            assert time.monotonic() < deadline + 30
-            time.sleep(0.05)
+        wait_for(lambda: ray.get(victim.sent.remote()), what="the victim's request sent")
         ray.kill(victim)
-        while pid_alive(pid):
-            time.sleep(0.05)
+        wait_for(lambda: not pid_alive(pid), what="the victim's process gone")
 
         wanted = {"TritonShmOverloaded", "TritonShmSlotsAbandoned"}
-        deadline = time.monotonic() + 30
-        while not wanted <= prometheus.firing():
-            assert time.monotonic() < deadline, prometheus.diagnosis()
-            time.sleep(0.5)
+        wait_for(
+            lambda: wanted <= prometheus.firing(),
+            every_s=0.25,
+            what=lambda: f"{wanted} firing; {prometheus.diagnosis()}",
+        )
 
         # By now the abandoned slot settled too (its settle time is a panel of its own).
         queries = _panel_queries(grafana_dashboard())
         assert len(queries) >= 15
-        deadline = time.monotonic() + ABANDONED_MS / 1000 + 30
-        while True:
-            empty = [(title, expr) for title, expr in queries if not prometheus.query(expr)]
-            if not empty or time.monotonic() > deadline:
-                break
-            time.sleep(1)
-        assert not empty, "panels whose queries return no series:\n" + "\n".join(
-            f"  {title}: {expr}" for title, expr in empty
+
+        def empty() -> list[tuple[str, str]]:
+            return [(title, expr) for title, expr in queries if not prometheus.query(expr)]
+
+        wait_for(
+            lambda: not empty(),
+            timeout_s=ABANDONED_MS / 1000 + 30,
+            every_s=0.25,
+            what=lambda: (
+                "series of every panel; panels whose queries return none:\n"
+                + "\n".join(f"  {title}: {expr}" for title, expr in empty())
+            ),
         )
     finally:
         for caller in callers:

@@ -28,6 +28,8 @@ from typing import Any
 
 import pytest
 
+from ray_triton_shm._exceptions import ERROR_KINDS
+
 yaml = pytest.importorskip("yaml")
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,18 +85,7 @@ TRITON_NAMES = frozenset(
 )
 #: The values of the library's labels with a fixed set of them.
 LABEL_VALUES = {
-    "kind": frozenset(
-        {
-            "overloaded",
-            "deadline",
-            "access_denied",
-            "tls",
-            "unavailable",
-            "model_changed",
-            "bad_input",
-            "other",
-        }
-    ),
+    "kind": frozenset(ERROR_KINDS),
     "reason": frozenset({"max_slots", "shm_budget", "shm_full"}),
     "direction": frozenset({"grow", "shrink"}),
     "transport": frozenset({"shm", "inline"}),

@@ -13,11 +13,12 @@ from typing import Any
 import numpy as np
 import pytest
 import ray
-from _helpers import classifier_expected, wait_for
+from _helpers import classifier_expected, runs_in_triton, wait_for
 
 from ray_triton_shm import CudaError, InvalidInputError, ModelSpecError, TritonServerError
 from ray_triton_shm._client import registry_of
 from ray_triton_shm._slots._shm import list_local_regions, pid_alive
+from ray_triton_shm.local import LocalTritonServer
 from ray_triton_shm.ray import URL_ENV_VAR, ShmModel, get_node_actor
 from ray_triton_shm.ray._actor import NAMESPACE, actor_name
 
@@ -254,7 +255,9 @@ def test_empty_batch(node_actor) -> None:  # type: ignore[no-untyped-def]
     assert out["OUTPUT0"].shape == (0, 1000)
 
 
-def test_a_caller_killed_mid_request_frees_its_slot_once_triton_is_done_with_it(node_actor) -> None:  # type: ignore[no-untyped-def]
+def test_a_caller_killed_mid_request_frees_its_slot_once_triton_is_done_with_it(
+    node_actor: ray.actor.ActorHandle, triton: LocalTritonServer
+) -> None:
     """Its request is still in Triton, which writes into the slot when it is done: the slot
     stays out of use exactly that long (not a moment less), while the others serve on, and
     serves again within a second of Triton finishing."""
@@ -286,16 +289,14 @@ def test_a_caller_killed_mid_request_frees_its_slot_once_triton_is_done_with_it(
 
     caller = Caller.remote()
     pid = ray.get(caller.pid.remote())
-    caller.slow.remote()
-    deadline = time.monotonic() + 60
-    while not (sent_at := ray.get(caller.sent.remote())):
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    time.sleep(0.3)
+    with runs_in_triton(triton, "delay_echo") as runs:
+        caller.slow.remote()
+        wait_for(runs, timeout_s=60, what="the slow request running in Triton")
+    sent_at = ray.get(caller.sent.remote())
+    assert sent_at
     ray.kill(caller)
-    while pid_alive(pid):  # ray.kill returns before the process is gone
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    # ray.kill returns before the process is gone.
+    wait_for(lambda: not pid_alive(pid), what="the killed caller's process gone")
     model = ShmModel("delay_echo", **echo)
     x = np.full(16, 3, np.float32)
     out = model.infer({"DELAY_MS": np.array([0], np.int32), "DATA": x})["ECHO"]
@@ -310,9 +311,11 @@ def test_a_caller_killed_mid_request_frees_its_slot_once_triton_is_done_with_it(
         timeout_s=sent_at + delay_s - 1.0 - time.time(),
         what="the node actor to find the killed caller's slot abandoned",
     )
-    while abandoned():
-        assert time.time() < sent_at + delay_s + 1.0, "not back within 1 s of Triton finishing"
-        time.sleep(0.02)
+    wait_for(
+        lambda: not abandoned(),
+        timeout_s=sent_at + delay_s + 1.0 - time.time(),
+        what="the slot back within 1 s of Triton finishing",
+    )
     back_at = time.time()
     assert back_at >= sent_at + delay_s  # never before Triton was done with it
     stats = ray.get(node_actor.stats.remote()).models["delay_echo"]
@@ -324,4 +327,38 @@ def test_a_caller_killed_mid_request_frees_its_slot_once_triton_is_done_with_it(
 
     # Every slot serves again: four requests at once.
     assert all(np.array_equal(out["ECHO"], x) for out in asyncio.run(four()))
+    model.close()
+
+
+def test_the_deprecated_infer_of_the_node_actor_still_answers_by_value(node_actor) -> None:  # type: ignore[no-untyped-def]
+    """``actor.infer.remote`` (deprecated: callers go straight to Triton) serves a request
+    through the actor's client, its arrays in and out through Ray's object store."""
+    registration = ray.get(node_actor.register.remote("identity", max_shapes=SHAPES))
+    x = np.arange(3 * 16, dtype=np.float32).reshape(3, 16)
+    call = node_actor.infer.remote("identity", registration.incarnation, {"INPUT0": x})
+    np.testing.assert_array_equal(ray.get(call)["OUTPUT0"], x)
+    options = {"priority": 0, "requested_outputs": ["OUTPUT0"]}
+    call = node_actor.infer.remote(
+        "identity", registration.incarnation, {"INPUT0": x}, None, None, 5.0, options
+    )
+    assert list(ray.get(call)) == ["OUTPUT0"]
+    stats = ray.get(node_actor.stats.remote()).models["identity"]
+    assert stats["in_use"] == stats["waiting"] == 0
+
+
+def test_a_handles_calls_still_take_outputs_with_a_warning(node_actor) -> None:  # type: ignore[no-untyped-def]
+    model = ShmModel("identity", max_shapes=SHAPES)
+    x = np.ones((2, 16), np.float32)
+    with pytest.warns(DeprecationWarning, match="requested_outputs") as warned:
+        out = model.infer({"INPUT0": x}, outputs=["OUTPUT0"])
+    assert warned[0].filename == __file__  # the caller's line
+    np.testing.assert_array_equal(out["OUTPUT0"], x)
+    with pytest.warns(DeprecationWarning, match="requested_outputs"):
+        awaited = asyncio.run(model.infer_async({"INPUT0": x}, outputs=["OUTPUT0"]))
+    np.testing.assert_array_equal(awaited["OUTPUT0"], x)
+    with pytest.warns(DeprecationWarning, match="requested_outputs"):
+        lease = model.lease(batch=2, shapes={"INPUT0": (16,)}, outputs=["OUTPUT0"])
+    with lease as leased:
+        leased.inputs["INPUT0"][:] = x
+        np.testing.assert_array_equal(leased.infer()["OUTPUT0"], x)
     model.close()

@@ -7,16 +7,14 @@ import io
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from _helpers import model_repository, our_regions, registered_on
+from _helpers import our_regions, registered_on
 from rich.console import Console
 
 from ray_triton_shm._bench._config import (
@@ -336,32 +334,6 @@ def test_bench_without_ray_has_no_ray_paths_or_goals(triton: LocalTritonServer) 
     assert [g["description"] for g in data["goals"]] == [
         "shm-client (1 caller) MB/s >= 1x grpc (1 caller)"
     ]
-
-
-#: A Triton started under this sees a /dev/shm of its own (the container mistake): it cannot
-#: map the bench's shared memory.
-OWN_DEV_SHM = ("unshare", "--mount", "sh", "-c", 'mount -t tmpfs tmpfs /dev/shm && exec "$0" "$@"')
-
-
-@pytest.fixture
-def triton_elsewhere(tmp_path: Path) -> Iterator[LocalTritonServer]:
-    """A Triton in a mount namespace of its own, with a /dev/shm of its own, serving
-    ``identity`` (one model: it starts in seconds)."""
-    if shutil.which("unshare") is None:
-        pytest.skip("unshare is not installed")
-    if subprocess.run(["unshare", "--mount", "true"], capture_output=True).returncode != 0:
-        pytest.skip("`unshare --mount` needs root here")
-    server = LocalTritonServer(
-        model_repository(tmp_path / "models", "identity"),
-        launcher=OWN_DEV_SHM,
-        log_path=tmp_path / "tritonserver.log",
-    )
-    try:
-        server.start()
-        yield server
-    finally:
-        server.kill()
-        server.close()
 
 
 def test_bench_on_a_triton_that_cannot_map_its_shared_memory_runs_by_value_and_says_so(

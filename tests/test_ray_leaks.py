@@ -89,6 +89,7 @@ class _AsyncCaller:
         self, calls: int, concurrency: int, *, cancel_tasks: int = 0, cancel_after: int = 0
     ) -> int:
         counter = itertools.count()
+        enough = asyncio.Event()
 
         async def worker(seed: int) -> None:
             rng = np.random.default_rng(seed)
@@ -98,11 +99,16 @@ class _AsyncCaller:
                 out = await self.model.infer_async({"INPUT0": x})
                 np.testing.assert_array_equal(out["OUTPUT0"], x)
                 self.done += 1
+                if self.done >= cancel_after:
+                    enough.set()
 
         tasks = [asyncio.create_task(worker(os.getpid() * 100 + i)) for i in range(concurrency)]
         if cancel_tasks:
-            while self.done < cancel_after and not all(t.done() for t in tasks):
-                await asyncio.sleep(0.002)
+            # Until cancel_after answers, or the end of every task if that comes first.
+            answered = asyncio.ensure_future(enough.wait())
+            ended = asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.wait([answered, ended], return_when=asyncio.FIRST_COMPLETED)
+            answered.cancel()
             for task in tasks[:cancel_tasks]:
                 task.cancel()
         results = await asyncio.gather(*tasks, return_exceptions=True)

@@ -17,6 +17,7 @@ from _helpers import (
     INFER,
     READ,
     identity_job,
+    local_triton,
     model_repository,
     self_signed_certificate,
     wait_for,
@@ -73,26 +74,25 @@ def test_a_node_actor_without_the_shared_memory_key_is_refused_at_once(
 
 def test_tls_through_the_node_actor_and_shm_model(ray_local: str, tmp_path: Path) -> None:
     cert, key = self_signed_certificate(tmp_path)
-    server = LocalTritonServer(
+    tls = {"ssl": True, "root_certificates": str(cert)}
+    with local_triton(
         model_repository(tmp_path / "models", "identity"),
         log_path=tmp_path / "tritonserver.log",
         tls_cert=cert,
         tls_key=key,
-    )
-    server.start()
-    tls = {"ssl": True, "root_certificates": str(cert)}
-    actor = get_node_actor(url=server.grpc_url, slots=2, client_options=tls)
-    try:
-        x = np.arange(20 * 16, dtype=np.float32).reshape(20, 16)
-        for zero_copy in (True, False):
-            model = ShmModel("identity", max_shapes=SHAPES, zero_copy=zero_copy, client_options=tls)
-            np.testing.assert_array_equal(model.infer({"INPUT0": x})["OUTPUT0"], x)
-            assert model.zero_copy is zero_copy
-            model.close()
-    finally:
-        _end(actor)
-        server.kill()  # its graceful end is test_server.py's
-        server.close()
+    ) as server:
+        actor = get_node_actor(url=server.grpc_url, slots=2, client_options=tls)
+        try:
+            x = np.arange(20 * 16, dtype=np.float32).reshape(20, 16)
+            for zero_copy in (True, False):
+                model = ShmModel(
+                    "identity", max_shapes=SHAPES, zero_copy=zero_copy, client_options=tls
+                )
+                np.testing.assert_array_equal(model.infer({"INPUT0": x})["OUTPUT0"], x)
+                assert model.zero_copy is zero_copy
+                model.close()
+        finally:
+            _end(actor)
 
 
 @pytest.fixture(scope="module")

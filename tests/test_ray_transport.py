@@ -8,9 +8,7 @@ right, straight to Triton, with no Ray call per request. Then what ``transport=`
 from __future__ import annotations
 
 import os
-import shutil
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Collection, Iterator, Mapping
@@ -22,7 +20,6 @@ import ray
 from _helpers import (
     end_node_actor,
     free_ports,
-    model_repository,
     our_regions,
     registered_on,
     wait_for,
@@ -33,24 +30,16 @@ from ray_triton_shm import ModelSpecError, SharedMemoryUnreachableError
 from ray_triton_shm._slots._shm import list_local_regions
 from ray_triton_shm.local._server import LocalTritonServer
 from ray_triton_shm.ray import ShmModel, ShmPredictor, get_node_actor
+from ray_triton_shm.ray._ray_internals import task_events_of
 
 # Tasks, replicas and predictors of this module are shipped by value: workers cannot import it.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
-#: A Triton started under this sees a /dev/shm of its own (the container mistake).
-OWN_DEV_SHM = ("unshare", "--mount", "sh", "-c", 'mount -t tmpfs tmpfs /dev/shm && exec "$0" "$@"')
 SHAPES = {"INPUT0": (16,), "OUTPUT0": (16,)}
 #: The node actor's slots: the most requests in flight per model on the node.
 SLOTS = 4
 #: The state of a task event its caller records as it submits the task.
 SUBMITTED: int = common_pb2.TaskStatus.Value("PENDING_ARGS_AVAIL")  # type: ignore[attr-defined]
-
-
-def _unshare_reason() -> str | None:
-    if shutil.which("unshare") is None:
-        return "unshare is not installed"
-    done = subprocess.run(["unshare", "--mount", "true"], capture_output=True, text=True)
-    return None if done.returncode == 0 else "`unshare --mount` needs root here"
 
 
 def _end(actor: Any) -> None:
@@ -66,36 +55,15 @@ def _end(actor: Any) -> None:
 
 
 @pytest.fixture(scope="module")
-def elsewhere(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalTritonServer]:
-    """A Triton of ``identity`` in a mount namespace of its own, with a ``/dev/shm`` of its
-    own."""
-    reason = _unshare_reason()
-    if reason:
-        pytest.skip(reason)
-    work = tmp_path_factory.mktemp("elsewhere")
-    server = LocalTritonServer(
-        model_repository(work / "models", "identity"),
-        launcher=OWN_DEV_SHM,
-        log_path=work / "tritonserver.log",
-    )
-    try:
-        server.start()
-        yield server
-    finally:
-        server.kill()
-        server.close()
-
-
-@pytest.fixture(scope="module")
-def far_actor(ray_local: str, elsewhere: LocalTritonServer) -> Iterator[Any]:
-    """This node's actor, whose Triton is the one elsewhere."""
+def far_actor(ray_local: str, triton_elsewhere: LocalTritonServer) -> Iterator[Any]:
+    """This node's actor, whose Triton is the one elsewhere (``triton_elsewhere``)."""
     end_node_actor()
-    actor = get_node_actor(url=elsewhere.grpc_url, slots=SLOTS)
+    actor = get_node_actor(url=triton_elsewhere.grpc_url, slots=SLOTS)
     try:
         yield actor
     finally:
         _end(actor)
-        assert registered_on(elsewhere.grpc_url) == set()
+        assert registered_on(triton_elsewhere.grpc_url) == set()
 
 
 # ---------------------------------------------------------------- the node actor's calls
@@ -119,12 +87,9 @@ def actor_calls(actor: Any, since_ns: int, until_ns: int, marks: Collection[byte
     (its mark, of :func:`mark_calls`), it has every earlier one. So this waits until every
     mark is there, one per process that may have called the actor.
     """
-    from ray._private.state import state
-
-    actor_id = actor._actor_id.binary()
 
     def reported() -> list[Any]:  # empty until every mark is there
-        events = [e for e in state._get_all_task_events() if e.task_info.actor_id == actor_id]
+        events = task_events_of(actor)
         return events if set(marks) <= {e.task_id for e in events} else []
 
     events = wait_for(reported, timeout_s=60, what="the calls to the node actor in the GCS")
@@ -176,9 +141,9 @@ def call_identity(url: str, seed: int, calls: int, threads: int = 1) -> dict[str
 
 
 def test_tasks_answer_by_value_from_a_triton_with_its_own_dev_shm(
-    far_actor: Any, elsewhere: LocalTritonServer
+    far_actor: Any, triton_elsewhere: LocalTritonServer
 ) -> None:
-    url = elsewhere.grpc_url
+    url = triton_elsewhere.grpc_url
     # More threads than the node's slots, in two processes at once.
     results = ray.get([call_identity.remote(url, seed, 6, threads=6) for seed in range(2)])
     for result in results:
@@ -197,11 +162,11 @@ def test_tasks_answer_by_value_from_a_triton_with_its_own_dev_shm(
 
 
 def test_calls_by_value_make_no_ray_call_per_request(
-    far_actor: Any, elsewhere: LocalTritonServer
+    far_actor: Any, triton_elsewhere: LocalTritonServer
 ) -> None:
     """A task binds (a call or two to the node actor), then calls Triton itself: a task of
     60 requests costs the actor no more calls than one of 1."""
-    url = elsewhere.grpc_url
+    url = triton_elsewhere.grpc_url
     rounds = []
     for seed, calls, threads in [(10, 1, 1), (11, 30, 2)]:
         since = time.time_ns()
@@ -215,11 +180,11 @@ def test_calls_by_value_make_no_ray_call_per_request(
 
 
 def test_an_async_serve_deployment_answers_by_value_with_no_actor_call(
-    far_actor: Any, elsewhere: LocalTritonServer
+    far_actor: Any, triton_elsewhere: LocalTritonServer
 ) -> None:
     from ray import serve
 
-    url = elsewhere.grpc_url
+    url = triton_elsewhere.grpc_url
 
     @serve.deployment(ray_actor_options={"num_cpus": 0})
     class Echo:
@@ -278,7 +243,7 @@ def _rows(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def test_shm_predictor_in_ray_data_answers_every_row_by_value(
-    far_actor: Any, elsewhere: LocalTritonServer
+    far_actor: Any, triton_elsewhere: LocalTritonServer
 ) -> None:
     rows = 40
     ds = ray.data.range(rows, override_num_blocks=2).map_batches(_rows, batch_format="numpy")
@@ -286,7 +251,7 @@ def test_shm_predictor_in_ray_data_answers_every_row_by_value(
         RecordingPredictor,
         fn_constructor_kwargs={
             "model_name": "identity",
-            "url": elsewhere.grpc_url,
+            "url": triton_elsewhere.grpc_url,
             "max_shapes": SHAPES,
             "input_columns": {"x": "INPUT0"},
             "output_columns": {"OUTPUT0": "y"},
@@ -309,9 +274,9 @@ def test_shm_predictor_in_ray_data_answers_every_row_by_value(
 
 
 def test_transport_shm_where_triton_cannot_map_raises_naming_model_and_node(
-    far_actor: Any, elsewhere: LocalTritonServer
+    far_actor: Any, triton_elsewhere: LocalTritonServer
 ) -> None:
-    model = ShmModel("identity", url=elsewhere.grpc_url, max_shapes=SHAPES, transport="shm")
+    model = ShmModel("identity", url=triton_elsewhere.grpc_url, max_shapes=SHAPES, transport="shm")
     with pytest.raises(SharedMemoryUnreachableError) as info:
         model.infer({"INPUT0": np.ones((1, 16), np.float32)})
     error = info.value
@@ -322,7 +287,7 @@ def test_transport_shm_where_triton_cannot_map_raises_naming_model_and_node(
     with pytest.raises(SharedMemoryUnreachableError):
         _ = model.zero_copy
     # The model goes on by value for those who let it.
-    assert ray.get(call_identity.remote(elsewhere.grpc_url, 20, 2))["wrong"] == 0
+    assert ray.get(call_identity.remote(triton_elsewhere.grpc_url, 20, 2))["wrong"] == 0
 
 
 def test_an_unknown_transport_is_refused_where_it_is_given(ray_local: str) -> None:

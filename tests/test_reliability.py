@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -23,7 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 import ray
-from _helpers import classifier_expected, our_regions, registered_on, wait_for
+from _helpers import classifier_expected, need_unshare, our_regions, registered_on, wait_for
 from ray import cloudpickle
 
 from ray_triton_shm import (
@@ -113,7 +112,7 @@ def _restart(server: LocalTritonServer, *, down_s: float) -> tuple[float, float]
     down and when it was ready again."""
     server.stop()
     down = time.time()
-    time.sleep(down_s)
+    time.sleep(down_s)  # the load itself: the outage's length
     server.start()  # returns once the server and all its models are ready
     return down, time.time()
 
@@ -258,16 +257,6 @@ def test_ray_callers_wait_out_a_triton_restart(ray_on_fresh_triton: LocalTritonS
 # --------------------------------------------------------------------------------------
 
 
-def _unshare_reason(*flags: str) -> str | None:
-    """Why ``unshare`` with these flags cannot run here, or ``None`` if it can."""
-    if shutil.which("unshare") is None:
-        return "unshare is not installed"
-    done = subprocess.run(["unshare", *flags, "true"], capture_output=True, text=True)
-    if done.returncode != 0:
-        return f"`unshare {' '.join(flags)}` cannot run here (it needs root): {done.stderr.strip()}"
-    return None
-
-
 PID_NAMESPACE = ("--pid", "--fork", "--mount-proc")
 
 # Pid 1 of a tenant's namespace: runs ``skip`` short-lived children first, so that the tenant,
@@ -341,9 +330,7 @@ def _answered_by_triton(url: str, model: str) -> int:
 def test_a_tenant_in_another_pid_namespace_never_reclaims_live_regions(
     grpc_url: str, tmp_path: Path
 ) -> None:
-    reason = _unshare_reason(*PID_NAMESPACE)
-    if reason:
-        pytest.skip(reason)
+    need_unshare(*PID_NAMESPACE)
     flag = tmp_path / "stop"
     crasher = _tenant("crasher", grpc_url, flag)
     crashed_region = json.loads(crasher.stdout.readline())["region"]  # type: ignore[union-attr]
@@ -410,9 +397,7 @@ print(json.dumps(results))
 
 
 def test_a_small_dev_shm_is_a_clear_error_before_anything_is_created(grpc_url: str) -> None:
-    reason = _unshare_reason("--mount")
-    if reason:
-        pytest.skip(reason)
+    need_unshare("--mount")
     registered_before = registered_on(grpc_url)
     script = (
         "mount -t tmpfs -o size=64m tmpfs /dev/shm && exec "

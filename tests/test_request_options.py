@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 import pytest
-from _helpers import queued_in_triton, request_sent, wait_for
+from _helpers import queued_in_triton, request_sent, runs_in_triton, wait_for
 
 from ray_triton_shm import InvalidInputError, TritonServerError, TritonSHMClient
 from ray_triton_shm._client import registry_of
@@ -154,11 +154,11 @@ def test_reserved_parameter_names_are_refused(client: TritonSHMClient, name: str
 def test_only_the_outputs_asked_for(client: TritonSHMClient) -> None:
     client.register_shm_model("echo_parameters", max_element_bytes={"PARAMETERS": 1024})
     x = {"INPUT0": np.array([3.0, 4.0], np.float32)}
-    out = client.infer_shm("echo_parameters", x, outputs=["DOUBLE"])
+    out = client.infer_shm("echo_parameters", x, requested_outputs=["DOUBLE"])
     assert list(out) == ["DOUBLE"]
     np.testing.assert_array_equal(out["DOUBLE"], [6.0, 8.0])
     with pytest.raises(InvalidInputError, match=r"'NOPE'.*outputs: \['PARAMETERS', 'DOUBLE'\]"):
-        client.infer_shm("echo_parameters", x, outputs=["NOPE"])
+        client.infer_shm("echo_parameters", x, requested_outputs=["NOPE"])
     assert set(client.infer_shm("echo_parameters", x)) == {"PARAMETERS", "DOUBLE"}
 
 
@@ -171,7 +171,7 @@ def test_options_in_async_calls(client: TritonSHMClient) -> None:
             "echo_parameters",
             {"INPUT0": np.ones(2, np.float32)},
             parameters={"k": "v"},
-            outputs=["PARAMETERS"],
+            requested_outputs=["PARAMETERS"],
             priority=1,
         )
     )
@@ -179,7 +179,7 @@ def test_options_in_async_calls(client: TritonSHMClient) -> None:
     assert json.loads(out["PARAMETERS"][0]) == {"k": "v"}
 
 
-def test_every_option_in_the_ray_layer(ray_local: str) -> None:
+def test_every_option_in_the_ray_layer(ray_local: str, triton: LocalTritonServer) -> None:
     import ray
 
     from ray_triton_shm.ray import ShmModel
@@ -189,47 +189,76 @@ def test_every_option_in_the_ray_layer(ray_local: str) -> None:
     sequence = ShmModel("sequence_sum")
     queued = ShmModel("queued", queue_timeout_s=0.1)
 
-    @ray.remote
-    def use() -> dict:
-        # Only what this function defines or imports reaches the worker (not this module).
-        import asyncio
+    @ray.remote(num_cpus=0)
+    class Queued:
+        """``queued`` through the handle in a worker: a long request in a thread of its own,
+        then one of the highest priority whose queue timeout expires behind it."""
 
-        from ray_triton_shm import TritonServerError
+        def __init__(self) -> None:
+            self.long: threading.Thread | None = None
 
-        def queued_input(delay_ms: int, value: float) -> dict[str, np.ndarray]:
+        @staticmethod
+        def inputs(delay_ms: int, value: float) -> dict[str, np.ndarray]:
             return {
                 "DELAY_MS": np.array([[delay_ms]], np.int32),
                 "DATA": np.full((1, 4), value, np.float32),
             }
 
+        def bind(self) -> None:
+            queued.infer(self.inputs(0, 0.0))
+
+        def block(self, delay_ms: int) -> None:
+            self.long = threading.Thread(target=queued.infer, args=(self.inputs(delay_ms, 1.0),))
+            self.long.start()
+
+        def rejected(self) -> str:
+            """How Triton refused the call behind the long one (``""``: it did not)."""
+            from ray_triton_shm import TritonServerError
+
+            assert self.long is not None
+            try:
+                queued.infer(self.inputs(10, 2.0), priority=1)
+                return ""
+            except TritonServerError as exc:
+                return exc.server_message
+            finally:
+                self.long.join()
+
+    @ray.remote
+    def use() -> dict:
+        # Only what this function defines or imports reaches the worker (not this module).
+        import asyncio
+
         x = {"INPUT0": np.ones(2, np.float32)}
         by_default = model.infer(x)
-        merged = model.infer(x, parameters={"call": 1}, outputs=["DOUBLE", "PARAMETERS"])
-        awaited = asyncio.run(model.infer_async(x, parameters={"call": 2}, outputs=["DOUBLE"]))
+        merged = model.infer(x, parameters={"call": 1}, requested_outputs=["DOUBLE", "PARAMETERS"])
+        awaited = asyncio.run(
+            model.infer_async(x, parameters={"call": 2}, requested_outputs=["DOUBLE"])
+        )
         sums = [
             int(sequence.infer({"VALUE": np.array([[v]], np.int32)}, sequence_id=77,
                                sequence_start=i == 0, sequence_end=i == 2)["SUM"][0, 0])
             for i, v in enumerate((5, 7, -2))
         ]  # fmt: skip
-        thread = threading.Thread(target=queued.infer, args=(queued_input(1200, 1.0),))
-        thread.start()
-        time.sleep(0.2)
-        try:
-            queued.infer(queued_input(10, 2.0), priority=1)
-            rejected = ""
-        except TritonServerError as exc:
-            rejected = exc.server_message
-        thread.join()
         return {
             "default": {k: v.tolist() for k, v in by_default.items()},
             "merged": {k: v.tolist() for k, v in merged.items()},
             "awaited": {k: v.tolist() for k, v in awaited.items()},
             "zero_copy": model.zero_copy,
             "sums": sums,
-            "rejected": rejected,
         }
 
-    result = ray.get(use.remote())
+    queuer = Queued.remote()
+    try:
+        bound = queuer.bind.remote()  # its probe and first call, before Triton is watched
+        result = ray.get(use.remote())
+        ray.get(bound)
+        with runs_in_triton(triton, "queued") as runs:
+            ray.get(queuer.block.remote(1200))
+            wait_for(runs, what="the long request running in Triton (one instance)")
+            result["rejected"] = ray.get(queuer.rejected.remote())
+    finally:
+        ray.kill(queuer)
     assert result["zero_copy"]
     assert list(result["default"]) == ["PARAMETERS"]
     assert json.loads(result["default"]["PARAMETERS"][0]) == {"who": "handle"}
@@ -270,7 +299,7 @@ def test_options_make_a_handle_with_other_defaults_by_value_too(ray_local: str) 
         "zero_copy": True,
     }
     # By value, through the node actor: the same options, checked once in the caller.
-    answer = by_value.infer(x, parameters={"call": 2}, outputs=["PARAMETERS"])
+    answer = by_value.infer(x, parameters={"call": 2}, requested_outputs=["PARAMETERS"])
     assert not by_value.zero_copy
     assert json.loads(answer["PARAMETERS"][0]) == {"who": "by value", "call": 2}
     with pytest.raises(InvalidInputError, match="priority must be"):

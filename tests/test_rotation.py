@@ -30,6 +30,7 @@ from _helpers import (
     Outcome,
     figures,
     init_ray,
+    local_triton,
     model_repository,
     wait_for,
     write_secret,
@@ -119,7 +120,7 @@ def rotation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rotation]:
             "tls.key": client_key.read_text(),
         },
     )
-    server = LocalTritonServer(
+    with local_triton(
         model_repository(work / "models", "identity"),
         log_path=work / "tritonserver.log",
         stop_grace_s=5.0,
@@ -127,14 +128,9 @@ def rotation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rotation]:
         tls_cert=server_cert,
         tls_key=server_key,
         tls_client_ca=ca.cert,
-    )
-    server.start()
-    rotation = Rotation(server, secret, keys, tls_dir, seen=list(keys.values()))
-    try:
+    ) as server:
+        rotation = Rotation(server, secret, keys, tls_dir, seen=list(keys.values()))
         yield rotation
-    finally:
-        server.kill()  # nobody waits on its graceful end: seconds sooner
-        server.close()
     log = server.log_path.read_text()
     assert "Started GRPCInferenceService" in log  # the log outlived the kill: the check reads it
     assert not [value for value in rotation.seen if value in log]
@@ -253,6 +249,7 @@ def test_ray_tasks_and_a_serve_app_ride_a_rotation_under_load(
     from ray import cloudpickle, serve
 
     from ray_triton_shm.ray import ShmModel, get_node_actor
+    from ray_triton_shm.ray._ray_internals import session_dir
 
     stop = ray_keyed
 
@@ -305,7 +302,9 @@ def test_ray_tasks_and_a_serve_app_ride_a_rotation_under_load(
 
     answering(timeout_s=120)  # the tasks bind meanwhile
     keys = rotation.rotate_files()
-    time.sleep(KEYS_CHECK_S)  # every process's next call reads the new files
+    # The procedure itself, as an operator waits it out: every process's next call reads the
+    # new files (none of them says when it did).
+    time.sleep(KEYS_CHECK_S)
     answering()
     down, up = rotation.restart_triton(keys)
     answering()
@@ -331,7 +330,7 @@ def test_ray_tasks_and_a_serve_app_ride_a_rotation_under_load(
     assert stats.incarnation == incarnation and stats.models["identity"]["shm_bytes"] > 0
     # No key in what Ray keeps or shows: handles' pickles, stats, every log of the session.
     shown = [repr(stats), str(cloudpickle.dumps(ShmModel("identity", max_shapes=SHAPES)))]
-    logs = Path(ray._private.worker.global_worker.node.get_session_dir_path()) / "logs"
+    logs = session_dir() / "logs"
     shown += [f.read_text(errors="replace") for f in logs.rglob("*") if f.is_file()]
     assert not [v for v in rotation.seen if any(v in text for text in shown)]
     with capsys.disabled():

@@ -86,7 +86,7 @@ def test_one_caller_never_makes_a_pool_grow(client: TritonSHMClient) -> None:
     client.register_shm_model("identity", max_shapes=SHAPES)  # the defaults: 2 to 64 slots
     load = _load(client, "identity", 1)
     load.wait_for_answers(11)
-    time.sleep(NO_GROWTH_S)
+    time.sleep(NO_GROWTH_S)  # the window itself: what did not happen in it (see NO_GROWTH_S)
     assert _checked(load) > 10
     stats = client.shm_stats("identity")
     assert (stats.size, stats.min_size, stats.max_size, stats.limited_by) == (2, 2, 64, "")
@@ -124,7 +124,7 @@ def test_a_fixed_pool_stays_fixed(client: TritonSHMClient) -> None:
     spec = client.register_shm_model("slow_identity", max_shapes=SHAPES, pool_size=2)
     load = _load(client, "slow_identity", 6)
     wait_for(lambda: client.shm_stats("slow_identity").waiting >= 3)
-    time.sleep(NO_GROWTH_S)
+    time.sleep(NO_GROWTH_S)  # the window itself: what did not happen in it (see NO_GROWTH_S)
     stats = client.shm_stats("slow_identity")
     assert (stats.size, stats.min_size, stats.max_size) == (2, 2, 2)
     assert _allocated(client, "slow_identity") == SlotLayout.for_model(spec).region_bytes(2)
@@ -275,12 +275,12 @@ def test_a_load_swinging_between_1_and_32_callers_gets_every_answer_right(
     model = ShmModel("identity", max_shapes=SHAPES, autoscaling={"downscale_delay_s": 2.0})
     callers = [caller_class.remote(model) for _ in range(4)]
     sizes = []
-    deadline = time.monotonic() + swing_s
+    deadline = time.monotonic() + swing_s  # the load itself: swing_s of it
     swing = 0
     while time.monotonic() < deadline:
         per_process = (1, 0, 0, 0) if swing % 2 == 0 else (8, 8, 8, 8)  # 1, then 32 callers
         ray.get([c.run.remote(n) for c, n in zip(callers, per_process, strict=True)])
-        time.sleep(2.0)  # the swing's period: the shape of the load, not a wait for a state
+        time.sleep(2.0)  # the load itself: the swing's period, not a wait for a state
         sizes.append(_node_pool("identity")["slots"])
         swing += 1
     totals = ray.get([c.totals.remote() for c in callers])

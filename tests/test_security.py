@@ -26,7 +26,15 @@ import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from _helpers import ADMIN, INFER, READ, model_repository, our_regions, self_signed_certificate
+from _helpers import (
+    ADMIN,
+    INFER,
+    READ,
+    local_triton,
+    model_repository,
+    our_regions,
+    self_signed_certificate,
+)
 from tritonclient.utils import InferenceServerException
 
 from ray_triton_shm import (
@@ -219,7 +227,9 @@ async def _wait_async(reconnect: Any, symptom: BaseException) -> None:
 
 
 def test_keys_from_the_environment_and_the_sweep_of_a_killed_owner(
-    restricted: LocalTritonServer, keys: dict[str, str]
+    restricted: LocalTritonServer,
+    keys: dict[str, str],
+    make_client: Callable[..., TritonSHMClient],
 ) -> None:
     # A process with its keys in its environment registers a region and is SIGKILLed without
     # a watchdog: its registration stays in Triton until the next client's sweep, which needs
@@ -241,9 +251,9 @@ def test_keys_from_the_environment_and_the_sweep_of_a_killed_owner(
     assert done.returncode == -9, done.stderr
     dead = done.stdout.strip()
     assert dead in registrations(restricted)
-    with TritonSHMClient(restricted.grpc_url, headers=keys) as client:
-        client.register_shm_model("classifier", pool_size=1)
-        assert dead not in registrations(restricted)
+    client = make_client(restricted.grpc_url, headers=keys)
+    client.register_shm_model("classifier", pool_size=1)
+    assert dead not in registrations(restricted)
 
 
 def test_plain_tritonclient_methods_send_the_client_headers(
@@ -287,13 +297,15 @@ def test_no_secret_in_reprs_errors_logs_or_verbose_output(
 
 
 def test_regions_are_created_owner_only(
-    restricted: LocalTritonServer, keys: dict[str, str]
+    restricted: LocalTritonServer,
+    keys: dict[str, str],
+    make_client: Callable[..., TritonSHMClient],
 ) -> None:
-    with TritonSHMClient(restricted.grpc_url, headers=keys) as client:
-        client.register_shm_model("classifier", pool_size=1)
-        region = registry_of(client).get("classifier").region.name
-        mode = os.stat(SHM_DIR / region).st_mode
-        assert stat.S_IMODE(mode) == 0o600
+    client = make_client(restricted.grpc_url, headers=keys)
+    client.register_shm_model("classifier", pool_size=1)
+    region = registry_of(client).get("classifier").region.name
+    mode = os.stat(SHM_DIR / region).st_mode
+    assert stat.S_IMODE(mode) == 0o600
 
 
 def test_a_region_triton_cannot_open_is_an_error_that_says_why(
@@ -333,16 +345,14 @@ def test_tls_round_trip_with_every_call_keyed_across_a_restart(tmp_path: Path) -
     everything = ",".join(
         ("health", "metadata", "inference", "shared-memory", "model-config", "model-repository")
     )
-    server = LocalTritonServer(
+    with local_triton(
         model_repository(tmp_path / "models", "classifier"),
         log_path=tmp_path / "tritonserver.log",
         stop_grace_s=5.0,
         restricted_protocols={everything: ("key", secret)},
         tls_cert=cert,
         tls_key=key,
-    )
-    server.start()
-    try:
+    ) as server:
         headers = server.grpc_headers()
         assert headers == {"triton-grpc-protocol-key": secret}
         plain = TritonSHMClient(server.grpc_url, reconnect_timeout_s=0)
@@ -369,6 +379,3 @@ def test_tls_round_trip_with_every_call_keyed_across_a_restart(tmp_path: Path) -
             status = check.get_system_shared_memory_status(headers=headers, as_json=True)
         assert region not in status.get("regions", {})
         assert secret not in server.log_path.read_text()
-    finally:
-        server.kill()  # its graceful end is test_server.py's
-        server.close()

@@ -11,8 +11,8 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -66,21 +66,23 @@ def test_serve_run_answers_http_and_ctrl_c_leaves_nothing(
         start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}/classify"
+
+    def tail() -> str:
+        return (tmp_path / "serve.log").read_text()[-4000:]
+
+    def answered() -> Any:
+        """The app's answer, once it answers (refused, 404 or 503 while it deploys)."""
+        assert proc.poll() is None, tail()
+        try:
+            reply = requests.post(url, json={"seed": 0, "batch": 3}, timeout=30)
+        except requests.ConnectionError:
+            return None
+        return reply.json() if reply.status_code == 200 else None
+
     try:
-        answer = None
-        deadline = time.monotonic() + 240
-        while answer is None:
-            assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-4000:]
-            assert time.monotonic() < deadline, (tmp_path / "serve.log").read_text()[-4000:]
-            try:
-                reply = requests.post(url, json={"seed": 0, "batch": 3}, timeout=30)
-            except requests.ConnectionError:
-                time.sleep(1)
-                continue
-            if reply.status_code == 200:
-                answer = reply.json()
-            else:
-                time.sleep(1)  # 404/503 while the app deploys
+        answer = wait_for(
+            answered, timeout_s=240, every_s=0.25, what=lambda: f"an answer; its log:\n{tail()}"
+        )
         images = synthetic_images(0, 3)
         expected = images.reshape(3, -1)[:, :150000].reshape(3, 1000, 150).mean(axis=2)
         assert len(answer["top_k"]) == 3

@@ -28,25 +28,26 @@ import os, signal, sys, time
 from ray_triton_shm.local import LocalTritonServer
 server = LocalTritonServer(sys.argv[1], grpc_port=0, http_port=0, metrics_port=0).start()
 if sys.argv[2:] == ["crash"]:  # the supervisor restarts it, from its watcher thread
+    from _helpers import wait_for
     crashed = server.pid
     os.kill(crashed, signal.SIGKILL)
-    while server.pid in (None, crashed) or server.is_restarting:
-        time.sleep(0.05)
+    wait_for(lambda: server.pid not in (None, crashed) and not server.is_restarting)
     assert len(server.crashes) == 1
 forked = 0
 if sys.argv[2:] == ["fork"]:  # a child that shares the owner's file descriptors
     forked = os.fork()
     if forked == 0:
-        time.sleep(600)
+        time.sleep(600)  # the load itself: a child that lives on until killed
         os._exit(0)
 print(os.getpid(), server.pid, server.shm_prefix, server.grpc_url, forked, flush=True)
-time.sleep(600)
+time.sleep(600)  # the load itself: an owner that lives on until killed
 """
 
 
 def _env() -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    # The tests' directory too: a crashed owner waits for the restart with wait_for.
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests"), env.get("PYTHONPATH", "")])
     return env
 
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
-from _helpers import wait_for
+from _helpers import in_threads, wait_for
 
 from ray_triton_shm import OverloadedError, SlotTimeoutError
 from ray_triton_shm._slots._header import RegionHeader
@@ -65,6 +65,7 @@ def _child(region: Region, body: str) -> subprocess.Popen[str]:
         """
         )
         + textwrap.dedent(body)
+        # The load itself: a holder that lives on until killed.
         + "\nprint('ready', flush=True)\ntime.sleep(600)\n"
     )
     child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
@@ -126,7 +127,7 @@ def test_an_abandoned_slot_comes_back_to_a_waiter_once_settled(make_region) -> N
     got: list[int] = []
     waiter = threading.Thread(target=lambda: got.append(region.slots.acquire(5.0)))
     waiter.start()
-    time.sleep(0.2)
+    wait_for(lambda: region.slots.stats().waiting == 1, timeout_s=5, what="the waiter waiting")
     assert got == []
     region.header.settle(0, time.monotonic_ns())  # what the owner's Settler does
     waiter.join(5.0)
@@ -151,12 +152,11 @@ def test_more_waiters_than_seats_are_refused_and_counted(make_region) -> None:  
         import threading
         for _ in range(2):
             threading.Thread(target=slots.acquire, daemon=True).start()
-        time.sleep(0.3)
     """
     holder = _child(region, "held = slots.acquire()")
     queued = _child(region, waiters)
     try:
-        assert region.slots.node_stats().waiting == 2
+        wait_for(lambda: region.slots.node_stats().waiting == 2, timeout_s=5, what="2 waiting")
         with pytest.raises(OverloadedError, match="2 callers already wait") as info:
             region.slots.acquire(5.0)
         assert info.value.model == "m" and region.header.overloads == 1
@@ -176,7 +176,9 @@ def test_a_cancelled_async_waiter_loses_no_slot(make_region) -> None:  # type: i
 
     async def scenario() -> int:
         waiter = asyncio.create_task(region.slots.acquire_async())
-        await asyncio.sleep(0.1)
+        await asyncio.to_thread(
+            wait_for, lambda: region.slots.stats().waiting == 1, timeout_s=5, what="it waiting"
+        )
         waiter.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiter
@@ -204,10 +206,10 @@ def test_waiting_callers_are_served_fairly(make_region) -> None:  # type: ignore
     loop = """
         import os
         done = 0
-        deadline = time.monotonic() + 2.0
+        deadline = time.monotonic() + 2.0  # the load itself: 2 s of it
         while time.monotonic() < deadline:
             slot = slots.acquire()
-            time.sleep(0.001)
+            time.sleep(0.001)  # the load itself: a holder's use of its slot
             slots.release(slot)
             done += 1
         print(done, flush=True)
@@ -244,10 +246,9 @@ def test_a_killed_waiter_hides_no_free_slot(make_region) -> None:  # type: ignor
     holder = _child(region, "held = [slots.acquire(), slots.acquire()]")
     waiter = _child(
         region,
-        "import threading\nthreading.Thread(target=slots.acquire, daemon=True).start()\n"
-        "time.sleep(0.3)",
+        "import threading\nthreading.Thread(target=slots.acquire, daemon=True).start()\n",
     )
-    assert sum(region.header.queued()) == 1
+    wait_for(lambda: sum(region.header.queued()) == 1, timeout_s=5, what="its thread queued")
     _kill(waiter)
     _kill(holder)  # both slots free; one still looks queued for
     taken = {region.slots.acquire(1.0), region.slots.acquire(1.0)}
@@ -294,25 +295,14 @@ def test_a_forked_child_never_takes_its_parents_slots(make_region) -> None:  # t
 
 
 def test_threads_of_one_process_share_slots_with_no_slot_lost(make_region) -> None:  # type: ignore[no-untyped-def]
-    import threading
-
     region = make_region(2)
-    errors: list[BaseException] = []
 
-    def loop() -> None:
-        try:
-            for _ in range(300):
-                slot = region.slots.acquire(10.0)
-                region.slots.release(slot)
-        except BaseException as exc:
-            errors.append(exc)
+    def loop(_: int) -> None:
+        for _ in range(300):
+            slot = region.slots.acquire(10.0)
+            region.slots.release(slot)
 
-    threads = [threading.Thread(target=loop) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert errors == []
+    in_threads(loop, range(8))
     assert region.slots.stats().in_use == 0 and region.slots.node_stats().in_use == 0
 
 
@@ -347,11 +337,12 @@ def test_seats_taken_and_left_during_a_scan_never_look_all_taken(make_region, mo
         if byte == shared._SEAT0 and fd != seated and not taken and not newcomer.is_alive():
             os.close(seated)  # the waiter in seat 0 leaves; a newcomer looks from seat 1
             newcomer.start()
-            deadline = time.monotonic() + 0.3
-            while time.monotonic() < deadline:
-                if shared._locked_by_another(probe, shared._SEAT0 + 1):
-                    break
-                time.sleep(0.005)
+            wait_for(
+                lambda: shared._locked_by_another(probe, shared._SEAT0 + 1),
+                timeout_s=5,
+                every_s=0.005,
+                what="the newcomer in seat 1",
+            )
         return taken
 
     monkeypatch.setattr(shared, "_lock", lock)

@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import pytest
 import ray
-from _helpers import registered_on
+from _helpers import registered_on, wait_for
 from ray import cloudpickle
 from ray.exceptions import RayActorError
 
@@ -221,21 +221,32 @@ class EventLog:
 AsyncInfer = Callable[[Request, float | None], Awaitable[dict[str, np.ndarray]]]
 
 
+@dataclass
+class Stream:
+    """The requests of one caller: on a tag of its own, drawn from its ``seed`` (some with a
+    deadline where ``deadlines``), each logged in ``log``, until ``stop``."""
+
+    deadlines: bool
+    tag: int
+    seed: int
+    log: EventLog
+    stop: threading.Event
+
+    def requests(self, rng: np.random.Generator) -> Iterator[tuple[Request, float | None]]:
+        """The next request and its deadline, drawn from ``rng``, until :attr:`stop`."""
+        seq = 0
+        while not self.stop.is_set():
+            deadline = draw_deadline(rng) if self.deadlines else None
+            yield make_request(self.tag, seq, rng, slow=deadline is not None), deadline
+            seq += 1
+
+
 def thread_caller(
-    infer: Callable[[Request, float | None], dict[str, np.ndarray]],
-    deadlines: bool,
-    tag: int,
-    seed: int,
-    log: EventLog,
-    stop: threading.Event,
+    infer: Callable[[Request, float | None], dict[str, np.ndarray]], stream: Stream
 ) -> None:
-    """Calls ``infer`` in a loop until ``stop``; ``deadlines``: some requests get one."""
-    rng = np.random.default_rng(seed)
-    seq = 0
-    while not stop.is_set():
-        deadline = draw_deadline(rng) if deadlines else None
-        request = make_request(tag, seq, rng, slow=deadline is not None)
-        seq += 1
+    """Calls ``infer`` in a loop until the stream stops."""
+    log = stream.log
+    for request, deadline in stream.requests(np.random.default_rng(stream.seed)):
         try:
             outputs = infer(request, deadline)
         except Exception as exc:
@@ -244,23 +255,13 @@ def thread_caller(
             log.answer(request, outputs)
 
 
-async def coroutine_caller(
-    infer: AsyncInfer,
-    deadlines: bool,
-    tag: int,
-    seed: int,
-    log: EventLog,
-    stop: threading.Event,
-) -> None:
+async def coroutine_caller(infer: AsyncInfer, stream: Stream) -> None:
     """:func:`thread_caller` for coroutines, which also cancels some of its requests: half of
     them by ``asyncio.wait_for``, half by ``Task.cancel``."""
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(stream.seed)
     loop = asyncio.get_running_loop()
-    seq = 0
-    while not stop.is_set():
-        deadline = draw_deadline(rng) if deadlines else None
-        request = make_request(tag, seq, rng, slow=deadline is not None)
-        seq += 1
+    log = stream.log
+    for request, deadline in stream.requests(rng):
         cancel_after = float(rng.uniform(*CANCEL_RANGE_S)) if rng.random() < CANCEL_SHARE else None
         if cancel_after is not None and rng.random() < 0.5:
             try:
@@ -339,24 +340,13 @@ class RayCaller:
         async def infer_async(request: Request, deadline: float | None) -> dict[str, np.ndarray]:
             return await self._model(deadline).infer_async(request.inputs)
 
-        thread = threading.Thread(
-            target=thread_caller,
-            args=(infer, deadlines, self._tag_base, self._seed, self._log, self._stop),
-            daemon=True,
-        )
+        def stream(i: int) -> Stream:
+            return Stream(deadlines, self._tag_base + i, self._seed + i, self._log, self._stop)
+
+        thread = threading.Thread(target=thread_caller, args=(infer, stream(0)), daemon=True)
         thread.start()
         await asyncio.gather(
-            *(
-                coroutine_caller(
-                    infer_async,
-                    deadlines,
-                    self._tag_base + i,
-                    self._seed + i,
-                    self._log,
-                    self._stop,
-                )
-                for i in range(1, RAY_COROUTINES + 1)
-            )
+            *(coroutine_caller(infer_async, stream(i)) for i in range(1, RAY_COROUTINES + 1))
         )
         await asyncio.to_thread(thread.join)
         for model in [self._plain, *self._timed]:
@@ -493,11 +483,7 @@ class Soak:
                 *(
                     coroutine_caller(
                         infer_async,
-                        True,
-                        DRIVER_COROUTINE_TAG + i,
-                        self.seed + 100 + i,
-                        log,
-                        self.stop,
+                        Stream(True, DRIVER_COROUTINE_TAG + i, self.seed + 100 + i, log, self.stop),
                     )
                     for i in range(DRIVER_COROUTINES)
                 )
@@ -506,7 +492,7 @@ class Soak:
         self._threads = [
             threading.Thread(
                 target=thread_caller,
-                args=(infer, True, DRIVER_THREAD_TAG + i, self.seed + i, log, self.stop),
+                args=(infer, Stream(True, DRIVER_THREAD_TAG + i, self.seed + i, log, self.stop)),
                 daemon=True,
             )
             for i in range(DRIVER_THREADS)
@@ -520,11 +506,12 @@ class Soak:
     @staticmethod
     def wait_logging(callers: list[Caller], timeout_s: float = 120) -> None:
         """Waits until each caller answered (or failed) at least one request."""
-        deadline = time.monotonic() + timeout_s
-        while not all(c.log.exists() and c.log.stat().st_size for c in callers):
-            if time.monotonic() > deadline:
-                raise AssertionError(f"Ray callers did not get going within {timeout_s} s")
-            time.sleep(0.2)
+        wait_for(
+            lambda: all(c.log.exists() and c.log.stat().st_size for c in callers),
+            timeout_s=timeout_s,
+            every_s=0.1,
+            what="every Ray caller to get going",
+        )
 
     # ---------------------------------------------------------------- faults
 
@@ -555,20 +542,21 @@ class Soak:
             )
         ray.kill(self.node, no_restart=False)
         self.faults["node actor kills"] += 1
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
+
+        def restarted() -> Any:
+            """The stats of its next incarnation, once that answers (``None`` before)."""
             try:
                 after = ray.get(self.node.stats.remote(), timeout=10)
             except (RayActorError, ray.exceptions.GetTimeoutError):
-                time.sleep(0.2)
-                continue
-            if after.pid != before.pid:
-                self.node_pids.append(after.pid)
-                self.incarnations.append(after.incarnation)
-                self.roles[after.pid] = f"the node actor (incarnation {len(self.node_pids)})"
-                return
-            time.sleep(0.2)
-        raise AssertionError("the node actor did not come back within 120 s of its kill")
+                return None
+            return after if after.pid != before.pid else None
+
+        after = wait_for(
+            restarted, timeout_s=120, every_s=0.1, what="the node actor back after its kill"
+        )
+        self.node_pids.append(after.pid)
+        self.incarnations.append(after.incarnation)
+        self.roles[after.pid] = f"the node actor (incarnation {len(self.node_pids)})"
 
     def schedule(self, soak_s: float) -> list[tuple[float, Callable[[], None]]]:
         """The faults and when (seconds into the soak): one Triton restart and one node actor
@@ -596,9 +584,9 @@ class Soak:
             now = time.monotonic() - started
             if fault == self.kill_a_caller and now > soak_s - 2:
                 continue
-            time.sleep(max(0.0, at - now))
+            time.sleep(max(0.0, at - now))  # the load itself: the fault's time in the schedule
             fault()
-        time.sleep(max(0.0, soak_s - (time.monotonic() - started)))
+        time.sleep(max(0.0, soak_s - (time.monotonic() - started)))  # the load itself: its length
         self.stop_callers()
 
     def stop_callers(self) -> None:
@@ -631,16 +619,19 @@ class Soak:
         Returns the model's node stats (``{}`` when its last incarnation never had it).
         """
         self.client.close()
-        deadline = time.monotonic() + 60
-        while True:
-            stats = ray.get(self.node.stats.remote(), timeout=60)
-            model = stats.models.get(MODEL, {})
-            if model.get("in_use", 0) == model.get("waiting", 0) == model.get("abandoned", 0):
-                break
-            if time.monotonic() > deadline:
-                self.problems.append(f"node slots never all came back: {model}")
-                break
-            time.sleep(0.5)
+        seen: list[Any] = []  # the node's stats, the last one last
+
+        def settled() -> bool:
+            seen.append(ray.get(self.node.stats.remote(), timeout=60))
+            model = seen[-1].models.get(MODEL, {})
+            return model.get("in_use", 0) == model.get("waiting", 0) == model.get("abandoned", 0)
+
+        try:
+            wait_for(settled, timeout_s=60, every_s=0.1, what="every node slot back")
+        except AssertionError:
+            self.problems.append(f"node slots never all came back: {seen[-1].models.get(MODEL)}")
+        stats = seen[-1]
+        model = stats.models.get(MODEL, {})
         if stats.incarnation != self.incarnations[-1]:
             self.problems.append(
                 f"the node actor crashed: incarnation {stats.incarnation}, expected "
@@ -654,16 +645,15 @@ class Soak:
     def leaks(self, timeout_s: float = 20.0) -> tuple[set[str], list[str]]:
         """Regions still registered in Triton, and ``rtshm_*`` files in ``/dev/shm`` of any
         process of the test, once ``timeout_s`` has passed or there are none."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            registered = registered_on(self.url)
-            prefixes = tuple(f"rtshm_{pid}-" for pid in self.roles)
-            files = sorted(
-                p.name for p in Path("/dev/shm").iterdir() if p.name.startswith(prefixes)
-            )
-            if (not registered and not files) or time.monotonic() > deadline:
-                return registered, files
-            time.sleep(0.5)
+        prefixes = tuple(f"rtshm_{pid}-" for pid in self.roles)
+
+        def left() -> tuple[set[str], list[str]]:
+            shm = sorted(p.name for p in Path("/dev/shm").iterdir() if p.name.startswith(prefixes))
+            return registered_on(self.url), shm
+
+        with contextlib.suppress(AssertionError):  # what is left past the wait is the answer
+            wait_for(lambda: left() == (set(), []), timeout_s=timeout_s, every_s=0.1)
+        return left()
 
     def owned(self, name: str) -> str:
         """A region's name, and which process of the test made it (from its name)."""

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from _helpers import CertificateAuthority as CA
-from _helpers import Load, figures, model_repository, wait_for, write_secret
+from _helpers import Load, figures, local_triton, model_repository, wait_for, write_secret
 
 from ray_triton_shm import CheckResult, TlsFiles, TLSHandshakeError, TritonSHMClient, check_node
 from ray_triton_shm._slots._shm import list_local_regions
@@ -65,20 +65,15 @@ def mtls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MutualTLS]:
     setup = MutualTLS(None, ca, work / "client-tls", server_files, work)  # type: ignore[arg-type]
     setup.server_trusts(ca, [ca])
     write_secret(setup.tls_dir, setup.client_files(ca, "client", [ca]))
-    setup.server = LocalTritonServer(
+    with local_triton(
         model_repository(work / "models", "identity"),
         log_path=work / "tritonserver.log",
         stop_grace_s=5.0,
         tls_cert=server_files / "server.crt",
         tls_key=server_files / "server.key",
         tls_client_ca=server_files / "clients-ca.crt",
-    )
-    setup.server.start()
-    try:
+    ) as setup.server:
         yield setup
-    finally:
-        setup.server.kill()  # nobody waits on its graceful end: seconds sooner
-        setup.server.close()
 
 
 def ours() -> set[str]:

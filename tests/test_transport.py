@@ -13,22 +13,22 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import socket
-import subprocess
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 from _helpers import (
+    OWN_DEV_SHM,
     Load,
     free_port_pair,
     free_ports,
     model_repository,
+    need_unshare,
     our_regions,
     registered_on,
     wait_for,
@@ -43,23 +43,12 @@ from ray_triton_shm import (
 )
 from ray_triton_shm.local._server import LocalTritonServer
 
-#: A Triton started under this sees a /dev/shm of its own (the container mistake).
-OWN_DEV_SHM = ("unshare", "--mount", "sh", "-c", 'mount -t tmpfs tmpfs /dev/shm && exec "$0" "$@"')
-#: The models of the Triton in the other namespace.
-MODELS = ("identity", "upper", "add_nobatch", "echo_parameters")
 #: Sizes the ``identity`` pools are made for.
 SHAPES = {"INPUT0": (64,), "OUTPUT0": (64,)}
 #: The longest text of the ``upper`` pools.
 TEXT_BYTES = {"TEXT": 32, "UPPER": 32}
 
 rng = np.random.default_rng(20261128)
-
-
-def _unshare_reason() -> str | None:
-    if shutil.which("unshare") is None:
-        return "unshare is not installed"
-    done = subprocess.run(["unshare", "--mount", "true"], capture_output=True, text=True)
-    return None if done.returncode == 0 else "`unshare --mount` needs root here"
 
 
 def _leaves_nothing(url: str) -> None:
@@ -80,36 +69,14 @@ def _successes(metrics_url: str, model: str) -> int:
     )
 
 
-@pytest.fixture(scope="module")
-def elsewhere(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalTritonServer]:
-    """A Triton in a mount namespace of its own, with a ``/dev/shm`` of its own."""
-    reason = _unshare_reason()
-    if reason:
-        pytest.skip(reason)
-    work = tmp_path_factory.mktemp("elsewhere")
-    server = LocalTritonServer(
-        model_repository(work / "models", *MODELS),
-        launcher=OWN_DEV_SHM,
-        log_path=work / "tritonserver.log",
-    )
-    try:
-        server.start()
-        yield server
-    finally:
-        server.kill()
-        server.close()
-
-
 @pytest.fixture
-def far(elsewhere: LocalTritonServer) -> Iterator[TritonSHMClient]:
-    """A client of the Triton elsewhere; after the test it is closed and nothing of it may be
-    left, in ``/dev/shm`` or in that Triton."""
-    client = TritonSHMClient(url=elsewhere.grpc_url)
-    try:
-        yield client
-    finally:
-        client.close()
-    _leaves_nothing(elsewhere.grpc_url)
+def far(
+    triton_elsewhere: LocalTritonServer, make_client: Callable[..., TritonSHMClient]
+) -> TritonSHMClient:
+    """A client of the Triton elsewhere, where nothing is registered before it; after the
+    test it is closed and nothing of it may be left (:func:`make_client`)."""
+    assert registered_on(triton_elsewhere.grpc_url) == set()
+    return make_client(triton_elsewhere.grpc_url)
 
 
 def _identity(client: TritonSHMClient, x: object) -> np.ndarray:
@@ -120,17 +87,17 @@ def _identity(client: TritonSHMClient, x: object) -> np.ndarray:
 
 
 def test_auto_goes_by_value_to_a_triton_with_its_own_dev_shm_and_says_why(
-    far: TritonSHMClient, elsewhere: LocalTritonServer
+    far: TritonSHMClient, triton_elsewhere: LocalTritonServer
 ) -> None:
     far.register_shm_model("identity", max_shapes=SHAPES)
     stats = far.shm_stats("identity")
     assert stats.transport == "inline", stats
     reason = stats.transport_reason
-    assert "could not open /dev/shm/" in reason and elsewhere.grpc_url in reason, reason
+    assert "could not open /dev/shm/" in reason and triton_elsewhere.grpc_url in reason, reason
     assert "another /dev/shm" in reason
     # Its region holds the slots' locks, and Triton knows nothing of it.
     assert len(our_regions(os.getpid())) == 1
-    assert registered_on(elsewhere.grpc_url) == set()
+    assert registered_on(triton_elsewhere.grpc_url) == set()
     # Every size: one row, a full request, one more (2 requests), several (5 requests).
     for rows, width in [(1, 1), (8, 64), (9, 3), (20, 17), (33, 64)]:
         x = rng.standard_normal((rows, width), dtype=np.float32)
@@ -197,13 +164,13 @@ def test_requested_outputs_and_request_options_by_value(far: TritonSHMClient) ->
     assert json.loads(out["PARAMETERS"][0]) == parameters
     np.testing.assert_array_equal(out["DOUBLE"], 2 * x)
     # Only the outputs asked for come back; the options are the call's own.
-    out = far.infer_shm("echo_parameters", {"INPUT0": x}, outputs=["DOUBLE"])
+    out = far.infer_shm("echo_parameters", {"INPUT0": x}, requested_outputs=["DOUBLE"])
     assert set(out) == {"DOUBLE"}
     np.testing.assert_array_equal(out["DOUBLE"], 2 * x)
     out = far.infer_shm("echo_parameters", {"INPUT0": x})
     assert set(out) == {"PARAMETERS", "DOUBLE"} and json.loads(out["PARAMETERS"][0]) == {}
     texts = np.array([[b"abc"], [b"de"]] * 5, object)  # 2 requests
-    out = far.infer_shm("upper", {"TEXT": texts}, outputs=["LENGTH"])
+    out = far.infer_shm("upper", {"TEXT": texts}, requested_outputs=["LENGTH"])
     assert set(out) == {"LENGTH"} and out["LENGTH"].tolist() == [[3], [2]] * 5
 
 
@@ -260,8 +227,8 @@ def test_a_lease_on_a_pool_by_value_is_refused_saying_why(far: TritonSHMClient) 
     assert far.shm_stats("identity").in_use == 0
 
 
-def test_closing_a_client_by_value_leaves_nothing(elsewhere: LocalTritonServer) -> None:
-    client = TritonSHMClient(url=elsewhere.grpc_url)
+def test_closing_a_client_by_value_leaves_nothing(triton_elsewhere: LocalTritonServer) -> None:
+    client = TritonSHMClient(url=triton_elsewhere.grpc_url)
     try:
         client.register_shm_model("identity", max_shapes=SHAPES)
         client.register_shm_model("upper", max_element_bytes=TEXT_BYTES)
@@ -269,14 +236,14 @@ def test_closing_a_client_by_value_leaves_nothing(elsewhere: LocalTritonServer) 
         assert len(our_regions(os.getpid())) == 2  # one region of locks per model
     finally:
         client.close()
-    _leaves_nothing(elsewhere.grpc_url)
+    _leaves_nothing(triton_elsewhere.grpc_url)
 
 
 # ---------------------------------------------------------------- asking for a transport
 
 
 def test_transport_shm_where_triton_cannot_map_raises_naming_model_and_node(
-    far: TritonSHMClient, elsewhere: LocalTritonServer
+    far: TritonSHMClient, triton_elsewhere: LocalTritonServer
 ) -> None:
     with pytest.raises(SharedMemoryUnreachableError) as info:
         far.register_shm_model("identity", max_shapes=SHAPES, transport="shm")
@@ -285,10 +252,10 @@ def test_transport_shm_where_triton_cannot_map_raises_naming_model_and_node(
     assert "could not open /dev/shm/" in error.reason
     message = str(error)
     assert "'identity'" in message and socket.gethostname() in message
-    assert elsewhere.grpc_url in message and "transport='auto'" in message
+    assert triton_elsewhere.grpc_url in message and "transport='auto'" in message
     # Nothing was left behind, and nothing registered.
     assert our_regions(os.getpid()) == set()
-    assert registered_on(elsewhere.grpc_url) == set()
+    assert registered_on(triton_elsewhere.grpc_url) == set()
     assert "identity" not in far.registered_models
     with pytest.raises(ModelNotRegisteredError):
         _identity(far, np.ones((1, 4), np.float32))
@@ -373,9 +340,7 @@ def test_a_triton_restarted_elsewhere_flips_the_transport_and_back(tmp_path: Pat
     """One gRPC port, one client under load: Triton here (shared memory), restarted in a
     namespace of its own (the pool goes by value at its next request), then here again (the
     pool finds shared memory again within a few ``config_check_interval_s``)."""
-    reason = _unshare_reason()
-    if reason:
-        pytest.skip(reason)
+    need_unshare("--mount")
     grpc_port, http_port = free_port_pair()
     (metrics_port,) = free_ports(1)
     while metrics_port in (grpc_port, http_port):

@@ -26,7 +26,7 @@ import pytest
 import tritonclient.grpc.service_pb2 as pb
 import tritonclient.grpc.service_pb2_grpc as pb_grpc
 import tritonclient.utils.shared_memory as shm
-from _helpers import SHM_DIR, free_ports, wait_for
+from _helpers import SHM_DIR, free_ports, local_triton, wait_for
 
 from ray_triton_shm import (
     AccessDeniedError,
@@ -225,20 +225,15 @@ def own_triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalTriton
         (models / name / "1" / "model.py").symlink_to(source / "1" / "model.py")
 
     write("queue_of_one", QUEUE_OF_ONE, Path(__file__).parent / "models" / "delay_echo")
-    server = LocalTritonServer(
+    with local_triton(
         models,
         log_path=work / "tritonserver.log",
         extra_args=["--model-control-mode=explicit", "--load-model=queue_of_one"],
         restricted_protocols={"shared-memory": (KEY_NAME, secrets.token_hex(8))},
-    )
-    server.start()
-    # Only now: a model of the repository that is not loaded would keep start() waiting.
-    write("unloaded", UNLOADED, EXAMPLE_MODEL_REPOSITORY / "identity")
-    try:
+    ) as server:
+        # Only now: a model of the repository that is not loaded would keep start() waiting.
+        write("unloaded", UNLOADED, EXAMPLE_MODEL_REPOSITORY / "identity")
         yield server
-    finally:
-        server.kill()
-        server.close()
 
 
 @pytest.fixture
@@ -383,7 +378,7 @@ def test_shared_memory_not_allowed(tmp_path: Path) -> None:
         pytest.skip("this tritonserver has no --allow-client-shm: it never refuses client shm")
     (tmp_path / "models").mkdir()
     with (
-        LocalTritonServer(
+        local_triton(
             tmp_path / "models",
             log_path=tmp_path / "tritonserver.log",
             extra_args=["--allow-client-shm=false"],

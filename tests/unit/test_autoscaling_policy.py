@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+from _helpers import wait_for
 
 from ray_triton_shm import ModelSpecError, SlotAutoscaling
 from ray_triton_shm._pools._scaling import REASON_KEPT_S, TICK_S, Policy
@@ -150,8 +151,7 @@ def test_a_pool_that_grows_hands_the_new_slots_to_its_waiters_first() -> None:
     got: list[int] = []
     waiter = threading.Thread(target=lambda: got.append(pool.acquire(timeout_s=5)))
     waiter.start()
-    while pool.demand() != (1, 1):
-        pass
+    wait_for(lambda: pool.demand() == (1, 1), timeout_s=5, what="1 slot held, 1 caller waiting")
     pool.resize(3)
     waiter.join()
     assert got == [1] and first == 0

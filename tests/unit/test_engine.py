@@ -240,7 +240,7 @@ def test_a_restart_is_waited_out_and_the_chunk_sent_again(pool: ModelPool) -> No
         def __call__(self, step: Step, arg: Any) -> Any:
             if step is Step.ANSWER:
                 self.stamps.append(self.pool.header.busy_since(arg.slot))
-                time.sleep(0.001)
+                time.sleep(0.001)  # the clock itself: the next send's stamp comes later
             return super().__call__(step, arg)
 
     triton = Stamps(pool, fail_at_answer=1, raise_=UNAVAILABLE)
@@ -274,7 +274,7 @@ def test_the_async_driver_runs_the_same_steps(pool: ModelPool) -> None:
     triton = ScriptedTriton(pool)
 
     async def do(step: Step, arg: Any) -> Any:
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # a turn of the loop, no time: each step truly awaits
         return triton(step, arg)
 
     x = np.arange(14, dtype=np.float32).reshape(7, 2)

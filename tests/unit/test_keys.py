@@ -254,7 +254,7 @@ def test_keys_merge_sources_and_follow_the_files(
     # The interval elapsed: the next call reads the files.
     quick = Keys(keys_dir=tmp_path, check_interval_s=0.01)
     write_secret(tmp_path, {ADMIN: "admin-3"})
-    time.sleep(0.02)
+    time.sleep(0.02)  # the interval itself: the time under test, no event marks it
     assert dict(quick.metadata()) == {ADMIN: "admin-3"}
 
     # RAY_TRITON_SHM_KEYS_DIR names the directory; without it, no key files.

@@ -186,7 +186,7 @@ def test_the_bench_reports_load_no_client() -> None:
 def test_the_checks_see_an_import_and_an_import_upward() -> None:
     """The graph is read right (else every check above passes on an empty graph), and an
     import upward is seen."""
-    assert "ray_triton_shm._drive" in GRAPH["ray_triton_shm._client"]
+    assert "ray_triton_shm._drive" in GRAPH["ray_triton_shm._calls"]
     assert "ray" in GRAPH["ray_triton_shm.ray._actor"]
     assert "ray_triton_shm._client" in _closure("ray_triton_shm.ray._handle")
     upward = {"ray_triton_shm._wire._http": {"ray_triton_shm._pools._registry"}}
@@ -226,6 +226,7 @@ RAY_USES = {
         "_pools._scaling",  # the /dev/shm budget
         "_pools._reclaim",  # what dead owners left
         "_tools._doctor",  # the doctor's node checks, run on every node
+        "_tools._doctor_report",  # what they found, gathered from every node
     )
 }
 

@@ -8,12 +8,18 @@ from __future__ import annotations
 import asyncio
 import pickle
 import time
+from typing import Any
 
 import pytest
 
 from ray_triton_shm import ClientClosedError, InvalidInputError, TritonServerError
 from ray_triton_shm._inference._engine import SuspectedChange
-from ray_triton_shm._inference._options import RequestOptions, over_defaults, request_options
+from ray_triton_shm._inference._options import (
+    REQUEST_OPTIONS,
+    RequestOptions,
+    over_defaults,
+    request_options,
+)
 from ray_triton_shm._pools._retry import INPUT_RECHECK_S, MAX_MOVES, MOVED, Moves, follow_model
 
 
@@ -113,15 +119,21 @@ def test_moves_are_values_and_the_async_driver_answers_like_the_blocking_one() -
     assert asyncio.run(first.run_async(attempt)) == 3
 
 
+def _options(**given: Any) -> RequestOptions | None:
+    """The request options ``given``, checked, the others at their defaults."""
+    return request_options("m", **{o.name: o.default for o in REQUEST_OPTIONS} | given)
+
+
 def test_a_calls_options_over_a_handles_defaults() -> None:
-    defaults = request_options("m", priority=2, queue_timeout_s=0.5, parameters={"a": 1})
-    assert over_defaults("m", None) is None  # nothing set: costs nothing
-    assert over_defaults("m", defaults) == defaults
-    merged = over_defaults("m", defaults, priority=0, parameters={"b": 2}, outputs=["Y"])
+    defaults = _options(priority=2, queue_timeout_s=0.5, parameters={"a": 1})
+    assert over_defaults(None, None, priority_given=False) is None  # nothing set: costs nothing
+    assert over_defaults(defaults, None, priority_given=False) == defaults
+    own = _options(parameters={"b": 2}, requested_outputs=["Y"])
+    merged = over_defaults(defaults, own, priority_given=True)  # priority=0: Triton's default
     assert merged == RequestOptions(
         priority=0, queue_timeout_us=500_000, parameters=(("a", 1), ("b", 2)), outputs=("Y",)
     )
-    only_priority = request_options("m", priority=3)
-    assert over_defaults("m", only_priority, priority=0) is None  # the model's default again
+    only_priority = _options(priority=3)
+    assert over_defaults(only_priority, None, priority_given=True) is None  # the model's again
     with pytest.raises(InvalidInputError, match="sequence_start/sequence_end"):
-        over_defaults("m", defaults, sequence_start=True)
+        _options(sequence_start=True)

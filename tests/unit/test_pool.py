@@ -6,6 +6,7 @@ import asyncio
 import threading
 
 import pytest
+from _helpers import wait_for
 
 from ray_triton_shm import ClientClosedError, ModelSpecError, SlotTimeoutError
 from ray_triton_shm._slots._slot_pool import SlotPool
@@ -18,8 +19,7 @@ def test_blocks_at_its_size_and_hands_a_released_slot_to_the_waiter() -> None:
     got: list[int] = []
     waiter = threading.Thread(target=lambda: got.append(pool.acquire(5.0)))
     waiter.start()
-    while pool.stats().waiting == 0:
-        pass
+    wait_for(lambda: pool.stats().waiting, timeout_s=5, what="the waiter waiting")
     pool.release(first)
     waiter.join()
     assert got == [first] and pool.stats().in_use == 2
@@ -47,8 +47,7 @@ def test_close_wakes_waiters_and_reports_whether_every_slot_came_back() -> None:
 
     waiter = threading.Thread(target=wait)
     waiter.start()
-    while pool.stats().waiting == 0:
-        pass
+    wait_for(lambda: pool.stats().waiting, timeout_s=5, what="the waiter waiting")
     assert pool.close(wait_s=0.05) is False  # a slot is still out
     waiter.join()
     assert len(errors) == 1
@@ -67,7 +66,9 @@ def test_asyncio_waiters_are_served_in_order() -> None:
             pool.release(slot)
 
         tasks = [asyncio.create_task(take(tag)) for tag in range(3)]
-        await asyncio.sleep(0.01)
+        await asyncio.to_thread(
+            wait_for, lambda: pool.stats().waiting == 3, timeout_s=5, what="3 waiting"
+        )
         pool.release(held)
         await asyncio.gather(*tasks)
         return order

@@ -3,6 +3,8 @@ tries, the checks of ``transport=``, and the bytes a request by value puts on th
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2
@@ -10,10 +12,12 @@ from tritonclient.utils import serialize_byte_tensor
 
 from ray_triton_shm import ModelSpecError, SharedMemoryUnreachableError
 from ray_triton_shm._inference._inputs import Batch, prepare_batch
-from ray_triton_shm._inference._options import request_options
+from ray_triton_shm._inference._options import REQUEST_OPTIONS, RequestOptions
+from ray_triton_shm._inference._options import request_options as checked_options
 from ray_triton_shm._inference._requests import ValueRequests
 from ray_triton_shm._inference._transport import (
-    AUTO,
+    AUTO_TRANSPORT,
+    INLINE,
     SHM,
     TRANSPORTS,
     Transport,
@@ -22,8 +26,9 @@ from ray_triton_shm._inference._transport import (
     node_name,
     unreachable_error,
 )
-from ray_triton_shm._slots._memory import CUDA, INLINE, SYSTEM
-from ray_triton_shm._slots._specs import ModelSpec, TensorSpec
+from ray_triton_shm._slots._header import RegionHeader
+from ray_triton_shm._slots._memory import BY_VALUE, CUDA, SYSTEM
+from ray_triton_shm._slots._specs import REGION_HEADER_BYTES, ModelSpec, TensorSpec
 
 #: A batching model: a float tensor of variable length and a string, two outputs.
 SPEC = ModelSpec(
@@ -60,6 +65,11 @@ ROWS = ModelSpec(
 )
 
 
+def request_options(model: str, **given: Any) -> RequestOptions | None:
+    """The request options ``given``, checked, the others at their defaults."""
+    return checked_options(model, **{o.name: o.default for o in REQUEST_OPTIONS} | given)
+
+
 def _parse(wire: bytes) -> service_pb2.ModelInferRequest:
     return service_pb2.ModelInferRequest.FromString(wire)
 
@@ -74,12 +84,12 @@ def _texts(n: int) -> np.ndarray:
 @pytest.mark.parametrize(
     ("transport", "memory", "expected"),
     [
-        (AUTO, SYSTEM, (SYSTEM, INLINE)),
-        (AUTO, CUDA, (CUDA, SYSTEM, INLINE)),
+        (AUTO_TRANSPORT, SYSTEM, (SYSTEM, BY_VALUE)),
+        (AUTO_TRANSPORT, CUDA, (CUDA, SYSTEM, BY_VALUE)),
         (SHM, SYSTEM, (SYSTEM,)),
         (SHM, CUDA, (CUDA, SYSTEM)),
-        (INLINE, SYSTEM, (INLINE,)),
-        (INLINE, CUDA, (INLINE,)),
+        (INLINE, SYSTEM, (BY_VALUE,)),
+        (INLINE, CUDA, (BY_VALUE,)),
     ],
 )
 def test_attempts_try_shared_memory_first_and_by_value_only_where_allowed(
@@ -89,11 +99,11 @@ def test_attempts_try_shared_memory_first_and_by_value_only_where_allowed(
 
 
 def test_every_transport_and_memory_is_covered_above() -> None:
-    assert set(TRANSPORTS) == {AUTO, SHM, INLINE}
+    assert set(TRANSPORTS) == {AUTO_TRANSPORT, SHM, INLINE}
     for memory in (SYSTEM, CUDA):
-        assert INLINE not in attempts(SHM, memory)  # "shm" never falls back to by value
-        assert attempts(AUTO, memory)[-1] == INLINE  # "auto" always ends there
-        assert attempts(AUTO, memory)[:-1] == attempts(SHM, memory)
+        assert BY_VALUE not in attempts(SHM, memory)  # "shm" never falls back to by value
+        assert attempts(AUTO_TRANSPORT, memory)[-1] == BY_VALUE  # "auto" always ends there
+        assert attempts(AUTO_TRANSPORT, memory)[:-1] == attempts(SHM, memory)
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
@@ -113,7 +123,16 @@ def test_check_transport_refuses_anything_else_naming_model_and_value(transport:
 
 def test_a_transport_by_value_says_so() -> None:
     assert Transport(INLINE, "why").by_value and not Transport(SHM, "why").by_value
-    assert Transport(SHM, "why").asked == AUTO
+    assert Transport(SHM, "why").asked == AUTO_TRANSPORT
+
+
+def test_a_pool_by_value_stores_and_reports_the_word_of_its_transport() -> None:
+    """Headers of other versions store the memory kind by its index, and stats, metrics and
+    ``status`` say ``"inline"`` for a pool by value: the memory's word is the transport's."""
+    buffer = bytearray(REGION_HEADER_BYTES)
+    RegionHeader(buffer, 0).set_memory(BY_VALUE)
+    assert memoryview(buffer).cast("q")[3] == 2  # the header word of the memory kind
+    assert RegionHeader(bytes(buffer), 0).memory == INLINE == "inline"
 
 
 def test_the_unreachable_error_names_model_node_and_reasons() -> None:
@@ -180,7 +199,7 @@ def test_a_request_by_value_carries_its_options() -> None:
         priority=2,
         queue_timeout_s=0.25,
         parameters={"flag": True, "count": 3, "ratio": 0.5, "tag": "x"},
-        outputs=["N"],
+        requested_outputs=["N"],
     )
     request = _parse(requests.write(0, None, batch, 0, 1, "opt", options)[0])  # type: ignore[arg-type]
     assert [o.name for o in request.outputs] == ["N"]

@@ -16,7 +16,7 @@ class TritonPythonModel:
         for request in requests:
             delay_ms = json.loads(request.parameters() or "{}").get("delay_ms", 0)
             if delay_ms:
-                time.sleep(delay_ms / 1000)
+                time.sleep(delay_ms / 1000)  # the load itself: the model's own delay
             tensor = pb_utils.get_input_tensor_by_name(request, "INPUT0")
             x = torch.utils.dlpack.from_dlpack(tensor.to_dlpack())
             on_gpu = x.is_cuda

@@ -11,7 +11,7 @@ class TritonPythonModel:
     def execute(self, requests):
         responses = []
         for request in requests:
-            time.sleep(SLEEP_S)
+            time.sleep(SLEEP_S)  # the load itself: the model's own delay
             x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
             out = pb_utils.Tensor("OUTPUT0", x)
             responses.append(pb_utils.InferenceResponse(output_tensors=[out]))
