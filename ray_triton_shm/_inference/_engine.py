@@ -21,7 +21,8 @@ raised). The rules below therefore exist once:
 - ``client_timeout_s`` is the caller's deadline, not gRPC's: the request goes to Triton with
   no deadline, so its answer still arrives (and frees the slot) after the caller gave up.
 - A request that finds Triton unreachable waits for it and is sent again; one that finds its
-  region forgotten registers the region again and is sent again, once per chunk.
+  region forgotten registers the region again and is sent again, once per chunk and Triton
+  restart.
 """
 
 from __future__ import annotations
@@ -240,12 +241,15 @@ class Chunk:
     def recovery(self, exc: BaseException) -> tuple[Step, Any]:
         """What may save the chunk after its call failed with ``exc``: waiting for Triton (it
         may be restarting), or registering the region again (Triton forgot it, and this chunk
-        has not done that yet).
+        has not done that yet since Triton last restarted).
 
         Raises:
             TritonServerError: nothing can (counted as the slot's error).
         """
         if is_restart_symptom(exc):
+            # A Triton that restarted forgot every region again: the chunk, sent on through
+            # two restarts, may register it again once in each.
+            self.reregistered = False
             return Step.RECONNECT, exc
         if is_missing_region(exc) and not self.reregistered:
             self.reregistered = True

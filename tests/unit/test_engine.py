@@ -270,6 +270,32 @@ def test_a_forgotten_region_is_registered_again_once_per_chunk(pool: ModelPool) 
     assert pool.slots.stats().in_use == 0
 
 
+def test_a_chunk_sent_on_through_two_restarts_registers_its_region_again_in_each(
+    pool: ModelPool,
+) -> None:
+    """Triton forgot the region, restarted again before the resent chunk reached it, and
+    forgot it again: the chunk registers it once per restart, and is answered."""
+    failures = [MISSING, UNAVAILABLE, MISSING]
+
+    class ForgetsAcrossRestarts(ScriptedTriton):
+        def __call__(self, step: Step, arg: Any) -> Any:
+            if step is Step.ANSWER and failures:
+                self.log.append((step, arg.start))
+                if arg.call is not None:
+                    arg.call.finish()
+                raise failures.pop(0)
+            return super().__call__(step, arg)
+
+    triton = ForgetsAcrossRestarts(pool)
+    np.testing.assert_array_equal(_infer(triton, rows=2)["Y"], [[0, 1], [2, 3]])
+    steps = [step for step, _ in triton.log if step is not Step.SEND]
+    assert steps == [
+        *(Step.SLOT, Step.ANSWER, Step.REREGISTER, Step.ANSWER, Step.RECONNECT),
+        *(Step.ANSWER, Step.REREGISTER, Step.ANSWER),
+    ]
+    assert pool.slots.stats().in_use == 0
+
+
 def test_the_async_driver_runs_the_same_steps(pool: ModelPool) -> None:
     triton = ScriptedTriton(pool)
 
