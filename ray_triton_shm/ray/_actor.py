@@ -99,6 +99,10 @@ def actor_name(node_id: str) -> str:
     return f"triton-shm-{node_id}"
 
 
+#: Threads of the deprecated :meth:`TritonNodeActor.infer` (its calls at once).
+DEPRECATED_INFER_THREADS = 4
+
+
 class TritonNodeActor:
     """Owns one ``TritonSHMClient`` to the node's Triton and its regions.
 
@@ -628,9 +632,10 @@ def get_node_actor(
         transport=transport,
     )
     actor_class = ray.remote(  # type: ignore[call-overload]
-        # The deprecated by-value infer waits for a slot in the region, where it is counted
-        # (and refused past max_waiting), not in Ray's queue.
-        concurrency_groups={"infer": slots + max_waiting + 1, "control": 4},
+        # A few threads for the deprecated infer: one per waiting caller (slots + max_waiting,
+        # as before its removal) would be ~130 idle threads in every node actor; its callers
+        # past these wait in Ray's queue instead.
+        concurrency_groups={"infer": DEPRECATED_INFER_THREADS, "control": 4},
         allow_out_of_order_execution=False,  # see the module docstring
     )(TritonNodeActor)
     # A runtime environment of its own costs a worker process started for it (a second); only
