@@ -31,7 +31,7 @@ from tritonclient.utils import raise_error
 
 from ._calls import Call, count_failure
 from ._defaults import DEFAULT_RECONNECT_TIMEOUT_S, DEFAULT_URL
-from ._exceptions import InvalidInputError, TritonSHMError
+from ._exceptions import LeaseByValueError, TritonSHMError
 from ._inference._inputs import InputValue
 from ._inference._model_change import plan_registration
 from ._inference._options import (
@@ -42,6 +42,7 @@ from ._inference._options import (
     request_options,
     select_outputs,
 )
+from ._inference._transport import node_name
 from ._lease import SlotLease
 from ._pools._reclaim import reclaim_dead_registrations
 from ._pools._registry import Registry
@@ -488,6 +489,8 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
 
         Raises:
             ModelNotRegisteredError: the model has no pool.
+            LeaseByValueError: the model sends its tensors by value (Triton cannot map this
+                process's shared memory, or ``transport="inline"``): call :meth:`infer_shm`.
             InvalidInputError: ``batch``, ``shapes`` or the options do not fit the model (no
                 slot was taken).
         """
@@ -646,16 +649,20 @@ def lease_with(
     Ray layer too, with a call of :func:`call_with`.
 
     Raises:
-        InvalidInputError: the model sends its tensors by value, or its outputs, ``batch`` or
-            ``shapes`` do not fit it (counted as the call's failure).
+        LeaseByValueError: the model sends its tensors by value (counted as the call's
+            failure).
+        InvalidInputError: its outputs, ``batch`` or ``shapes`` do not fit the model (counted
+            as the call's failure).
     """
     try:
         pool = call.pool
         if pool.by_value:
-            raise InvalidInputError(
-                f"model {pool.spec.name!r} sends its tensors by value "
-                f"({pool.transport.reason}): a lease writes into shared memory Triton "
-                "maps; call infer_shm() there",
+            raise LeaseByValueError(
+                f"model {pool.spec.name!r}: a lease writes into shared memory Triton maps "
+                f"(transport 'shm'), but the model sends its tensors by value (transport "
+                f"'inline': {pool.transport.reason}); call infer_shm() there",
+                node=node_name(),
+                reason=pool.transport.reason,
                 model=pool.spec.name,
                 expected="transport 'shm'",
                 actual="inline",

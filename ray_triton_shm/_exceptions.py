@@ -25,7 +25,9 @@
         │                                      or failed to load)
         ├── SharedMemoryNotAllowedError        the server refuses client shared memory
         ├── SharedMemoryUnreachableError       ``transport="shm"``, and Triton cannot map this
-        │                                      process's shared memory (names node and why)
+        │   │                                  process's shared memory (names node and why)
+        │   └── LeaseByValueError              a lease on a model by value (an
+        │       (InvalidInputError)            InvalidInputError too, as it was before)
         ├── AccessDeniedError                  a restricted protocol, and the request lacked
         │   (PermissionError)                  its key; names the header Triton expects
         ├── ServerUnreachableError             Triton stayed unreachable for
@@ -55,6 +57,7 @@ __all__ = [
     "CudaError",
     "GPUMemoryFullError",
     "InvalidInputError",
+    "LeaseByValueError",
     "LocalServerError",
     "ModelChangedError",
     "ModelNotLoadedError",
@@ -368,6 +371,36 @@ class SharedMemoryUnreachableError(TritonServerError):
         super().__init__(message, **answer)
         self.node = node
         self.reason = reason
+
+
+class LeaseByValueError(SharedMemoryUnreachableError, InvalidInputError):
+    """A lease was asked of a model that sends its tensors by value: a lease writes into shared
+    memory Triton maps, and Triton cannot map this process's (its reason is ``reason``). Call
+    ``infer_shm()`` there, or run Triton where it shares ``/dev/shm`` with this process.
+
+    An :class:`InvalidInputError` too, as this was raised before: ``except InvalidInputError``
+    still catches it (its ``tensor`` is ``None``).
+
+    Attributes:
+        node: The host whose memory Triton cannot map.
+        reason: Why the model sends its tensors by value (its ``transport_reason``).
+        expected: ``"transport 'shm'"``.
+        actual: The model's transport, ``"inline"``.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        node: str = "",
+        reason: str = "",
+        model: str | None = None,
+        expected: Any = None,
+        actual: Any = None,
+    ) -> None:
+        super().__init__(message, node=node, reason=reason, model=model)
+        self.expected = expected
+        self.actual = actual
 
 
 class AccessDeniedError(TritonServerError, PermissionError):

@@ -21,6 +21,7 @@ CORE = [
     "GPUMemoryFullError",
     "InvalidInputError",
     "Keys",
+    "LeaseByValueError",
     "LocalServerError",
     "LocalTritonServer",
     "ModelChangedError",

@@ -36,6 +36,7 @@ from _helpers import (
 
 from ray_triton_shm import (
     InvalidInputError,
+    LeaseByValueError,
     ModelNotRegisteredError,
     ModelSpecError,
     SharedMemoryUnreachableError,
@@ -217,11 +218,26 @@ def test_more_threads_than_slots_by_value_each_get_their_own_answer(far: TritonS
         assert stats.transport == "inline" and stats.in_use == stats.waiting == 0
 
 
+def test_the_reason_says_the_region_it_names_is_gone_and_another_dev_shm_plainly(
+    far: TritonSHMClient,
+) -> None:
+    far.register_shm_model("identity", max_shapes=SHAPES)
+    reason = far.shm_stats("identity").transport_reason
+    named = reason.split("could not open ", 1)[1].split(" ", 1)[0]
+    assert not Path(named).exists() and "removed since" in reason, reason
+    assert "it has another /dev/shm than this process" in reason, reason
+    assert "as a user" not in reason and "another user" not in reason, reason
+
+
 def test_a_lease_on_a_pool_by_value_is_refused_saying_why(far: TritonSHMClient) -> None:
     far.register_shm_model("identity", max_shapes=SHAPES)
-    with pytest.raises(InvalidInputError, match="by value") as info:
+    with pytest.raises(LeaseByValueError, match="by value") as info:
         far.lease("identity", batch=2)
     assert info.value.model == "identity" and "/dev/shm" in str(info.value)
+    assert info.value.reason == far.shm_stats("identity").transport_reason
+    assert info.value.node == socket.gethostname() and info.value.actual == "inline"
+    assert isinstance(info.value, SharedMemoryUnreachableError)
+    assert isinstance(info.value, InvalidInputError)  # caught as it was before
     x = rng.standard_normal((2, 8), dtype=np.float32)
     np.testing.assert_array_equal(_identity(far, x), x)  # the pool is as it was
     assert far.shm_stats("identity").in_use == 0
@@ -253,6 +269,9 @@ def test_transport_shm_where_triton_cannot_map_raises_naming_model_and_node(
     message = str(error)
     assert "'identity'" in message and socket.gethostname() in message
     assert triton_elsewhere.grpc_url in message and "transport='auto'" in message
+    # One sentence after another, saying plainly what was proven.
+    assert ".." not in message and "it has another /dev/shm than this process" in message
+    assert "another user" not in message and "same uid" not in message, message
     # Nothing was left behind, and nothing registered.
     assert our_regions(os.getpid()) == set()
     assert registered_on(triton_elsewhere.grpc_url) == set()

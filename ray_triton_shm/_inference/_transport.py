@@ -32,7 +32,7 @@ from .._exceptions import ModelSpecError, SharedMemoryUnreachableError, TritonSe
 from .._slots._memory import BY_VALUE, CUDA, SYSTEM, SlotMemory
 from .._slots._shm import SHM_DIR, SharedMemoryRegion, new_region_name
 from .._slots._specs import ModelSpec
-from .._wire._triton_errors import status_and_message
+from .._wire._triton_errors import is_unopenable, status_and_message
 from ._requests import SlotRequests
 
 __all__ = [
@@ -41,11 +41,14 @@ __all__ = [
     "SHM",
     "TRANSPORTS",
     "Transport",
+    "OTHER_DEV_SHM",
+    "OTHER_UID",
     "Unmappable",
     "attempts",
     "check_transport",
     "probe",
     "region_refusal",
+    "unopenable_cause",
     "unreachable_error",
 ]
 
@@ -89,17 +92,28 @@ class Transport:
         return self.kind == INLINE
 
 
+#: :attr:`Unmappable.cause`: Triton sees another ``/dev/shm`` than this process (proven).
+OTHER_DEV_SHM = "dev_shm"
+#: :attr:`Unmappable.cause`: Triton runs as a user that cannot open this process's regions.
+OTHER_UID = "uid"
+
+
 class Unmappable(Exception):
     """Triton cannot map a region of this process.
 
     Args:
         reason: Why, in a sentence (the message).
         refusal: Triton's refusal, explained (what ``transport="shm"`` raises from).
+        cause: What was proven: :data:`OTHER_DEV_SHM`, :data:`OTHER_UID`, or ``None``
+            (either).
     """
 
-    def __init__(self, reason: str, refusal: TritonServerError | None = None) -> None:
+    def __init__(
+        self, reason: str, refusal: TritonServerError | None = None, cause: str | None = None
+    ) -> None:
         super().__init__(reason)
         self.refusal = refusal
+        self.cause = cause
 
 
 def check_transport(model: str, transport: str) -> None:
@@ -130,21 +144,33 @@ def node_name() -> str:
     return socket.gethostname()
 
 
+#: How to let Triton map this process's memory, by what was proven (:attr:`Unmappable.cause`).
+_FIXES = {
+    OTHER_DEV_SHM: "Run Triton where it shares /dev/shm with this process (the same host or pod; "
+    "--ipc=host or a shared /dev/shm volume for containers)",
+    OTHER_UID: "Run Triton and this process as the same uid (`docker run --user` on both, or "
+    "the same securityContext.runAsUser)",
+    None: "Run Triton where it shares /dev/shm with this process (the same host or pod; "
+    "--ipc=host or a shared /dev/shm volume for containers), as the same uid",
+}
+
+
 def unreachable_error(
     model: str, url: str, reasons: Sequence[Unmappable | str]
 ) -> SharedMemoryUnreachableError:
-    """The error of ``transport="shm"`` when Triton mapped no memory of this process, with
-    Triton's own refusal where there was one."""
+    """The error of ``transport="shm"`` when Triton mapped no memory of this process: why
+    (each reason, with Triton's own refusal), then what to do about what was proven."""
     node = node_name()
     refusals = [r.refusal for r in reasons if isinstance(r, Unmappable) and r.refusal]
+    causes = {r.cause for r in reasons if isinstance(r, Unmappable) and r.cause}
+    cause = causes.pop() if len(causes) == 1 else None
     reason = "; ".join(map(str, reasons))
-    detail = "; ".join(map(str, refusals)) or reason
+    detail = "; ".join(str(r).strip().rstrip(".") for r in reasons)
     first = refusals[0] if refusals else None
     return SharedMemoryUnreachableError(
         f"model {model!r}: transport='shm', but Triton at {url} cannot map the shared memory "
-        f"of this process on {node}: {detail}. Run Triton where it shares /dev/shm with this "
-        "process (the same host or pod; --ipc=host or a shared /dev/shm volume for "
-        "containers), or use transport='auto' to send the tensors by value there",
+        f"of this process on {node}: {detail}. {_FIXES[cause]}; or use transport='auto' to "
+        "send the tensors by value there",
         node=node,
         reason=reason,
         status=None if first is None else first.status,
@@ -153,15 +179,43 @@ def unreachable_error(
     )
 
 
-def refusal_reason(url: str, region: str, refusal: BaseException) -> str:
-    """Why Triton's refusal to register ``region`` means it cannot map this process's
-    memory."""
+def refusal_reason(url: str, key: str, refusal: BaseException, cause: str | None = None) -> str:
+    """Why Triton's refusal to register ``key`` (a slot of a region made to try shared memory,
+    removed once refused) means it cannot map this process's memory: ``cause`` where it was
+    proven (:func:`unopenable_cause`)."""
     _, message = status_and_message(refusal)
+    if cause == OTHER_DEV_SHM:
+        why = (
+            "it has another /dev/shm than this process (another host, container or mount "
+            "namespace): it could not open a region readable by everyone either"
+        )
+    elif cause == OTHER_UID:
+        why = (
+            "it runs as another user than this process: it opened a region readable by "
+            "everyone, not this process's own (mode 0600)"
+        )
+    else:
+        why = (
+            "it runs on another host, in another /dev/shm (a container, a mount namespace), or "
+            "as a user that cannot open it"
+        )
     return (
-        f"Triton at {url} could not open /dev/shm/{region} ({message.strip() or refusal}): "
-        "it runs on another host, in another /dev/shm (a container, a mount namespace), or as "
-        "a user that cannot open it"
+        f"Triton at {url} could not open /dev/shm/{key} ({message.strip() or refusal}; a slot "
+        f"of the region made to try shared memory, removed since): {why}"
     )
+
+
+def unopenable_cause(stub: Any, metadata: Any, timeout_s: float) -> str | None:
+    """Why Triton could not open a region of this process (mode 0600): whether it opens one
+    readable by everyone tells :data:`OTHER_UID` from :data:`OTHER_DEV_SHM` (``None``: it
+    could not be told)."""
+    try:
+        refusal = region_refusal(stub, metadata, timeout_s, label="probe", mode=0o666)
+    except Exception:  # Triton away, or /dev/shm full: the refusal says what it says
+        return None
+    if refusal is None:
+        return OTHER_UID
+    return OTHER_DEV_SHM if is_unopenable(refusal) else None
 
 
 def region_refusal(
@@ -264,7 +318,8 @@ def probe(
     if compared:
         raise Unmappable(
             f"Triton at {url} registered the region, but a probe request's outputs never "
-            "reached it: Triton opened another file of the same name (another /dev/shm)"
+            "reached it: Triton opened another file of the same name (another /dev/shm)",
+            cause=OTHER_DEV_SHM,
         )
     return (
         f"Triton at {url} opened the region; the model answers no output a probe can see "

@@ -39,11 +39,13 @@ from .._inference._transport import (
     attempts,
     probe,
     refusal_reason,
+    unopenable_cause,
     unreachable_error,
 )
 from .._slots._header import RegionHeader
 from .._slots._memory import (
     BY_VALUE,
+    CALL_TIMEOUT_S,
     CUDA,
     SYSTEM,
     ByValueMemory,
@@ -614,7 +616,9 @@ class Registry:
                         continue
                     error = translate_error(exc, model=model, action="registering shared memory")
                     if memory.kind == SYSTEM and is_unopenable(exc):
-                        raise Unmappable(refusal_reason(triton.url, key, exc), error) from exc
+                        cause = unopenable_cause(triton.stub, triton.metadata(), CALL_TIMEOUT_S)
+                        why = refusal_reason(triton.url, key, exc, cause)
+                        raise Unmappable(why, error, cause) from exc
                     explained = memory.explain(error)
                     if explained is not error:  # GPU memory Triton cannot open
                         raise Unmappable(str(explained), error) from exc

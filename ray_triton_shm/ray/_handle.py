@@ -461,9 +461,10 @@ class ShmModel:
             outputs: As for :meth:`infer` (deprecated).
 
         Raises:
-            InvalidInputError: on entry, when the model's calls here go by value
+            LeaseByValueError: on entry, when the model's calls here go by value
                 (``transport="inline"``, or a Triton that cannot map the node's memory: call
-                :meth:`infer`), or ``batch`` or ``shapes`` do not fit the model.
+                :meth:`infer`); an :class:`InvalidInputError` too.
+            InvalidInputError: on entry, when ``batch`` or ``shapes`` do not fit the model.
             BlockingCallError: ``with`` on a thread that runs an event loop: use
                 ``async with`` there.
         """
