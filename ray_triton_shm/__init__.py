@@ -27,6 +27,7 @@ _install_moved(__name__)
 _EXPORTS = {
     "TritonSHMClient": "._client",
     "SlotLease": "._lease",
+    "StreamResponse": "._inference._stream",
     "AccessDeniedError": "._exceptions",
     "ClientClosedError": "._exceptions",
     "CudaError": "._exceptions",
@@ -44,6 +45,8 @@ _EXPORTS = {
     "SharedMemoryNotAllowedError": "._exceptions",
     "SharedMemoryUnreachableError": "._exceptions",
     "SlotTimeoutError": "._exceptions",
+    "StreamInterruptedError": "._exceptions",
+    "StreamingModelError": "._exceptions",
     "TLSHandshakeError": "._exceptions",
     "TritonServerError": "._exceptions",
     "TritonSHMError": "._exceptions",
@@ -94,6 +97,9 @@ __all__ = [
     "SlotAutoscaling",
     "SlotLease",
     "SlotTimeoutError",
+    "StreamInterruptedError",
+    "StreamResponse",
+    "StreamingModelError",
     "StatusReport",
     "TLSHandshakeError",
     "TensorSpec",
@@ -130,10 +136,13 @@ if typing.TYPE_CHECKING:  # what type checkers and IDEs see: the names, typed, a
         SharedMemoryNotAllowedError,
         SharedMemoryUnreachableError,
         SlotTimeoutError,
+        StreamingModelError,
+        StreamInterruptedError,
         TLSHandshakeError,
         TritonServerError,
         TritonSHMError,
     )
+    from ._inference._stream import StreamResponse
     from ._lease import SlotLease
     from ._pools._reclaim import ReclaimReport, reclaim_regions
     from ._slots._sizing import SlotAutoscaling

@@ -23,7 +23,7 @@ given up is used again exactly when Triton is done with it (:mod:`._pools._aband
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 
 import tritonclient.grpc as grpcclient
@@ -32,6 +32,7 @@ from tritonclient.utils import raise_error
 from ._calls import Call, count_failure
 from ._defaults import DEFAULT_RECONNECT_TIMEOUT_S, DEFAULT_URL
 from ._exceptions import LeaseByValueError, TritonSHMError
+from ._inference._engine import unary_refusal
 from ._inference._inputs import InputValue
 from ._inference._model_change import plan_registration
 from ._inference._options import (
@@ -42,6 +43,7 @@ from ._inference._options import (
     request_options,
     select_outputs,
 )
+from ._inference._stream import StreamResponse
 from ._inference._transport import node_name
 from ._lease import SlotLease
 from ._pools._reclaim import reclaim_dead_registrations
@@ -50,11 +52,13 @@ from ._slots._memory import SYSTEM
 from ._slots._sizing import SlotAutoscaling
 from ._slots._slot_pool import PoolStats
 from ._slots._specs import ModelSpec, SpecLike
+from ._streaming import StreamCall
 from ._wire._channel import Channel, tritonclient_options
 from ._wire._http import AUTO_HTTP_URL
 from ._wire._keys import REDACTED, Keys
+from ._wire._streams import Streams
 
-__all__ = ["Call", "TritonSHMClient", "call_with", "lease_with", "registry_of"]
+__all__ = ["Call", "TritonSHMClient", "call_with", "lease_with", "registry_of", "stream_with"]
 
 
 class TritonSHMClient(grpcclient.InferenceServerClient):
@@ -164,6 +168,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
                 http_url=http_url,
             )
             self._channel, self._client_stub = self._triton.channel, self._triton.stub
+        self._streams = Streams(lambda: self._triton.channel)
         self._pools = Registry(
             self._triton,
             crash_cleanup=crash_cleanup,
@@ -570,6 +575,150 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         )
         return await call.infer_async(inputs)
 
+    def stream(
+        self,
+        model_name: str,
+        inputs: Mapping[str, InputValue],
+        *,
+        slot_timeout_s: float | None = None,
+        client_timeout_s: float | None = None,
+        headers: Mapping[str, str] | None = None,
+        request_id: str = "",
+        reconnect_timeout_s: float | None = None,
+        priority: int = 0,
+        queue_timeout_s: float | None = None,
+        sequence_id: int | str = 0,
+        sequence_start: bool = False,
+        sequence_end: bool = False,
+        parameters: Mapping[str, ParameterValue] | None = None,
+        requested_outputs: Sequence[str] | None = None,
+    ) -> Iterator[StreamResponse]:
+        """Runs one request of a streaming (decoupled) model, and yields its responses as
+        they come.
+
+        ```python
+        for response in client.stream("captioner", {"IMAGE": image, ...}):
+            print(response.index, response["TOKEN"])
+        ```
+
+        The inputs go into one slot of the model's pool, as for :meth:`infer_shm` (a stream
+        is one request: at most ``max_batch_size`` samples), held until Triton's final
+        response. The outputs come back by value, in the responses (Triton writes every
+        response of a request into the same place, so shared memory cannot hold them).
+        Concurrent streams, from threads or tasks, each go on a gRPC stream of the client's,
+        used again one request after the other. Stopping early (``break``, ``close()``)
+        cancels the request in Triton; its slot is used again once Triton is done with it.
+
+        Args:
+            model_name: A streaming model registered with :meth:`register_shm_model`.
+            inputs: As for :meth:`infer_shm`.
+            slot_timeout_s: As for :meth:`infer_shm`.
+            client_timeout_s: How long to wait for each response, after the request or the
+                response before it; past it the stream is cancelled in Triton and raises
+                :class:`StreamInterruptedError` (``status`` ``"StatusCode.DEADLINE_EXCEEDED"``).
+            headers: As for :meth:`infer_shm`.
+            request_id: As for :meth:`infer_shm`.
+            reconnect_timeout_s: As for :meth:`infer_shm`.
+            priority: As for :meth:`infer_shm`.
+            queue_timeout_s: As for :meth:`infer_shm`.
+            sequence_id: As for :meth:`infer_shm`.
+            sequence_start: As for :meth:`infer_shm`.
+            sequence_end: As for :meth:`infer_shm`.
+            parameters: As for :meth:`infer_shm`.
+            requested_outputs: As for :meth:`infer_shm`.
+
+        Yields:
+            Each response with outputs, a :class:`StreamResponse`: ``{output name: array}``
+            with its ``index`` and whether it is ``final``. The iteration ends after
+            Triton's final response (an empty one is not yielded).
+
+        Raises:
+            StreamingModelError: the model is not a streaming one (call :meth:`infer_shm`).
+            StreamInterruptedError: the stream ended before Triton's final response (Triton
+                went away after a response, or ``client_timeout_s``); says how many
+                responses came. Before the first response, a Triton that went away is
+                waited for and the request sent again, as for :meth:`infer_shm`.
+            TritonServerError: the model answered with an error (Triton's message).
+            ModelNotRegisteredError, InvalidInputError, SlotTimeoutError, AccessDeniedError,
+                ServerUnreachableError: as for :meth:`infer_shm`.
+        """
+        call = self._stream_call(
+            model_name,
+            slot_timeout_s=slot_timeout_s,
+            client_timeout_s=client_timeout_s,
+            headers=headers,
+            request_id=request_id,
+            reconnect_timeout_s=reconnect_timeout_s,
+            priority=priority,
+            queue_timeout_s=queue_timeout_s,
+            sequence_id=sequence_id,
+            sequence_start=sequence_start,
+            sequence_end=sequence_end,
+            parameters=parameters,
+            requested_outputs=requested_outputs,
+        )
+        return call.stream(inputs)
+
+    def stream_async(
+        self,
+        model_name: str,
+        inputs: Mapping[str, InputValue],
+        *,
+        slot_timeout_s: float | None = None,
+        client_timeout_s: float | None = None,
+        headers: Mapping[str, str] | None = None,
+        request_id: str = "",
+        reconnect_timeout_s: float | None = None,
+        priority: int = 0,
+        queue_timeout_s: float | None = None,
+        sequence_id: int | str = 0,
+        sequence_start: bool = False,
+        sequence_end: bool = False,
+        parameters: Mapping[str, ParameterValue] | None = None,
+        requested_outputs: Sequence[str] | None = None,
+    ) -> AsyncIterator[StreamResponse]:
+        """:meth:`stream` for coroutines: an async iterator, same arguments and semantics, no
+        thread blocked while waiting (``async for response in client.stream_async(...)``).
+        ``aclose()`` or a cancelled task cancels the request in Triton."""
+        call = self._stream_call(
+            model_name,
+            slot_timeout_s=slot_timeout_s,
+            client_timeout_s=client_timeout_s,
+            headers=headers,
+            request_id=request_id,
+            reconnect_timeout_s=reconnect_timeout_s,
+            priority=priority,
+            queue_timeout_s=queue_timeout_s,
+            sequence_id=sequence_id,
+            sequence_start=sequence_start,
+            sequence_end=sequence_end,
+            parameters=parameters,
+            requested_outputs=requested_outputs,
+        )
+        return call.stream_async(inputs)
+
+    def _stream_call(
+        self,
+        model_name: str,
+        *,
+        slot_timeout_s: float | None,
+        client_timeout_s: float | None,
+        headers: Mapping[str, str] | None,
+        request_id: str,
+        reconnect_timeout_s: float | None,
+        **options: Any,
+    ) -> StreamCall:
+        return stream_with(
+            self,
+            model_name,
+            request_options(model_name, **options),
+            slot_timeout_s=slot_timeout_s,
+            client_timeout_s=client_timeout_s,
+            headers=headers,
+            request_id=request_id,
+            reconnect_timeout_s=reconnect_timeout_s,
+        )
+
     # ------------------------------------------------------------------ lifecycle
 
     def close(self) -> None:
@@ -583,6 +732,8 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         # tritonclient's __del__ calls close() even when __init__ failed half-way.
         if hasattr(self, "_pools"):
             self._pools.close()
+        if hasattr(self, "_streams"):
+            self._streams.close()
         if hasattr(self, "_triton"):
             self._triton.close_http()
         if hasattr(self, "_channel"):
@@ -642,6 +793,41 @@ def call_with(
     )
 
 
+def stream_with(
+    client: TritonSHMClient,
+    model_name: str,
+    options: RequestOptions | None,
+    *,
+    slot_timeout_s: float | None,
+    client_timeout_s: float | None,
+    headers: Mapping[str, str] | None = None,
+    reconnect_timeout_s: float | None = None,
+    request_id: str = "",
+) -> StreamCall:
+    """One call of :meth:`TritonSHMClient.stream` on ``client`` (see :func:`call_with`):
+    ``.stream(inputs)`` or ``.stream_async(inputs)`` runs it. Internal API for the Ray layer
+    too.
+
+    Raises:
+        ModelNotRegisteredError: the model has no pool.
+    """
+    pools = client._pools
+    return StreamCall(
+        client._triton,
+        pools,
+        pools.get(model_name),
+        options,
+        slot_timeout_s,
+        client_timeout_s,
+        headers,
+        request_id,
+        reconnect_timeout_s,
+        "numpy",
+        client,
+        streams=client._streams,
+    )
+
+
 def lease_with(
     call: Call, batch: int | None, shapes: Mapping[str, Sequence[int]] | None
 ) -> SlotLease:
@@ -656,6 +842,9 @@ def lease_with(
     """
     try:
         pool = call.pool
+        refusal = unary_refusal(pool, streaming=False)
+        if refusal is not None:
+            raise refusal
         if pool.by_value:
             raise LeaseByValueError(
                 f"model {pool.spec.name!r}: a lease writes into shared memory Triton maps "

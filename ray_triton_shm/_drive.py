@@ -2,20 +2,21 @@
 needs done and is sent the result (or thrown the error) back, so that one rule serves blocking
 callers and coroutines, and only the waiting differs (as httpx drives its auth flows).
 
-The inference engine (:mod:`._inference._engine`) and waiting for Triton while it restarts
-(:mod:`._wire._reconnect`) are written this way.
+The inference engine (:mod:`._inference._engine`), streams (:mod:`._inference._stream`, whose
+rule also hands values out to its caller as it goes: :func:`drive_stream`) and waiting for
+Triton while it restarts (:mod:`._wire._reconnect`) are written this way.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     import grpc
 
-__all__ = ["as_asyncio_future", "drive", "drive_async"]
+__all__ = ["as_asyncio_future", "drive", "drive_async", "drive_stream", "drive_stream_async"]
 
 S = TypeVar("S")
 T = TypeVar("T")
@@ -51,6 +52,56 @@ async def drive_async(
                 step, argument = steps.send(result) if error is None else steps.throw(error)
             except StopIteration as done:
                 return done.value  # type: ignore[no-any-return]
+            try:
+                result, error = await do(step, argument), None
+            except BaseException as exc:  # the generator decides what to do with it
+                result, error = None, exc
+    finally:
+        steps.close()
+
+
+def drive_stream(
+    steps: Generator[tuple[S, Any], Any, None], do: Callable[[S, Any], Any], out: S
+) -> Iterator[Any]:
+    """:func:`drive` for a rule that hands values to its caller: the argument of each step
+    ``out`` is yielded. A caller that stops iterating closes the rule (it cleans up, and
+    must not yield again)."""
+    result: Any = None
+    error: BaseException | None = None
+    try:
+        while True:
+            try:
+                step, argument = steps.send(result) if error is None else steps.throw(error)
+            except StopIteration:
+                return
+            if step == out:
+                result, error = None, None
+                yield argument
+                continue
+            try:
+                result, error = do(step, argument), None
+            except BaseException as exc:  # the generator decides what to do with it
+                result, error = None, exc
+    finally:
+        steps.close()
+
+
+async def drive_stream_async(
+    steps: Generator[tuple[S, Any], Any, None], do: Callable[[S, Any], Awaitable[Any]], out: S
+) -> AsyncIterator[Any]:
+    """:func:`drive_stream` for coroutines: ``do`` returns an awaitable."""
+    result: Any = None
+    error: BaseException | None = None
+    try:
+        while True:
+            try:
+                step, argument = steps.send(result) if error is None else steps.throw(error)
+            except StopIteration:
+                return
+            if step == out:
+                result, error = None, None
+                yield argument
+                continue
             try:
                 result, error = await do(step, argument), None
             except BaseException as exc:  # the generator decides what to do with it

@@ -4,6 +4,8 @@
 
     TritonSHMError
     ├── InvalidInputError (ValueError)         bad tensors, raised before any byte is written
+    │   └── StreamingModelError                a unary call on a streaming (decoupled) model,
+    │                                          or stream() on a model that is not one
     ├── ModelSpecError (ValueError)            specs that cannot be turned into a slot layout
     ├── ModelNotRegisteredError (LookupError)  infer on a model never registered
     ├── RegionReplacedError (LookupError)      the region a process bound to is gone or was
@@ -32,6 +34,9 @@
         │   (PermissionError)                  its key; names the header Triton expects
         ├── ServerUnreachableError             Triton stayed unreachable for
         │   (ConnectionError)                  ``reconnect_timeout_s``
+        ├── StreamInterruptedError             a stream ended before its final response
+        │   (ConnectionError)                  (Triton went away, a deadline): says how many
+        │                                      responses it delivered
         └── TLSHandshakeError                  TLS stands between client and Triton (no
             (ConnectionError)                  client certificate, an untrusted one...)
 
@@ -70,6 +75,8 @@ __all__ = [
     "SharedMemoryNotAllowedError",
     "SharedMemoryUnreachableError",
     "SlotTimeoutError",
+    "StreamInterruptedError",
+    "StreamingModelError",
     "TLSHandshakeError",
     "TritonSHMError",
     "TritonServerError",
@@ -129,6 +136,18 @@ class InvalidInputError(TritonSHMError, ValueError):
         self.tensor = tensor
         self.expected = expected
         self.actual = actual
+
+
+class StreamingModelError(InvalidInputError):
+    """A call does not fit how the model answers: ``infer_shm`` (or a lease) on a streaming
+    model (Triton's ``decoupled`` transaction policy: it answers only over a stream; call
+    ``stream()``), or ``stream()`` on a model that answers each request once (call
+    ``infer_shm``). Raised before any slot is taken.
+
+    Attributes:
+        expected: How the call needs the model to answer (``"decoupled"`` or ``"unary"``).
+        actual: How it answers.
+    """
 
 
 class ModelSpecError(TritonSHMError, ValueError):
@@ -436,6 +455,20 @@ class ServerUnreachableError(TritonServerError, ConnectionError):
         super().__init__(message, **answer)
         self.url = url
         self.waited_s = waited_s
+
+
+class StreamInterruptedError(TritonServerError, ConnectionError):
+    """A stream ended before Triton's final response: Triton went away (a crash, a restart),
+    the connection was lost, or no response came within ``client_timeout_s``. A stream is
+    never sent again once a response was delivered (it would deliver them twice).
+
+    Attributes:
+        delivered: The responses delivered before it ended.
+    """
+
+    def __init__(self, message: str, *, delivered: int = 0, **answer: Unpack[_Answer]) -> None:
+        super().__init__(message, **answer)
+        self.delivered = delivered
 
 
 class TLSHandshakeError(TritonServerError, ConnectionError):

@@ -37,7 +37,7 @@ from typing import Any, TypeVar
 import grpc
 from tritonclient.grpc import service_pb2
 
-from .._exceptions import TritonServerError, TritonSHMError
+from .._exceptions import StreamingModelError, TritonServerError, TritonSHMError
 from .._wire._http import Answer
 from .._wire._triton_errors import (
     answered_or_never_sent,
@@ -74,6 +74,15 @@ class Step(enum.Enum):
     #: A :class:`Chunk` -> ``None`` once its call ended, or its deadline passed (its error is
     #: not raised: the call already failed for another reason).
     SETTLE = enum.auto()
+    #: A stream's (see :mod:`._stream`): its :class:`Chunk` -> ``None``; sends the request on
+    #: a gRPC stream of its own.
+    OPEN = enum.auto()
+    #: A stream's: its :class:`Chunk` -> Triton's next response to it, or the
+    #: ``grpc.RpcError`` that ended the stream, or :meth:`Chunk.deadline_exceeded` past the
+    #: deadline since the request or its last response.
+    NEXT = enum.auto()
+    #: A stream's: a response for the caller -> ``None`` once the caller asks for the next.
+    DELIVER = enum.auto()
 
 
 Steps = Generator[tuple[Step, Any], Any, dict[str, Any]]
@@ -257,6 +266,31 @@ class Chunk:
         raise self.failed(exc) from exc
 
 
+def unary_refusal(pool: ModelPool, *, streaming: bool) -> StreamingModelError | None:
+    """The error of a call that does not fit how the model answers (``streaming``: a
+    stream's), or ``None`` if it fits."""
+    spec = pool.spec
+    if spec.decoupled == streaming:
+        return None
+    if spec.decoupled:
+        message = (
+            f"model {spec.name!r} is a streaming model (decoupled: Triton answers it only "
+            f"over a stream, with any number of responses): call stream({spec.name!r}, "
+            f"inputs) or stream_async(), which yield each response as it comes"
+        )
+    else:
+        message = (
+            f"model {spec.name!r} answers each request once (it is not decoupled): call "
+            f"infer_shm({spec.name!r}, inputs) or infer_shm_async()"
+        )
+    return StreamingModelError(
+        message,
+        model=spec.name,
+        expected="decoupled" if streaming else "unary",
+        actual="decoupled" if spec.decoupled else "unary",
+    )
+
+
 def run(
     pool: ModelPool,
     batch: Batch,
@@ -268,6 +302,9 @@ def run(
 ) -> Steps:
     """The steps of one inference call of ``batch``; returns the outputs (NumPy arrays, or
     GPU tensors of ``outputs_as`` for a pool in GPU memory)."""
+    refusal = unary_refusal(pool, streaming=False)
+    if refusal is not None:
+        raise refusal
     names = None if options is None else options.outputs
     if batch.size == 0:
         return empty_outputs(pool.spec, names)

@@ -278,6 +278,11 @@ def probe(
     Raises:
         Unmappable: Triton answered, and wrote none of its outputs into the region.
     """
+    if spec.decoupled:  # answered only over a stream, and never into the slot
+        return (
+            f"Triton at {url} opened the region; a streaming model answers nothing into it, "
+            "so its unique name is the proof"
+        )
     views = memory.views(spec)[0]
     shapes = {t.name: tuple(1 if d == -1 else d for d in t.shape) for t in spec.inputs}
     written = []

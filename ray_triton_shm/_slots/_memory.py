@@ -173,6 +173,8 @@ def _views(
 ) -> dict[str, np.ndarray]:
     result = {}
     for t in tensors:
+        if t.name not in offsets:
+            continue  # a decoupled model's output: it comes back in the responses
         dtype = np.dtype(np.uint8) if t.is_bytes else t.dtype  # BYTES: serialized
         capacity = layout.capacities[f"{kind}:{t.name}"]
         count = capacity // dtype.itemsize

@@ -19,7 +19,7 @@ from typing import Any, Union
 import numpy as np
 from tritonclient.utils import np_to_triton_dtype, triton_to_np_dtype
 
-from .._exceptions import ModelSpecError
+from .._exceptions import ModelSpecError, TritonSHMError
 
 __all__ = ["ModelSpec", "SlotLayout", "TensorSpec", "resolve_model_spec"]
 
@@ -105,6 +105,11 @@ class ModelSpec:
         outputs: Output tensors, in request order.
         max_batch_size: The model's ``max_batch_size``; ``0`` means the model does not batch and
             its tensors have no batch dimension.
+        decoupled: Whether the model streams (Triton's ``model_transaction_policy { decoupled:
+            true }``): it answers a request with any number of responses, only over Triton's
+            gRPC stream. Its outputs come back by value, in the responses (Triton writes
+            every response of a request into the same place of shared memory, with no flow
+            control), so its slots hold the inputs alone, and its outputs need no maximum.
     """
 
     name: str
@@ -112,6 +117,7 @@ class ModelSpec:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     max_batch_size: int
+    decoupled: bool = False
 
     @property
     def batched(self) -> bool:
@@ -145,7 +151,10 @@ class ModelSpec:
     @functools.cached_property
     def inline_outputs(self) -> frozenset[str]:
         """BYTES outputs small enough to come back in the response (see
-        :data:`INLINE_BYTES_OUTPUT_MAX`); every other output is written into the slot."""
+        :data:`INLINE_BYTES_OUTPUT_MAX`), or every output of a :attr:`decoupled` model; every
+        other output is written into the slot."""
+        if self.decoupled:
+            return frozenset(t.name for t in self.outputs)
         return frozenset(
             t.name
             for t in self.outputs
@@ -174,14 +183,15 @@ class SlotLayout:
 
     @classmethod
     def for_model(cls, spec: ModelSpec) -> SlotLayout:
-        """Lays out every input then every output of one batch of ``spec.batch_capacity``."""
+        """Lays out every input then every output of one batch of ``spec.batch_capacity`` (the
+        inputs alone for a decoupled model: its outputs come back in the responses)."""
         offset = 0
         input_offsets: dict[str, int] = {}
         output_offsets: dict[str, int] = {}
         capacities: dict[str, int] = {}
         for kind, tensors, offsets in (
             ("in", spec.inputs, input_offsets),
-            ("out", spec.outputs, output_offsets),
+            ("out", () if spec.decoupled else spec.outputs, output_offsets),
         ):
             for tensor in tensors:
                 capacity = spec.batch_capacity * tensor.max_sample_bytes
@@ -271,6 +281,7 @@ def resolve_model_spec(
     config: Mapping[str, Any] = {}
     if inputs is None or outputs is None or max_batch_size is None:
         config = load_config()
+    decoupled = _is_decoupled(config, load_config)
     if max_batch_size is None:
         max_batch_size = int(config.get("max_batch_size", 0))
     if max_batch_size < 0:
@@ -282,7 +293,7 @@ def resolve_model_spec(
     maxima = dict(max_element_bytes or {})
     input_specs = _resolve_tensors(model_name, inputs, config.get("input", []), max_shapes, maxima)
     output_specs = _resolve_tensors(
-        model_name, outputs, config.get("output", []), max_shapes, maxima
+        model_name, outputs, config.get("output", []), max_shapes, maxima, bounded=not decoupled
     )
     names = [t.name for t in input_specs]
     if not input_specs or not output_specs:
@@ -317,7 +328,20 @@ def resolve_model_spec(
         inputs=tuple(input_specs),
         outputs=tuple(output_specs),
         max_batch_size=max_batch_size,
+        decoupled=decoupled,
     )
+
+
+def _is_decoupled(config: Mapping[str, Any], load_config: Callable[[], Mapping[str, Any]]) -> bool:
+    """Whether the model streams (``model_transaction_policy { decoupled: true }``), from
+    ``config``, or read for it where every spec was given (and the config is not readable:
+    not)."""
+    if not config:
+        try:
+            config = load_config()
+        except TritonSHMError:
+            return False
+    return bool(config.get("model_transaction_policy", {}).get("decoupled", False))
 
 
 def _resolve_tensors(
@@ -326,6 +350,8 @@ def _resolve_tensors(
     config_tensors: Sequence[Mapping[str, Any]],
     max_shapes: Mapping[str, Sequence[int]],
     max_element_bytes: Mapping[str, int],
+    *,
+    bounded: bool = True,
 ) -> list[TensorSpec]:
     if given is not None:
         raw = [_split_spec(model, item) for item in given]
@@ -334,7 +360,7 @@ def _resolve_tensors(
             (t["name"], [int(d) for d in t.get("dims", [])], t["data_type"]) for t in config_tensors
         ]
     return [
-        _tensor_spec(model, name, shape, dtype, max_shapes, max_element_bytes)
+        _tensor_spec(model, name, shape, dtype, max_shapes, max_element_bytes, bounded=bounded)
         for name, shape, dtype in raw
     ]
 
@@ -357,7 +383,11 @@ def _tensor_spec(
     dtype: DTypeLike,
     max_shapes: Mapping[str, Sequence[int]],
     max_element_bytes: Mapping[str, int],
+    *,
+    bounded: bool = True,
 ) -> TensorSpec:
+    """A tensor's spec; ``bounded=False`` for one that needs no room in a slot (a decoupled
+    model's output), whose variable dims and BYTES elements need no maximum."""
     try:
         dims = tuple(int(d) for d in shape)
     except (TypeError, ValueError) as exc:
@@ -384,7 +414,7 @@ def _tensor_spec(
                 model=model,
                 tensor=name,
             )
-    elif -1 in dims:
+    elif -1 in dims and bounded:
         example = tuple(8 if d == -1 else d for d in dims)
         raise ModelSpecError(
             f"tensor {name!r} of model {model!r} has variable dims {dims}; slots need a maximum "
@@ -393,7 +423,7 @@ def _tensor_spec(
             tensor=name,
         )
     element_bytes = 0
-    if np_dtype.kind == "O":
+    if np_dtype.kind == "O" and (bounded or name in max_element_bytes):
         element_bytes = _max_element_bytes(model, name, max_element_bytes)
     return TensorSpec(
         name=name,

@@ -31,7 +31,7 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     (
         "face",
         "TritonSHMClient, one call, a lease; the modules' old names",
-        ("_client", "_calls", "_lease", "_moved"),
+        ("_client", "_calls", "_streaming", "_lease", "_moved"),
     ),
     ("pools", "a client's pools over time: registry, following, scaling, cleanup", ("_pools",)),
     ("inference", "one request: engine, model pool, inputs, outputs, transport", ("_inference",)),

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ray_triton_shm import ModelSpecError
+from ray_triton_shm import ModelSpecError, TritonServerError
 from ray_triton_shm._slots._specs import (
     REGION_HEADER_BYTES,
     SLOT_ALIGNMENT,
@@ -64,19 +64,43 @@ def test_unusable_specs_name_what_is_wrong(kwargs: dict[str, Any], pattern: str)
         resolve(**kwargs)
 
 
-def test_config_is_read_only_when_something_is_left_out() -> None:
-    def no_config() -> Any:
-        raise AssertionError("the config was read")
+def test_config_given_whole_is_read_for_the_transaction_policy_alone() -> None:
+    """Specs given whole: the config is read only to know whether the model streams, and a
+    config that cannot be read (a restricted protocol, no such model yet) is no error."""
 
+    def refused() -> Any:
+        raise TritonServerError("model configuration refused", model="m")
+
+    for config, decoupled in (
+        (refused, False),
+        (lambda: {"model_transaction_policy": {"decoupled": True}}, True),
+        (lambda: {"name": "m"}, False),
+    ):
+        spec = resolve(
+            inputs=[("X", (2,), np.float32)],
+            outputs=[("Y", (-1,), "FP32")] if decoupled else [("Y", (2,), "FP32")],
+            max_batch_size=4,
+            max_shapes=None,
+            max_element_bytes=None,
+            load_config=config,
+        )
+        assert [t.name for t in spec.inputs] == ["X"] and spec.outputs[0].dtype == np.float32
+        assert spec.decoupled is decoupled
+
+
+def test_a_streaming_model_s_outputs_take_no_room_and_need_no_maximum() -> None:
+    """Its outputs come back in the responses: variable dims and BYTES without a maximum."""
     spec = resolve(
         inputs=[("X", (2,), np.float32)],
-        outputs=[("Y", (2,), "FP32")],
-        max_batch_size=4,
+        outputs=[("TOKENS", (-1,), "INT32"), ("TEXT", (1,), "BYTES")],
+        max_batch_size=0,
         max_shapes=None,
         max_element_bytes=None,
-        load_config=no_config,
+        load_config=lambda: {"model_transaction_policy": {"decoupled": True}},
     )
-    assert [t.name for t in spec.inputs] == ["X"] and spec.outputs[0].dtype == np.float32
+    layout = SlotLayout.for_model(spec)
+    assert spec.inline_outputs == {"TOKENS", "TEXT"}
+    assert layout.output_offsets == {} and set(layout.capacities) == {"in:X"}
 
 
 def test_layout_aligns_tensors_and_slots_after_the_header() -> None:
