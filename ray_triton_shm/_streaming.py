@@ -7,6 +7,7 @@ on when its pool stops it before its first response.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
@@ -39,9 +40,10 @@ class StreamCall(Call):
             delivered = False
             try:
                 steps = self._stream_steps(moves.target, inputs)
-                for response in drive_stream(steps, self._do, Step.DELIVER):
-                    delivered = True
-                    yield response
+                with contextlib.closing(drive_stream(steps, self._do, Step.DELIVER)) as driven:
+                    for response in driven:
+                        delivered = True
+                        yield response
                 return
             except moves.handled as exc:
                 if delivered:
@@ -60,9 +62,11 @@ class StreamCall(Call):
             delivered = False
             try:
                 steps = self._stream_steps(moves.target, inputs)
-                async for response in drive_stream_async(steps, self._do_async, Step.DELIVER):
-                    delivered = True
-                    yield response
+                driven = drive_stream_async(steps, self._do_async, Step.DELIVER)
+                async with contextlib.aclosing(driven):  # closed now, not when collected
+                    async for response in driven:
+                        delivered = True
+                        yield response
                 return
             except moves.handled as exc:
                 if delivered:

@@ -46,7 +46,7 @@ MODEL_REPOSITORIES: tuple[Path, ...] = (EXAMPLE_MODEL_REPOSITORY, TEST_MODEL_REP
 #: The models of the ``fresh_triton`` fixture (the tests that restart or kill Triton).
 FRESH_MODELS = ("classifier", "identity", "large_image", "delay_echo")
 #: The models of the ``triton_elsewhere`` fixture (a Triton with a /dev/shm of its own).
-ELSEWHERE_MODELS = ("identity", "upper", "add_nobatch", "echo_parameters")
+ELSEWHERE_MODELS = ("identity", "upper", "add_nobatch", "echo_parameters", "captioner")
 
 #: How long the chaos soak (tests/test_soak.py) runs unless ``--soak-s`` says otherwise.
 DEFAULT_SOAK_S = 25.0

@@ -40,7 +40,7 @@ from .._wire._http import grpc_answer
 from .._wire._streams import StreamErrorResponse, is_final
 from .._wire._triton_errors import is_change_symptom, is_missing_region, status_and_message
 from ._bytes import decode
-from ._engine import Chunk, Step
+from ._engine import Chunk, Step, unary_refusal
 from ._inputs import Batch
 from ._model_pool import ModelPool
 from ._options import RequestOptions
@@ -161,6 +161,9 @@ def stream(
 ) -> StreamSteps:
     """The steps of one streaming request of ``batch``; delivers each response with outputs
     as a :class:`StreamResponse`."""
+    refusal = unary_refusal(pool, streaming=True)
+    if refusal is not None:
+        raise refusal
     spec = pool.spec
     if not 0 < batch.size <= spec.batch_capacity:
         raise StreamingModelError(
@@ -198,7 +201,7 @@ def _responses(chunk: StreamChunk, names: tuple[str, ...] | None) -> StreamSteps
                 response = message.infer_response
                 final = is_final(response)
                 if message.error_message:
-                    raise StreamErrorResponse(message.error_message, answered=final)
+                    raise StreamErrorResponse(message.error_message, answered=_done(response))
                 if final:
                     chunk.final()
                 if response.outputs:
@@ -210,6 +213,12 @@ def _responses(chunk: StreamChunk, names: tuple[str, ...] | None) -> StreamSteps
         except grpc.RpcError as exc:
             chunk.answered(exc)
             yield _remedy(chunk, exc)
+
+
+def _done(response: service_pb2.ModelInferResponse) -> bool:
+    """Whether Triton is done with the request an error response answers: it was its final
+    response, or Triton refused it before running it (such an error carries no flag)."""
+    return "triton_final_response" not in response.parameters or is_final(response)
 
 
 def _remedy(chunk: StreamChunk, exc: grpc.RpcError) -> tuple[Step, Any]:
