@@ -10,7 +10,7 @@ Triton while it restarts (:mod:`._wire._reconnect`) are written this way.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator
+from collections.abc import AsyncGenerator, Awaitable, Callable, Generator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
@@ -62,7 +62,7 @@ async def drive_async(
 
 def drive_stream(
     steps: Generator[tuple[S, Any], Any, None], do: Callable[[S, Any], Any], out: S
-) -> Iterator[Any]:
+) -> Generator[Any, None, None]:
     """:func:`drive` for a rule that hands values to its caller: the argument of each step
     ``out`` is yielded. A caller that stops iterating closes the rule (it cleans up, and
     must not yield again)."""
@@ -88,7 +88,7 @@ def drive_stream(
 
 async def drive_stream_async(
     steps: Generator[tuple[S, Any], Any, None], do: Callable[[S, Any], Awaitable[Any]], out: S
-) -> AsyncIterator[Any]:
+) -> AsyncGenerator[Any, None]:
     """:func:`drive_stream` for coroutines: ``do`` returns an awaitable."""
     result: Any = None
     error: BaseException | None = None
