@@ -87,7 +87,8 @@ def test_a_stream_yields_every_response_in_order_each_its_own(streams: TritonSHM
     responses = list(streams.stream(MODEL, request(picture, 7)))
     check(responses, picture, 7)
     assert slots_free(streams)
-    assert streams.shm_stats(MODEL).transport == "shm"
+    stats = streams.shm_stats(MODEL)
+    assert stats.transport == "shm" and stats.protocol == "grpc", stats
 
 
 def test_no_response_ends_the_stream_with_the_end_seen(streams: TritonSHMClient) -> None:

@@ -224,8 +224,8 @@ class Registry:
             min_size=now.min_size,
             max_size=now.max_size,
             limited_by=now.limited_by,
-            shm_bytes=now.shm_bytes if pool.owned else 0,
-            protocol="http" if self._triton.http is not None and pool.requests.path else "grpc",
+            shm_bytes=now.shm_bytes,
+            protocol="http" if self._triton.http is not None and _over_http(pool) else "grpc",
             protocol_reason=_protocol_reason(pool, self._triton.protocol_reason),
             transport=pool.transport.kind,
             transport_reason=pool.transport.reason,
@@ -773,9 +773,13 @@ def _sizing_text(sizing: int | SlotAutoscaling | None) -> str:
     return f"pool_size {sizing}"
 
 
+def _over_http(pool: ModelPool) -> bool:
+    return bool(pool.requests.path) and not pool.spec.decoupled
+
+
 def _protocol_reason(pool: ModelPool, reason: str) -> str:
-    if pool.by_value:
-        return "requests by value go over gRPC"
+    if pool.spec.decoupled:
+        return "a streaming model: Triton answers it over its gRPC stream alone"
     if not pool.requests.path:
         return f"model name {pool.spec.name!r} cannot be in an HTTP path"
     return reason

@@ -14,9 +14,12 @@ blocking caller or a coroutine waits on.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import collections
 import queue
 import threading
+import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -161,7 +164,10 @@ class GrpcStream:
         #: Why the stream ended (``None`` while it is open).
         self.ended: grpc.RpcError | None = None
         self._lock = threading.Lock()
-        threading.Thread(target=self._read, name="ray-triton-shm-stream", daemon=True).start()
+        self._reader = threading.Thread(
+            target=self._read, name="ray-triton-shm-stream", daemon=True
+        )
+        self._reader.start()
 
     def send(self, request: Any, responses: Responses) -> None:
         """Sends ``request`` (a ``ModelInferRequest``, or one serialized): its responses go
@@ -186,6 +192,10 @@ class GrpcStream:
     def close(self) -> None:
         """Ends the stream once Triton answered what it carries."""
         self._requests.put(_END)
+
+    def join(self, timeout_s: float) -> None:
+        """Waits up to ``timeout_s`` for the stream to have ended."""
+        self._reader.join(timeout_s)
 
     def _read(self) -> None:
         error: grpc.RpcError
@@ -234,6 +244,7 @@ class Streams:
         self._open: set[GrpcStream] = set()
         self._lock = threading.Lock()
         self._closed = False
+        _LIVE.add(self)
 
     def take(self, metadata: Metadata) -> GrpcStream:
         """An open stream with ``metadata`` that carries no request."""
@@ -265,11 +276,29 @@ class Streams:
         with self._lock:
             self._open.discard(stream)
 
-    def close(self) -> None:
-        """Ends every stream (idle ones at once); idempotent."""
+    def close(self, *, wait_s: float = 0.0) -> None:
+        """Ends every stream (idle ones at once), waiting up to ``wait_s`` for them to have
+        ended; idempotent."""
         with self._lock:
             self._closed = True
             streams, self._open, self._idle = list(self._open), set(), {}
         for stream in streams:
             stream.close()
             stream.cancel()
+        deadline = time.monotonic() + wait_s
+        for stream in streams:
+            stream.join(max(0.0, deadline - time.monotonic()))
+
+
+#: How long the interpreter's exit waits for a client's streams to end.
+_EXIT_WAIT_S = 2.0
+#: Every :class:`Streams` not collected yet: their streams end before the interpreter does.
+_LIVE: weakref.WeakSet[Streams] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    # Past atexit, threads freeze where they are: a stream's reading thread frozen inside
+    # gRPC would hang the channel's close in tritonclient's __del__.
+    for streams in list(_LIVE):
+        streams.close(wait_s=_EXIT_WAIT_S)
