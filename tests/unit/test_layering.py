@@ -30,7 +30,7 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("local", "the embedded Triton (no Ray)", ("local",)),
     (
         "face",
-        "TritonSHMClient, one call, a lease; the modules' old names",
+        "TritonSHMClient, one call, a stream, a lease; the modules' old names",
         ("_client", "_calls", "_streaming", "_lease", "_moved"),
     ),
     ("pools", "a client's pools over time: registry, following, scaling, cleanup", ("_pools",)),
@@ -209,6 +209,7 @@ RAY_USES = {
         "_inference._model_pool",  # ModelPool, the actor's view of the pools it owns
         "_pools._retry",  # the one rule of where a call goes on (follow_model)
         "_inference._options",  # RequestOptions, checked once where a handle makes them
+        "_inference._stream",  # StreamResponse, what a handle's stream yields
         # the vocabulary: errors, specs, inputs, keys, sizes, where slots live, defaults
         "_exceptions",
         "_slots._specs",
