@@ -44,7 +44,7 @@ TEST_MODEL_REPOSITORY: Path = Path(__file__).resolve().parent / "models"
 #: Both repositories, as served by the ``triton`` fixture.
 MODEL_REPOSITORIES: tuple[Path, ...] = (EXAMPLE_MODEL_REPOSITORY, TEST_MODEL_REPOSITORY)
 #: The models of the ``fresh_triton`` fixture (the tests that restart or kill Triton).
-FRESH_MODELS = ("classifier", "identity", "large_image", "delay_echo")
+FRESH_MODELS = ("classifier", "identity", "large_image", "delay_echo", "captioner")
 #: The models of the ``triton_elsewhere`` fixture (a Triton with a /dev/shm of its own).
 ELSEWHERE_MODELS = ("identity", "upper", "add_nobatch", "echo_parameters", "captioner")
 

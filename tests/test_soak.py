@@ -9,8 +9,11 @@ pattern of both, in a length of its own. An answer is compared exactly with its 
 holding anything else is a wrong answer, and its leading elements say whose bytes it holds.
 
 Callers: threads (``TritonSHMClient.infer_shm``) and coroutines (``infer_shm_async``) of this
-process on a client pool of 2 slots, and Ray caller processes (``ShmModel.infer`` in a thread,
-``infer_async`` in coroutines) on the node actor's 4 slots. Faults, at random: client deadlines
+process on a client pool of 2 slots, streams of the streaming model ``captioner`` from threads
+and coroutines of this process on a pool of 2 slots (a stream's responses, put end to end, echo
+its request's DATA; some streams are given up early, a cancellation), and Ray caller
+processes (``ShmModel.infer`` in a thread, ``infer_async`` in coroutines) on the node actor's
+4 slots. Faults, at random: client deadlines
 on about 1 request in 4 (which sleep 0 to 250 ms evenly, so most deadlines expire while
 Triton still runs them), coroutine cancellations (``asyncio.wait_for`` and ``Task.cancel``),
 SIGKILL of Ray caller processes mid-request (each replaced), and, once each in the middle, a
@@ -47,6 +50,7 @@ import ray_triton_shm
 from ray_triton_shm import (
     ClientClosedError,
     ServerUnreachableError,
+    StreamInterruptedError,
     TritonServerError,
     TritonSHMClient,
     TritonSHMError,
@@ -58,6 +62,15 @@ from ray_triton_shm.ray import RegionReplacedError, ShmModel, get_node_actor
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 MODEL = "delay_echo"
+#: The streaming model, and its client pool's slots: fewer than its callers.
+STREAM_MODEL = "captioner"
+STREAM_SLOTS = 2
+STREAM_THREADS = 2
+STREAM_COROUTINES = 2
+#: Most responses a stream asks for (4 values of DATA each).
+MAX_RESPONSES = 64
+#: Share of streams given up after a random number of responses.
+GIVE_UP_SHARE = 1 / 6
 #: Longest DATA; each request draws its own length in [2, MAX_LEN].
 MAX_LEN = 1024
 SHAPES = {"DATA": (MAX_LEN,), "ECHO": (MAX_LEN,)}
@@ -85,14 +98,17 @@ CALLER_KILL_EVERY_S = 8.0
 MIN_CHECKED_PER_S = 35
 RESTART_ALLOWANCE_S = 15.0
 
-#: Tags: driver threads 1.., driver coroutines 101.., Ray caller k: 1000 + 10 * k + i.
+#: Tags: driver threads 1.., driver coroutines 101.., stream threads 201.., stream coroutines
+#: 301.., Ray caller k: 1000 + 10 * k + i.
 DRIVER_THREAD_TAG = 1
 DRIVER_COROUTINE_TAG = 101
+STREAM_THREAD_TAG = 201
+STREAM_COROUTINE_TAG = 301
 RAY_TAG_BASE = 1000
 RAY_TAG_STRIDE = 10
 
 #: The library's errors that the faults explain, by the kind they are counted as.
-EXPECTED_KINDS = ("deadline", "unreachable", "rebind", "closed")
+EXPECTED_KINDS = ("deadline", "unreachable", "rebind", "closed", "interrupted")
 
 
 # --------------------------------------------------------------------------------------
@@ -151,6 +167,8 @@ def classify(exc: BaseException, *, deadline: bool) -> str:
     """The kind of an error: one of :data:`EXPECTED_KINDS`, or ``"unexpected"``."""
     if isinstance(exc, ServerUnreachableError):
         return "unreachable"  # Triton restarting took longer than reconnect_timeout_s
+    if isinstance(exc, StreamInterruptedError) and exc.status != "StatusCode.DEADLINE_EXCEEDED":
+        return "interrupted"  # Triton restarted after a response of the stream
     if (
         deadline
         and isinstance(exc, TritonServerError)
@@ -286,6 +304,76 @@ async def coroutine_caller(infer: AsyncInfer, stream: Stream) -> None:
             log.error(request, task.exception(), deadline=deadline is not None)  # type: ignore[arg-type]
         else:
             log.answer(request, task.result())
+
+
+class GaveUp(Exception):
+    """A stream its caller stopped reading early (its request is cancelled in Triton)."""
+
+
+def stream_request(request: Request) -> tuple[Request, dict[str, np.ndarray]]:
+    """The streaming model's inputs for ``request`` (its DATA cut to whole responses, at the
+    head of the image; its delay per response its delay in ms times 10, in µs),
+    and the request as the echo of its responses must match."""
+    count = min(request.data.size // 4, MAX_RESPONSES)
+    data = request.data[: 4 * count]
+    image = np.zeros(3 * 224 * 224, np.float32)
+    image[: data.size] = data
+    inputs = {
+        "IMAGE": image.reshape(3, 224, 224),
+        "COUNT": np.array([count], np.int32),
+        "DELAY_US": np.array([request.delay_ms * 10], np.int32),
+    }
+    return Request(request.tag, request.seq, request.delay_ms, data), inputs
+
+
+def echoed(responses: list[Any]) -> dict[str, np.ndarray]:
+    """A stream's responses end to end, as an ``ECHO`` (responses out of order: no echo)."""
+    if any(int(r["TOKEN"][0]) != k or r.index != k for k, r in enumerate(responses)):
+        return {"ECHO": np.array([-1, -1], np.float32)}
+    features = [r["FEATURE"] for r in responses]
+    return {"ECHO": np.concatenate(features) if features else np.empty(0, np.float32)}
+
+
+def stream_caller(client: TritonSHMClient, stream: Stream) -> None:
+    """Streams requests in a loop until the stream stops; gives some up early."""
+    rng, log = np.random.default_rng(stream.seed), stream.log
+    for drawn, deadline in stream.requests(rng):
+        request, inputs = stream_request(drawn)
+        give_up = int(rng.integers(0, 4)) if rng.random() < GIVE_UP_SHARE else None
+        responses: list[Any] = []
+        try:
+            for response in client.stream(STREAM_MODEL, inputs, client_timeout_s=deadline):
+                responses.append(response)
+                if len(responses) == give_up:
+                    raise GaveUp
+        except GaveUp:
+            log.write("cancelled", request)
+        except Exception as exc:
+            log.error(request, exc, deadline=deadline is not None)
+        else:
+            log.answer(request, echoed(responses))
+
+
+async def stream_coroutine(client: TritonSHMClient, stream: Stream) -> None:
+    """:func:`stream_caller` for coroutines: a stream given up is closed (``aclose``)."""
+    rng, log = np.random.default_rng(stream.seed), stream.log
+    for drawn, deadline in stream.requests(rng):
+        request, inputs = stream_request(drawn)
+        give_up = int(rng.integers(0, 4)) if rng.random() < GIVE_UP_SHARE else None
+        responses: list[Any] = []
+        streamed = client.stream_async(STREAM_MODEL, inputs, client_timeout_s=deadline)
+        try:
+            async for response in streamed:
+                responses.append(response)
+                if len(responses) == give_up:
+                    raise GaveUp
+        except GaveUp:
+            await streamed.aclose()  # type: ignore[attr-defined]
+            log.write("cancelled", request)
+        except Exception as exc:
+            log.error(request, exc, deadline=deadline is not None)
+        else:
+            log.answer(request, echoed(responses))
 
 
 def shm_model(url: str, client_timeout_s: float | None = None) -> ShmModel:
@@ -449,6 +537,7 @@ class Soak:
         self.roles[first.pid] = "the node actor (incarnation 1, killed)"
         self.client = TritonSHMClient(url=self.url)
         self.client.register_shm_model(MODEL, max_shapes=SHAPES, pool_size=CLIENT_SLOTS)
+        self.client.register_shm_model(STREAM_MODEL, pool_size=STREAM_SLOTS)
 
     # ---------------------------------------------------------------- callers
 
@@ -478,6 +567,9 @@ class Soak:
         async def infer_async(request: Request, deadline: float | None) -> dict[str, np.ndarray]:
             return await client.infer_shm_async(MODEL, request.inputs, client_timeout_s=deadline)
 
+        def streamer(tag: int) -> Stream:
+            return Stream(True, tag, self.seed + tag, log, self.stop)
+
         async def coroutines() -> None:
             await asyncio.gather(
                 *(
@@ -486,7 +578,11 @@ class Soak:
                         Stream(True, DRIVER_COROUTINE_TAG + i, self.seed + 100 + i, log, self.stop),
                     )
                     for i in range(DRIVER_COROUTINES)
-                )
+                ),
+                *(
+                    stream_coroutine(client, streamer(STREAM_COROUTINE_TAG + i))
+                    for i in range(STREAM_COROUTINES)
+                ),
             )
 
         self._threads = [
@@ -496,6 +592,12 @@ class Soak:
                 daemon=True,
             )
             for i in range(DRIVER_THREADS)
+        ]
+        self._threads += [
+            threading.Thread(
+                target=stream_caller, args=(client, streamer(STREAM_THREAD_TAG + i)), daemon=True
+            )
+            for i in range(STREAM_THREADS)
         ]
         self._threads.append(
             threading.Thread(target=asyncio.run, args=(coroutines(),), daemon=True)
@@ -695,7 +797,8 @@ def test_chaos_soak_never_answers_with_another_requests_data(
         f"soak {soak_s:g} s, seed {seed}: {counts['ok'] + counts['wrong']} answers checked, "
         f"{counts['wrong']} wrong; {counts['deadline']} deadlines, {counts['cancelled']} "
         f"cancellations, {counts['unreachable']} unreachable, {counts['rebind']} rebind errors, "
-        f"{counts['closed']} closed, {len(tally.unexpected)} unexpected errors; "
+        f"{counts['closed']} closed, {counts['interrupted']} streams interrupted, "
+        f"{len(tally.unexpected)} unexpected errors; "
         f"{soak.faults['caller kills']} caller kills, {soak.faults['Triton restarts']} Triton "
         f"restart(s), {soak.faults['node actor kills']} node actor kill(s), "
         f"{node.get('requests', 0)} requests on the node actor's next incarnation"

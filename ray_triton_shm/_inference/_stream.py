@@ -38,7 +38,12 @@ from tritonclient.grpc import service_pb2
 from .._exceptions import StreamingModelError, StreamInterruptedError, TritonServerError
 from .._wire._http import grpc_answer
 from .._wire._streams import StreamErrorResponse, is_final
-from .._wire._triton_errors import is_change_symptom, is_missing_region, status_and_message
+from .._wire._triton_errors import (
+    is_change_symptom,
+    is_missing_region,
+    is_restart_symptom,
+    status_and_message,
+)
 from ._bytes import decode
 from ._engine import Chunk, Step, unary_refusal
 from ._inputs import Batch
@@ -227,11 +232,10 @@ def _remedy(chunk: StreamChunk, exc: grpc.RpcError) -> tuple[Step, Any]:
     error."""
     if isinstance(exc, StreamErrorResponse):
         if chunk.delivered == 0 and exc.answered:  # Triton is done with it: it may go again
-            if is_missing_region(exc) and not chunk.reregistered:
-                chunk.reregistered = True
-                return Step.REREGISTER, chunk
             if is_change_symptom(exc):
                 raise chunk.failed(exc) from None
+            if is_restart_symptom(exc) or (is_missing_region(exc) and not chunk.reregistered):
+                return chunk.recovery(exc)  # a Triton shutting down, a region it forgot
         raise chunk.answered_error(exc) from None
     if chunk.delivered:
         raise chunk.interrupted(exc) from exc
