@@ -81,10 +81,11 @@ class StreamErrorResponse(grpc.RpcError):
         return self._message
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return StreamErrorResponse, (self._message,), {"answered": self.answered}
+        return _rebuild_error, (self._message, self.answered)
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.answered = state["answered"]
+
+def _rebuild_error(message: str, answered: bool) -> StreamErrorResponse:
+    return StreamErrorResponse(message, answered=answered)
 
 
 class Responses:
