@@ -23,7 +23,7 @@ given up is used again exactly when Triton is done with it (:mod:`._pools._aband
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Generator, Mapping, Sequence
 from typing import Any
 
 import tritonclient.grpc as grpcclient
@@ -592,7 +592,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         sequence_end: bool = False,
         parameters: Mapping[str, ParameterValue] | None = None,
         requested_outputs: Sequence[str] | None = None,
-    ) -> Iterator[StreamResponse]:
+    ) -> Generator[StreamResponse, None, None]:
         """Runs one request of a streaming (decoupled) model, and yields its responses as
         they come.
 
@@ -639,8 +639,11 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
                 responses came. Before the first response, a Triton that went away is
                 waited for and the request sent again, as for :meth:`infer_shm`.
             TritonServerError: the model answered with an error (Triton's message).
-            ModelNotRegisteredError, InvalidInputError, SlotTimeoutError, AccessDeniedError,
-                ServerUnreachableError: as for :meth:`infer_shm`.
+            ModelNotRegisteredError: as for :meth:`infer_shm`.
+            InvalidInputError: as for :meth:`infer_shm`.
+            SlotTimeoutError: as for :meth:`infer_shm`.
+            AccessDeniedError: as for :meth:`infer_shm`.
+            ServerUnreachableError: as for :meth:`infer_shm`.
         """
         call = self._stream_call(
             model_name,
@@ -676,7 +679,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         sequence_end: bool = False,
         parameters: Mapping[str, ParameterValue] | None = None,
         requested_outputs: Sequence[str] | None = None,
-    ) -> AsyncIterator[StreamResponse]:
+    ) -> AsyncGenerator[StreamResponse, None]:
         """:meth:`stream` for coroutines: an async iterator, same arguments and semantics, no
         thread blocked while waiting (``async for response in client.stream_async(...)``).
         ``aclose()`` or a cancelled task cancels the request in Triton."""

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncGenerator, Generator, Mapping
 from typing import Any
 
 from ._calls import Call, count_failure
 from ._drive import drive_stream, drive_stream_async
-from ._exceptions import TritonSHMError
 from ._inference._engine import Step
 from ._inference._inputs import InputValue, prepare_batch
 from ._inference._model_pool import ModelPool
@@ -33,58 +32,33 @@ class StreamCall(Call):
         self._streams = streams
         self._chunk: StreamChunk | None = None
 
-    def stream(self, inputs: Mapping[str, InputValue]) -> Iterator[StreamResponse]:
+    def stream(self, inputs: Mapping[str, InputValue]) -> Generator[StreamResponse, None, None]:
         """The responses of a request of ``inputs``, blocking (see ``stream``)."""
-        moves = self._moves()
-        while True:
-            delivered = False
-            try:
-                steps = self._stream_steps(moves.target, inputs)
-                with contextlib.closing(drive_stream(steps, self._do, Step.DELIVER)) as driven:
-                    for response in driven:
-                        delivered = True
-                        yield response
-                return
-            except moves.handled as exc:
-                if delivered:
-                    raise
-                moves = self._moved(moves, exc)
-            except TritonSHMError as exc:
-                count_failure(self.pool, exc)
-                raise
-            finally:
-                self._release_stream()
 
-    async def stream_async(self, inputs: Mapping[str, InputValue]) -> AsyncIterator[StreamResponse]:
-        """:meth:`stream` on the running event loop."""
-        moves = self._moves()
-        while True:
-            delivered = False
-            try:
-                steps = self._stream_steps(moves.target, inputs)
-                driven = drive_stream_async(steps, self._do_async, Step.DELIVER)
-                async with contextlib.aclosing(driven):  # closed now, not when collected
-                    async for response in driven:
-                        delivered = True
-                        yield response
-                return
-            except moves.handled as exc:
-                if delivered:
-                    raise
-                moves = await asyncio.to_thread(self._moved, moves, exc)
-            except TritonSHMError as exc:
-                count_failure(self.pool, exc)
-                raise
-            finally:
-                self._release_stream()
+        def attempt(pool: ModelPool) -> Generator[StreamResponse, None, None]:
+            return drive_stream(self._stream_steps(pool, inputs), self._do, Step.DELIVER)
 
-    def _moved(self, moves: Any, exc: BaseException) -> Any:
-        """Where the call goes on after ``exc`` stopped it before its first response."""
         try:
-            return moves.increment(exc)
-        except TritonSHMError as final:
-            count_failure(self.pool, final)
-            raise
+            yield from self._moves().stream(attempt, failed=count_failure)
+        finally:
+            self._release_stream()
+
+    async def stream_async(
+        self, inputs: Mapping[str, InputValue]
+    ) -> AsyncGenerator[StreamResponse, None]:
+        """:meth:`stream` on the running event loop."""
+
+        def attempt(pool: ModelPool) -> AsyncGenerator[StreamResponse, None]:
+            steps = self._stream_steps(pool, inputs)
+            return drive_stream_async(steps, self._do_async, Step.DELIVER)
+
+        streamed = self._moves().stream_async(attempt, failed=count_failure)
+        try:
+            async with contextlib.aclosing(streamed):  # closed now, not when collected
+                async for response in streamed:
+                    yield response
+        finally:
+            self._release_stream()
 
     def _stream_steps(self, pool: ModelPool, inputs: Mapping[str, InputValue]) -> StreamSteps:
         """The steps of the stream on ``pool``, its inputs and options checked against it.

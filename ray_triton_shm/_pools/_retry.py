@@ -9,17 +9,19 @@ client that owns the pool (the core's registry reads Triton's config), or the Ra
 :class:`Moves` counts the moves of one call, immutably (as urllib3's ``Retry.increment``): each
 move is a new value with the error that caused it in its history, and the error the caller
 finally gets names every move before it. Its drivers, :meth:`Moves.run` (blocking) and
-:meth:`Moves.run_async`, differ only in how they wait; a sans-I/O step generator (a lease taking
-its slot) calls :meth:`Moves.increment` itself. Each layer's own recoveries (new keys after a
-rotation, a new binding after the node actor restarted) come before the rule, in its
-``recover``.
+:meth:`Moves.run_async`, differ only in how they wait (:meth:`Moves.stream` and
+:meth:`Moves.stream_async` for a stream, which moves only until its first response); a
+sans-I/O step generator (a lease taking its slot) calls :meth:`Moves.increment` itself. Each
+layer's own recoveries (new keys after a rotation, a new binding after the node actor
+restarted) come before the rule, in its ``recover``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Generator
 from typing import Generic, Protocol, TypeVar
 
 from .._exceptions import ClientClosedError, InvalidInputError
@@ -185,6 +187,62 @@ class Moves(Generic[T]):
                 except moves.handled as exc:
                     moves = moves.increment(exc)
         except BaseException as exc:
+            if failed is not None:
+                failed(moves.target, exc)
+            raise
+
+    def stream(
+        self,
+        attempt: Callable[[T], Generator[R, None, None]],
+        *,
+        failed: Callable[[T, BaseException], None] | None = None,
+    ) -> Generator[R, None, None]:
+        """:meth:`run` for a call that yields (a stream): the items of ``attempt(target)``,
+        moving after each handled error until the first item; after one, nothing is tried
+        again (it would deliver items twice). Each attempt is closed as soon as it ends, or
+        its caller stops reading (that cancels a stream's request)."""
+        moves = self
+        try:
+            while True:
+                delivered = False
+                try:
+                    with contextlib.closing(attempt(moves.target)) as items:
+                        for item in items:
+                            delivered = True
+                            yield item
+                    return
+                except moves.handled as exc:
+                    if delivered:
+                        raise
+                    moves = moves.increment(exc)
+        except Exception as exc:
+            if failed is not None:
+                failed(moves.target, exc)
+            raise
+
+    async def stream_async(
+        self,
+        attempt: Callable[[T], AsyncGenerator[R, None]],
+        *,
+        failed: Callable[[T, BaseException], None] | None = None,
+    ) -> AsyncGenerator[R, None]:
+        """:meth:`stream` for coroutines: ``recover`` runs in a thread."""
+        moves = self
+        try:
+            while True:
+                delivered = False
+                try:
+                    # Closed now: an async generator left to the collector is closed later.
+                    async with contextlib.aclosing(attempt(moves.target)) as items:
+                        async for item in items:
+                            delivered = True
+                            yield item
+                    return
+                except moves.handled as exc:
+                    if delivered:
+                        raise
+                    moves = await asyncio.to_thread(moves.increment, exc)
+        except Exception as exc:
             if failed is not None:
                 failed(moves.target, exc)
             raise

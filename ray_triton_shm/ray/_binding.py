@@ -10,13 +10,13 @@ import asyncio
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Generator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import ray
 
-from .._client import Call, TritonSHMClient, call_with, registry_of
+from .._client import Call, TritonSHMClient, call_with, registry_of, stream_with
 from .._exceptions import (
     BlockingCallError,
     ClientClosedError,
@@ -26,6 +26,7 @@ from .._exceptions import (
 from .._inference._engine import SuspectedChange
 from .._inference._inputs import InputValue
 from .._inference._options import RequestOptions
+from .._inference._stream import StreamResponse
 from .._inference._transport import INLINE, SHM, Transport, unreachable_error
 from .._pools._registry import Registry
 from .._slots._slot_pool import PoolStats
@@ -139,6 +140,21 @@ class Binding:
         self._check_region()
         return await call.of(self.client, self.spec.name, options).infer_async(inputs)
 
+    def stream(
+        self, inputs: Mapping[str, InputValue], options: RequestOptions | None, call: CallSettings
+    ) -> Generator[StreamResponse, None, None]:
+        """The responses of one request of a streaming model, on the node's slots (see
+        :meth:`TritonSHMClient.stream`)."""
+        self._check_region()
+        return call.stream(self.client, self.spec.name, options, inputs)
+
+    def stream_async(
+        self, inputs: Mapping[str, InputValue], options: RequestOptions | None, call: CallSettings
+    ) -> AsyncGenerator[StreamResponse, None]:
+        """:meth:`stream` on the running event loop."""
+        self._check_region()
+        return call.stream_async(self.client, self.spec.name, options, inputs)
+
     def _check_region(self) -> None:
         """Calls by value never hear from Triton that the node's region is gone (the node
         actor restarted, or stopped): they ask the region.
@@ -182,6 +198,39 @@ class CallSettings:
             client_timeout_s=self.client_timeout_s,
             outputs_as=self.outputs_as,
         )
+
+    def stream(
+        self,
+        client: TritonSHMClient,
+        model: str,
+        options: RequestOptions | None,
+        inputs: Mapping[str, InputValue],
+    ) -> Generator[StreamResponse, None, None]:
+        """The responses of a streaming call of ``model`` with these settings and ``options``
+        (checked), on ``client``: NumPy arrays by value, whatever :attr:`outputs_as` says."""
+        return stream_with(
+            client,
+            model,
+            options,
+            slot_timeout_s=self.slot_timeout_s,
+            client_timeout_s=self.client_timeout_s,
+        ).stream(inputs)
+
+    def stream_async(
+        self,
+        client: TritonSHMClient,
+        model: str,
+        options: RequestOptions | None,
+        inputs: Mapping[str, InputValue],
+    ) -> AsyncGenerator[StreamResponse, None]:
+        """:meth:`stream` on the running event loop."""
+        return stream_with(
+            client,
+            model,
+            options,
+            slot_timeout_s=self.slot_timeout_s,
+            client_timeout_s=self.client_timeout_s,
+        ).stream_async(inputs)
 
 
 class InProcess:

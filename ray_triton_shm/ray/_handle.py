@@ -6,6 +6,8 @@ region, and from then on takes the region's slots **through the region itself**,
 every other process of the node (see :mod:`ray_triton_shm._slots._shared_slots`), and sends requests
 **straight to the node's Triton**. A request writes the inputs into a slot, makes one small
 call that names the region, and reads the outputs back; it makes no Ray call, at any load.
+A stream of a streaming model (:meth:`ShmModel.stream`) holds its slot until Triton's final
+response, and its outputs come back by value, in the responses.
 Where Triton cannot map the node's shared memory (it runs on another node, or in a container
 with its own ``/dev/shm``), the node actor's probe says so and the tensors go by value, in the
 requests, still straight from the caller and still on the node's slots (``transport``).
@@ -14,10 +16,11 @@ requests, still straight from the caller and still on the node's slots (``transp
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any, TypeVar
 
@@ -39,6 +42,7 @@ from .._inference._options import (
     renamed_outputs,
     request_options,
 )
+from .._inference._stream import StreamResponse
 from .._inference._transport import INLINE, SHM, check_transport
 from .._lease import SlotLease
 from .._pools._retry import MOVED, RETIRED, Moves, follow_model
@@ -373,6 +377,8 @@ class ShmModel:
             InvalidInputError: bad inputs (checked here, before any shared memory is touched).
             SlotTimeoutError: no slot came free within ``slot_timeout_s``.
             OverloadedError: too many callers already wait for a slot on this node.
+            StreamingModelError: the model is a streaming one (decoupled): call
+                :meth:`stream` (raised before any slot is taken).
             TritonServerError: Triton answered with an error.
             ModelChangedError: the model changed on Triton and its specs were given by hand.
             ModelNotLoadedError: the model is not loaded on Triton.
@@ -426,6 +432,107 @@ class ShmModel:
         )
         moves = self._moves(await self._bind_async(), MOVED, options)
         return await moves.run_async(lambda binding: binding.infer_async(inputs, options, call))
+
+    def stream(
+        self,
+        inputs: Mapping[str, InputValue],
+        *,
+        priority: int | None = None,
+        queue_timeout_s: float | None = None,
+        parameters: Mapping[str, ParameterValue] | None = None,
+        requested_outputs: Sequence[str] | None = None,
+        sequence_id: int | str = 0,
+        sequence_start: bool = False,
+        sequence_end: bool = False,
+    ) -> Generator[StreamResponse, None, None]:
+        """Runs one request of a streaming (decoupled) model on the node's slots, and yields
+        its responses as they come (see :meth:`TritonSHMClient.stream`).
+
+        ```python
+        for response in model.stream({"IMAGE": image, "COUNT": count, "DELAY_US": delay}):
+            print(response.index, response["TOKEN"])
+        ```
+
+        The inputs go into one slot of the node's region, held until Triton's final response:
+        a stream in flight holds one of the node's slots, as a request does, and waits for one
+        as a request does (``slot_timeout_s``, ``max_waiting``). The outputs come back by value
+        (NumPy arrays, whatever ``outputs_as`` says). No Ray call per stream. Stopping early
+        (``break``, ``close()``, the process ending) cancels the request in Triton; its slot is
+        used again once Triton is done with it.
+
+        The options are those of :meth:`infer`, over this handle's defaults; the handle's
+        ``client_timeout_s`` bounds the wait for each response.
+
+        Yields:
+            Each response with outputs, a :class:`~ray_triton_shm.StreamResponse`
+            (``{output name: array}`` with its ``index`` and whether it is ``final``).
+
+        Raises:
+            StreamingModelError: the model answers each request once: call :meth:`infer`.
+            StreamInterruptedError: the stream ended before Triton's final response, after a
+                response (it is never sent again: it would deliver responses twice).
+            TritonServerError: the model answered with an error.
+            InvalidInputError: bad inputs (checked before any shared memory is touched).
+            SlotTimeoutError: no slot came free within ``slot_timeout_s``.
+            OverloadedError: too many callers already wait for a slot on this node.
+            ModelNotLoadedError: the model is not loaded on Triton.
+            ServerUnreachableError: Triton stayed unreachable for ``reconnect_timeout_s``
+                before the first response.
+            BlockingCallError: called on a thread that runs an event loop: use
+                :meth:`stream_async` there.
+        """
+        refuse_on_event_loop(self.model_name, "stream()", "async for ... in stream_async()")
+        options, call = self._prepare(
+            priority,
+            queue_timeout_s,
+            parameters,
+            requested_outputs,
+            None,
+            sequence_id,
+            sequence_start,
+            sequence_end,
+            None,
+        )
+        moves = self._moves(self._bind(), MOVED, options)
+        return moves.stream(lambda binding: binding.stream(inputs, options, call))
+
+    def stream_async(
+        self,
+        inputs: Mapping[str, InputValue],
+        *,
+        priority: int | None = None,
+        queue_timeout_s: float | None = None,
+        parameters: Mapping[str, ParameterValue] | None = None,
+        requested_outputs: Sequence[str] | None = None,
+        sequence_id: int | str = 0,
+        sequence_start: bool = False,
+        sequence_end: bool = False,
+    ) -> AsyncGenerator[StreamResponse, None]:
+        """:meth:`stream` for coroutines (Serve replicas, async actors): an async iterator
+        that blocks no thread (``async for response in model.stream_async(...)``). Its options
+        are checked here; ``aclose()``, or cancelling the task that iterates, cancels the
+        request in Triton.
+        """
+        options, call = self._prepare(
+            priority,
+            queue_timeout_s,
+            parameters,
+            requested_outputs,
+            None,
+            sequence_id,
+            sequence_start,
+            sequence_end,
+            None,
+        )
+
+        async def responses() -> AsyncGenerator[StreamResponse, None]:
+            moves = self._moves(await self._bind_async(), MOVED, options)
+            streamed = moves.stream_async(lambda b: b.stream_async(inputs, options, call))
+            async with contextlib.aclosing(streamed):  # closed now: cancels the request
+                async for response in streamed:
+                    yield response
+
+        return responses()
 
     def lease(
         self,
