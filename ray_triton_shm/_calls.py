@@ -187,12 +187,18 @@ class Call:
                         body = None if http is None else requests.body(arg.slot, arg.request)
                         if body is not None:
                             assert http is not None
-                            return http.exchange(requests.path, body, self._http_headers).answer()
-                        call = self._infer(arg)
-                        return grpc_answer(call(arg.request, metadata=self._metadata))
+                            return http.exchange(requests.path, body, self._http_headers).answer(
+                                self.request_id
+                            )
+                        if requests.by_value:
+                            return self._by_value(arg)
+                        return grpc_answer(
+                            self.triton.stub.ModelInfer(arg.request, metadata=self._metadata),
+                            self.request_id,
+                        )
                     self._send(arg)
                 try:
-                    return grpc_answer(arg.call.result(arg.time_left(timeout_s)))
+                    return grpc_answer(arg.call.result(arg.time_left(timeout_s)), self.request_id)
                 except grpc.FutureTimeoutError:
                     raise arg.deadline_exceeded(timeout_s) from None
             case Step.SLOT:
@@ -222,7 +228,7 @@ class Call:
                     if body is not None:
                         assert http is not None
                         exchange = http.exchange_async(requests.path, body, self._http_headers)
-                        arg.call = _keep(loop.create_task(_answer_of(exchange)))
+                        arg.call = _keep(loop.create_task(_answer_of(exchange, self.request_id)))
                     else:
                         self._send(arg)
                 if isinstance(arg.call, asyncio.Future):  # over HTTP: lives on if given up
@@ -233,9 +239,15 @@ class Call:
                         raise arg.deadline_exceeded(timeout_s) from None
                 try:
                     response = as_asyncio_future(arg.call, loop)
-                    return grpc_answer(await asyncio.wait_for(response, arg.time_left(timeout_s)))
+                    answered = await asyncio.wait_for(response, arg.time_left(timeout_s))
                 except asyncio.TimeoutError:
                     raise arg.deadline_exceeded(timeout_s) from None
+                if arg.pool.by_value and not self.triton.by_value_proof_tried:
+                    spec = arg.pool.spec
+                    await asyncio.to_thread(
+                        self.triton.prove_http_by_value, spec.name, spec.version
+                    )
+                return grpc_answer(answered, self.request_id)
             case Step.SLOT:
                 return await self.pool.slots.acquire_async(arg)
             case Step.SEND:
@@ -252,6 +264,19 @@ class Call:
                     )
                     await asyncio.wait([done], timeout=arg.time_left(timeout_s))
         return None
+
+    def _by_value(self, chunk: Any) -> Answer:
+        """A request by value over gRPC, blocking; once a request of the channel's has run,
+        Triton's HTTP endpoint is tried for the next (see
+        :meth:`._wire._channel.Channel.prove_http_by_value`)."""
+        triton = self.triton
+        answer = grpc_answer(
+            triton.infer_bytes(chunk.request, metadata=self._metadata), self.request_id
+        )
+        if not triton.by_value_proof_tried:
+            spec = chunk.pool.spec
+            triton.prove_http_by_value(spec.name, spec.version)
+        return answer
 
     def _send(self, chunk: Any) -> None:
         """Sends a chunk's request as a gRPC future (the way of multi-chunk calls, requests
@@ -281,7 +306,7 @@ def _keep(task: asyncio.Task[Answer]) -> asyncio.Task[Answer]:
     return task
 
 
-async def _answer_of(exchange: Coroutine[Any, Any, HttpResponse]) -> Answer:
-    """The answer of an exchange over HTTP, or its error (as a task's result, which the
-    slot's release awaits even after its caller gave up)."""
-    return (await exchange).answer()
+async def _answer_of(exchange: Coroutine[Any, Any, HttpResponse], request_id: str) -> Answer:
+    """The answer of an exchange over HTTP to request ``request_id``, or its error (as a
+    task's result, which the slot's release awaits even after its caller gave up)."""
+    return (await exchange).answer(request_id)

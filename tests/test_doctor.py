@@ -240,7 +240,8 @@ def test_a_triton_with_its_own_dev_shm_is_named(triton_elsewhere: LocalTritonSer
     assert "another /dev/shm" in region["summary"] and "by value" in region["summary"]
     assert region["fix"].startswith("for shared memory: share /dev/shm")
     assert "--ipc=container:" in region["fix"] and "medium: Memory" in region["fix"]
-    assert "by value, over gRPC" in checks["http"]["summary"]
+    assert "by value" in checks["http"]["summary"]
+    assert "statistics" in checks["http"]["summary"]
 
     # transport shm: registering would fail, and the doctor fails.
     code, report, _ = _doctor("--url", triton_elsewhere.grpc_url, "--transport", "shm")

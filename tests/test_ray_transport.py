@@ -161,6 +161,31 @@ def test_tasks_answer_by_value_from_a_triton_with_its_own_dev_shm(
     assert registered_on(url) == set()  # nothing of the node in that Triton
 
 
+def test_the_handle_and_the_node_actor_agree_on_a_model_by_value(
+    far_actor: Any, triton_elsewhere: LocalTritonServer
+) -> None:
+    """In the driver as in the node actor: the region's ``/dev/shm`` bytes are the same
+    figure, every request of the model counts as one by value, and once one ran, the
+    handle's requests go over Triton's HTTP endpoint, proven the same Triton."""
+    url = triton_elsewhere.grpc_url
+    model = ShmModel("identity", url=url, max_shapes=SHAPES)
+    try:
+        before = ray.get(far_actor.stats.remote()).models.get("identity", {})
+        calls = 5
+        for seed in range(calls):
+            x = np.random.default_rng(seed).standard_normal((3, 16), dtype=np.float32)
+            np.testing.assert_array_equal(model.infer({"INPUT0": x})["OUTPUT0"], x)
+        here = model.shm_stats()
+        node = ray.get(far_actor.stats.remote()).models["identity"]
+        assert here.transport == node["transport"] == "inline", (here, node)
+        assert here.shm_bytes == node["shm_bytes"] > 0, (here, node)
+        assert node["by_value_requests"] == node["requests"], node
+        assert node["requests"] - before.get("requests", 0) >= calls, node
+        assert here.protocol == "http" and "proven the same" in here.protocol_reason, here
+    finally:
+        model.close()
+
+
 def test_calls_by_value_make_no_ray_call_per_request(
     far_actor: Any, triton_elsewhere: LocalTritonServer
 ) -> None:
@@ -342,3 +367,5 @@ def test_inline_asked_for_goes_by_value_where_triton_maps_shm(
     model = ray.get(near_actor.stats.remote()).models["identity"]
     assert model["transport"] == "shm" and "landed" in model["transport_reason"], model
     assert model["in_use"] == 0
+    # A handle's own transport="inline" on the node's slots counts in requests alone.
+    assert model["requests"] > 0 and model["by_value_requests"] == 0, model

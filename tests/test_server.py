@@ -25,7 +25,15 @@ from ray_triton_shm.local._server import (
 )
 
 TEST_MODEL_REPOSITORY = Path(__file__).resolve().parent / "models"
-EXAMPLE_MODELS = {"identity", "classifier", "my_model", "large_image", "add_nobatch", "upper"}
+EXAMPLE_MODELS = {
+    "identity",
+    "classifier",
+    "my_model",
+    "large_image",
+    "add_nobatch",
+    "upper",
+    "captioner",
+}
 TEST_MODELS = {
     "slow_identity",
     "fail_on_negative",

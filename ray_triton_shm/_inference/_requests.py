@@ -6,7 +6,8 @@ JSON for Triton's HTTP endpoint (written again only when they change). :class:`V
 builds the request of a pool by value, for a Triton that cannot map this process's memory: the
 tensors travel in it, as plain gRPC sends them, but written once, straight from the caller's
 arrays into the message's bytes (a plain client copies them three times: into a ``bytes``, into
-the message, and into its serialization). What Triton's errors say is
+the message, and into its serialization); over Triton's HTTP endpoint, once proven, the same
+bytes follow the request's JSON as binary data. What Triton's errors say is
 :mod:`.._wire._triton_errors`'.
 """
 
@@ -19,7 +20,7 @@ from tritonclient.grpc import service_pb2
 
 from .._slots._memory import SlotIO
 from .._slots._specs import ModelSpec, SlotLayout
-from .._wire._http import http_body, http_path
+from .._wire._http import BinaryBody, http_body, http_path
 from ._inputs import Batch
 from ._options import RequestOptions
 
@@ -99,8 +100,9 @@ class _Requests:
         """What is sent for the chunk (see :meth:`write`)."""
         raise NotImplementedError
 
-    def body(self, slot: int, request: Any) -> bytes | None:
-        """``request``, prepared on ``slot``, as Triton's JSON; ``None``: it goes over gRPC."""
+    def body(self, slot: int, request: Any) -> bytes | BinaryBody | None:
+        """``request``, prepared on ``slot``, as the body of Triton's HTTP request; ``None``:
+        it goes over gRPC."""
         return None
 
 
@@ -203,7 +205,8 @@ class ValueRequests(_Requests):
     Per slot, the request without its tensors (model, shapes, id) is serialized once per
     shape; a call appends its inputs' bytes as ``raw_input_contents`` fields (protobuf merges
     repeated fields written one after another), and Triton answers its outputs in the
-    response. Sent as bytes, over gRPC (see :attr:`.._wire._channel.Channel.infer_bytes`).
+    response. Sent as bytes, over gRPC (see :attr:`.._wire._channel.Channel.infer_bytes`),
+    or over Triton's HTTP endpoint where the client proved one (see :meth:`body`).
 
     Args:
         spec: The model.
@@ -214,6 +217,12 @@ class ValueRequests(_Requests):
 
     def __init__(self, spec: ModelSpec, slot_count: int) -> None:
         super().__init__(spec, [self._build(spec) for _ in range(slot_count)])
+        self.path = http_path(spec.name, spec.version) or b""
+        #: Per slot, what it last sent (not its tensors, which only its call holds): the
+        #: request's head, the message the head came from, and the bytes of each input.
+        self._sent: list[tuple[bytes, Any, list[int]] | None] = [None] * slot_count
+        #: Per slot, its last JSON over HTTP: the head and input sizes it was written for.
+        self._json: list[tuple[bytes, list[int], bytes] | None] = [None] * slot_count
 
     @staticmethod
     def _build(spec: ModelSpec) -> service_pb2.ModelInferRequest:
@@ -229,7 +238,8 @@ class ValueRequests(_Requests):
     ) -> tuple[bytes, list[int]]:
         """The serialized request carrying ``inputs``, the chunk's values."""
         if options is not None:  # a copy, serialized each time
-            head = options.apply(request).SerializeToString()
+            request = options.apply(request)
+            head = request.SerializeToString()
         else:
             head = self._encoded[slot] or request.SerializeToString()
             self._encoded[slot] = head
@@ -241,7 +251,33 @@ class ValueRequests(_Requests):
             parts.append(_RAW_INPUT_TAG)
             parts.append(_varint(size))
             parts.append(value)
+        self._sent[slot] = (head, request, written)
         return b"".join(parts), written
+
+    def body(self, slot: int, request: Any) -> BinaryBody | None:
+        """``request``, the slot's last, as Triton's JSON followed by its inputs' bytes (views
+        of ``request``'s, not copies); ``None`` for a model whose name a path cannot carry,
+        or a request this slot did not write last."""
+        sent = self._sent[slot]
+        if not self.path or sent is None:
+            return None
+        head, message, sizes = sent
+        view = memoryview(request)
+        tensors = []
+        offset = len(head)
+        for size in sizes:
+            offset += len(_RAW_INPUT_TAG) + len(_varint(size))
+            tensors.append(view[offset : offset + size])
+            offset += size
+        if offset != len(view):
+            return None
+        cached = self._json[slot]
+        if cached is not None and cached[0] is head and cached[1] == sizes:
+            document = cached[2]
+        else:
+            document = http_body(message, sizes) or b""
+            self._json[slot] = (head, sizes, document)
+        return BinaryBody(document, tensors)
 
 
 def _reshape(

@@ -36,7 +36,7 @@ import numpy as np
 from tritonclient.grpc import service_pb2
 
 from .._exceptions import StreamingModelError, StreamInterruptedError, TritonServerError
-from .._wire._http import grpc_answer
+from .._wire._http import grpc_answer, not_this_answer
 from .._wire._streams import StreamErrorResponse, is_final
 from .._wire._triton_errors import (
     is_change_symptom,
@@ -93,6 +93,8 @@ class StreamChunk(Chunk):
     finished: bool = False
     #: Where the stream hands the request's responses (set by the driver on ``OPEN``).
     responses: Any = None
+    #: Triton's id of the request, which each of its responses carries.
+    request_id: str = ""
 
     def final(self) -> None:
         """Triton is done with the request: counts it and frees its slot."""
@@ -142,13 +144,6 @@ class StreamChunk(Chunk):
             model=self.pool.spec.name,
         )
 
-    @property
-    def request_id(self) -> str:
-        """Triton's id of the request."""
-        request = self.request
-        if isinstance(request, service_pb2.ModelInferRequest):
-            return request.id
-        return service_pb2.ModelInferRequest.FromString(request).id
 
 
 def _id(chunk: StreamChunk) -> str:
@@ -186,6 +181,7 @@ def stream(
         pool, slot, batch, 0, batch.size, request_id, options, started, waited
     )
     assert isinstance(chunk, StreamChunk)
+    chunk.request_id = request_id
     try:
         yield from _responses(chunk, names)
     except BaseException:
@@ -197,6 +193,7 @@ def stream(
 def _responses(chunk: StreamChunk, names: tuple[str, ...] | None) -> StreamSteps:
     """Sends the request, and delivers its responses until Triton's final one (sending it
     again while nothing was delivered and :meth:`Chunk.recovery` finds a way)."""
+    request_id = chunk.request_id
     while True:
         chunk.sending()
         yield Step.OPEN, chunk
@@ -207,6 +204,8 @@ def _responses(chunk: StreamChunk, names: tuple[str, ...] | None) -> StreamSteps
                 final = is_final(response)
                 if message.error_message:
                     raise StreamErrorResponse(message.error_message, answered=_done(response))
+                if response.outputs and response.id != request_id:
+                    raise not_this_answer(request_id, response.id)
                 if final:
                     chunk.final()
                 if response.outputs:
@@ -248,12 +247,18 @@ def _outputs(
     """One response's outputs, read-only arrays over its bytes (the outputs asked for)."""
     spec = pool.spec
     outputs = {}
-    for name, _, shape, contents in grpc_answer(response):
+    for name, datatype, shape, contents in grpc_answer(response):
         tensor = spec.outputs_by_name.get(name)
         if tensor is None:
             raise TritonServerError(
                 f"model {spec.name!r} answered an output {name!r} it does not declare "
                 f"(its outputs: {sorted(spec.outputs_by_name)})",
+                model=spec.name,
+            )
+        if datatype != tensor.datatype:
+            raise TritonServerError(
+                f"model {spec.name!r} answered output {name!r} as {datatype}, declared as "
+                f"{tensor.datatype}",
                 model=spec.name,
             )
         if names is not None and name not in names:

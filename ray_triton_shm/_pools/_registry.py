@@ -326,9 +326,11 @@ class Registry:
             region = SharedMemoryRegion.attach(region_name)
         except OSError:
             return False
-        header = RegionHeader(region.buffer, slot_count)
         layout = SlotLayout.for_model(spec)
         try:
+            header = RegionHeader.open(
+                region.buffer, slot_count, region=region_name, model=spec.name
+            )
             if transport is not None and transport.by_value:
                 memory: SlotMemory = ByValueMemory(region, layout, slot_count)
             else:
@@ -493,7 +495,7 @@ class Registry:
                 self.register_slots(memory, keys, model=spec.name)
                 registered = True
             why = self._proof(kind, spec, memory, keys[0], registration, reasons)
-            header = RegionHeader(region.buffer, capacity)
+            header = RegionHeader(region.buffer, capacity, region=region.name)
             header.set_size(count)
             header.set_bounds(count if isinstance(sizing, int) else sizing.min_slots)
             slots = self._make_slots(region.name, header, spec.name, count, capacity)

@@ -380,10 +380,17 @@ class SharedMemoryRegion:
 
     @property
     def allocated(self) -> int:
-        """Bytes of the region ``/dev/shm`` holds now (its size, less its holes)."""
+        """Bytes of the region ``/dev/shm`` holds now (its size, less its holes), as every
+        process that maps it reads it: its owner through its file, the others by its name
+        (``0`` once the file is gone)."""
+        if self._lock_fd is None:
+            try:
+                return os.stat(SHM_DIR / self.name).st_blocks * 512
+            except OSError:
+                return 0
         try:
-            return os.fstat(self._owner_fd()).st_blocks * 512
-        except (OSError, ClientClosedError):
+            return os.fstat(self._lock_fd).st_blocks * 512
+        except OSError:
             return self.size
 
     def _owner_fd(self) -> int:

@@ -49,7 +49,8 @@ class PoolStats:
             nothing): ``"upscale_delay_s"`` (their waits ended before that delay did),
             ``"max_slots"``, ``"shm_budget"`` (the client's or node's share of ``/dev/shm``)
             or ``"shm_full"`` (``/dev/shm`` itself had no room).
-        shm_bytes: Bytes of ``/dev/shm`` the pool's region holds now (``0``: not known here).
+        shm_bytes: Bytes of ``/dev/shm`` the pool's region holds now, the same in every process
+            that maps it (``0``: its file is gone).
         protocol: What carries the requests that point Triton at a slot: ``"http"``
             (Triton's HTTP endpoint, proven the same Triton) or ``"grpc"``.
         protocol_reason: Why (``"http_url=None"``, ``"no Triton HTTP endpoint at ..."``...).

@@ -48,7 +48,7 @@ from .._slots._shm import DEAD, SHM_DIR, mib, object_store_in_dev_shm, own_rayle
 from .._slots._sizing import default_autoscaling
 from .._slots._specs import SlotLayout, resolve_model_spec
 from .._wire._channel import Channel
-from .._wire._http import HttpRoute, default_http_url, http_headers, prove_same_triton
+from .._wire._http import HttpRoute, candidate_http_urls, http_headers, prove_same_triton
 from .._wire._keys import KEYS_DIR_ENV_VAR, Keys, env_var_for
 from .._wire._tls import TLS_DIR_ENV_VAR, TlsFiles, diagnose
 from .._wire._triton_errors import (
@@ -436,20 +436,29 @@ def _check_http(triton: _Triton, tls: TlsFiles | None) -> CheckResult:
         return skipped
     if triton.by_value:
         return CheckResult(
-            "http", SKIP, "not needed: the tensors go by value, over gRPC (see region)"
+            "http",
+            SKIP,
+            "not tried: the tensors go by value (see region); a client's requests go over "
+            "Triton's HTTP endpoint once its statistics of a model that ran prove it the same "
+            "Triton, else over gRPC (shm_stats().protocol says which)",
         )
     if tls is not None:
         return CheckResult("http", OK, "TLS: every request goes over gRPC (HTTP is plain text)")
-    url = default_http_url(triton.url)
+    urls = candidate_http_urls(triton.url)
     found: list[tuple[HttpRoute | None, str]] = []
 
     def prove(region: str) -> None:
-        found.append(prove_same_triton(url, region, http_headers(triton.channel.metadata())))
+        for url in urls:  # as the client's http_url="auto" does
+            route, reason = prove_same_triton(url, region, http_headers(triton.channel.metadata()))
+            found.append((route, reason))
+            if route is not None:
+                return
 
     error = _register_probe(triton, mode=0o600, then=prove)
     if error is not None or not found:
         return CheckResult("http", SKIP, "not tried: no region could be registered (see region)")
-    route, reason = found[0]
+    route, reason = found[-1]
+    url = urls[len(found) - 1]
     if route is not None:
         route.close()
         return CheckResult(
@@ -458,14 +467,15 @@ def _check_http(triton: _Triton, tls: TlsFiles | None) -> CheckResult:
             f"the requests that point Triton at a slot go over {reason}",
             details={"protocol": "http", "http_url": url},
         )
+    reason = "; ".join(r for _, r in found)
     return CheckResult(
         "http",
         WARN,
         f"the requests that point Triton at a slot go over gRPC, about twice the cost of "
         f"HTTP on small requests: {reason}",
         f"give Triton's HTTP address in ${HTTP_URL_ENV_VAR} on this node (or http_url=... "
-        "in the client's options), or serve HTTP on the port next below gRPC's",
-        {"protocol": "grpc", "http_url": url, "reason": reason},
+        "in the client's options), or serve HTTP on a port next to gRPC's",
+        {"protocol": "grpc", "http_url": urls[0], "reason": reason},
     )
 
 

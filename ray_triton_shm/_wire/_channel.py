@@ -18,7 +18,15 @@ from google.protobuf.json_format import MessageToJson
 from tritonclient.grpc import Request, service_pb2, service_pb2_grpc
 
 from .._exceptions import AccessDeniedError, TritonServerError
-from ._http import AUTO_HTTP_URL, HttpRoute, default_http_url, http_headers, prove_same_triton
+from ._http import (
+    AUTO_HTTP_URL,
+    Counters,
+    HttpRoute,
+    candidate_http_urls,
+    http_headers,
+    prove_by_statistics,
+    prove_same_triton,
+)
 from ._keys import Keys, Metadata, RedactedHeaders, normalize
 from ._reconnect import Reconnect, channel_options
 from ._tls import ReloadingChannel, TlsFiles, diagnose
@@ -73,9 +81,9 @@ class Channel:
             speaks TLS: :func:`._tls.diagnose` says so).
         reconnect_timeout_s: How long a request waits for an unreachable Triton by default.
         http_url: Triton's HTTP endpoint for inference requests (see :meth:`prove_http`):
-            :data:`~._http.AUTO_HTTP_URL` for ``$RAY_TRITON_SHM_HTTP_URL``, else where Triton
-            puts it by default (the port before gRPC's), ``"host:port"``, or ``None`` for gRPC
-            alone.
+            :data:`~._http.AUTO_HTTP_URL` for ``$RAY_TRITON_SHM_HTTP_URL``, else a port next to
+            gRPC's (the one before, Triton's default, then the one after), ``"host:port"``, or
+            ``None`` for gRPC alone.
     """
 
     def __init__(
@@ -112,12 +120,56 @@ class Channel:
         self.protocol_reason = "HTTP not tried yet" if http_url else "http_url=None"
         self._http_lock = threading.Lock()
         self._http_closed = False
+        #: Whether requests by value tried to prove the HTTP endpoint (once per channel).
+        self.by_value_proof_tried = False
 
     def prove_http(self, region_key: str) -> None:
         """Sends inference requests over Triton's HTTP endpoint from now on if it proves to be
         this Triton: it knows ``region_key``, a system shared-memory region just registered
         over gRPC (no other Triton has a region of that name). Until one such proof, requests
         stay on gRPC; a TLS channel always does (the HTTP route is plain text).
+
+        Raises:
+            TritonServerError: an ``http_url`` given explicitly is not this Triton's.
+        """
+        self._prove(lambda url, headers: prove_same_triton(url, region_key, headers))
+
+    def prove_http_by_value(self, model: str, version: str) -> None:
+        """:meth:`prove_http` for requests by value, once per channel, after one of ``model``
+        ran: no region of this client's is known to that Triton, so its HTTP endpoint proves
+        to be the same by its statistics of the model (see
+        :func:`~._http.prove_by_statistics`). One given explicitly that does not prove the
+        same leaves requests on gRPC, saying why in :attr:`protocol_reason`."""
+        if self.by_value_proof_tried or self.http is not None:
+            return
+        self.by_value_proof_tried = True
+
+        def read() -> Counters:
+            return self._counters(model, version)
+
+        try:
+            self._prove(
+                lambda url, headers: prove_by_statistics(url, model, version, headers, read)
+            )
+        except TritonServerError as exc:
+            self.protocol_reason = str(exc)
+        except grpc.RpcError as exc:  # its statistics could not be read over gRPC
+            self.protocol_reason = f"statistics of {model!r} not readable over gRPC: {exc}"
+
+    def _counters(self, model: str, version: str) -> Counters:
+        """Triton's counters of ``model`` over gRPC (see :data:`~._http.Counters`)."""
+        request = service_pb2.ModelStatisticsRequest(name=model, version=version)
+        stats = self.stub.ModelStatistics(request, metadata=self.metadata(), timeout=5.0)
+        return {
+            entry.version: (entry.last_inference, entry.inference_count, entry.execution_count)
+            for entry in stats.model_stats
+        }
+
+    def _prove(
+        self, prove: Callable[[str, list[tuple[str, str]]], tuple[HttpRoute | None, str]]
+    ) -> None:
+        """Adopts the first candidate HTTP endpoint that ``prove`` proves to be this Triton's
+        (see :meth:`prove_http`); else :attr:`protocol_reason` says why each was not.
 
         Raises:
             TritonServerError: an ``http_url`` given explicitly is not this Triton's.
@@ -131,23 +183,31 @@ class Channel:
                 raise TritonServerError(f"http_url={self._http_url!r}: {reason}")
             self.protocol_reason = reason
             return
-        url = self._http_url if explicit else default_http_url(self.url)
-        route, reason = prove_same_triton(url, region_key, http_headers(self.metadata()))
-        if route is not None:
-            with self._http_lock:
-                adopted = self.http is None and not self._http_closed
-                if adopted:
-                    self.http, self.protocol, self.protocol_reason = route, "http", reason
-            if not adopted:
-                route.close()
-            return
+        reasons = []
+        for url in [self._http_url] if explicit else candidate_http_urls(self.url):
+            route, reason = prove(url, http_headers(self.metadata()))
+            if route is not None:
+                self._adopt(route, reason)
+                return
+            reasons.append(reason)
         if explicit:
             raise TritonServerError(
-                f"http_url={self._http_url!r}: {reason}. Give Triton's --http-port of the "
+                f"http_url={self._http_url!r}: {reasons[0]}. Give Triton's --http-port of the "
                 f"Triton at {self.url}, or http_url=None for gRPC alone",
                 model=None,
             )
-        self.protocol_reason = reason
+        tried = "" if len(reasons) == 1 else " (both ports next to gRPC's tried)"
+        self.protocol_reason = "; ".join(reasons) + tried
+
+    def _adopt(self, route: HttpRoute, reason: str) -> None:
+        """Sends inference requests over ``route`` from now on (unless closed meanwhile, or
+        another proof came first)."""
+        with self._http_lock:
+            adopted = self.http is None and not self._http_closed
+            if adopted:
+                self.http, self.protocol, self.protocol_reason = route, "http", reason
+        if not adopted:
+            route.close()
 
     def close_http(self) -> None:
         """Closes the HTTP route's connections; idempotent."""

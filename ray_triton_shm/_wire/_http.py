@@ -1,10 +1,12 @@
-"""Triton's HTTP endpoint, for the one small request of a call that points Triton at a slot.
+"""Triton's HTTP endpoint, for the one request of a call: pointing Triton at a slot, or by
+value, carrying the tensors.
 
 Python's gRPC stack costs more per call than Triton spends on a small request (about 470 µs
 against 220 µs over HTTP/1.1 on this library's 16-float request, measured on one machine):
 for a request that carries no tensor, only the names of a slot's tensors, a keep-alive HTTP
-connection and a few hundred bytes of JSON are the cheaper way. Everything else (registration,
-readiness, configuration, plain tritonclient calls) stays on gRPC.
+connection and a few hundred bytes of JSON are the cheaper way; by value, the tensors follow
+the JSON as binary data (Triton's binary tensor extension), as they are. Everything else
+(registration, readiness, configuration, plain tritonclient calls) stays on gRPC.
 
 :class:`HttpRoute` holds the idle connections (blocking sockets, and per event loop asyncio
 streams) and exchanges one request on one of them. Its failures are :class:`HttpError`, a
@@ -26,10 +28,11 @@ import socket
 import threading
 import weakref
 from collections import deque
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import grpc
+import httptools
 from tritonclient.grpc import service_pb2
 
 from .._defaults import HTTP_URL_ENV_VAR
@@ -39,9 +42,11 @@ from ._triton_errors import header_named_as_grpc
 __all__ = [
     "AUTO_HTTP_URL",
     "Answer",
+    "BinaryBody",
     "HttpError",
     "HttpResponse",
     "HttpRoute",
+    "candidate_http_urls",
     "default_http_url",
     "grpc_answer",
     "http_answer",
@@ -49,13 +54,16 @@ __all__ = [
     "http_headers",
     "http_path",
     "http_url_for",
+    "not_this_answer",
+    "prove_by_statistics",
     "prove_same_triton",
     "region_status_path",
 ]
 
-#: ``http_url="auto"``: Triton's HTTP endpoint at ``$RAY_TRITON_SHM_HTTP_URL``, else where
-#: Triton puts it by default, on the port before its gRPC port (8000 and 8001), used once
-#: proven to be the same Triton (:func:`default_http_url`, :func:`prove_same_triton`).
+#: ``http_url="auto"``: Triton's HTTP endpoint at ``$RAY_TRITON_SHM_HTTP_URL``, else on a port
+#: next to its gRPC port, the one before it first (Triton's default: 8000 and 8001), then the
+#: one after it; used once proven to be the same Triton (:func:`candidate_http_urls`,
+#: :func:`prove_same_triton`).
 AUTO_HTTP_URL = "auto"
 
 #: The outputs of one answer: name, datatype, shape and inline contents (empty for an output
@@ -76,8 +84,26 @@ _STATUS = {
     503: grpc.StatusCode.UNAVAILABLE,
 }
 _RECEIVE_BYTES = 1 << 16
+#: The most bytes a response's head may take (Triton's take a few hundred).
+_MAX_HEAD_BYTES = 1 << 16
+#: The most digits of a length.
+_MAX_DIGITS = 15
 #: What a name in a request's path may not hold, as Triton reads paths.
 _UNSAFE = frozenset(' /?#%"<>\\^`{|}')
+
+
+class BinaryBody(NamedTuple):
+    """A request by value over HTTP: its JSON, then each input's bytes (Triton's binary tensor
+    extension), sent as they are, never joined."""
+
+    #: The JSON, each input's ``binary_data_size`` in its parameters.
+    json: bytes
+    #: Each input's bytes, in the JSON's order.
+    tensors: Sequence[bytes | memoryview]
+
+
+#: A body of this many bytes or fewer is sent in one piece (headers, JSON and tensors joined).
+_JOIN_BYTES = 1 << 16
 
 
 class HttpError(grpc.RpcError):
@@ -119,9 +145,21 @@ def http_headers(metadata: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
 
 
 def default_http_url(grpc_url: str) -> str:
-    """Where ``http_url="auto"`` looks: ``$RAY_TRITON_SHM_HTTP_URL``, else next below the
-    gRPC port (:func:`http_url_for`)."""
-    return os.environ.get(HTTP_URL_ENV_VAR) or http_url_for(grpc_url)
+    """Where ``http_url="auto"`` looks first: ``$RAY_TRITON_SHM_HTTP_URL``, else next below
+    the gRPC port (:func:`http_url_for`)."""
+    return candidate_http_urls(grpc_url)[0]
+
+
+def candidate_http_urls(grpc_url: str) -> list[str]:
+    """Where ``http_url="auto"`` looks, in turn: ``$RAY_TRITON_SHM_HTTP_URL`` alone, else the
+    ports next below and next above the gRPC port (``--http-port`` at gRPC's minus one,
+    Triton's default, or plus one, as many set it)."""
+    given = os.environ.get(HTTP_URL_ENV_VAR)
+    if given:
+        return [given]
+    below = http_url_for(grpc_url)
+    host, _, port = below.rpartition(":")
+    return [below, f"{host}:{int(port) + 2}"]
 
 
 def prove_same_triton(
@@ -153,6 +191,82 @@ def prove_same_triton(
     )
 
 
+#: A model's statistics, per version: its last inference (ms since the epoch), its inferences
+#: and its executions, as Triton counts them.
+Counters = dict[str, tuple[int, int, int]]
+
+
+def prove_by_statistics(
+    url: str,
+    model: str,
+    version: str,
+    headers: Sequence[tuple[str, str]],
+    read_grpc: Callable[[], Counters],
+) -> tuple[HttpRoute | None, str]:
+    """Asks the HTTP endpoint at ``url`` for the statistics of ``model`` between two readings
+    of them over gRPC (``read_grpc``), for a client whose tensors go by value: no region of
+    its own is known to Triton, but a Triton's counters of a model that ran are its own. Each
+    counter over HTTP must lie between its two readings over gRPC (equal, where nothing ran in
+    between): another Triton would have to have run the model exactly as often, and last in
+    the same milliseconds.
+
+    Returns:
+        A route to the endpoint if it proved to be that Triton (``None`` if not), and the
+        reason, in words.
+    """
+    path = http_stats_path(model, version)
+    if path is None:
+        return None, f"model name {model!r} cannot be in an HTTP path"
+    before = read_grpc()
+    if not any(counts[1] for counts in before.values()):
+        return None, f"not proven yet: model {model!r} has not run on Triton"
+    route = HttpRoute(url)
+    try:
+        response = route.exchange(path, b"", headers, method=b"GET")
+    except HttpError as exc:
+        route.close()
+        return None, f"no Triton HTTP endpoint at {url} ({exc.details()})"
+    after = read_grpc()
+    seen = _counters(response.body) if response.status == 200 else None
+    if seen is not None and _between(before, seen, after):
+        return route, (
+            f"Triton's HTTP endpoint {url}, proven the same (its statistics of model "
+            f"{model!r} are the gRPC endpoint's)"
+        )
+    route.close()
+    detail = response.body.decode(errors="replace").strip()[:200]
+    return None, (
+        f"{url} is not this Triton's HTTP endpoint: its statistics of model {model!r} are "
+        f"not the gRPC endpoint's (HTTP {response.status}: {detail})"
+    )
+
+
+def _counters(body: bytes) -> Counters | None:
+    """The counters of Triton's JSON statistics of a model (see :data:`Counters`)."""
+    try:
+        return {
+            str(entry["version"]): (
+                int(entry.get("last_inference", 0)),
+                int(entry.get("inference_count", 0)),
+                int(entry.get("execution_count", 0)),
+            )
+            for entry in json.loads(body)["model_stats"]
+        }
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _between(before: Counters, seen: Counters, after: Counters) -> bool:
+    """Whether every counter of ``seen`` lies between its readings ``before`` and ``after``."""
+    if not before.keys() == seen.keys() == after.keys():
+        return False
+    return all(
+        low <= middle <= high
+        for version in seen
+        for low, middle, high in zip(before[version], seen[version], after[version])
+    )
+
+
 def http_url_for(grpc_url: str) -> str:
     """Where Triton's HTTP endpoint is by default: the gRPC endpoint's host, one port lower
     (Triton's 8000 beside 8001)."""
@@ -172,6 +286,12 @@ def http_path(model: str, version: str) -> bytes | None:
     return f"/v2/models/{model}/infer".encode()
 
 
+def http_stats_path(model: str, version: str) -> bytes | None:
+    """The path of a model's statistics; ``None`` as for :func:`http_path`."""
+    infer = http_path(model, version)
+    return None if infer is None else infer[: -len(b"infer")] + b"stats"
+
+
 def region_status_path(region: str) -> bytes | None:
     """The path of a system shared-memory region's status; ``None`` as for :func:`http_path`."""
     return f"/v2/systemsharedmemory/region/{region}/status".encode() if _fits_path(region) else None
@@ -188,9 +308,12 @@ def _parameters(parameters: Any) -> dict[str, Any]:
     }
 
 
-def http_body(request: service_pb2.ModelInferRequest) -> bytes | None:
+def http_body(
+    request: service_pb2.ModelInferRequest, input_sizes: Sequence[int] | None = None
+) -> bytes | None:
     """A prepared request as Triton's JSON (outputs not in the slot answered as binary data);
-    ``None`` for a request JSON cannot carry (tensors sent inline)."""
+    ``None`` for a request JSON cannot carry (tensors sent inline). ``input_sizes``: by value,
+    the bytes of each input, which follow the JSON as binary data."""
     if request.raw_input_contents:
         return None
     document: dict[str, Any] = {}
@@ -207,6 +330,9 @@ def http_body(request: service_pb2.ModelInferRequest) -> bytes | None:
         }
         for entry in request.inputs
     ]
+    if input_sizes is not None:
+        for entry, size in zip(document["inputs"], input_sizes, strict=True):
+            entry["parameters"]["binary_data_size"] = size
     outputs = []
     for entry in request.outputs:
         parameters = _parameters(entry.parameters)
@@ -217,8 +343,14 @@ def http_body(request: service_pb2.ModelInferRequest) -> bytes | None:
     return json.dumps(document, separators=(",", ":")).encode()
 
 
-def grpc_answer(response: service_pb2.ModelInferResponse) -> Answer:
-    """A gRPC answer's outputs."""
+def grpc_answer(response: service_pb2.ModelInferResponse, request_id: str | None = None) -> Answer:
+    """A gRPC answer's outputs.
+
+    Raises:
+        HttpError: the answer carries another id than ``request_id`` (``None``: not checked).
+    """
+    if request_id is not None and response.id != request_id:
+        raise not_this_answer(request_id, response.id)
     raw = response.raw_output_contents
     return [
         (output.name, output.datatype, tuple(output.shape), raw[index] if index < len(raw) else b"")
@@ -226,21 +358,56 @@ def grpc_answer(response: service_pb2.ModelInferResponse) -> Answer:
     ]
 
 
-def http_answer(body: bytes, json_bytes: int | None) -> Answer:
+def http_answer(body: bytes, json_bytes: int | None, request_id: str | None = None) -> Answer:
     """An HTTP answer's outputs: its JSON (the first ``json_bytes`` of ``body``, or all of
-    it), then each binary output's bytes in order."""
+    it), then each binary output's bytes in order.
+
+    Args:
+        body: The response's body.
+        json_bytes: Its ``Inference-Header-Content-Length``, if it has one.
+        request_id: The request's id, which the answer must carry (``None``: not checked).
+
+    Raises:
+        HttpError: the body is not Triton's answer, or the answer is another request's.
+    """
     end = len(body) if json_bytes is None else json_bytes
-    document = json.loads(body[:end])
-    answer: Answer = []
-    offset = end
-    for output in document.get("outputs", ()):
-        size = output.get("parameters", {}).get("binary_data_size")
-        data = b""
-        if size is not None:
-            data = body[offset : offset + size]
-            offset += size
-        answer.append((output["name"], output["datatype"], tuple(output["shape"]), data))
+    if end > len(body):
+        raise _unreadable(f"its JSON of {end} bytes is longer than its body of {len(body)}")
+    try:
+        document = json.loads(body[:end])
+        answer: Answer = []
+        offset = end
+        for output in document.get("outputs", ()):
+            size = output.get("parameters", {}).get("binary_data_size")
+            data = b""
+            if size is not None:
+                if type(size) is not int or not 0 <= size <= len(body) - offset:
+                    raise _unreadable(f"output {output['name']!r}'s binary_data_size {size!r}")
+                data = body[offset : offset + size]
+                offset += size
+            shape = tuple(output["shape"])
+            if not (isinstance(output["name"], str) and isinstance(output["datatype"], str)):
+                raise _unreadable("an output's name or datatype is not a string")
+            if not all(type(dim) is int and dim >= 0 for dim in shape):
+                raise _unreadable(f"output {output['name']!r}'s shape {shape!r}")
+            answer.append((output["name"], output["datatype"], shape, data))
+        answered_id = document.get("id", "")
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+        raise _unreadable(f"{type(exc).__name__}: {exc}") from None
+    if offset != len(body):
+        raise _unreadable(f"{len(body) - offset} bytes past its outputs")
+    if request_id is not None and answered_id != request_id:
+        raise not_this_answer(request_id, answered_id)
     return answer
+
+
+def not_this_answer(request_id: str, answered_id: object) -> HttpError:
+    """An answer that carries another request's id: this request may still run in Triton."""
+    return HttpError(
+        grpc.StatusCode.INTERNAL,
+        f"Triton answered request id {answered_id!r} to request id {request_id!r}",
+        answered=False,
+    )
 
 
 class HttpResponse:
@@ -251,10 +418,11 @@ class HttpResponse:
     def __init__(self, status: int, body: bytes, json_bytes: int | None, close: bool) -> None:
         self.status, self.body, self.json_bytes, self.close = status, body, json_bytes, close
 
-    def answer(self) -> Answer:
-        """The outputs, or the :class:`HttpError` of Triton's refusal."""
+    def answer(self, request_id: str | None = None) -> Answer:
+        """The outputs (of the request ``request_id``, if given), or the :class:`HttpError` of
+        Triton's refusal."""
         if self.status == 200:
-            return http_answer(self.body, self.json_bytes)
+            return http_answer(self.body, self.json_bytes, request_id)
         raise self.error()
 
     def error(self) -> HttpError:
@@ -267,43 +435,30 @@ class HttpResponse:
         return HttpError(code, header_named_as_grpc(message), answered=True)
 
 
-def _head(head: bytes) -> tuple[int, int | None, int | None, bool, bool]:
-    """Status, content length, JSON length, whether the connection closes, and whether the
-    body is chunked, of a response's head."""
-    lines = head.split(b"\r\n")
-    status = int(lines[0].split(b" ", 2)[1])
-    length = json_bytes = None
-    close = chunked = False
-    for line in lines[1:]:
-        name, _, value = line.partition(b":")
-        name = name.strip().lower()
-        if name == b"content-length":
-            length = int(value)
-        elif name == b"inference-header-content-length":
-            json_bytes = int(value)
-        elif name == b"connection":
-            close = value.strip().lower() == b"close"
-        elif name == b"transfer-encoding":
-            chunked = b"chunked" in value.lower()
-    return status, length, json_bytes, close, chunked
+def _malformed(why: str) -> HttpError:
+    """A response that breaks HTTP/1.1 (the connection is closed): whether Triton is done with
+    the request is not known, so its slot waits until Triton is proven done with it."""
+    return HttpError(
+        grpc.StatusCode.INTERNAL,
+        f"Triton's HTTP endpoint answered a malformed HTTP/1.1 response: {why}",
+        answered=False,
+    )
 
 
-def _dechunk(data: bytes) -> tuple[bytes, int] | None:
-    """A chunked body and the bytes it took, or ``None`` if ``data`` does not hold all of it."""
-    body, offset = bytearray(), 0
-    while True:
-        end = data.find(b"\r\n", offset)
-        if end < 0:
-            return None
-        size = int(data[offset:end].split(b";")[0], 16)
-        start = end + 2
-        if size == 0:
-            trailer = data.find(b"\r\n", start)
-            return None if trailer < 0 else (bytes(body), trailer + 2)
-        if len(data) < start + size + 2:
-            return None
-        body += data[start : start + size]
-        offset = start + size + 2
+def _unreadable(why: str) -> HttpError:
+    """A whole HTTP response whose JSON or binary outputs do not read as Triton's answer."""
+    return HttpError(
+        grpc.StatusCode.INTERNAL,
+        f"Triton's HTTP endpoint answered an inference response that does not read: {why}",
+        answered=True,
+    )
+
+
+def _length(value: bytes, what: str) -> int:
+    """A header's decimal length."""
+    if not value.isdigit() or len(value) > _MAX_DIGITS:
+        raise _malformed(f"its {what} is not a length")
+    return int(value)
 
 
 def _received(data: bytes, received: bytes) -> tuple[bytes, HttpResponse | None]:
@@ -318,23 +473,71 @@ def _received(data: bytes, received: bytes) -> tuple[bytes, HttpResponse | None]
     return data, _parse(data)
 
 
+class _Reading:
+    """llhttp's reading of one response (``httptools``' callbacks)."""
+
+    __slots__ = ("body", "done", "extra", "framed", "json_bytes", "keep_alive", "parser", "status")
+
+    def __init__(self) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+        self.body: list[bytes] = []
+        self.json_bytes: int | None = None
+        self.done = self.extra = self.framed = False
+        #: Whether the connection may be used again (``None`` until the head is read).
+        self.keep_alive: bool | None = None
+        self.status = 0
+
+    def on_message_begin(self) -> None:
+        self.extra = self.done  # a second response, never asked for
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        name = name.lower()
+        if name == b"inference-header-content-length":
+            self.json_bytes = _length(value.strip(), "Inference-Header-Content-Length")
+        elif name in (b"content-length", b"transfer-encoding"):
+            self.framed = True
+
+    def on_headers_complete(self) -> None:
+        self.status = status = self.parser.get_status_code()
+        if status < 200:  # never asked for (no Expect:): the final response would follow it
+            raise _malformed(f"an interim status {status}")
+        if not self.framed and status not in (204, 304):  # its end would be the connection's
+            raise _malformed("no Content-Length and not chunked")
+        self.keep_alive = self.parser.should_keep_alive()
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        self.done = True
+
+
 def _parse(data: bytes) -> HttpResponse | None:
-    """The response in ``data``, or ``None`` if it is not all there yet."""
-    split = data.find(b"\r\n\r\n")
-    if split < 0:
+    """The response in ``data`` (read by llhttp), or ``None`` if it is not all there yet.
+
+    Raises:
+        HttpError: ``data`` breaks HTTP/1.1, or is a response this library never asks for
+            (see :func:`_malformed`).
+    """
+    reading = _Reading()
+    parser = reading.parser
+    try:
+        parser.feed_data(data)
+    except httptools.HttpParserCallbackError as exc:
+        if isinstance(exc.__context__, HttpError):
+            raise exc.__context__ from None
+        raise _malformed(str(exc)) from None
+    except httptools.HttpParserError as exc:
+        if not reading.done:
+            raise _malformed(str(exc)) from None
+        reading.extra = True  # bytes past the response that are no response
+    if not reading.done:
+        if reading.keep_alive is None and len(data) > _MAX_HEAD_BYTES:
+            raise _malformed(f"its head is over {_MAX_HEAD_BYTES} bytes")
         return None
-    status, length, json_bytes, close, chunked = _head(data[:split])
-    rest = data[split + 4 :]
-    if chunked:
-        done = _dechunk(rest)
-        if done is None:
-            return None
-        return HttpResponse(status, done[0], json_bytes, close)
-    if length is None:
-        return None if not close else HttpResponse(status, rest, json_bytes, True)
-    if len(rest) < length:
-        return None
-    return HttpResponse(status, rest[:length], json_bytes, close)
+    # Bytes past the response were not asked for: the connection is not used again.
+    close = reading.extra or not reading.keep_alive
+    return HttpResponse(reading.status, b"".join(reading.body), reading.json_bytes, close)
 
 
 class HttpRoute:
@@ -357,19 +560,34 @@ class HttpRoute:
         self.closed = False
 
     def _request(
-        self, method: bytes, path: bytes, body: bytes, headers: Sequence[tuple[str, str]]
-    ) -> bytes:
+        self,
+        method: bytes,
+        path: bytes,
+        body: bytes | BinaryBody,
+        headers: Sequence[tuple[str, str]],
+    ) -> list[bytes | memoryview]:
+        """The request's bytes, in pieces to send one after another (one for a small one)."""
         extra = "".join(f"{name}: {value}\r\n" for name, value in headers).encode()
-        content = b"Content-Type: application/json\r\n" if body else b""
-        return b"%s %s HTTP/1.1\r\n%s%s%sContent-Length: %d\r\n\r\n%s" % (
+        if isinstance(body, BinaryBody):
+            length = len(body.json) + sum(len(tensor) for tensor in body.tensors)
+            content = b"Content-Type: application/octet-stream\r\n"
+            content += b"Inference-Header-Content-Length: %d\r\n" % len(body.json)
+            pieces: list[bytes | memoryview] = [body.json, *body.tensors]
+        else:
+            length = len(body)
+            content = b"Content-Type: application/json\r\n" if body else b""
+            pieces = [body]
+        head = b"%s %s HTTP/1.1\r\n%s%s%sContent-Length: %d\r\n\r\n" % (
             method,
             path,
             self._host,
             content,
             extra,
-            len(body),
-            body,
+            length,
         )
+        if length <= _JOIN_BYTES:
+            return [b"".join([head, *pieces])]
+        return [head, *pieces]
 
     def _connect(self) -> socket.socket:
         try:
@@ -382,7 +600,7 @@ class HttpRoute:
     def exchange(
         self,
         path: bytes,
-        body: bytes,
+        body: bytes | BinaryBody,
         headers: Sequence[tuple[str, str]] = (),
         *,
         method: bytes = b"POST",
@@ -400,7 +618,8 @@ class HttpRoute:
             sock = self._connect()
         data, response = b"", None
         try:
-            sock.sendall(message)
+            for piece in message:
+                sock.sendall(piece)
             while response is None:
                 data, response = _received(data, sock.recv(_RECEIVE_BYTES))
         except BaseException as exc:
@@ -415,7 +634,7 @@ class HttpRoute:
         return response
 
     async def exchange_async(
-        self, path: bytes, body: bytes, headers: Sequence[tuple[str, str]] = ()
+        self, path: bytes, body: bytes | BinaryBody, headers: Sequence[tuple[str, str]] = ()
     ) -> HttpResponse:
         """:meth:`exchange` on the running event loop's connections."""
         loop = asyncio.get_running_loop()
@@ -436,7 +655,7 @@ class HttpRoute:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         data, response = b"", None
         try:
-            writer.write(message)
+            writer.writelines(message)
             while response is None:
                 data, response = _received(data, await reader.read(_RECEIVE_BYTES))
         except BaseException as exc:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -30,9 +31,10 @@ import sys
 import threading
 import time
 import weakref
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, Protocol
 
 __all__ = [
     "SHM_DIR",
@@ -91,26 +93,48 @@ def remove_shm_files(shm_prefix: str) -> None:
                 leftover.unlink()
 
 
+#: The start of a run's part of the server log (see ``local._log.ServerLog.begin_run``).
+RUN_HEADER = b"\n==== "
+#: What Triton logs as it loads a model, and as it unloads one (each version; Triton answers a
+#: model's requests in execution before it unloads it).
+_LOADED = re.compile(rb"\"successfully loaded '([^']*)'")
+_UNLOADED = re.compile(rb"\"successfully unloaded '([^']*)'")
+#: How long the group lives on once every model is unloaded: Triton's endpoints write out the
+#: last answers they were handed.
+_FLUSH_S = 0.1
+
+
 def terminate(
     proc: subprocess.Popen[bytes],
     grace_s: float,
     shm_prefix: str | None = None,
     *,
     graceful: bool = True,
+    log_path: Path | None = None,
 ) -> None:
     """Stop a server process and its process group (SIGINT, then SIGTERM, then SIGKILL; only
     SIGKILL if not ``graceful``), then remove the regions of ``shm_prefix``.
+
+    With ``log_path`` (the server's log), a graceful stop ends the group as soon as Triton
+    logs that it unloaded every model it loaded in this run (it answers the requests in
+    execution first), without waiting for its shutdown to notice: that looks once a second,
+    and exiting takes most of another.
 
     Module-level so that ``weakref.finalize`` does not capture the server object.
     """
     pgid = proc.pid  # started with start_new_session=True: pid == pgid
     if proc.poll() is None and graceful:
+        offset = _size(log_path)
         for sig, wait_s in (
             (signal.SIGINT, grace_s),
             (signal.SIGTERM, 5.0),
             (signal.SIGKILL, 10.0),
         ):
             kill_group(pgid, sig)
+            if sig == signal.SIGINT and log_path is not None:
+                if _wait_drained(proc, log_path, offset, wait_s):
+                    break
+                continue
             try:
                 proc.wait(timeout=wait_s)
                 break
@@ -127,6 +151,49 @@ def terminate(
         time.sleep(0.01)
     if shm_prefix:
         remove_shm_files(shm_prefix)
+
+
+def _size(path: Path | None) -> int:
+    """The size of ``path`` now (0 if none, or unreadable)."""
+    try:
+        return 0 if path is None else path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _wait_drained(
+    proc: subprocess.Popen[bytes], log_path: Path, offset: int, wait_s: float
+) -> bool:
+    """Waits up to ``wait_s`` for ``proc`` to end, or to log past ``offset`` (its SIGINT)
+    that it unloaded every model of its run (see :func:`terminate`); whether either
+    happened."""
+    try:
+        head = log_path.read_bytes()[:offset]
+    except OSError:
+        head = b""
+    loaded = Counter(_LOADED.findall(head[head.rfind(RUN_HEADER) + 1 :]))
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            proc.wait(timeout=0.02)
+            return True
+        except subprocess.TimeoutExpired:
+            pass
+        if loaded and _unloaded(log_path, offset) >= loaded:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=_FLUSH_S)
+            return True
+    return False
+
+
+def _unloaded(log_path: Path, offset: int) -> Counter[bytes]:
+    """The models (each version) the log says were unloaded past ``offset``."""
+    try:
+        with log_path.open("rb") as log:
+            log.seek(offset)
+            return Counter(_UNLOADED.findall(log.read()))
+    except OSError:
+        return Counter()
 
 
 class OwnerGuard:
@@ -337,12 +404,20 @@ class ServerProcess:
         return proc
 
 
-def cleanup(process: ServerProcess, grace_s: float) -> None:
-    """Stops the server of ``process``, removes its temporary directory, and dismisses its
-    guard: a finalizer's body (it holds no server)."""
+class _Log(Protocol):
+    """A server's log, wherever it is now (``local._log.ServerLog``)."""
+
+    @property
+    def path(self) -> Path: ...
+
+
+def cleanup(process: ServerProcess, grace_s: float, log: _Log | None = None) -> None:
+    """Stops the server of ``process`` (``log``: its log, see :func:`terminate`), removes its
+    temporary directory, and dismisses its guard: a finalizer's body (it holds no server)."""
     proc = process.stop()
     if proc is not None:
-        terminate(proc, grace_s, process.shm_prefix)
+        log_path = None if log is None else log.path
+        terminate(proc, grace_s, process.shm_prefix, log_path=log_path)
     shutil.rmtree(process.tmpdir, ignore_errors=True)
     process.guard.close()
 

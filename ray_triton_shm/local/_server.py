@@ -222,7 +222,9 @@ class LocalTritonServer:
             policy=policy,
             on_event=on_event,
         )
-        self._finalizer = weakref.finalize(self, cleanup, self._box, self._config.stop_grace_s)
+        self._finalizer = weakref.finalize(
+            self, cleanup, self._box, self._config.stop_grace_s, self._log
+        )
 
     # ---- properties -------------------------------------------------------------------
 
@@ -370,7 +372,7 @@ class LocalTritonServer:
         """
         proc = self._box.stop()
         if proc is not None:
-            terminate(proc, self._config.stop_grace_s, self._shm_prefix)
+            terminate(proc, self._config.stop_grace_s, self._shm_prefix, log_path=self.log_path)
 
     def kill(self) -> None:
         """Stop the server at once (SIGKILL to its process group), without Triton's graceful

@@ -311,6 +311,7 @@ class TritonNodeActor:
                 "transport": pool.transport.kind,
                 "transport_reason": pool.transport.reason,
                 **now.counters,
+                "by_value_requests": now.counters["requests"] if pool.by_value else 0,
             }
         free, capacity = shm_space() or (0, 0)
         return NodeStats(

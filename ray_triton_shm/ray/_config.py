@@ -151,7 +151,9 @@ class NodeStats:
             (failed requests to Triton), ``waits`` (requests that queued for a slot),
             ``wait_ns`` (their total wait), ``abandoned_requests`` (requests given up while
             Triton ran them), ``settle_ns`` (how long their slots waited for Triton, in all)
-            and ``latency_ns`` (the answered requests' latency, in all).
+            and ``latency_ns`` (the answered requests' latency, in all), and
+            ``by_value_requests`` (those of ``requests`` whose tensors went by value: all of
+            them while ``transport`` is ``"inline"``).
     """
 
     node_id: str

@@ -47,7 +47,9 @@ def pool() -> Iterator[ModelPool]:
     region = SharedMemoryRegion.create(new_region_name("s"), layout.region_bytes(1))
     try:
         memory = SlotMemory(region, layout, 1)
-        yield ModelPool.over(SPEC, memory, SlotPool(1, name="s"), RegionHeader(region.buffer, 1))
+        yield ModelPool.over(
+            SPEC, memory, SlotPool(1, name="s"), RegionHeader.new(region.buffer, 1)
+        )
     finally:
         region.unlink()
 
@@ -56,6 +58,7 @@ def response(k: int | None, *, final: bool = False, error: str = "") -> Any:
     """A ``ModelStreamInferResponse``: response ``k`` (``None``: no outputs), final or not."""
     message = service_pb2.ModelStreamInferResponse(error_message=error)
     answer = message.infer_response
+    answer.id = "r"  # the request's id, echoed
     if k is not None:
         answer.outputs.add(name="K", datatype="INT32", shape=[1])
         answer.raw_output_contents.append(np.array([k], np.int32).tobytes())
@@ -224,6 +227,14 @@ def test_the_async_driver_runs_the_same_steps(pool: ModelPool) -> None:
         return [r async for r in drive_stream_async(steps, async_.async_call, Step.DELIVER)]
 
     assert tokens(asyncio.run(main())) == [0, 1] and async_.steps == sync.steps
+
+
+def test_a_response_to_another_request_is_refused(pool: ModelPool) -> None:
+    stranger = response(0)
+    stranger.infer_response.id = "someone else"
+    with pytest.raises(TritonServerError, match="someone else"):
+        run(pool, ScriptedTriton(pool, [stranger]))
+    assert pool.slots.stats().abandoned == 1  # this request may still run in Triton
 
 
 def test_an_error_response_survives_pickle() -> None:
