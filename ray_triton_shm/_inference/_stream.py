@@ -145,7 +145,6 @@ class StreamChunk(Chunk):
         )
 
 
-
 def _id(chunk: StreamChunk) -> str:
     request_id = chunk.request_id
     return f" of request id {request_id!r}" if request_id else ""
