@@ -31,10 +31,11 @@ bench: $(VENV)/.installed
 test: $(VENV)/.installed browser prometheus
 	$(VENV)/bin/python -m pytest -m "not soak" $(PYTEST_ARGS)
 
-# The long tier (the chaos soak, a load swinging 1-32 callers, whole bench runs: about 3 min),
+# The long tier (the chaos soak, a load swinging 1-32 callers, whole bench runs: about 3 min;
+# the property tests of tests/properties/ at 20 times their examples: over 200,000 inputs),
 # which CI runs after `make test`.
 test-soak: $(VENV)/.installed browser prometheus
-	$(VENV)/bin/python -m pytest -m soak $(PYTEST_ARGS)
+	RAY_TRITON_SHM_PROPERTIES=soak $(VENV)/bin/python -m pytest -m soak $(PYTEST_ARGS)
 
 # The quick tier, while editing (under a minute): tests/unit/, the logic and the files that
 # need no server. One test: make test PYTEST_ARGS="tests/test_client.py -k lease".

@@ -37,7 +37,7 @@ from ray_triton_shm._defaults import DEFAULT_URL
 
 if TYPE_CHECKING:
     from ray_triton_shm._pools._reclaim import ReclaimReport
-    from ray_triton_shm._tools._region_status import StatusReport
+    from ray_triton_shm._tools._region_status import RegionStatus, StatusReport
     from ray_triton_shm.local._crashes import ServerEvent
 
 __all__ = ["build_parser", "main"]
@@ -257,7 +257,16 @@ def _print_status(report: StatusReport) -> int:
     regions = report.regions
     print(f"server: {report.url or '(not asked)'}")
     if regions:
-        header = ("region", "size", "owner pid", "owner", "/dev/shm", "registered", "transport")
+        header = (
+            "region",
+            "size",
+            "owner pid",
+            "owner",
+            "/dev/shm",
+            "registered",
+            "transport",
+            "layout",
+        )
         rows = [
             (
                 r.name,
@@ -267,6 +276,7 @@ def _print_status(report: StatusReport) -> int:
                 _yes_no(r.in_dev_shm),
                 _yes_no(r.registered),
                 r.transport or "-",
+                _layout(r),
             )
             for r in regions
         ]
@@ -284,6 +294,14 @@ def _print_status(report: StatusReport) -> int:
                 "regions of transport 'inline' send their tensors by value: they hold a header "
                 "alone, and are never registered in Triton."
             )
+        if any(r.foreign for r in regions):
+            from ray_triton_shm._slots._header import LAYOUT_VERSION
+
+            print(
+                f"foreign regions are not of this version's layout (version {LAYOUT_VERSION}): "
+                "another ray-triton-shm version made them, or something wrote over them; this "
+                "version refuses them. Run one version on the node."
+            )
         if any(r.owner == "other namespace" for r in regions):
             print(
                 "regions of 'other namespace' belong to processes of another pid namespace "
@@ -294,10 +312,18 @@ def _print_status(report: StatusReport) -> int:
     return _report_server_error(report)
 
 
+def _layout(region: RegionStatus) -> str:
+    if region.foreign:
+        found = "no stamp" if region.layout_version is None else f"v{region.layout_version}"
+        return f"foreign ({found})"
+    return "-" if region.layout_version is None else f"v{region.layout_version}"
+
+
 def _print_reclaim(report: ReclaimReport) -> int:
     for label, names in (
         ("unregistered from Triton", report.unregistered),
         ("unlinked from /dev/shm", report.unlinked),
+        ("foreign, left alone (another version's, or written over)", report.foreign),
     ):
         print(f"{label}: {len(names)}")
         for name in names:

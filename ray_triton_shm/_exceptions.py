@@ -10,6 +10,9 @@
     ├── ModelNotRegisteredError (LookupError)  infer on a model never registered
     ├── RegionReplacedError (LookupError)      the region a process bound to is gone or was
     │                                          replaced (node actor restart, new layout)
+    ├── ForeignRegionError (RuntimeError)      a region whose header is not of this version's
+    │                                          layout (another version made it, or something
+    │                                          wrote over it); names both versions
     ├── SlotTimeoutError (TimeoutError)        no slot became free within ``slot_timeout_s``
     ├── OverloadedError (RuntimeError)         too many callers already waiting
     ├── ClientClosedError (RuntimeError)       the client or pool was closed
@@ -60,6 +63,7 @@ __all__ = [
     "BlockingCallError",
     "ClientClosedError",
     "CudaError",
+    "ForeignRegionError",
     "GPUMemoryFullError",
     "InvalidInputError",
     "LeaseByValueError",
@@ -187,6 +191,36 @@ class RegionReplacedError(TritonSHMError, LookupError):
     ) -> None:
         super().__init__(message, model=model)
         self.incarnation = incarnation
+
+
+class ForeignRegionError(TritonSHMError, RuntimeError):
+    """A region's header is not of this version's layout: its magic word or its layout
+    version is another's. Another version of the library made it (a rolling upgrade: the node
+    actor and its callers of different versions), or something other than the library wrote
+    over it in ``/dev/shm``. Nothing is read from such a region, and no slot of it is used;
+    the message names both versions and what to do. ``ray-triton-shm status`` marks such
+    regions ``foreign``.
+
+    Attributes:
+        region: The region's name.
+        version: The layout version its header says (``None``: it bears no stamp of this
+            library's).
+        expected_version: This version's layout version.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        model: str | None = None,
+        region: str = "",
+        version: int | None = None,
+        expected_version: int = 0,
+    ) -> None:
+        super().__init__(message, model=model)
+        self.region = region
+        self.version = version
+        self.expected_version = expected_version
 
 
 class SlotTimeoutError(TritonSHMError, TimeoutError):

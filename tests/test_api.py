@@ -18,6 +18,7 @@ CORE = [
     "CheckResult",
     "ClientClosedError",
     "CudaError",
+    "ForeignRegionError",
     "GPUMemoryFullError",
     "InvalidInputError",
     "Keys",

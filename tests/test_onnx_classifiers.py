@@ -40,6 +40,12 @@ MODELS = {
     "digits": (False, None),
     "digits_reshape": (False, _LABEL_AS_TRITON_HAS_IT % ", reshape: { shape: [ ] }"),
     "digits_dims": (False, _LABEL_AS_TRITON_HAS_IT % ""),
+    # As skl2onnx's users write it: the reshape fixes the -1 at one value (issue 63).
+    "digits_reshape_variable": (
+        False,
+        _LABEL_AS_TRITON_HAS_IT.replace("dims: [ 1 ]", "dims: [ -1 ]")
+        % ", reshape: { shape: [ ] }",
+    ),
     "digits_names": (True, None),
 }
 

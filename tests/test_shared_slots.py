@@ -36,7 +36,7 @@ def make_region() -> Iterator:  # type: ignore[type-arg]
 
     def make(size: int, *, max_waiting: int = 8) -> Region:
         region = SharedMemoryRegion.create(new_region_name("test"), REGION_HEADER_BYTES + 4096)
-        header = RegionHeader(region.buffer, size)
+        header = RegionHeader.new(region.buffer, size)
         header.configure(max_waiting=max_waiting)
         slots = SharedSlots(region.name, header, size, model="m")
         made.append((region, slots))

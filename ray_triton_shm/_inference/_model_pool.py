@@ -157,13 +157,17 @@ class ModelPool:
         )
 
     def take(self, slot: int) -> int:
-        """Checks a slot just taken: one of a retired pool goes back unused.
+        """Checks a slot just taken: one of a retired pool, or of a region whose header is no
+        longer ours, goes back unused.
 
         Raises:
             PoolRetired: the model moved to a new layout.
+            ForeignRegionError: the header lost this layout's stamp (something wrote over it):
+                none of its words, ``retired`` included, is believed.
         """
-        if self.header.retired:
+        if self.header.stopped:
             self.slots.release(slot)
+            self.header.check(model=self.spec.name)
             raise PoolRetired(self)
         return slot
 

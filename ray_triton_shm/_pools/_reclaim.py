@@ -17,14 +17,16 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from .._defaults import DEFAULT_URL
+from .._slots._header import LAYOUT_VERSION, header_version
 from .._slots._shm import (
     DEAD,
+    SHM_DIR,
     Owner,
     list_local_regions,
     owner_state,
@@ -33,6 +35,7 @@ from .._slots._shm import (
     region_owner,
     unlink_region,
 )
+from .._slots._specs import REGION_HEADER_BYTES
 from .._wire._keys import Keys
 from .._wire._plain_client import tritonclient_for
 from .._wire._triton_errors import is_in_use, translate_error
@@ -40,11 +43,39 @@ from .._wire._triton_errors import is_in_use, translate_error
 __all__ = [
     "ReclaimReport",
     "headers_for_tool",
+    "foreign_regions",
     "may_take",
     "reclaim_dead_registrations",
     "reclaim_regions",
+    "region_header",
     "registrations",
 ]
+
+
+def region_header(name: str) -> bytes | None:
+    """The header of the region ``name`` (``None``: gone, another user's, or too small to be
+    a pool's: a probe's, the doctor's)."""
+    try:
+        fd = os.open(SHM_DIR / name, os.O_RDONLY)
+    except OSError:  # gone meanwhile, or another user's
+        return None
+    try:
+        header = os.pread(fd, REGION_HEADER_BYTES, 0)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return header if len(header) == REGION_HEADER_BYTES else None
+
+
+def foreign_regions() -> list[str]:
+    """Our regions in ``/dev/shm`` whose header is not of this version's layout."""
+    found = []
+    for region in list_local_regions():
+        header = region_header(region.name)
+        if header is not None and header_version(header) != LAYOUT_VERSION:
+            found.append(region.name)
+    return found
 
 
 @dataclass(frozen=True)
@@ -55,11 +86,15 @@ class ReclaimReport:
         unregistered: Region names unregistered from Triton.
         unlinked: Region names removed from ``/dev/shm``.
         server_error: Why the server could not be cleaned, if it could not.
+        foreign: Regions of ours left in ``/dev/shm`` whose header is not of this version's
+            layout (another version of the library made them, or something wrote over them):
+            left alone while their owner lives, as any other.
     """
 
     unregistered: list[str]
     unlinked: list[str]
     server_error: str | None = None
+    foreign: list[str] = field(default_factory=list)
 
 
 def registrations(
@@ -167,7 +202,12 @@ def reclaim_regions(
         for r in list_local_regions()  # which judged each owner already
         if r.owner_state == DEAD and may_take(r.owner, owner) and unlink_region(r.name)
     ]
-    return ReclaimReport(unregistered=unregistered, unlinked=unlinked, server_error=server_error)
+    return ReclaimReport(
+        unregistered=unregistered,
+        unlinked=unlinked,
+        server_error=server_error,
+        foreign=foreign_regions(),
+    )
 
 
 def headers_for_tool(headers: Mapping[str, str] | Keys | None) -> dict[str, str]:

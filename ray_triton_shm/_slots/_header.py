@@ -24,34 +24,54 @@ Counting in the header keeps metrics free of any message per request: the Ray no
 them every second and exports them (see :mod:`..ray._actor`).
 
 Layout, native ``int64`` words: ``[0:16]`` settings and node-wide words, ``[16:32]`` failures,
-``[32:32+SEATS]`` seats, then :data:`_WORDS_PER_SLOT` words per slot.
+``[32:32+SEATS]`` seats, then :data:`_WORDS_PER_SLOT` words per slot. Words 9 and 10 stamp the
+header as ours: :data:`MAGIC` and :data:`LAYOUT_VERSION` (written by the owner when it makes
+the region, before anyone else maps it). A process refuses a region whose stamp is not its own
+(:class:`~ray_triton_shm.ForeignRegionError`): another version of the library made it, or
+something else wrote over it. Version 1 had no stamp (those words were zero).
+
+Every word is read as possibly wrong (anyone of the same user can write into ``/dev/shm``): a
+size, a number of seats or an index out of its range reads as its bound or as nothing, never
+past the header, and a counter that would overflow wraps around.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from .._exceptions import ERROR_KINDS
+from .._exceptions import ERROR_KINDS, ForeignRegionError
 from ._specs import REGION_HEADER_BYTES
 
 __all__ = [
     "BUCKET_BOUNDS_S",
     "HISTOGRAMS",
     "histogram_quantile_s",
+    "LAYOUT_VERSION",
     "LIMITS",
+    "MAGIC",
     "MAX_SEATS",
     "MAX_SLOTS",
     "RegionHeader",
     "SlotCounters",
+    "foreign_region_error",
+    "header_version",
+    "stamp_version",
 ]
 
 # Settings and node-wide words.
 _MAX_WAITING, _RETIRED, _MEMORY = 0, 1, 3
 _SIZE, _MIN_SIZE, _LIMITED, _GROWS, _SHRINKS = 4, 5, 6, 7, 8
+_MAGIC, _VERSION = 9, 10
+#: The header's magic word: ``b"rtshmHDR"`` as a native ``int64`` (word 9).
+MAGIC = int.from_bytes(b"rtshmHDR", sys.byteorder, signed=True)
+#: The header's layout version (word 10): another is another library's layout, refused.
+#: Version 1 (no stamp) was the layout before the stamp; 2 is this one.
+LAYOUT_VERSION = 2
 #: Why a pool's growth stopped short of its callers, as the header word ``_LIMITED`` stores it.
 LIMITS = ("", "max_slots", "shm_budget", "shm_full", "upscale_delay_s")
 #: The kinds of memory a region's slots live in, as the header word ``_MEMORY`` stores them
@@ -123,13 +143,18 @@ class RegionHeader:
     """Typed access to a region's header.
 
     Args:
-        buffer: The region's mapping.
+        buffer: The region's mapping (at least ``REGION_HEADER_BYTES`` long).
         slot_count: Slots the region has room for (at most :data:`MAX_SLOTS`).
+        region: The region's name, for errors.
+
+    The owner makes a region's header with :meth:`new` (stamped as this layout's), any other
+    process with :meth:`open` (refused unless so stamped).
     """
 
-    __slots__ = ("_slot_count", "_slots", "_word", "_words")
+    __slots__ = ("_region", "_slot_count", "_slots", "_word", "_words")
 
-    def __init__(self, buffer: Any, slot_count: int) -> None:
+    def __init__(self, buffer: Any, slot_count: int, *, region: str = "") -> None:
+        self._region = region
         self._slot_count = slot_count
         # Single words through a memoryview (a request touches a few: numpy's per-call cost
         # would dominate); sums over slots through numpy.
@@ -137,6 +162,54 @@ class RegionHeader:
         self._words = np.frombuffer(buffer, np.int64, REGION_HEADER_BYTES // 8, 0)
         end = _FIRST_SLOT_WORD + slot_count * _WORDS_PER_SLOT
         self._slots = self._words[_FIRST_SLOT_WORD:end].reshape(slot_count, _WORDS_PER_SLOT)
+
+    @classmethod
+    def new(cls, buffer: Any, slot_count: int, *, region: str = "") -> RegionHeader:
+        """The header of a region just made, stamped as this layout's (by its owner, before
+        anyone else maps it)."""
+        header = cls(buffer, slot_count, region=region)
+        header._word[_MAGIC] = MAGIC
+        header._word[_VERSION] = LAYOUT_VERSION
+        return header
+
+    @classmethod
+    def open(
+        cls, buffer: Any, slot_count: int, *, region: str, model: str | None = None
+    ) -> RegionHeader:
+        """The header of a region another process made.
+
+        Raises:
+            ForeignRegionError: the region is not of this layout (another version of the
+                library made it, or something else wrote over its header), or too small to
+                hold a header.
+        """
+        if len(memoryview(buffer).cast("B")) < REGION_HEADER_BYTES:
+            raise foreign_region_error(region, None, model=model, why="it is too small")
+        header = cls(buffer, slot_count, region=region)
+        header.check(model=model)
+        return header
+
+    @property
+    def intact(self) -> bool:
+        """Whether the header still bears this layout's stamp (cheap: two words)."""
+        word = self._word
+        return word[_MAGIC] == MAGIC and word[_VERSION] == LAYOUT_VERSION
+
+    @property
+    def stopped(self) -> bool:
+        """Whether a slot taken here must go back unused: the region is :attr:`retired`, or
+        not :attr:`intact` (one read of three words: every call asks)."""
+        word = self._word
+        return word[_RETIRED] != 0 or word[_MAGIC] != MAGIC or word[_VERSION] != LAYOUT_VERSION
+
+    def check(self, *, model: str | None = None) -> None:
+        """Refuses a header that does not bear this layout's stamp.
+
+        Raises:
+            ForeignRegionError: naming the region, the version found and this one's.
+        """
+        if not self.intact:
+            raise foreign_region_error(self._region, stamp_version(self._word), model=model)
 
     # ---------------------------------------------------------------- owner's settings
 
@@ -153,7 +226,12 @@ class RegionHeader:
     def memory(self) -> str:
         """Where the slots' bytes live: ``"system"`` (after the header), ``"cuda"``, or
         ``"inline"`` (by value: in the requests)."""
-        return _MEMORY_KINDS[self._word[_MEMORY]]
+        kind = self._word[_MEMORY]
+        if 0 <= kind < len(_MEMORY_KINDS):
+            return _MEMORY_KINDS[kind]
+        raise foreign_region_error(
+            self._region, stamp_version(self._word), why=f"its memory word is {kind}"
+        )
 
     # ---------------------------------------------------------------- the pool's size
 
@@ -164,8 +242,10 @@ class RegionHeader:
 
     @property
     def size(self) -> int:
-        """Slots in use now: ``0 .. size-1`` (callers take no other)."""
-        return self._word[_SIZE] or self._slot_count
+        """Slots in use now: ``0 .. size-1`` (callers take no other; a word out of
+        ``1 .. slot_count`` reads as :attr:`slot_count`)."""
+        size = self._word[_SIZE]
+        return size if 0 < size <= self._slot_count else self._slot_count
 
     def set_size(self, size: int) -> None:
         """Sets the pool's size (by the owner: after backing the slots it adds, before freeing
@@ -173,9 +253,9 @@ class RegionHeader:
         old = self._word[_SIZE]
         self._word[_SIZE] = size
         if old and size > old:
-            self._word[_GROWS] += 1
+            _add(self._word, _GROWS, 1)
         elif old and size < old:
-            self._word[_SHRINKS] += 1
+            _add(self._word, _SHRINKS, 1)
 
     def set_bounds(self, min_size: int) -> None:
         """Records the pool's smallest size (its largest is :attr:`slot_count`)."""
@@ -184,7 +264,8 @@ class RegionHeader:
     @property
     def min_size(self) -> int:
         """The pool's smallest size (its size, for a fixed pool)."""
-        return self._word[_MIN_SIZE] or self.size
+        min_size, size = self._word[_MIN_SIZE], self.size
+        return min_size if 0 < min_size <= size else size
 
     @property
     def limited_by(self) -> str:
@@ -205,8 +286,9 @@ class RegionHeader:
 
     @property
     def max_waiting(self) -> int:
-        """Callers that may wait for a slot at once (the number of seats)."""
-        return self._word[_MAX_WAITING]
+        """Callers that may wait for a slot at once (the number of seats, at most
+        :data:`MAX_SEATS`)."""
+        return min(max(self._word[_MAX_WAITING], 0), MAX_SEATS)
 
     def retire(self) -> None:
         """Marks the region as replaced by a newer layout of its model (by its owner)."""
@@ -215,7 +297,8 @@ class RegionHeader:
     @property
     def retired(self) -> bool:
         """Whether the model's pool moved to another region: a caller that takes a slot here
-        gives it back unused and goes to the model's current region."""
+        gives it back unused and goes to the model's current region (believed only of a header
+        that is :attr:`intact`)."""
         return self._word[_RETIRED] != 0
 
     # ---------------------------------------------------------------- seats
@@ -260,16 +343,16 @@ class RegionHeader:
         word, base = self._word, _slot_word(slot, 0)
         word[base + _ABANDONED_SINCE] = since_ns
         word[base + _BUSY_SINCE] = 0
-        word[base + _ABANDONS] += 1
+        _add(word, base + _ABANDONS, 1)
 
     def settle(self, slot: int, now_ns: int) -> None:
         """Puts an abandoned slot back in use: Triton is done with its request (counted)."""
         word, base = self._word, _slot_word(slot, 0)
         since = word[base + _ABANDONED_SINCE]
         if since:
-            waited = max(now_ns - since, 0)
-            word[base + _SETTLE_NS] += waited
-            word[base + _SETTLE_BUCKETS + _bucket(waited)] += 1
+            waited = min(max(now_ns - since, 0), _INT64_MAX)
+            _add(word, base + _SETTLE_NS, waited)
+            _add(word, base + _SETTLE_BUCKETS + _bucket(waited), 1)
             word[base + _ABANDONED_SINCE] = 0
 
     def busy_slots(self) -> list[int]:
@@ -297,32 +380,45 @@ class RegionHeader:
     ) -> None:
         """Counts one answered request on ``slot`` (only its current holder calls this)."""
         word, base = self._word, _slot_word(slot, 0)
-        word[base + _REQUESTS] += 1
-        word[base + _SAMPLES] += samples
-        word[base + _BYTES_IN] += bytes_in
-        word[base + _BYTES_OUT] += bytes_out
-        word[base + _LATENCY_NS] += latency_ns
-        word[base + _LATENCY_BUCKETS + _bucket(latency_ns)] += 1
+        try:  # the common case, at a memoryview's cost: no word is near overflow
+            word[base + _REQUESTS] += 1
+            word[base + _SAMPLES] += samples
+            word[base + _BYTES_IN] += bytes_in
+            word[base + _BYTES_OUT] += bytes_out
+            word[base + _LATENCY_NS] += latency_ns
+            word[base + _LATENCY_BUCKETS + _bucket(latency_ns)] += 1
+        except ValueError:  # a word past int64: not ours (a stray writer)
+            self._restart_slot(slot)
 
     def count_error(self, slot: int) -> None:
         """Counts one failed request on ``slot``."""
-        self._word[_slot_word(slot, _ERRORS)] += 1
+        _add(self._word, _slot_word(slot, _ERRORS), 1)
 
     def count_wait(self, slot: int, wait_ns: int) -> None:
         """Counts a caller that queued for ``slot`` (by the caller that just took it)."""
         word, base = self._word, _slot_word(slot, 0)
-        word[base + _WAITS] += 1
-        word[base + _WAIT_NS] += wait_ns
+        _add(word, base + _WAITS, 1)
+        _add(word, base + _WAIT_NS, wait_ns)
 
     def count_take(self, slot: int, wait_ns: int) -> None:
         """Counts how long a request waited for ``slot`` (zero: it was free), in the wait
         histogram (by the request's holder of the slot)."""
-        self._word[_slot_word(slot, _WAIT_BUCKETS + _bucket(wait_ns))] += 1
+        index = _slot_word(slot, _WAIT_BUCKETS + _bucket(wait_ns))
+        try:
+            self._word[index] += 1
+        except ValueError:  # past int64: not ours
+            self._word[index] = 1
 
     def count_failure(self, kind: str) -> None:
         """Counts a failed call of ``kind`` (one of :data:`.._exceptions.ERROR_KINDS`; the
         caller holds the region's mutex: any process may count)."""
-        self._word[_FAILURES + ERROR_KINDS.index(kind)] += 1
+        _add(self._word, _FAILURES + ERROR_KINDS.index(kind), 1)
+
+    def _restart_slot(self, slot: int) -> None:
+        """Zeroes the counters of ``slot`` that are past half of int64 (no request adds that
+        much: they are another writer's), so that counting goes on."""
+        counters = self._slots[slot]
+        counters[np.abs(counters) > _INT64_MAX // 2] = 0
 
     def failures(self) -> dict[str, int]:
         """Failed calls by kind."""
@@ -360,6 +456,57 @@ class RegionHeader:
 
 #: Each histogram bucket's upper bound in seconds; the last bucket has none (``inf``).
 BUCKET_BOUNDS_S = (*(_BUCKET0_NS * 2 ** (b / 2) / 1e9 for b in range(_BUCKETS - 1)), math.inf)
+
+
+_INT64_MAX = 2**63 - 1
+
+
+def _add(word: memoryview, index: int, value: int) -> None:
+    """Adds ``value`` to a word, wrapping around past int64 (as numpy's sums of them do)."""
+    total = word[index] + value
+    word[index] = (total + 2**63) % 2**64 - 2**63
+
+
+def stamp_version(words: Any) -> int | None:
+    """The layout version a header's words say (``None``: no magic word: not a stamped
+    header of this library's)."""
+    return int(words[_VERSION]) if words[_MAGIC] == MAGIC else None
+
+
+def header_version(data: bytes) -> int | None:
+    """The layout version of the header at the start of ``data`` (a region's first bytes, as
+    read by a tool), ``None`` if it bears no stamp of this library's, or is too short."""
+    if len(data) < (_VERSION + 1) * 8:
+        return None
+    return stamp_version(memoryview(data)[: (_VERSION + 1) * 8].cast("q"))
+
+
+def foreign_region_error(
+    region: str, version: int | None, *, model: str | None = None, why: str = ""
+) -> ForeignRegionError:
+    """The error refusing a region whose header is not of this layout (found: ``version``)."""
+    if why:
+        found = f"its header is not one of this library's ({why})"
+    elif version is None:
+        found = (
+            "its header has no ray-triton-shm stamp: a ray-triton-shm before layout version 2 "
+            "made it, or something other than ray-triton-shm wrote over it"
+        )
+    else:
+        found = (
+            f"its header is of layout version {version}, and this ray-triton-shm reads version "
+            f"{LAYOUT_VERSION}: another version of ray-triton-shm made it"
+        )
+    return ForeignRegionError(
+        f"region {region!r}" + (f" of model {model!r}" if model else "") + f" is refused: "
+        f"{found}. Run one ray-triton-shm version in every process of the node (the node "
+        "actor and its callers), and register the model again for a region of this version's; "
+        "`ray-triton-shm status` marks the foreign regions",
+        model=model,
+        region=region,
+        version=version,
+        expected_version=LAYOUT_VERSION,
+    )
 
 
 def _bucket(duration_ns: int) -> int:

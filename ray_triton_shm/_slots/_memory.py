@@ -590,7 +590,9 @@ def new_memory(
     model: str,
 ) -> SlotMemory:
     """The memory of a new region's slots, of ``kind`` (GPU memory, on ``gpu`` by its UUID,
-    is allocated here), said in the region's header for the processes that attach it."""
+    is allocated here), said in the region's header for the processes that attach it (stamped
+    as this layout's first)."""
+    RegionHeader.new(region.buffer, slot_count, region=region.name)
     if kind == SYSTEM:
         return SlotMemory(region, layout, slot_count)
     if kind == BY_VALUE:

@@ -590,7 +590,12 @@ class SharedSlots:
         _unlock(fd, _SEAT0 + seat)
 
     def _pick(self) -> int:
-        """The slot with the fewest callers queued, among those not abandoned."""
+        """The slot with the fewest callers queued, among those not abandoned.
+
+        Raises:
+            RegionReplacedError: every slot waits for Triton, and the region's owner is gone.
+            ForeignRegionError: every slot looks abandoned, and the header is not ours.
+        """
         while True:
             queued = self._header.queued()
             best: int | None = None
@@ -603,7 +608,9 @@ class SharedSlots:
                     best = slot
             if best is not None:
                 return best
-            # Every slot waits for Triton, until the owner settles them: unless it is gone.
+            # Every slot waits for Triton, until the owner settles them: unless it is gone, or
+            # these words are not the owner's (written over: nobody would ever settle them).
+            self._header.check(model=self.name)
             if owner_state(self._region_name) == DEAD:
                 raise RegionReplacedError(
                     f"the owner of the region of {self.name!r} is gone (the Ray node actor "

@@ -283,7 +283,7 @@ def resolve_model_spec(
         config = load_config()
     decoupled = _is_decoupled(config, load_config)
     if max_batch_size is None:
-        max_batch_size = int(config.get("max_batch_size", 0))
+        max_batch_size = _config_int(model_name, config.get("max_batch_size", 0))
     if max_batch_size < 0:
         raise ModelSpecError(
             f"model {model_name!r}: max_batch_size must be >= 0, got {max_batch_size}",
@@ -332,6 +332,21 @@ def resolve_model_spec(
     )
 
 
+def _config_int(model: str, value: Any) -> int:
+    """``max_batch_size`` as Triton's JSON has it (an int, or a string of one over gRPC).
+
+    Raises:
+        ModelSpecError: it is not an integer.
+    """
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ModelSpecError(
+            f"model {model!r}: its config's max_batch_size is not an integer: {value!r}",
+            model=model,
+        ) from None
+
+
 def _is_decoupled(config: Mapping[str, Any], load_config: Callable[[], Mapping[str, Any]]) -> bool:
     """Whether the model streams (``model_transaction_policy { decoupled: true }``), from
     ``config``, or read for it where every spec was given (and the config is not readable:
@@ -356,13 +371,56 @@ def _resolve_tensors(
     if given is not None:
         raw = [_split_spec(model, item) for item in given]
     else:
-        raw = [
-            (t["name"], [int(d) for d in t.get("dims", [])], t["data_type"]) for t in config_tensors
-        ]
+        raw = [_config_tensor(model, t) for t in config_tensors]
+        inferred = {
+            name: fixed
+            for (name, _, _), t in zip(raw, config_tensors)
+            if name not in max_shapes and (fixed := reshaped_dims(t)) is not None
+        }
+        max_shapes = {**inferred, **max_shapes}
     return [
         _tensor_spec(model, name, shape, dtype, max_shapes, max_element_bytes, bounded=bounded)
         for name, shape, dtype in raw
     ]
+
+
+def _config_tensor(model: str, tensor: Any) -> tuple[str, Sequence[int], DTypeLike]:
+    """A tensor of Triton's JSON config as ``(name, dims, data_type)``.
+
+    Raises:
+        ModelSpecError: a tensor without a name, dims that are not ints, or no data type.
+    """
+    try:
+        name, dtype = tensor["name"], tensor["data_type"]
+        dims = [int(d) for d in tensor.get("dims", [])]
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ModelSpecError(
+            f"model {model!r}: a tensor of its config cannot be read ({exc!r}): {tensor!r}",
+            model=model,
+        ) from None
+    if not isinstance(name, str) or not name:
+        raise ModelSpecError(f"model {model!r}: a tensor of its config has no name", model=model)
+    return name, dims, dtype
+
+
+def reshaped_dims(tensor: Mapping[str, Any]) -> tuple[int, ...] | None:
+    """The dims a config tensor's one ``-1`` must take, when its ``reshape`` (the model's own
+    shape per sample) holds a fixed number of values: skl2onnx's ``label``, written
+    ``dims: [ -1 ] reshape: { shape: [ ] }``, holds one value per sample, so ``(1,)``.
+    ``None`` when nothing is to infer (no ``-1``, several, no reshape, or one that varies)."""
+    try:
+        dims = [int(d) for d in tensor.get("dims", [])]
+        reshape = tensor.get("reshape")
+        if dims.count(-1) != 1 or not isinstance(reshape, Mapping):
+            return None
+        model_dims = [int(d) for d in reshape.get("shape", [])]
+    except (TypeError, ValueError, AttributeError):
+        return None
+    fixed = math.prod(d for d in dims if d != -1)
+    count = math.prod(model_dims)
+    if any(d < 0 for d in model_dims) or fixed <= 0 or count % fixed:
+        return None
+    return tuple(count // fixed if d == -1 else d for d in dims)
 
 
 def _split_spec(model: str, item: SpecLike) -> tuple[str, Sequence[int], DTypeLike]:

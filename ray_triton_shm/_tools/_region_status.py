@@ -4,25 +4,23 @@ owner, whether it is alive and how its pool reaches Triton (the ``status`` comma
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from tritonclient.utils import InferenceServerException
 
 from .._defaults import DEFAULT_URL
+from .._exceptions import ForeignRegionError
 from .._inference._transport import INLINE, SHM
-from .._pools._reclaim import headers_for_tool, registrations
-from .._slots._header import RegionHeader
+from .._pools._reclaim import headers_for_tool, region_header, registrations
+from .._slots._header import LAYOUT_VERSION, RegionHeader, header_version
 from .._slots._memory import BY_VALUE
 from .._slots._shm import (
-    SHM_DIR,
     list_local_regions,
     owner_state,
     region_of,
     region_owner,
 )
-from .._slots._specs import REGION_HEADER_BYTES
 from .._wire._keys import Keys
 from .._wire._plain_client import tritonclient_for
 from .._wire._triton_errors import translate_error
@@ -45,7 +43,12 @@ class RegionStatus:
         registered: Whether Triton has it registered (``None`` when no server was asked).
         transport: How its pool reaches Triton, as its header says: ``"shm"`` (Triton maps
             it), ``"inline"`` (by value: a region of the header alone, never registered), or
-            ``None`` (not in this machine's ``/dev/shm``, or not a pool's).
+            ``None`` (not in this machine's ``/dev/shm``, not a pool's, or foreign).
+        layout_version: The layout version its header says (``None``: not in this machine's
+            ``/dev/shm``, not a pool's, or no stamp of this library's).
+        foreign: Whether it is a pool's region whose header is not of this version's layout
+            (another version of the library made it, or something wrote over it): this
+            version's processes refuse it (:class:`~ray_triton_shm.ForeignRegionError`).
     """
 
     name: str
@@ -55,6 +58,8 @@ class RegionStatus:
     in_dev_shm: bool
     registered: bool | None
     transport: str | None = None
+    layout_version: int | None = None
+    foreign: bool = False
 
 
 @dataclass(frozen=True)
@@ -101,6 +106,8 @@ def region_status(
     for name in names:
         owner = region_owner(name)
         region = local.get(name)
+        header = region_header(name) if region else None
+        version = None if header is None else header_version(header)
         regions.append(
             RegionStatus(
                 name=name,
@@ -109,28 +116,20 @@ def region_status(
                 owner=region.owner_state if region else owner_state(name),
                 in_dev_shm=region is not None,
                 registered=None if registered is None else name in registered,
-                transport=_transport(name) if region else None,
+                transport=_transport(header) if version == LAYOUT_VERSION else None,
+                layout_version=version,
+                foreign=header is not None and version != LAYOUT_VERSION,
             )
         )
     return StatusReport(url=url, server_error=server_error, regions=regions)
 
 
-def _transport(name: str) -> str | None:
-    """How the pool of the region ``name`` reaches Triton, from its header's memory kind."""
-    try:
-        fd = os.open(SHM_DIR / name, os.O_RDONLY)
-    except OSError:  # gone meanwhile, or another user's
+def _transport(header: bytes | None) -> str | None:
+    """How the pool of a region reaches Triton, from its (stamped) header's memory kind."""
+    if header is None:
         return None
-    try:
-        header = os.pread(fd, REGION_HEADER_BYTES, 0)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    if len(header) < REGION_HEADER_BYTES:
-        return None  # not a pool's (a probe's, the doctor's)
     try:
         memory = RegionHeader(header, 0).memory
-    except IndexError:  # not a memory kind: not a pool's header
+    except ForeignRegionError:  # not a memory kind: not a pool's header
         return None
     return INLINE if memory == BY_VALUE else SHM

@@ -158,6 +158,8 @@ def _reshapes(config: Any, signature: dict[str, Any], where: str) -> dict[str, d
     differs from the graph's (a config's ``reshape``, else the graph's own), per sample:
     inputs to the graph's shape, outputs to the config's. The ``reshape`` fields are removed
     from ``config``: the Python backend does not apply them, the adapter does."""
+    from .._slots._specs import reshaped_dims  # here: the bench's reports load no tritonclient
+
     shapes: dict[str, dict[str, Any]] = {"inputs": {}, "outputs": {}}
     for field, key in (("input", "inputs"), ("output", "outputs")):
         graph = {t["name"]: t for t in signature[key]}
@@ -166,6 +168,12 @@ def _reshapes(config: Any, signature: dict[str, Any], where: str) -> dict[str, d
             if entry.HasField("reshape"):
                 model_dims = list(entry.reshape.shape)
                 entry.ClearField("reshape")
+                # Triton's dims have one -1 the reshape fixes (skl2onnx's label, [-1] of a
+                # reshape to []): served fixed, as its count is (see reshaped_dims).
+                fixed = reshaped_dims({"dims": triton_dims, "reshape": {"shape": model_dims}})
+                if fixed is not None:
+                    triton_dims = list(fixed)
+                    entry.dims[:] = triton_dims
             else:
                 model_dims = _graph_dims(graph[entry.name], config.max_batch_size)
                 if len(model_dims) == len(triton_dims):

@@ -41,7 +41,7 @@ def pool() -> Iterator[ModelPool]:
     """Two slots of two samples each, over a real region (no server needed)."""
     size = SlotLayout.for_model(SPEC).region_bytes(2)
     region = SharedMemoryRegion.create(new_region_name("m"), size)
-    header = RegionHeader(region.buffer, 2)
+    header = RegionHeader.new(region.buffer, 2)
     try:
         memory = SlotMemory(region, SlotLayout.for_model(SPEC), 2)
         yield ModelPool.over(SPEC, memory, SlotPool(2, name="m"), header)
