@@ -17,7 +17,13 @@ from rich.console import Console
 
 from ray_triton_shm._bench._cases import ModelCase
 from ray_triton_shm._bench._config import DEFAULT_PATHS, ELASTIC, RAY_PATHS, BenchConfig
-from ray_triton_shm._bench._load import OpenLoop, SliceSummary, arrival_times, run_open_loop
+from ray_triton_shm._bench._load import (
+    OpenLoop,
+    SliceSummary,
+    StreamSlice,
+    arrival_times,
+    run_open_loop,
+)
 from ray_triton_shm._bench._results import (
     ELASTIC_POOL,
     POOL_SIZE_FOR_RATE,
@@ -419,3 +425,79 @@ def test_by_value_each_library_path_s_goal_is_its_grpc_twin_and_the_summary_says
         summary_text
     )
     assert "\nby value" not in full and " by value " not in full  # no line, no run
+
+
+_STREAM_CASE = ModelCase(
+    "captioner",
+    "captioner",
+    1,
+    False,
+    (TensorSpec("IMAGE", (3, 224, 224), np.dtype(np.float32)),),
+    (TensorSpec("TOKEN", (1,), np.dtype(np.int32)),),
+    streaming=True,
+)
+
+
+def _streams(path: str, level: int, rates: tuple[float, ...], first_s: float) -> RunResult:
+    """A streaming run: a second per round, at each of ``rates`` streams per second, each
+    stream 8 responses, its first after ``first_s`` and its end after 4 ms."""
+    run = RunResult(path, level, level if path != "stream-grpc" else None, _STREAM_CASE)
+    run.verified, run.extra = True, {"transport": "shm"} if path != "stream-grpc" else {}
+    for rate in rates:
+        each = int(rate / level)
+        first = [np.full(each, first_s) for _ in range(level)]
+        last = [np.full(each, 0.004) for _ in range(level)]
+        run.add_streams(StreamSlice(first, last, 8 * each * level, 1.0), 0.5, None)
+    return run
+
+
+def test_a_streaming_model_s_numbers_verdicts_and_goals_read_in_responses(tmp_path: Path) -> None:
+    """A streaming model's table says responses per second, the times to the first response
+    and to the end, and CPU per response; its verdicts are against tritonclient's streaming
+    client, by streams; its goals are in responses/s and time to first response."""
+    runs = [
+        _streams("stream-grpc", 4, (100, 100), 0.002),
+        _streams("stream-client", 4, (160, 168), 0.001),
+        _streams("stream-async", 4, (88, 112), 0.003),
+    ]
+    pa = RunResult("pa-stream-shm", 4, None, _STREAM_CASE, verified=True, unchecked="none read")
+    pa.add_summary(SliceSummary(200, 1.0, {"p50": 3.0, "p90": 4.0, "p99": 5.0}, responses=1600))
+    model = ModelResult("captioner", _STREAM_CASE, [*runs, pa], transport="shm")
+    results = BenchResults(BenchConfig(models=("captioner",)), [model], "embedded", 3.0)
+    numbers = runs[1].numbers()
+    assert numbers["responses_per_s"] == pytest.approx(8 * 164)
+    assert numbers["responses_per_stream"] == 8
+    assert numbers["first_response_ms"]["p50"] == pytest.approx(1.0)
+    assert numbers["last_response_ms"]["p99"] == pytest.approx(4.0)
+    assert numbers["cpu_us_per_response"] == pytest.approx(1.0 / (8 * 328) * 1e6)
+    assert pa.numbers()["responses_per_s"] == 1600 and pa.numbers()["first_response_ms"] is None
+    printed, said = _printed(results)
+    assert "captioner: model captioner (streaming), 0.602 MB in" in printed
+    assert re.search(r"stream-client \(4 streams\) +164 +1,312 +8\.00 +1\.00", printed), printed
+    assert re.search(r"pa-stream-shm \(4 streams\) +200 +1,600 +8\.00 +- +- +3\.00", printed)
+    assert "captioner: a streaming model: each stream holds one slot" in printed
+    assert (
+        "captioner, core client vs tritonclient's streaming client: faster at 4 streams, "
+        "1.64x (1.60-1.68x), 0.82x perf_analyzer (pa-stream-shm)"
+    ) in said
+    assert "captioner, core client, async vs tritonclient's streaming client: no measurable" in said
+    assert "On a streaming model (decoupled" in said
+    measured = {g.description: (g.met(v), v) for g, v in results.goals()}
+    assert measured["stream-client (4 streams) responses/s >= 1.5x stream-grpc (4 streams)"] == (
+        True,
+        pytest.approx(1.64),
+    )
+    ttfr = "stream-async (4 streams) time to first response p50 <= 1x stream-grpc (4 streams)"
+    assert measured[ttfr] == (False, pytest.approx(1.5))
+    data = json.loads(write_json(results, tmp_path / "bench.json").read_text())
+    run = next(r for r in data["runs"] if r["path"] == "stream-client")
+    assert run["first_response_p50_ms"] == pytest.approx(1.0) and run["responses_per_s"] > 0
+    assert [v["choice"] for v in data["verdicts"]["captioner"]] == [
+        "core client",
+        "core client, async",
+    ]
+    page = write_report(results, tmp_path / "report.html").read_text()
+    assert "tritonclient&#x27;s streaming client" in page and "first p50 ms" in page
+    assert write_figures(results, tmp_path / "bench.png")[1] == curves_path(
+        tmp_path / "bench.png", "captioner"
+    )

@@ -102,7 +102,7 @@ PEM = b"-----BEGIN CERTIFICATE-----\nMIIBszCCAVmgAwIBAgIUQ0xZ\n-----END CERTIFIC
     ),
     which=st.sampled_from(["ca", "pair"]),
 )
-@examples(600, soak=2400)
+@examples(200, soak=2400)
 def test_tls_files_give_a_context_or_a_named_error(content: bytes, which: str) -> None:
     """Garbage, empty or truncated PEM: the files are read, and the context made from them
     fails with what the handshake's diagnosis names (``ssl.SSLError``, ``OSError``,

@@ -60,7 +60,7 @@ SKL2ONNX = {
 @given(config=config, max_shapes=st.none() | st.dictionaries(st.text(max_size=3), dims))
 @example(config=SKL2ONNX, max_shapes=None)
 @example(config={"max_batch_size": "eight"}, max_shapes=None)  # was a bare ValueError
-@examples(2500)
+@examples(1200, soak=30_000)
 def test_triton_json_gives_a_spec_or_a_named_error(
     config: dict[str, Any], max_shapes: dict[str, list[int]] | None
 ) -> None:

@@ -90,7 +90,7 @@ def _write_everything(header: RegionHeader, slot_count: int) -> None:
 @example(slot_count=4, scribbles=[(24, (99).to_bytes(8, "little"))])  # a memory word past kinds
 @example(slot_count=2, scribbles=[(32, (2**63 - 1).to_bytes(8, "little"))])  # a size past int64
 @example(slot_count=2, scribbles=[(8 * 1056, b"\xff" * 7 + b"\x7f")])  # a counter at int64's max
-@examples(3000)
+@examples(1500, soak=36_000)
 def test_random_words_read_in_range_or_refused_by_name(
     slot_count: int, scribbles: list[tuple[int, bytes]]
 ) -> None:
