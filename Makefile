@@ -20,8 +20,9 @@ $(VENV)/.installed: pyproject.toml ray_triton_shm/local/_install.py
 	$(VENV)/bin/ray-triton-shm setup-server --with onnxruntime
 	touch $@
 
-# Every example model on every path, then the open loop on the online-serving case (one image
-# a request); writes bench-results/report.html (open it), bench.json, and the figures.
+# Every example model on every path (the streaming captioner on its own: 1, 4 and 16 streams,
+# Ray tasks and Serve), then the open loop on the online-serving case (one image a request);
+# writes bench-results/report.html (open it), bench.json, and the figures.
 bench: $(VENV)/.installed
 	$(VENV)/bin/ray-triton-shm bench --ray --json bench-results/bench.json \
 		--plot bench-results/bench.png --report bench-results/report.html \

@@ -15,6 +15,7 @@ from pathlib import Path
 from ray_triton_shm._bench._config import (
     EXIT_GOALS_MISSED,
     RAY_PATHS,
+    RAY_STREAM_PATHS,
     add_arguments,
     config_from_args,
 )
@@ -36,7 +37,7 @@ def main(args: argparse.Namespace) -> int:
     if config.memory == CUDA:
         print(f"note: {CUDA_PREVIEW}", file=sys.stderr)
     ray_address = os.environ.get("RAY_ADDRESS")
-    if ray_address and any(p in RAY_PATHS for p in config.paths):
+    if ray_address and any(p in (*RAY_PATHS, *RAY_STREAM_PATHS) for p in config.paths):
         print(
             f"note: the Ray paths run on a private local Ray, not on RAY_ADDRESS={ray_address}: "
             "they restart the node actor between runs, which would disturb the cluster's own "

@@ -1,13 +1,14 @@
 """A model's workload, made from its configuration on the server: random inputs of each
 input's dtype and shape, and the outputs' shapes (and longest BYTES elements) as the server
-answers them, which size the slots of the shared-memory paths.
+answers them, which size the slots of the shared-memory paths; and the rule of the example
+streaming model, which every response of its streams must follow (:data:`STREAM_RULES`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -15,7 +16,7 @@ import numpy as np
 from ray_triton_shm._bench._config import ELASTIC, CaseSpec
 from ray_triton_shm._slots._specs import TensorSpec, to_numpy_dtype
 
-__all__ = ["DEFAULT_ELEMENT_BYTES", "ModelCase"]
+__all__ = ["DEFAULT_ELEMENT_BYTES", "STREAM_RULES", "ModelCase", "captioner_responses"]
 
 #: Bytes of each element of a BYTES input whose case gives none.
 DEFAULT_ELEMENT_BYTES = 128
@@ -27,7 +28,9 @@ class ModelCase:
     (its tensors have a batch dimension) or not. Its tensors' ``shape`` is the configuration's
     dims, ``max_shape`` the shape sent or answered per sample (the outputs': once
     :meth:`with_reference` was called), and BYTES tensors' ``max_element_bytes`` the length of
-    each input element, or the room of an output's."""
+    each input element, or the room of an output's. A ``streaming`` (decoupled) model answers
+    each request with any number of responses; ``values`` are the inputs sent with one value
+    in every element, by name (the rest are random)."""
 
     name: str
     model: str
@@ -35,6 +38,8 @@ class ModelCase:
     batched: bool
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
+    streaming: bool = False
+    values: tuple[tuple[str, int], ...] = ()
 
     @classmethod
     def from_config(cls, spec: CaseSpec, config: Mapping[str, Any]) -> ModelCase:
@@ -65,13 +70,20 @@ class ModelCase:
             size = spec.max_element_bytes.get(name, DEFAULT_ELEMENT_BYTES if sent else 0)
             return TensorSpec(name, dims, dtype, shape, size if dtype.kind == "O" else 0)
 
+        inputs = tuple(tensor(entry, True) for entry in config.get("input", ()))
+        unknown = sorted(set(spec.values) - {t.name for t in inputs})
+        if unknown:
+            raise ValueError(f"{where} has no input {', '.join(unknown)}")
+        policy = config.get("model_transaction_policy") or {}
         return cls(
             name=spec.name,
             model=spec.model,
             batch_size=batch,
             batched=max_batch_size > 0,
-            inputs=tuple(tensor(entry, True) for entry in config.get("input", ())),
+            inputs=inputs,
             outputs=tuple(tensor(entry, False) for entry in config.get("output", ())),
+            streaming=bool(policy.get("decoupled", False)),
+            values=tuple(sorted(spec.values.items())),
         )
 
     def with_reference(self, reference: Mapping[str, np.ndarray]) -> ModelCase:
@@ -123,12 +135,16 @@ class ModelCase:
         return total * self.batch_size
 
     def make_inputs(self, *, seed: int = 0) -> dict[str, np.ndarray]:
-        """One request's inputs: random, of each input's dtype (deterministic for a seed)."""
+        """One request's inputs: random, of each input's dtype (deterministic for a seed),
+        but for those of :attr:`values`."""
         rng = np.random.default_rng(seed)
         arrays: dict[str, np.ndarray] = {}
+        values = dict(self.values)
         for t in self.inputs:
             shape = self.request_shape(t)
-            if t.is_bytes:
+            if t.name in values:
+                arrays[t.name] = np.full(shape, values[t.name], t.dtype)
+            elif t.is_bytes:
                 letters = rng.integers(97, 123, (math.prod(shape), t.max_element_bytes), np.uint8)
                 arrays[t.name] = np.array([row.tobytes() for row in letters], object).reshape(shape)
             elif t.dtype.kind == "f":
@@ -138,3 +154,24 @@ class ModelCase:
             else:
                 arrays[t.name] = rng.integers(0, 100, shape).astype(t.dtype)
         return arrays
+
+
+def captioner_responses(inputs: Mapping[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+    """The responses the example ``captioner`` model must send for ``inputs`` (its rule, in
+    ``local/models/captioner``): ``COUNT`` of them, response ``k`` ``TOKEN = [k]`` and
+    ``FEATURE`` the image's 4 values from ``4k`` on (flattened, wrapping)."""
+    flat = np.asarray(inputs["IMAGE"]).reshape(-1)
+    count = int(np.asarray(inputs["COUNT"]).reshape(-1)[0])
+    responses = []
+    for k in range(max(count, 0)):
+        start = (4 * k) % (flat.size - 3)
+        feature = flat[start : start + 4].astype(np.float32)
+        responses.append({"TOKEN": np.array([k], np.int32), "FEATURE": feature})
+    return responses
+
+
+#: The rules of the streaming models the bench knows, by model: a request's inputs -> the
+#: responses it must get.
+STREAM_RULES: dict[str, Callable[[Mapping[str, np.ndarray]], list[dict[str, np.ndarray]]]] = {
+    "captioner": captioner_responses
+}

@@ -16,6 +16,8 @@ __all__ += ["ELASTIC", "GPU_CASES", "GPU_PATHS", "NODE_LOAD_FIXED", "NODE_LOAD_W
 __all__ += ["APP_CASES", "CHURN_CASE", "CHURN_KILL_EVERY_S", "DATA_CASE", "DATA_JOB_BATCHES"]
 __all__ += ["DATA_JOB_ROUNDS", "POOL_SAMPLE_S", "REPLICAS"]
 __all__ += ["BY_VALUE", "BY_VALUE_SHARE", "BY_VALUE_TWINS", "LIBRARY_PATHS", "SHM"]
+__all__ += ["RAY_STREAM_PATHS", "STREAM_CEILING_PATHS", "STREAM_LEVELS", "STREAM_PATHS"]
+__all__ += ["STREAM_RESPONSES", "STREAM_TWINS", "STREAM_VARIANTS"]
 __all__ += [
     "SERVE_HTTP_CLIENTS",
     "SERVE_HTTP_PATHS",
@@ -43,6 +45,11 @@ class CaseSpec:
         shapes: Per-sample shapes of inputs with ``-1`` dims, by name.
         max_element_bytes: Bytes of each element of BYTES tensors, by name: the length of the
             random strings sent, and at least the room of the outputs' elements.
+        values: Inputs sent with one value in every element, by name (a streaming model's
+            count of responses, say), instead of random ones.
+        streaming: Whether the model is known to be a streaming (decoupled) one before its
+            configuration is read (the progress counts its runs by it; the configuration
+            decides what runs).
     """
 
     name: str
@@ -50,12 +57,18 @@ class CaseSpec:
     batch: int | None = None
     shapes: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
     max_element_bytes: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    values: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    streaming: bool = False
 
     def __post_init__(self) -> None:
         if not self.model:
             object.__setattr__(self, "model", self.name)
 
 
+#: Responses per stream of the example streaming model (``captioner``'s ``COUNT``; the example
+#: Serve app's default); its ``DELAY_US`` is 0 (the model's own pace, no sleep). Its shared
+#: memory saves per stream (the image in), so its gain shrinks as streams grow longer.
+STREAM_RESPONSES = 8
 #: The example models' cases, the default ``--models``, in table order.
 EXAMPLE_CASES: dict[str, CaseSpec] = {
     case.name: case
@@ -67,6 +80,11 @@ EXAMPLE_CASES: dict[str, CaseSpec] = {
         CaseSpec("large_image"),
         CaseSpec("upper-short", "upper", max_element_bytes={"TEXT": 64}),
         CaseSpec("upper-long", "upper", max_element_bytes={"TEXT": 64 * 1024}),
+        CaseSpec(
+            "captioner",
+            values={"COUNT": STREAM_RESPONSES, "DELAY_US": 0},
+            streaming=True,
+        ),
     )
 }
 CASE_NAMES: tuple[str, ...] = tuple(EXAMPLE_CASES)
@@ -117,6 +135,33 @@ SWEEP_PATHS: tuple[str, ...] = (
 #: The paths of ``--request-rate`` (open-loop arrivals), in table order: gRPC, the core client
 #: at each ``--concurrency`` level as its pool size, and ``ShmModel`` with as many node slots.
 RATE_PATHS: tuple[str, ...] = ("grpc", "shm-client", "shm-model")
+#: A streaming (decoupled) model's paths without Ray, in table order: the core client's
+#: ``stream`` (threads) and ``stream_async`` (tasks on one event loop), tritonclient's own
+#: streaming client (``start_stream`` and ``async_stream_infer``, by value; a client, so a
+#: gRPC stream, per caller), and perf_analyzer's ``--streaming`` (its inputs in shared memory
+#: written once, and by value).
+STREAM_CEILING_PATHS: tuple[str, ...] = ("pa-stream-shm", "pa-stream")
+STREAM_PATHS: tuple[str, ...] = ("stream-client", "stream-async", "stream-grpc")
+STREAM_PATHS += STREAM_CEILING_PATHS
+#: Its Ray paths (``--ray``): ``ShmModel.stream`` and tritonclient's streaming client in the
+#: same caller processes, and the same Serve deployment streaming to a handle through
+#: ``ShmModel.stream_async`` and through ``tritonclient.grpc.aio``; with ``--ray-callers``.
+RAY_STREAM_PATHS: tuple[str, ...] = (
+    "stream-model", "stream-grpc-procs", "serve-stream", "serve-stream-grpc"
+)  # fmt: skip
+#: Each streaming path of the library against tritonclient's streaming client in the same
+#: set-up (the ratio of their responses per second is the verdict's).
+STREAM_TWINS: dict[str, str] = {
+    "stream-client": "stream-grpc",
+    "stream-async": "stream-grpc",
+    "stream-model": "stream-grpc-procs",
+    "serve-stream": "serve-stream-grpc",
+}
+#: Streams at once of the streaming paths without Ray (default ``--streams``).
+STREAM_LEVELS: tuple[int, ...] = (1, 4, 16)
+#: Inputs of its own per caller (images, for the example): each stream's responses are
+#: checked against its own request's, so that one crossing to another stream shows.
+STREAM_VARIANTS = 2
 #: The transports of the library's pools (``PoolStats.transport``): through shared memory
 #: Triton maps, or by value, in the requests (a Triton that cannot map the bench's /dev/shm).
 SHM, BY_VALUE = "shm", "inline"
@@ -124,6 +169,7 @@ SHM, BY_VALUE = "shm", "inline"
 LIBRARY_PATHS: tuple[str, ...] = (
     "shm-client", "shm-client-prep", "shm-lease", "shm-model", "serve-shm", "serve-inproc",
     "serve-http-shm", "data-shm", "shm-model-nokill", "shm-model-churn",
+    "stream-client", "stream-async", "stream-model", "serve-stream",
 )  # fmt: skip
 #: By value, each library path against its plain gRPC twin in the same set-up: the library
 #: must cost nothing where it cannot help, its MB/s this share of the twin's at least.
@@ -134,6 +180,7 @@ BY_VALUE_TWINS: dict[str, str] = {
     "serve-inproc": "serve-grpc",
     "serve-http-shm": "serve-http-grpc",
     "data-shm": "data-grpc",
+    **STREAM_TWINS,
 }
 BY_VALUE_SHARE = 0.95
 #: How ``--request-rate`` arrivals are spaced.
@@ -201,8 +248,12 @@ class BenchConfig:
 
     Attributes:
         models: Case names: example cases (:data:`EXAMPLE_CASES`) or models on the server.
+        streams: Streams at once of the streaming paths without Ray (:data:`STREAM_PATHS`),
+            on a streaming model; ``concurrency`` is the other models' levels.
         shapes: ``[MODEL:]TENSOR`` -> per-sample shape, over the cases' own.
         max_element_bytes: ``[MODEL:]TENSOR`` -> bytes of a BYTES element, over the cases' own.
+        values: ``[MODEL:]TENSOR`` -> the value of every element of an input, over the cases'
+            own (a streaming model's count of responses, say).
         url: gRPC endpoint of a running server; ``None`` starts the embedded one.
         node_load: Also run the node under load (:data:`NODE_LOAD`, :data:`NODE_LOAD_FIXED`)
             when ``shm-model`` runs.
@@ -226,10 +277,12 @@ class BenchConfig:
     """
 
     models: tuple[str, ...] = CASE_NAMES
-    paths: tuple[str, ...] = DEFAULT_PATHS
+    paths: tuple[str, ...] = (*DEFAULT_PATHS, *STREAM_PATHS)
     concurrency: tuple[int, ...] = (1, 4)
+    streams: tuple[int, ...] = STREAM_LEVELS
     shapes: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
     max_element_bytes: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    values: Mapping[str, int] = dataclasses.field(default_factory=dict)
     batch: int | None = None
     rounds: int = 4
     slice_s: float = 0.4
@@ -270,7 +323,7 @@ class BenchConfig:
 
     def case(self, name: str) -> CaseSpec:
         """The case ``name``: an example case or the model of that name, with this run's
-        ``batch``, ``shapes`` and ``max_element_bytes`` over its own."""
+        ``batch``, ``shapes``, ``max_element_bytes`` and ``values`` over its own."""
         base = EXAMPLE_CASES.get(name) or GPU_CASES.get(name) or CaseSpec(name)
 
         def mine(given: Mapping[str, _T]) -> dict[str, _T]:
@@ -288,6 +341,7 @@ class BenchConfig:
             batch=self.batch or base.batch,
             shapes={**base.shapes, **mine(self.shapes)},
             max_element_bytes={**base.max_element_bytes, **mine(self.max_element_bytes)},
+            values={**base.values, **mine(self.values)},
         )
 
 
@@ -296,8 +350,11 @@ def _names(values: Sequence[str] | None) -> list[str]:
     return [v for value in values or () for v in value.split(",") if v]
 
 
-def _assignments(values: Sequence[str] | None, flag: str, *, dims: bool) -> dict[str, Any]:
-    """``[MODEL:]TENSOR=D1,D2,...`` (``dims``) or ``[MODEL:]TENSOR=N`` options, as a dict."""
+def _assignments(
+    values: Sequence[str] | None, flag: str, *, dims: bool, least: int = 1
+) -> dict[str, Any]:
+    """``[MODEL:]TENSOR=D1,D2,...`` (``dims``) or ``[MODEL:]TENSOR=N`` options, as a dict,
+    each number at least ``least``."""
     out: dict[str, Any] = {}
     for value in values or ():
         key, _, text = value.partition("=")
@@ -305,9 +362,10 @@ def _assignments(values: Sequence[str] | None, flag: str, *, dims: bool) -> dict
             numbers = tuple(int(d) for d in text.split(","))
         except ValueError:
             numbers = ()
-        if not key or not numbers or min(numbers) < 1 or (len(numbers) > 1 and not dims):
+        if not key or not numbers or min(numbers) < least or (len(numbers) > 1 and not dims):
             form = "D1,D2,..." if dims else "N"
-            raise ValueError(f"{flag} takes [MODEL:]TENSOR={form}, positive, got {value!r}")
+            sign = "positive" if least == 1 else f"at least {least}"
+            raise ValueError(f"{flag} takes [MODEL:]TENSOR={form}, {sign}, got {value!r}")
         out[key] = numbers if dims else numbers[0]
     return out
 
@@ -408,6 +466,15 @@ BENCH_OPTIONS: OptionGroups = (
                     "(repeatable)",
                 ),
             ),
+            (
+                "--input-value",
+                dict(
+                    action="append",
+                    metavar="[MODEL:]TENSOR=N",
+                    help="every element of an input N, not random (repeatable); e.g. "
+                    f"captioner:COUNT=4, its responses per stream ({STREAM_RESPONSES})",
+                ),
+            ),
             ("--batch", dict(type=int, metavar="N", help="samples per request (max_batch_size)")),
             (
                 "--concurrency",
@@ -419,7 +486,21 @@ BENCH_OPTIONS: OptionGroups = (
                     "(default: 1 4)",
                 ),
             ),
-            ("--paths", dict(nargs="+", help=f"default: {', '.join(DEFAULT_PATHS)}")),
+            (
+                "--streams",
+                dict(
+                    type=int,
+                    nargs="+",
+                    metavar="N",
+                    help="streams at once, on a streaming model, for "
+                    f"{', '.join(STREAM_PATHS)} (default: "
+                    f"{' '.join(map(str, STREAM_LEVELS))})",
+                ),
+            ),
+            (
+                "--paths",
+                dict(nargs="+", help=f"default: {', '.join((*DEFAULT_PATHS, *STREAM_PATHS))}"),
+            ),
             (
                 "--memory",
                 dict(
@@ -432,7 +513,10 @@ BENCH_OPTIONS: OptionGroups = (
             ),
             (
                 "--ray",
-                dict(action="store_true", help=f"also, on a local Ray: {', '.join(RAY_PATHS)}"),
+                dict(
+                    action="store_true",
+                    help=f"also, on a local Ray: {', '.join((*RAY_PATHS, *RAY_STREAM_PATHS))}",
+                ),
             ),
             (
                 "--ray-callers",
@@ -557,10 +641,10 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         ValueError: With a user-facing message, for invalid values or combinations.
     """
     gpu = args.memory == "cuda"
-    known = (*DEFAULT_PATHS, *RAY_PATHS, *(p for p in GPU_PATHS if p not in DEFAULT_PATHS))
-    paths = _names(args.paths) or (
-        [*GPU_PATHS] if gpu else [*DEFAULT_PATHS, *(RAY_PATHS if args.ray else ())]
-    )
+    known = (*DEFAULT_PATHS, *STREAM_PATHS, *RAY_PATHS, *RAY_STREAM_PATHS)
+    known += tuple(p for p in GPU_PATHS if p not in DEFAULT_PATHS)
+    ray = (*RAY_PATHS, *RAY_STREAM_PATHS) if args.ray else ()
+    paths = _names(args.paths) or ([*GPU_PATHS] if gpu else [*DEFAULT_PATHS, *STREAM_PATHS, *ray])
     if gpu and args.ray:
         raise ValueError("--memory cuda runs the core client's paths: leave out --ray")
     unknown = [p for p in paths if p not in known]
@@ -577,8 +661,10 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         models=tuple(dict.fromkeys(_names(args.models) or (GPU_CASES if gpu else CASE_NAMES))),
         paths=tuple(dict.fromkeys(p for p in order if p in paths)),
         concurrency=tuple(sorted(set(args.concurrency or BenchConfig.concurrency))),
+        streams=tuple(sorted(set(args.streams or BenchConfig.streams))),
         shapes=_assignments(args.shape, "--shape", dims=True),
         max_element_bytes=_assignments(args.max_element_bytes, "--max-element-bytes", dims=False),
+        values=_assignments(args.input_value, "--input-value", dims=False, least=0),
         batch=args.batch,
         url=args.url,
         http_url=args.http_url,
@@ -617,6 +703,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         "warmup": config.warmup_requests,
         "ray-callers": config.ray_callers,
         "concurrency": min(config.concurrency),
+        "streams": min(config.streams),
         "batch": config.batch or 1,
         "max-threads": config.max_threads,
     }

@@ -4,10 +4,13 @@ measured. They time any call: the paths (:mod:`.paths`) give theirs."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import functools
+import itertools
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -15,6 +18,8 @@ import numpy as np
 
 __all__ = ["OpenLoop", "SliceSummary", "arrival_times", "run_closed_loop", "run_open_loop"]
 __all__ += ["merge_open_loops", "run_until"]
+__all__ += ["StreamSlice", "StreamTimes", "merge_stream_slices", "run_stream_loop"]
+__all__ += ["run_stream_loop_async", "run_streams_until", "run_streams_until_async"]
 
 
 def run_until(call: Callable[[], Any], deadline: float) -> np.ndarray:
@@ -131,3 +136,97 @@ class SliceSummary:
     requests: int
     wall_s: float
     latency_ms: Mapping[str, float]
+    #: Of a streaming model: the responses of those requests (``None``: not one).
+    responses: int | None = None
+
+
+#: One stream, timed (see :func:`run_streams_until`): the seconds from its request to its
+#: first response (to its end, if it had none) and to its end (Triton's final response), and
+#: its responses.
+StreamTimes = tuple[float, float, int]
+
+
+@dataclasses.dataclass
+class StreamSlice:
+    """One slice of streams, back to back by each caller: per caller, each stream's seconds to
+    its first response and to its end, in order; the responses of them all, and the seconds
+    the slice took."""
+
+    first_s: list[np.ndarray]
+    last_s: list[np.ndarray]
+    responses: int
+    wall_s: float
+
+
+def run_streams_until(stream: Callable[[int], StreamTimes], deadline: float) -> StreamSlice:
+    """Runs ``stream(0)``, ``stream(1)``... (each a stream, timed by itself) back to back until
+    ``deadline`` (``time.perf_counter()``; at least one): one caller's slice."""
+    start, first, last, responses = time.perf_counter(), [], [], 0
+    for index in itertools.count():
+        to_first, to_end, count = stream(index)
+        first.append(to_first)
+        last.append(to_end)
+        responses += count
+        if time.perf_counter() >= deadline:
+            break
+    wall_s = time.perf_counter() - start
+    return StreamSlice([np.array(first)], [np.array(last)], responses, wall_s)
+
+
+def merge_stream_slices(slices: list[StreamSlice]) -> StreamSlice:
+    """The slices of callers run side by side, as one (the longest one's seconds)."""
+    return StreamSlice(
+        [times for s in slices for times in s.first_s],
+        [times for s in slices for times in s.last_s],
+        sum(s.responses for s in slices),
+        max(s.wall_s for s in slices),
+    )
+
+
+def run_stream_loop(
+    stream: Callable[[int, int], StreamTimes], callers: int, duration_s: float
+) -> StreamSlice:
+    """``callers`` threads (none of its own for one), caller ``c`` running ``stream(c, i)``
+    for ``i = 0, 1...`` back to back for about ``duration_s`` (at least once each)."""
+    start = time.perf_counter()
+    if callers == 1:
+        return run_streams_until(functools.partial(stream, 0), start + duration_s)
+    with ThreadPoolExecutor(callers) as threads:
+        slices = list(
+            threads.map(
+                run_streams_until,
+                [functools.partial(stream, c) for c in range(callers)],
+                [start + duration_s] * callers,
+            )
+        )
+    return dataclasses.replace(merge_stream_slices(slices), wall_s=time.perf_counter() - start)
+
+
+async def run_streams_until_async(
+    stream: Callable[[int], Awaitable[StreamTimes]], deadline: float
+) -> StreamSlice:
+    """:func:`run_streams_until` of a coroutine function."""
+    start, first, last, responses = time.perf_counter(), [], [], 0
+    for index in itertools.count():
+        to_first, to_end, count = await stream(index)
+        first.append(to_first)
+        last.append(to_end)
+        responses += count
+        if time.perf_counter() >= deadline:
+            break
+    wall_s = time.perf_counter() - start
+    return StreamSlice([np.array(first)], [np.array(last)], responses, wall_s)
+
+
+async def run_stream_loop_async(
+    stream: Callable[[int, int], Awaitable[StreamTimes]], callers: int, duration_s: float
+) -> StreamSlice:
+    """:func:`run_stream_loop` of tasks on the running event loop, a task per caller."""
+    start = time.perf_counter()
+    slices = await asyncio.gather(
+        *(
+            run_streams_until_async(functools.partial(stream, c), start + duration_s)
+            for c in range(callers)
+        )
+    )
+    return dataclasses.replace(merge_stream_slices(slices), wall_s=time.perf_counter() - start)

@@ -23,9 +23,11 @@ from ray_triton_shm._bench._config import (
     NODE_LOAD_FIXED,
     SERVE_HTTP_CLIENTS,
     SERVE_HTTP_PATHS,
+    STREAM_CEILING_PATHS,
+    STREAM_TWINS,
     BenchConfig,
 )
-from ray_triton_shm._bench._load import OpenLoop, SliceSummary
+from ray_triton_shm._bench._load import OpenLoop, SliceSummary, StreamSlice
 from ray_triton_shm._bench._watch import Outage
 
 if TYPE_CHECKING:  # at run time, results are read without tritonclient (whose dtypes it needs)
@@ -52,14 +54,20 @@ def describe_slots(slots: int | None) -> str:
     return "elastic pool" if slots == ELASTIC else f"{slots} slot{'s' * (slots != 1)}"
 
 
+#: The paths of a streaming model: their callers are streams at once.
+_STREAMING = (*STREAM_TWINS, *STREAM_TWINS.values(), *STREAM_CEILING_PATHS)
+
+
 def describe_run(path: str, concurrency: int | None = None, slots: int | None = None) -> str:
     """E.g. ``"shm-model (16 callers, 4 slots)"``, ``"shm-model (16 callers, elastic pool)"``,
     ``"shm-client (4 callers)"`` (its slots said where they differ from the callers, and
-    always for ``shm-model``, whose default pool is elastic); ``path`` alone without a
+    always for ``shm-model``, whose default pool is elastic), ``"stream-client (4 streams)"``
+    (a streaming model's: its callers each run one stream at a time); ``path`` alone without a
     concurrency."""
     if concurrency is None:
         return path
-    callers = f"{concurrency} caller{'s' * (concurrency > 1)}"
+    who = "stream" if path in _STREAMING else "caller"
+    callers = f"{concurrency} {who}{'s' * (concurrency > 1)}"
     shown = slots is not None and (slots != concurrency or path == "shm-model")
     return f"{path} ({callers}{f', {describe_slots(slots)}' if shown else ''})"
 
@@ -125,6 +133,10 @@ class RunResult:
     disturbed: str | None = None
     #: The slices its path timed itself (perf_analyzer), in the order of the rounds.
     summaries: list[SliceSummary] = dataclasses.field(default_factory=list)
+    #: A streaming model's: per caller, each stream's seconds to its first response (its
+    #: :attr:`latencies_s` are to its end: Triton's final response), and every response.
+    first_s: list[list[float]] = dataclasses.field(default_factory=list)
+    responses: int = 0
 
     def add_open_loop(self, loop: OpenLoop, planned_s: float, cpu_s: float) -> None:
         """Adds one open-loop slice of ``planned_s`` seconds of arrivals."""
@@ -164,6 +176,15 @@ class RunResult:
         for mine, more in zip(self.latencies_s, latencies):
             mine.extend(more)
 
+    def add_streams(self, streams: StreamSlice, cpu_s: float, side_cpu_s: float | None) -> None:
+        """Adds one slice of streams: its times, and each caller's streams' times to their
+        first response and to their end."""
+        self.add(streams.wall_s, cpu_s, side_cpu_s, [list(times) for times in streams.last_s])
+        self.first_s = self.first_s or [[] for _ in streams.first_s]
+        for mine, more in zip(self.first_s, streams.first_s):
+            mine.extend(more)
+        self.responses += streams.responses
+
     def add_summary(self, summary: SliceSummary) -> None:
         """Adds one slice its path timed itself: its requests and their latency percentiles,
         no latency per request; its client CPU is not measured (a process of its own per
@@ -172,6 +193,7 @@ class RunResult:
         self.wall_s += summary.wall_s
         self.side_cpu_s = None
         self.summaries.append(summary)
+        self.responses += summary.responses or 0
 
     @property
     def ok(self) -> bool:
@@ -229,10 +251,32 @@ class RunResult:
                 if self.rate is not None
                 else {}
             ),
+            **(self._stream_numbers(requests, latency, timed) if self.case.streaming else {}),
             "requests": requests,
             "wall_s": self.wall_s,
             "cpu_s": None if timed else self.cpu_s,
             "mb_per_s_rounds": self.round_mb_per_s(),
+        }
+
+    def _stream_numbers(self, streams: int, to_end: dict[str, float], timed: int) -> dict[str, Any]:
+        """A streaming model's numbers: responses per second and per stream, the percentiles
+        of a stream's time to its first response (``None`` for a path that timed its slices
+        itself: perf_analyzer says nothing of it) and to its last (its end), ``first_`` and
+        ``last_response_p50_ms`` alone (for the goals), and the client's CPU us per response."""
+        first = None
+        if not timed:
+            every = np.concatenate([np.array(caller) for caller in self.first_s]) * 1e3
+            first = dict(zip(("p50", "p90", "p99"), np.percentile(every, [50, 90, 99]).tolist()))
+        return {
+            "responses_per_s": self.responses / self.wall_s,
+            "responses_per_stream": self.responses / streams,
+            "first_response_ms": first,
+            "last_response_ms": to_end,
+            "first_response_p50_ms": first["p50"] if first else None,
+            "last_response_p50_ms": to_end["p50"],
+            "cpu_us_per_response": (
+                self.cpu_s / self.responses * 1e6 if self.responses and not timed else None
+            ),
         }
 
     def round_mb_per_s(self) -> list[float]:
@@ -343,11 +387,11 @@ class ModelResult:
 
     def ceiling(self, concurrency: int) -> RunResult | None:
         """The ceiling at ``concurrency`` callers: the run of perf_analyzer
-        (:data:`~._config.CEILING_PATHS`) with the most MB/s there, of those that count."""
+        (:data:`~._config.CEILING_PATHS`, :data:`~._config.STREAM_CEILING_PATHS` on a
+        streaming model) with the most MB/s there, of those that count."""
+        paths = (*CEILING_PATHS, *STREAM_CEILING_PATHS)
         runs = [
-            r
-            for r in self.runs
-            if r.path in CEILING_PATHS and r.concurrency == concurrency and r.counts
+            r for r in self.runs if r.path in paths and r.concurrency == concurrency and r.counts
         ]
         return max(runs, key=lambda r: r.numbers()["mb_per_s"], default=None)
 
@@ -448,9 +492,11 @@ _METRICS = {
     "fairness": "fewest requests of a caller / mean",
     "node_actor_cpu_us": "node actor CPU us/request",
     "wrong_answers": "wrong answers",
+    "responses_per_s": "responses/s",
+    "first_response_p50_ms": "time to first response p50",
 }
 #: The metrics whose goals are at most, not at least.
-_AT_MOST = ("cpu_s_per_gb", "node_actor_cpu_us", "wrong_answers")
+_AT_MOST = ("cpu_s_per_gb", "node_actor_cpu_us", "wrong_answers", "first_response_p50_ms")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -563,6 +609,17 @@ _GOALS: tuple[tuple[Any, ...], ...] = (
     # bench --ray, churn: a caller killed mid-request and replaced every 2 s.
     (CHURN_CASE, CHURN[1], 0.8, CHURN[0], "requests_per_s"),
     *((CHURN_CASE, run, 0, (), "wrong_answers") for run in CHURN),
+    # A streaming model (captioner: an image in, 8 responses out): the library's streams
+    # (threads, and tasks on an event loop) against tritonclient's streaming client (a client
+    # per caller, inputs by value), in responses per second and time to the first response;
+    # ShmModel.stream in Ray tasks, and a Serve replica streaming to a handle, likewise.
+    *(("captioner", (path, n), target, ("stream-grpc", n), "responses_per_s")
+      for path in ("stream-client", "stream-async")
+      for n, target in ((1, 1.0), (4, 1.5), (16, 1.5))),
+    *(("captioner", (path, n), 1.0, ("stream-grpc", n), "first_response_p50_ms")
+      for path in ("stream-client", "stream-async") for n in (1, 4)),
+    ("captioner", ("stream-model",), 1.2, ("stream-grpc-procs",), "responses_per_s"),
+    ("captioner", ("serve-stream",), 1.0, ("serve-stream-grpc",), "responses_per_s"),
     # bench --memory cuda: tensors on the GPU, against tritonclient's CUDA utilities by hand
     # and against system shared memory (through the host).
     *((case, ("cuda-client-torch", 1), 0.9, ("cuda-manual-torch", 1))

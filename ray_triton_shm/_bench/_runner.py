@@ -7,6 +7,11 @@ set up together, then measured in interleaved rounds (one time slice per run per
 order rotating each round), so that load from other processes hits them alike. Each run's
 first request is checked against a plain gRPC reference before its numbers count, but for
 perf_analyzer's (:mod:`.paths._perf_analyzer`), which never reads its outputs: theirs say so.
+
+A streaming (decoupled) model runs its own paths instead (:func:`stream_groups`): a group per
+``--streams`` level, and one of the Ray paths with ``--ray-callers`` callers. Its slices are
+streams, and every response of every stream is checked against its own request's, made with
+tritonclient's streaming client (:func:`_stream_requests`).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from ray_triton_shm._bench._cases import ModelCase
+from ray_triton_shm._bench._cases import STREAM_RULES, ModelCase
 from ray_triton_shm._bench._config import (
     CHURN,
     DEFAULT_PATHS,
@@ -30,8 +35,11 @@ from ray_triton_shm._bench._config import (
     NODE_LOAD_FIXED,
     NODE_LOAD_WARMUP_S,
     RAY_PATHS,
+    RAY_STREAM_PATHS,
     SERVE_HTTP_CLIENTS,
     SERVE_HTTP_PATHS,
+    STREAM_PATHS,
+    STREAM_VARIANTS,
     SWEEP_PATHS,
     BenchConfig,
     CaseSpec,
@@ -47,15 +55,22 @@ from ray_triton_shm._bench._results import (
 )
 from ray_triton_shm._bench._update import run_model_update
 from ray_triton_shm._bench._watch import TritonGone, TritonWatch
-from ray_triton_shm._bench.paths import _gpu, _http, _perf_analyzer, _plain, _ray, _shm
-from ray_triton_shm._bench.paths._base import BenchPath, BenchTarget, SkipPath, check_outputs
-from ray_triton_shm._bench.paths._clients import infer, transport_of
+from ray_triton_shm._bench.paths import _gpu, _http, _perf_analyzer, _plain, _ray, _shm, _streams
+from ray_triton_shm._bench.paths._base import (
+    BenchPath,
+    BenchTarget,
+    SkipPath,
+    StreamRequest,
+    check_outputs,
+)
+from ray_triton_shm._bench.paths._clients import GrpcStreamer, infer, transport_of
 from ray_triton_shm._bench.paths._ray_session import RayBenchSession, RayPath
 from ray_triton_shm._slots import _cuda
 from ray_triton_shm._wire._plain_client import tritonclient_for
 from ray_triton_shm.local._server import LocalTritonServer
 
 __all__ = ["PATHS", "RunContext", "Workload", "rate_groups", "run_bench", "run_groups"]
+__all__ += ["stream_groups"]
 
 #: Every path, by name: those without Ray, then the Ray paths.
 _CLASSES = {
@@ -67,11 +82,20 @@ _CLASSES = {
         *_ray.PATHS,
         *_http.PATHS,
         *_gpu.PATHS,
+        *_streams.PATHS,
+        *_perf_analyzer.STREAM_PATHS,
+        *_ray.STREAM_PATHS,
     )
 }
-PATHS: dict[str, type[BenchPath]] = {
-    name: _CLASSES[name] for name in dict.fromkeys((*DEFAULT_PATHS, *RAY_PATHS, *GPU_PATHS))
-}
+_ALL = (*DEFAULT_PATHS, *STREAM_PATHS, *RAY_PATHS, *RAY_STREAM_PATHS, *GPU_PATHS)
+PATHS: dict[str, type[BenchPath]] = {name: _CLASSES[name] for name in dict.fromkeys(_ALL)}
+#: A streaming model's paths (none of the others runs on one, nor these on another).
+_STREAMING = (*STREAM_PATHS, *RAY_STREAM_PATHS)
+#: Its paths whose slots are as many as their callers.
+_STREAM_POOLED = ("stream-client", "stream-async", "stream-model")
+#: Its Ray paths, by group: in caller processes, and through Serve.
+_STREAM_TASKS = tuple(p for p in RAY_STREAM_PATHS if not p.startswith("serve"))
+_STREAM_SERVE = tuple(p for p in RAY_STREAM_PATHS if p.startswith("serve"))
 #: The paths run with ``--ray-callers`` callers, in a group of their own.
 _RAY_CHOICES = ("serve-grpc", "serve-shm", "serve-inproc", "data-grpc", "data-shm", "data-noop")
 _CHURN_PATHS = tuple(path for path, _, _ in CHURN)
@@ -89,7 +113,7 @@ _POOLED = ("shm-client", "shm-client-prep", "shm-lease", "shm-model")
 def run_groups(config: BenchConfig) -> list[list[RunKey]]:
     """The runs of every model, in groups whose runs are interleaved (see the module doc)."""
     levels = config.concurrency
-    grouped = (*SWEEP_PATHS, *_RAY_CHOICES, *SERVE_HTTP_PATHS, *_CHURN_PATHS)
+    grouped = (*SWEEP_PATHS, *_RAY_CHOICES, *SERVE_HTTP_PATHS, *_CHURN_PATHS, *_STREAMING)
     one = [p for p in config.paths if p not in grouped]
     groups = [
         [
@@ -108,6 +132,22 @@ def run_groups(config: BenchConfig) -> list[list[RunKey]]:
         # A group each: a node actor holds one sizing of a model.
         groups += [[key] for key in NODE_LOAD_FIXED if key not in swept]
     groups.append([key for key in CHURN if key[0] in config.paths])
+    return [group for group in groups if group]
+
+
+def stream_groups(config: BenchConfig) -> list[list[RunKey]]:
+    """The runs of a streaming model, in groups whose runs are interleaved: a group per
+    ``--streams`` level (the core client's streams on a slot per stream), then the Ray tasks
+    and the Serve paths, each a group (a node actor holds one sizing of a model), with
+    ``--ray-callers`` callers."""
+    groups = [
+        [(p, n, n if p in _STREAM_POOLED else None) for p in STREAM_PATHS if p in config.paths]
+        for n in config.streams
+    ]
+    callers = config.ray_callers
+    for kind in (_STREAM_TASKS, _STREAM_SERVE):
+        ray = [p for p in kind if p in config.paths]
+        groups.append([(p, callers, callers if p in _STREAM_POOLED else None) for p in ray])
     return [group for group in groups if group]
 
 
@@ -130,12 +170,14 @@ class RunContext:
 @dataclasses.dataclass(frozen=True)
 class Workload:
     """What every run on one model sends: the case, one request's inputs and the reference
-    answer (:func:`_prepare`), to the target."""
+    answer (:func:`_prepare`), to the target; of a streaming model, its requests with the
+    responses each must get (:func:`_stream_requests`)."""
 
     target: BenchTarget
     case: ModelCase
     inputs: Mapping[str, np.ndarray]
     reference: Mapping[str, np.ndarray]
+    streams: tuple[StreamRequest, ...] = ()
 
     def path(self, key: RunKey, session: RayBenchSession | None) -> BenchPath:
         """The path of run ``key`` on this workload (not set up)."""
@@ -148,6 +190,7 @@ class Workload:
             concurrency=concurrency,
             slots=slots,
             session=session,
+            streams=self.streams,
         )
 
 
@@ -155,17 +198,53 @@ def _prepare(
     spec: CaseSpec, target: BenchTarget
 ) -> tuple[ModelCase, dict[str, np.ndarray], dict[str, np.ndarray]]:
     """The case made from the model's configuration, one request's inputs, and the plain gRPC
-    answer every path must reproduce."""
+    answer every path must reproduce (of a streaming model, none: each of its requests has
+    its own, see :func:`_stream_requests`)."""
     client = tritonclient_for(target.grpc_url)
     try:
         config = client.get_model_config(spec.model, as_json=True)
         case = ModelCase.from_config(spec, config.get("config", config))
         inputs = case.make_inputs(seed=zlib.crc32(spec.model.encode()))
+        if case.streaming:
+            return case, inputs, {}
         reference = {name: np.array(a) for name, a in infer(client, case, inputs).items()}
     finally:
         with contextlib.suppress(Exception):
             client.close()
     return case.with_reference(reference), inputs, reference
+
+
+def _stream_requests(
+    case: ModelCase, inputs: dict[str, np.ndarray], target: BenchTarget, count: int
+) -> tuple[ModelCase, tuple[StreamRequest, ...]]:
+    """``count`` requests of a streaming case (the first of ``inputs``, the others of inputs
+    of their own), each with tritonclient's streaming answer to it, which must be the model's
+    own rule's where the bench knows it (:data:`~._cases.STREAM_RULES`); and the case with its
+    outputs' shapes from the first response.
+
+    Raises:
+        AssertionError: Triton's answer is not the rule's.
+    """
+    streamer = GrpcStreamer(target.grpc_url)
+    rule = STREAM_RULES.get(case.model)
+    requests = []
+    try:
+        for index in range(count):
+            seed = zlib.crc32(case.model.encode()) + index
+            mine = inputs if index == 0 else case.make_inputs(seed=seed)
+            answer = [{n: np.array(a) for n, a in r.items()} for r in streamer.stream(case, mine)]
+            request = StreamRequest(mine, tuple(answer))
+            if rule is not None:  # tritonclient's answer must be the model's: else no reference
+                checked = StreamRequest(mine, tuple(rule(mine)))
+                for position, response in enumerate(answer):
+                    checked.check(position, response)
+                checked.check_end(len(answer))
+            requests.append(request)
+    finally:
+        with contextlib.suppress(Exception):
+            streamer.close()
+    first = requests[0].responses
+    return (case.with_reference(first[0]) if first else case), tuple(requests)
 
 
 def _transport(case: ModelCase, target: BenchTarget) -> tuple[str | None, str]:
@@ -192,7 +271,10 @@ def _set_up(path: BenchPath, reference: Mapping[str, np.ndarray], config: BenchC
     path.setup()
     if path.unchecked is not None:
         return
-    check_outputs(path.run_once(), reference)
+    if path.streaming:
+        path.run_once()  # a stream, each of its responses checked against its own request's
+    else:
+        check_outputs(path.run_once(), reference)
     for _ in range(config.warmup_requests - 1):
         path.run_once()
 
@@ -277,10 +359,16 @@ def _slice(r: RunResult, path: BenchPath, config: BenchConfig) -> None:
         r.add_summary(path.measure_slice(slice_s * path.slice_factor))
         return
     cpu, side = path.cpu_time(), path.side_cpu_time()
-    latencies, wall_s = path.run_slice(slice_s * path.slice_factor)
+    if path.streaming:
+        streams = path.run_stream_slice(slice_s * path.slice_factor)
+    else:
+        latencies, wall_s = path.run_slice(slice_s * path.slice_factor)
     after = path.side_cpu_time()
     spent = None if side is None or after is None else after - side
-    r.add(wall_s, path.cpu_time() - cpu, spent, latencies)
+    if path.streaming:
+        r.add_streams(streams, path.cpu_time() - cpu, spent)
+    else:
+        r.add(wall_s, path.cpu_time() - cpu, spent, latencies)
 
 
 def rate_groups(config: BenchConfig) -> list[list[RunKey]]:
@@ -362,49 +450,64 @@ def _sort_rate_runs(model: ModelResult, config: BenchConfig) -> None:
     model.rate_runs.sort(key=lambda r: (r.rate or 0.0, order[r.path, r.concurrency, r.slots]))
 
 
-def _units(config: BenchConfig, name: str) -> int:
-    """The progress units of the case ``name``: a set-up and a slice per round, per run."""
+def _units(config: BenchConfig, name: str, streaming: bool) -> int:
+    """The progress units of the case ``name`` (of a ``streaming`` model, or not): a set-up
+    and a slice per round, per run."""
+    if streaming:
+        return sum(map(len, stream_groups(config))) * (1 + config.rounds)
     rates = sum(map(len, rate_groups(config))) * len(config.rates_on(name))
     runs = sum(map(len, run_groups(config))) + rates
     return runs * (1 + config.rounds)
 
 
+def _workload(config: BenchConfig, spec: CaseSpec, target: BenchTarget) -> Workload:
+    """The workload of the case ``spec`` (:func:`_prepare`; of a streaming model, a few
+    requests per caller, :func:`_stream_requests`)."""
+    case, inputs, reference = _prepare(spec, target)
+    streams: tuple[StreamRequest, ...] = ()
+    if case.streaming:
+        count = STREAM_VARIANTS * max(*config.streams, config.ray_callers)
+        case, streams = _stream_requests(case, inputs, target, count)
+    return Workload(target, case, inputs, reference, streams)
+
+
 def _run_model(model: ModelResult, target: BenchTarget, ctx: RunContext) -> None:
-    """Every run on ``model``: its case made from its configuration, then each group's runs,
-    then the open loop's."""
+    """Every run on ``model``: its case made from its configuration, then each group's runs
+    (a streaming model's own), then the open loop's."""
     config, progress, watch = ctx.config, ctx.progress, ctx.watch
     spec = config.case(model.name)
-    groups = run_groups(config)
+    units = _units(config, spec.name, spec.streaming)
     progress.stage(f"{spec.name}: reading the model configuration")
     watch.run = f"{spec.name}: reading the model configuration"
     for attempt in range(2):  # again if a crash of Triton was why it failed
         start = time.time()
         try:
-            case, inputs, reference = _prepare(spec, target)
+            work = _workload(config, spec, target)
             break
         except Exception as exc:
             watch.wait_back()
             if attempt or watch.disturbance(start, time.time(), failed=True) is None:
                 model.error = _describe(exc)
-                progress.advance(_units(config, spec.name))
+                progress.advance(units)
                 return
-    model.case = case
+    case = model.case = work.case
     if config.memory != "cuda":  # the GPU paths choose their memory themselves
         model.transport, model.transport_reason = _transport(case, target)
         target = dataclasses.replace(
             target, transport=model.transport, transport_reason=model.transport_reason
         )
-    work = Workload(target, case, inputs, reference)
-    for group in groups:
+        work = dataclasses.replace(work, target=target)
+    for group in stream_groups(config) if case.streaming else run_groups(config):
         progress.stage(f"{spec.name}: {', '.join(describe_run(*key) for key in group)}")
         _run_group(group, model, work, ctx)
-    if config.rates_on(spec.name):
+    if config.rates_on(spec.name) and not case.streaming:
         rates = " ".join(config.rates_on(spec.name))
         for keys in rate_groups(config):
             runs = ", ".join(describe_rate_path(*key, detailed=True) for key in keys)
             progress.stage(f"{spec.name}: open loop at {rates} requests/s: {runs}")
             _run_rates(keys, model, work, ctx)
         _sort_rate_runs(model, config)
+    progress.advance(max(0, units - _units(config, spec.name, case.streaming)))
 
 
 def run_bench(config: BenchConfig, *, progress: Progress | None = None) -> BenchResults:
@@ -420,7 +523,7 @@ def run_bench(config: BenchConfig, *, progress: Progress | None = None) -> Bench
     if unknown:
         raise KeyError(f"unknown path(s): {', '.join(unknown)}")
     progress = progress or Progress()
-    progress.start(sum(_units(config, name) for name in config.models))
+    progress.start(sum(_units(config, n, config.case(n).streaming) for n in config.models))
     start = time.perf_counter()
     progress.stage("starting the Triton server" if config.url is None else "connecting")
     local: LocalTritonServer | None = None

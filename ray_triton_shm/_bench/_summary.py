@@ -22,13 +22,13 @@ from ray_triton_shm._bench._results import (
     ModelResult,
     RunResult,
     describe_run,
-    mb_ratio,
     mb_ratio_spread,
+    ratio,
 )
 
 __all__ = ["CHOICES", "LOADS", "Cell", "Choice", "best_cell", "summary", "verdict"]
 __all__ += ["speedup_text", "verdict_lines", "verdict_text", "verdicts", "verdicts_json"]
-__all__ += ["ceiling_text"]
+__all__ += ["BASELINE_WORDS", "ceiling_text"]
 
 #: The two loads of the summary: one caller, and the most callers the choice ran with.
 LOADS = ("low load", "under load")
@@ -48,14 +48,29 @@ class Choice:
     runs: tuple[tuple[str, str, Any], ...]
 
 
+#: On a streaming model, each choice's runs are its streams' (``stream-client`` ...), against
+#: tritonclient's streaming client in the same set-up, in responses per second.
 CHOICES: tuple[Choice, ...] = (
-    Choice("core client", "TritonSHMClient", (("shm-client", "grpc", _AS_MANY),)),
+    Choice(
+        "core client",
+        "TritonSHMClient",
+        (("shm-client", "grpc", _AS_MANY), ("stream-client", "stream-grpc", _AS_MANY)),
+    ),
+    Choice("core client, async", "stream_async", (("stream-async", "stream-grpc", _AS_MANY),)),
     Choice(
         "Ray tasks",
         "ShmModel",
-        (("shm-model", "grpc-procs", ELASTIC), ("shm-model", "grpc-procs", _AS_MANY)),
+        (
+            ("shm-model", "grpc-procs", ELASTIC),
+            ("shm-model", "grpc-procs", _AS_MANY),
+            ("stream-model", "stream-grpc-procs", _AS_MANY),
+        ),
     ),
-    Choice("Serve (handles)", "ShmModel in a replica", (("serve-shm", "serve-grpc", None),)),
+    Choice(
+        "Serve (handles)",
+        "ShmModel in a replica",
+        (("serve-shm", "serve-grpc", None), ("serve-stream", "serve-stream-grpc", None)),
+    ),
     Choice("Serve over HTTP", "the example app", (("serve-http-shm", "serve-http-grpc", None),)),
     Choice("Ray Data", "ShmPredictor", (("data-shm", "data-grpc", None),)),
 )
@@ -87,6 +102,12 @@ class Cell:
     def callers(self) -> int | None:
         """The callers at once of its run (``None``: not measured)."""
         return self.run.concurrency if self.run else None
+
+    @property
+    def streaming(self) -> bool:
+        """Whether its model streams: its callers are streams at once, its speed-up in
+        responses per second over tritonclient's streaming client."""
+        return self.run is not None and self.run.case.streaming
 
     @property
     def verdict(self) -> str | None:
@@ -122,9 +143,16 @@ def _matches(goal_key: tuple[Any, ...], run: RunResult) -> bool:
     return all(given == actual for given, actual in zip(goal_key, mine))
 
 
+#: The metric of a cell's speed-up, by whether its model streams: its input MB/s, or its
+#: responses per second (of streams all the same length, the same ratio).
+_SPEED = {False: "mb_per_s", True: "responses_per_s"}
+#: What a cell's speed-up is over, by whether its model streams.
+BASELINE_WORDS = {False: "plain gRPC", True: "tritonclient's streaming client"}
+
+
 def _goal(model: ModelResult, run: RunResult, baseline: RunResult) -> Goal | None:
     for goal in model.goals():
-        if goal.metric != "mb_per_s" or not goal.baseline:
+        if goal.metric not in _SPEED.values() or not goal.baseline:
             continue
         if _matches(goal.run, run) and _matches(goal.baseline, baseline):
             return goal
@@ -157,7 +185,8 @@ def _cells(model: ModelResult, choice: Choice) -> list[Cell]:
             if base is None or not base.counts:
                 continue
             goal = _goal(model, run, base)
-            speedup = mb_ratio(run, base)
+            metric = _SPEED[run.case.streaming]
+            speedup = ratio(run.numbers().get(metric), base.numbers().get(metric))
             met = goal.met(speedup) if goal is not None else None
             spread = mb_ratio_spread(run, base)
             vs_ceiling, ceiling = model.vs_ceiling(run)
@@ -201,7 +230,8 @@ def verdict_text(cell: Cell) -> str:
     """A cell's verdict at its callers, e.g. ``"slower at 1 caller, 0.89x (0.85-0.93x)"``,
     then its ratio to the ceiling where perf_analyzer ran, e.g. ``", 0.62x perf_analyzer
     (pa-shm)"``."""
-    callers = f"{cell.callers} caller{'s' * (cell.callers != 1)}"
+    who = "stream" if cell.streaming else "caller"
+    callers = f"{cell.callers} {who}{'s' * (cell.callers != 1)}"
     text = f"{cell.verdict} at {callers}, {speedup_text(cell)}"
     return text + (f", {ceiling_text(cell)}" if cell.vs_ceiling is not None else "")
 
@@ -221,9 +251,11 @@ def verdict_lines(results: BenchResults) -> list[str]:
     lines = []
     for model, cells in verdicts(results).items():
         for choice in CHOICES:
-            mine = [verdict_text(cell) for cell in cells if cell.choice == choice]
+            mine = [cell for cell in cells if cell.choice == choice]
             if mine:
-                lines.append(f"{model}, {choice.name} vs plain gRPC: " + "; ".join(mine))
+                base = BASELINE_WORDS[mine[0].streaming]
+                texts = "; ".join(map(verdict_text, mine))
+                lines.append(f"{model}, {choice.name} vs {base}: {texts}")
     return lines
 
 
@@ -259,6 +291,7 @@ def verdict(model: str, best: Cell | None) -> str | None:
     if best is None or best.verdict in (None, "faster"):
         return None
     spread = f", {best.spread_text}" if best.spread_text else ""
+    base = BASELINE_WORDS[best.streaming]
     if best.verdict == "slower":
         why = "requests this small gain nothing from shared memory here"
         if best.run is not None and best.run.extra.get("transport") == BY_VALUE:
@@ -267,11 +300,11 @@ def verdict(model: str, best: Cell | None) -> str | None:
                 f"{BY_VALUE_SHARE:g}x)"
             )
         return (
-            f"{model}: no choice beat plain gRPC {best.load} ({num(best.speedup, 'x')} at "
+            f"{model}: no choice beat {base} {best.load} ({num(best.speedup, 'x')} at "
             f"best, {best.where}{spread}): {why}"
         )
     return (
-        f"{model}: no measurable difference from plain gRPC {best.load}: the fastest choice, "
+        f"{model}: no measurable difference from {base} {best.load}: the fastest choice, "
         f"{best.choice.name}, came out at {num(best.speedup, 'x')} ({best.where}{spread}), "
         "faster in some rounds and slower in others; more --rounds tell them apart, if "
         "anything does"

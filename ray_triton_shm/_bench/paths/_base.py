@@ -1,23 +1,32 @@
 """What every path is: a :class:`BenchPath` (one way of getting a request to Triton), the
 :class:`BenchTarget` it sends to, how it says it cannot run here (:class:`SkipPath`), and
-the check of its answers against the reference."""
+the check of its answers against the reference; for a streaming model, its requests with the
+responses each must get (:class:`StreamRequest`), and a stream timed with every response
+checked (:func:`time_stream`)."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
 
 from ray_triton_shm._bench._cases import ModelCase
-from ray_triton_shm._bench._config import BY_VALUE
-from ray_triton_shm._bench._load import OpenLoop, run_closed_loop, run_open_loop
+from ray_triton_shm._bench._config import BY_VALUE, STREAM_VARIANTS
+from ray_triton_shm._bench._load import (
+    OpenLoop,
+    StreamSlice,
+    StreamTimes,
+    run_closed_loop,
+    run_open_loop,
+)
 from ray_triton_shm._defaults import DEFAULT_RECONNECT_TIMEOUT_S
 
-__all__ = ["BenchPath", "BenchTarget", "SkipPath", "check_outputs"]
+__all__ = ["BenchPath", "BenchTarget", "SkipPath", "StreamRequest", "check_outputs"]
+__all__ += ["time_stream", "time_stream_async"]
 
 
 class SkipPath(Exception):
@@ -34,6 +43,61 @@ def check_outputs(outputs: Mapping[str, np.ndarray], reference: Mapping[str, np.
             raise AssertionError(f"output {name}: got {got.shape} {got.dtype}, not {wanted}")
         if not np.array_equal(got, expected, equal_nan=np.issubdtype(expected.dtype, np.floating)):
             raise AssertionError(f"output {name}: values differ from the gRPC reference")
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamRequest:
+    """One request of a streaming model: its ``inputs``, and the ``responses`` it must get,
+    in order (each its outputs by name: tritonclient's answer to it, and for the example
+    model its rule's too)."""
+
+    inputs: Mapping[str, np.ndarray]
+    responses: tuple[Mapping[str, np.ndarray], ...]
+
+    def check(self, index: int, response: Mapping[str, Any]) -> None:
+        """Raises ``AssertionError``, saying how, unless ``response`` is this request's
+        response ``index``."""
+        if index >= len(self.responses):
+            raise AssertionError(f"response {index} of a request that gets {len(self.responses)}")
+        try:
+            check_outputs(response, self.responses[index])
+        except AssertionError as exc:
+            raise AssertionError(f"response {index}: {exc}") from None
+
+    def check_end(self, count: int) -> None:
+        """Raises ``AssertionError`` unless the stream ended after all its responses."""
+        if count != len(self.responses):
+            raise AssertionError(f"{count} responses, not {len(self.responses)}")
+
+
+def time_stream(responses: Iterable[Mapping[str, Any]], request: StreamRequest) -> StreamTimes:
+    """Iterates ``responses``, one stream of ``request`` (its request sent by the first
+    ``next``), checking each (``AssertionError`` at the first wrong one): the seconds to its
+    first response and to its end, and its responses."""
+    clock = time.perf_counter
+    sent, first, count = clock(), None, 0
+    for response in responses:
+        first = clock() - sent if first is None else first
+        request.check(count, response)
+        count += 1
+    end = clock() - sent
+    request.check_end(count)
+    return (end if first is None else first), end, count
+
+
+async def time_stream_async(
+    responses: AsyncIterable[Mapping[str, Any]], request: StreamRequest
+) -> StreamTimes:
+    """:func:`time_stream` of an async iterator."""
+    clock = time.perf_counter
+    sent, first, count = clock(), None, 0
+    async for response in responses:
+        first = clock() - sent if first is None else first
+        request.check(count, response)
+        count += 1
+    end = clock() - sent
+    request.check_end(count)
+    return (end if first is None else first), end, count
 
 
 def _on_host(value: Any) -> np.ndarray:
@@ -91,6 +155,9 @@ class BenchPath:
     #: Why its answers are not checked against the reference (``None``: its first one is,
     #: before its numbers count), as the reports say it.
     unchecked: ClassVar[str | None] = None
+    #: A streaming model's path: its slices are streams (:meth:`run_stream_slice`), every
+    #: response checked against its own request's (:attr:`streams`), :meth:`run_once` too.
+    streaming: ClassVar[bool] = False
     _client: Any = None
 
     def __init__(
@@ -103,11 +170,13 @@ class BenchPath:
         concurrency: int = 1,
         slots: int | None = None,
         session: Any = None,
+        streams: Sequence[StreamRequest] = (),
     ) -> None:
         self.target, self.case, self.session = target, case, session
         self.inputs, self.reference = dict(inputs), dict(reference)
         self.concurrency = concurrency
         self.slots = concurrency if slots is None else slots
+        self.streams = tuple(streams)
 
     def setup(self) -> None:
         """Connects, creates and registers regions...; raises ``SkipPath`` if it cannot here."""
@@ -138,6 +207,19 @@ class BenchPath:
     def run_rate(self, due: np.ndarray, threads: int, give_up_s: float) -> OpenLoop:
         """An open loop (:func:`~.._load.run_open_loop`) of :meth:`run_once`, from now on."""
         return run_open_loop(self.run_once, due, time.perf_counter(), threads, give_up_s)
+
+    def run_stream_slice(self, slice_s: float) -> StreamSlice:
+        """A streaming path's slice: every caller runs streams back to back for about
+        ``slice_s`` (at least one), each timed, every response checked."""
+        raise NotImplementedError
+
+    def stream_requests(self, caller: int) -> tuple[StreamRequest, ...]:
+        """The requests of caller ``caller`` (its own :data:`~.._config.STREAM_VARIANTS`,
+        in turn, of :attr:`streams`): one crossing to another caller's stream shows."""
+        count = len(self.streams)
+        return tuple(
+            self.streams[(caller * STREAM_VARIANTS + i) % count] for i in range(STREAM_VARIANTS)
+        )
 
     def cpu_time(self) -> float:
         """CPU seconds used so far by the processes doing this path's client work."""

@@ -1,11 +1,16 @@
 """How the paths talk to Triton: the backends a path's requests go through (:class:`Backend`),
 the one way a measured ``TritonSHMClient`` is made (:func:`shm_client`), and a request by
-value with tritonclient (:func:`infer`), which the reference is made with too."""
+value with tritonclient (:func:`infer`), which the reference is made with too; for a streaming
+model, tritonclient's streaming client as its users run it (:class:`GrpcStreamer` in a thread,
+:class:`GrpcStreamerAsync` on an event loop)."""
 
 from __future__ import annotations
 
+import asyncio
 import enum
-from collections.abc import Iterable, Mapping
+import itertools
+import queue
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -16,8 +21,10 @@ from ray_triton_shm._bench._cases import ModelCase
 from ray_triton_shm._client import TritonSHMClient
 from ray_triton_shm._slots._specs import ModelSpec
 from ray_triton_shm._wire._keys import Keys
+from ray_triton_shm._wire._plain_client import tritonclient_for
 
-__all__ = ["Backend", "by_value", "infer", "shm_client", "transport_of"]
+__all__ = ["Backend", "GrpcStreamer", "GrpcStreamerAsync", "by_value", "infer", "shm_client"]
+__all__ += ["transport_of"]
 
 
 class Backend(str, enum.Enum):
@@ -103,3 +110,118 @@ def infer(
     infer_inputs, outputs = by_value(module, inputs, names, **options)
     result = client.infer(case.model, infer_inputs, outputs=outputs)
     return {name: result.as_numpy(name) for name in names}
+
+
+#: The parameter of a response that says it is its request's last.
+_FINAL = "triton_final_response"
+
+
+class GrpcStreamer:
+    """tritonclient's streaming client, as its users run one: a client on the Triton at
+    ``url`` with its gRPC stream (``start_stream``, whose callback hands each response over),
+    and each request sent on it by value (``async_stream_infer``, with an empty final
+    response, so that a request's end shows). tritonclient allows one stream per client:
+    concurrent streams need a streamer each (the bench's callers have one each)."""
+
+    def __init__(self, url: str) -> None:
+        self._client = tritonclient_for(url)
+        self._responses: queue.SimpleQueue[tuple[Any, Any]] = queue.SimpleQueue()
+        self._ids = itertools.count()
+        self._client.start_stream(callback=self._deliver)
+
+    def _deliver(self, result: Any, error: Any) -> None:
+        self._responses.put((result, error))
+
+    def stream(self, case: ModelCase, inputs: Mapping[str, np.ndarray]) -> Iterator[dict[str, Any]]:
+        """One request of ``inputs`` to ``case``'s model: each response's outputs, as they
+        come, until Triton's final response (an empty one is not yielded).
+
+        Raises:
+            InferenceServerException: The model answered with an error.
+        """
+        names = [t.name for t in case.outputs]
+        infer_inputs, outputs = by_value(grpcclient, inputs, names)
+        request_id = str(next(self._ids))
+        self._client.async_stream_infer(
+            case.model,
+            infer_inputs,
+            outputs=outputs,
+            request_id=request_id,
+            enable_empty_final_response=True,
+        )
+        while True:
+            result, error = self._responses.get()
+            if error is not None:
+                raise error
+            response = result.get_response()
+            if response.id != request_id:
+                raise AssertionError(f"request {request_id} got a response of {response.id}")
+            if response.outputs:
+                yield {name: result.as_numpy(name) for name in names}
+            if response.parameters[_FINAL].bool_param:
+                return
+
+    def close(self) -> None:
+        """Ends its stream and closes its client."""
+        try:
+            self._client.stop_stream()
+        finally:
+            self._client.close()
+
+
+class GrpcStreamerAsync:
+    """tritonclient's streaming client in an event loop (a Serve replica's), as its users run
+    one there: one client and its gRPC stream (tritonclient allows one per client), every
+    request on it with an id of its own, each response handed by the client's callback (on a
+    thread of its own) to the queue of its request on the loop."""
+
+    def __init__(self, url: str) -> None:
+        self._client = tritonclient_for(url)
+        self._queues: dict[str, asyncio.Queue[tuple[Any, Any]]] = {}
+        self._ids = itertools.count()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._client.start_stream(callback=self._deliver)
+
+    def _deliver(self, result: Any, error: Any) -> None:
+        assert self._loop is not None
+        # tritonclient's errors on a stream carry no request id: every request waiting fails.
+        mine = list(self._queues.values()) if result is None else []
+        mine += [] if result is None else [self._queues[result.get_response().id]]
+        for responses in mine:
+            self._loop.call_soon_threadsafe(responses.put_nowait, (result, error))
+
+    async def stream(
+        self, case: ModelCase, inputs: Mapping[str, np.ndarray]
+    ) -> AsyncIterator[dict[str, Any]]:
+        """:meth:`GrpcStreamer.stream` on the running event loop."""
+        self._loop = asyncio.get_running_loop()
+        names = [t.name for t in case.outputs]
+        infer_inputs, outputs = by_value(grpcclient, inputs, names)
+        request_id = str(next(self._ids))
+        responses = self._queues[request_id] = asyncio.Queue()
+        try:
+            self._client.async_stream_infer(
+                case.model,
+                infer_inputs,
+                outputs=outputs,
+                request_id=request_id,
+                enable_empty_final_response=True,
+            )
+            while True:
+                result, error = await responses.get()
+                if error is not None:
+                    raise error
+                response = result.get_response()
+                if response.outputs:
+                    yield {name: result.as_numpy(name) for name in names}
+                if response.parameters[_FINAL].bool_param:
+                    return
+        finally:
+            del self._queues[request_id]
+
+    def close(self) -> None:
+        """Ends its stream and closes its client."""
+        try:
+            self._client.stop_stream()
+        finally:
+            self._client.close()

@@ -1,6 +1,9 @@
 """Triton's ``perf_analyzer`` as the bench's ceiling: ``pa-shm`` (``--shared-memory system``,
 its inputs written into shared memory once) and ``pa-grpc`` (``none``: by value), by as many
-callers as the level (perf_analyzer's concurrency), on the case's batch.
+callers as the level (perf_analyzer's concurrency), on the case's batch; on a streaming
+(decoupled) model, ``pa-stream-shm`` and ``pa-stream`` alike, with ``--streaming`` and the
+first request's inputs as its ``--input-data`` (a raw file per input: a count of responses
+must be the case's, not random).
 
 perf_analyzer, in C++, writes its inputs once and never reads its outputs: what it gets from a
 Triton over gRPC is the most any client can, and each choice's ratio to the better of the two
@@ -44,7 +47,8 @@ from ray_triton_shm._wire._plain_client import tritonclient_for
 from ray_triton_shm._wire._tls import TlsFiles
 from ray_triton_shm.local._perf_analyzer import PerfAnalyzer, find_perf_analyzer
 
-__all__ = ["PATHS", "UNCHECKED", "WINDOWS", "PerfAnalyzerPath", "perf_analyzer_args"]
+__all__ = ["PATHS", "STREAM_PATHS", "UNCHECKED", "WINDOWS", "PerfAnalyzerPath"]
+__all__ += ["perf_analyzer_args", "write_input_data"]
 
 #: Why the reports say its answers are not checked.
 UNCHECKED = "perf_analyzer never reads its outputs"
@@ -106,6 +110,23 @@ def perf_analyzer_args(
         ):
             args += [flag, str(path)] if path is not None else []
     return args
+
+
+def write_input_data(inputs: Mapping[str, Any], directory: Path, *, batched: bool) -> Path:
+    """``inputs`` (one request's) as perf_analyzer's ``--input-data`` directory: a file per
+    input named after it, the raw bytes of one sample (a BYTES input: a text file, an
+    element per line). Returns ``directory``, made."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, array in inputs.items():
+        sample = array[0] if batched else array
+        if sample.dtype.kind == "O":
+            text = "".join(
+                (e.decode() if isinstance(e, bytes) else str(e)) + "\n" for e in sample.flat
+            )
+            (directory / name).write_text(text)
+        else:
+            (directory / name).write_bytes(sample.tobytes())
+    return directory
 
 
 def _reason(output: str, returncode: int) -> str:
@@ -181,6 +202,13 @@ class PerfAnalyzerPath(BenchPath):
     unchecked = UNCHECKED
     _dir: Path | None = None
 
+    def _streaming_args(self) -> list[str]:
+        """perf_analyzer's options for the model's kind: none here (see
+        :class:`PerfAnalyzerStreamPath`)."""
+        if self.case.streaming:
+            raise SkipPath(f"{self.name} runs on a model that answers once: see pa-stream")
+        return []
+
     def setup(self) -> None:
         if self.shared_memory == "system":
             self.target.needs_shm("perf_analyzer --shared-memory system")
@@ -188,12 +216,14 @@ class PerfAnalyzerPath(BenchPath):
             self._perf_analyzer: PerfAnalyzer = find_perf_analyzer()
         except LocalServerError as exc:
             raise SkipPath(str(exc)) from None
+        self._dir = Path(tempfile.mkdtemp(prefix="rtsbench-pa-"))
         self._args = perf_analyzer_args(
             self.case,
             self.target.grpc_url,
             shared_memory=self.shared_memory,
             concurrency=self.concurrency,
         )
+        self._args += self._streaming_args()
         if self.shared_memory == "system":
             client = tritonclient_for(self.target.grpc_url)
             try:
@@ -207,7 +237,6 @@ class PerfAnalyzerPath(BenchPath):
                     "Triton has CUDA shared-memory regions, which perf_analyzer would "
                     "unregister and the bench could not register again"
                 )
-        self._dir = Path(tempfile.mkdtemp(prefix="rtsbench-pa-"))
         self._runs = itertools.count()
         # A short run: whether it runs here, and the window that holds a few requests.
         window_ms = _PROBE_WINDOW_MS
@@ -292,10 +321,14 @@ def _summary(output: str, report: Path, case: ModelCase) -> SliceSummary:
         raise RuntimeError(f"perf_analyzer's report has no numbers: {report.read_text()[:200]}")
     row, requests = rows[0], int(counted.group(1))
     samples = requests * (case.batch_size if case.batched else 1)
+    wall_s = samples / float(row["Inferences/Second"])
+    # Of a streaming model, its response throughput (its latency: to the final response).
+    responses = row.get("Response Throughput") if case.streaming else None
     return SliceSummary(
         requests=requests,
-        wall_s=samples / float(row["Inferences/Second"]),
+        wall_s=wall_s,
         latency_ms={p: float(row[f"{p} latency"]) / 1e3 for p in ("p50", "p90", "p99")},
+        responses=None if responses is None else round(float(responses) * wall_s),
     )
 
 
@@ -313,5 +346,37 @@ class PerfAnalyzerGrpcPath(PerfAnalyzerPath):
     shared_memory = "none"
 
 
+class PerfAnalyzerStreamPath(PerfAnalyzerPath):
+    """perf_analyzer's ``--streaming``, on a streaming model (its latency: to a request's
+    final response; it says nothing of the first)."""
+
+    def _streaming_args(self) -> list[str]:
+        if not self.case.streaming:
+            raise SkipPath(f"{self.name} runs on a streaming (decoupled) model only")
+        assert self._dir is not None
+        data = write_input_data(self.inputs, self._dir / "inputs", batched=self.case.batched)
+        return ["--streaming", "--input-data", str(data)]
+
+
+class PerfAnalyzerStreamShmPath(PerfAnalyzerStreamPath):
+    """perf_analyzer's ``--streaming`` with ``--shared-memory system``: its inputs written
+    once (its outputs too: it never reads them)."""
+
+    name, label = "pa-stream-shm", "perf_analyzer --streaming, shm"
+    shared_memory = "system"
+
+
+class PerfAnalyzerStreamGrpcPath(PerfAnalyzerStreamPath):
+    """perf_analyzer's ``--streaming`` with ``--shared-memory none``: its inputs by value."""
+
+    name, label = "pa-stream", "perf_analyzer --streaming, gRPC"
+    shared_memory = "none"
+
+
 #: The perf_analyzer paths, in table order.
 PATHS: tuple[type[PerfAnalyzerPath], ...] = (PerfAnalyzerShmPath, PerfAnalyzerGrpcPath)
+#: Its paths on a streaming model, in table order (``_config.STREAM_CEILING_PATHS``).
+STREAM_PATHS: tuple[type[PerfAnalyzerPath], ...] = (
+    PerfAnalyzerStreamShmPath,
+    PerfAnalyzerStreamGrpcPath,
+)

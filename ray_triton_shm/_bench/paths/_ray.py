@@ -10,6 +10,12 @@
 * Ray Data: the same ``map_batches`` job (one predictor actor per caller) with a plain gRPC
   predictor, ``ShmPredictor`` or a no-op one (the job's own ceiling), on ``classifier``. A
   slice is a whole job; a request's latency, the predictor's call.
+* A streaming model's: caller processes, each running one stream at a time on requests of its
+  own, every response checked: ``stream-model`` (``ShmModel.stream``) and
+  ``stream-grpc-procs`` (tritonclient's streaming client, a client per process); and the same
+  Serve deployment streaming to the callers' handles (``stream=True``), its replica on
+  ``ShmModel.stream_async`` (``serve-stream``) or on tritonclient's streaming client
+  (``serve-stream-grpc``: one gRPC stream, its requests told apart by their ids).
 
 What runs in those processes is in :mod:`._ray_callers`.
 """
@@ -34,11 +40,18 @@ from ray_triton_shm._bench._config import (
     ELASTIC,
     POOL_SAMPLE_S,
 )
-from ray_triton_shm._bench._load import OpenLoop, merge_open_loops
+from ray_triton_shm._bench._load import (
+    OpenLoop,
+    StreamSlice,
+    merge_open_loops,
+    merge_stream_slices,
+)
 from ray_triton_shm._bench.paths._base import SkipPath, check_outputs
 from ray_triton_shm._bench.paths._clients import Backend
 from ray_triton_shm._bench.paths._ray_callers import (
     LATENCY,
+    STREAM_GRPC,
+    STREAM_SHM,
     BenchReplica,
     Caller,
     ChurnCaller,
@@ -55,7 +68,7 @@ from ray_triton_shm._bench.paths._ray_session import (
 with contextlib.suppress(ImportError):  # without the ray extra: the session says so
     import ray
 
-__all__ = ["PATHS", "ShmModelPath"]
+__all__ = ["PATHS", "STREAM_PATHS", "ShmModelPath"]
 
 
 class _CallerPath(RayPath):
@@ -475,6 +488,108 @@ class DataNoopPath(_DataPath):
         return self.reference
 
 
+class _StreamCallerPath(_CallerPath):
+    """``concurrency`` caller processes, each running one stream at a time on requests of its
+    own (:meth:`~._base.BenchPath.stream_requests`) through :meth:`_through`, every response
+    checked (:meth:`~._ray_callers.Caller.add_stream`)."""
+
+    streaming = True
+
+    def setup(self) -> None:
+        if not self.case.streaming:
+            raise SkipPath(f"{self.name} runs on a streaming (decoupled) model only")
+        RayPath.setup(self)
+        self._key = f"{self.name}:{self.concurrency}:{self.slots}"
+        self._callers = self.session.actors(Caller, self.concurrency)
+        through, arg = self._through(), self._arg()
+        added = [
+            caller.add_stream.remote(self._key, through, arg, self.case, self.stream_requests(seat))
+            for seat, caller in enumerate(self._callers)
+        ]
+        self._pids = [os.getpid(), *ray.get(added)]
+
+    def run_once(self) -> Mapping[str, np.ndarray]:
+        """A stream from every caller at once, each response checked; no outputs to return."""
+        ray.get([caller.stream_once.remote(self._key) for caller in self._callers])
+        return {}
+
+    def warm_up(self, seconds: float) -> None:
+        if seconds > 0:
+            self.run_stream_slice(seconds)
+
+    def run_stream_slice(self, slice_s: float) -> StreamSlice:
+        start_at = time.time() + 0.05 + 0.005 * len(self._callers)  # every caller at once
+        loops = [c.stream_loop.remote(self._key, start_at, slice_s) for c in self._callers]
+        return merge_stream_slices(ray.get(loops))
+
+
+class StreamModelPath(_StreamCallerPath):
+    """``ShmModel.stream`` in every caller process, the model given ``slots`` node slots."""
+
+    name, label, uses_node_actor = "stream-model", "ShmModel.stream in each caller", True
+    backend = Backend.SHM_MODEL
+
+    def _arg(self) -> Any:
+        return self.slots
+
+    def stats(self) -> dict[str, Any]:
+        """How the model's pool on the node reached Triton (``transport``, and
+        ``transport_reason``), and its ``/dev/shm`` (``shm_bytes``)."""
+        model = self._node_stats().models.get(self.case.model, {})
+        numbers = {"shm_bytes": model.get("shm_bytes")}
+        return numbers | {k: model[k] for k in ("transport", "transport_reason") if k in model}
+
+
+class StreamGrpcProcsPath(_StreamCallerPath):
+    """tritonclient's streaming client in every caller process (a client each), by value."""
+
+    name, label = "stream-grpc-procs", "tritonclient streaming in each caller"
+    backend = Backend.GRPC
+
+
+class _ServeStreamPath(_StreamCallerPath):
+    """The same Serve deployment, its replica streaming to the callers' handles
+    (``stream=True``) through its :attr:`method`; only that differs."""
+
+    #: The bench replica's streaming method.
+    method: ClassVar[str]
+    _handle: Any = None
+
+    def _through(self) -> Backend:
+        return Backend.SERVE
+
+    def _arg(self) -> Any:
+        self._handle = _deploy(self.session, self.backend, self.concurrency)
+        self._replica = self._handle.prepare.remote(self.case).result()
+        return self._handle.options(method_name=self.method, stream=True)
+
+    def stats(self) -> dict[str, Any]:
+        """How the replica's ``ShmModel`` reached Triton (``transport``, and
+        ``transport_reason``)."""
+        if self.backend == Backend.GRPC:
+            return {}
+        return self._handle.transport.remote(self.backend).result()  # type: ignore[no-any-return]
+
+    def teardown(self) -> None:
+        super().teardown()
+        with contextlib.suppress(Exception):
+            self._handle.prepare.remote(None).result()
+
+
+class ServeStreamPath(_ServeStreamPath):
+    """The Serve replica streams through ``ShmModel.stream_async`` (the node's slots)."""
+
+    name, label, uses_node_actor = "serve-stream", "Serve replica, ShmModel.stream_async", True
+    backend, method = Backend.SHM_MODEL, STREAM_SHM
+
+
+class ServeStreamGrpcPath(_ServeStreamPath):
+    """The Serve replica streams through tritonclient's streaming client, by value."""
+
+    name, label = "serve-stream-grpc", "Serve replica, tritonclient streaming"
+    backend, method = Backend.GRPC, STREAM_GRPC
+
+
 #: The Ray paths, in table order (their names are ``_config.RAY_PATHS``).
 PATHS: tuple[type[RayPath], ...] = (
     ShmModelPath,
@@ -487,4 +602,11 @@ PATHS: tuple[type[RayPath], ...] = (
     DataNoopPath,
     ShmModelNoKillPath,
     ShmModelChurnPath,
+)
+#: The Ray paths of a streaming model, in table order (``_config.RAY_STREAM_PATHS``).
+STREAM_PATHS: tuple[type[RayPath], ...] = (
+    StreamModelPath,
+    StreamGrpcProcsPath,
+    ServeStreamPath,
+    ServeStreamGrpcPath,
 )

@@ -1,8 +1,9 @@
 """What runs in the Ray paths' own processes: the caller actors (:class:`Caller`, and
 :class:`ChurnCaller` for the churn runs), the bench's Serve replica (:class:`BenchReplica`)
 and the Ray Data job's predictor (:class:`Predictor`), each sending its requests through a
-:class:`~._clients.Backend`; and how their errors reach the driver (:class:`CallerError`).
-The paths that drive them are in :mod:`._ray`."""
+:class:`~._clients.Backend` (on a streaming model, its streams: :func:`connect_stream`); and
+how their errors reach the driver (:class:`CallerError`). The paths that drive them are in
+:mod:`._ray`."""
 
 from __future__ import annotations
 
@@ -12,16 +13,30 @@ import inspect
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
 import numpy as np
 
 from ray_triton_shm._bench._cases import ModelCase
 from ray_triton_shm._bench._config import ELASTIC
-from ray_triton_shm._bench._load import OpenLoop, run_open_loop, run_until
-from ray_triton_shm._bench.paths._base import check_outputs
-from ray_triton_shm._bench.paths._clients import Backend, by_value, infer, shm_client
+from ray_triton_shm._bench._load import (
+    OpenLoop,
+    StreamSlice,
+    StreamTimes,
+    run_open_loop,
+    run_streams_until,
+    run_until,
+)
+from ray_triton_shm._bench.paths._base import StreamRequest, check_outputs, time_stream
+from ray_triton_shm._bench.paths._clients import (
+    Backend,
+    GrpcStreamer,
+    GrpcStreamerAsync,
+    by_value,
+    infer,
+    shm_client,
+)
 from ray_triton_shm._bench.paths._ray_session import reconnect_timeout_s
 from ray_triton_shm._exceptions import TritonSHMError
 from ray_triton_shm._wire._plain_client import tritonclient_for
@@ -30,16 +45,21 @@ with contextlib.suppress(ImportError):  # without the ray extra: the session say
     from ray_triton_shm.ray import ShmModel, ShmPredictor
 
 __all__ = ["LATENCY", "BenchReplica", "Caller", "CallerError", "ChurnCaller", "Predictor"]
-__all__ += ["connect", "errors_reach_the_driver", "shm_model_options"]
+__all__ += ["STREAM_GRPC", "STREAM_SHM", "connect", "connect_stream", "errors_reach_the_driver"]
+__all__ += ["shm_model_options"]
 
 #: The column in which the predictor reports its call's latency (on a batch's first row).
 LATENCY = "__bench_latency_s"
+#: The bench replica's streaming methods: through ``ShmModel.stream_async``, and through
+#: tritonclient's streaming client (:class:`~._clients.GrpcStreamerAsync`).
+STREAM_SHM, STREAM_GRPC = "stream_shm", "stream_grpc"
 
 # The replica's backends, bound once: looking an enum's member up takes some 60 ns more than
 # a global, on every request.
 _GRPC, _SHM_MODEL, _SHM_CLIENT = Backend.GRPC, Backend.SHM_MODEL, Backend.SHM_CLIENT
 
 _Call = Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]]
+_Open = Callable[[Mapping[str, np.ndarray]], Iterable[Mapping[str, Any]]]
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
@@ -70,7 +90,18 @@ def _carried_to_the_driver() -> Iterator[None]:
 
 
 def errors_reach_the_driver(method: _F) -> _F:
-    """``method`` (of a caller actor, sync or async) with :func:`_carried_to_the_driver`."""
+    """``method`` (of a caller actor, sync, async or an async generator) with
+    :func:`_carried_to_the_driver`."""
+    if inspect.isasyncgenfunction(method):
+
+        @functools.wraps(method)
+        async def wrapper_gen(*args: Any, **kwargs: Any) -> Any:
+            with _carried_to_the_driver():
+                async for item in method(*args, **kwargs):
+                    yield item
+
+        return wrapper_gen  # type: ignore[return-value]
+
     if inspect.iscoroutinefunction(method):
 
         @functools.wraps(method)
@@ -110,12 +141,29 @@ def connect(backend: Backend, arg: Any, case: ModelCase) -> tuple[_Call, Callabl
     return (lambda inputs: infer(client, case, inputs)), client.close
 
 
+def connect_stream(backend: Backend, arg: Any, case: ModelCase) -> tuple[_Open, Callable[[], None]]:
+    """:func:`connect` for a streaming model: what opens one stream of a request's inputs
+    (its responses' outputs, as they come), and the close of what it holds; through
+    :attr:`~Backend.SERVE` (``arg``: a streaming ``DeploymentHandle``),
+    :attr:`~Backend.SHM_MODEL` (``ShmModel.stream``) or :attr:`~Backend.GRPC` (tritonclient's
+    streaming client, :class:`~._clients.GrpcStreamer`; ``arg``: the URL)."""
+    if backend == Backend.SERVE:
+        return arg.remote, (lambda: None)
+    if backend == Backend.SHM_MODEL:
+        model = ShmModel(case.model, **shm_model_options(case, arg))
+        return model.stream, model.close
+    streamer = GrpcStreamer(arg)
+    return (lambda inputs: streamer.stream(case, inputs)), streamer.close
+
+
 class Caller:
     """A Ray actor (a process of its own) sending one request at a time; it holds a target per
-    (path, run): a call and its inputs (resolved once from the object store)."""
+    (path, run): a call and its inputs (resolved once from the object store), or of a
+    streaming model, its streams (:meth:`add_stream`)."""
 
     def __init__(self) -> None:
         self._targets: dict[str, tuple[Callable[[], Any], Callable[[], None]]] = {}
+        self._streams: dict[str, Callable[[int], StreamTimes]] = {}
 
     @errors_reach_the_driver
     def add(self, key: str, backend: Backend, arg: Any, case: ModelCase, inputs: Any) -> int:
@@ -149,8 +197,44 @@ class Caller:
         time.sleep(max(0.0, start_at - time.time()))
         return run_open_loop(self._targets[key][0], due, time.perf_counter(), threads, give_up_s)
 
+    @errors_reach_the_driver
+    def add_stream(
+        self,
+        key: str,
+        backend: Backend,
+        arg: Any,
+        case: ModelCase,
+        requests: tuple[StreamRequest, ...],
+    ) -> int:
+        """Streams ``requests`` in turn as ``key`` through ``backend`` (:func:`connect_stream`),
+        every response checked; binds, connects, warms up (a stream). Returns this process's
+        id."""
+        open_stream, close = connect_stream(backend, arg, case)
+
+        def stream(index: int) -> StreamTimes:
+            request = requests[index % len(requests)]
+            return time_stream(open_stream(request.inputs), request)
+
+        self._targets[key] = (lambda: {}), close
+        self._streams[key] = stream
+        stream(0)
+        return os.getpid()
+
+    @errors_reach_the_driver
+    def stream_once(self, key: str) -> StreamTimes:
+        """One stream, every response checked: its times."""
+        return self._streams[key](0)
+
+    @errors_reach_the_driver
+    def stream_loop(self, key: str, start_at: float, duration_s: float) -> StreamSlice:
+        """Streams back to back from ``start_at`` (``time.time()``) for ``duration_s`` (at
+        least one), each timed and checked (:func:`~.._load.run_streams_until`)."""
+        time.sleep(max(0.0, start_at - time.time()))
+        return run_streams_until(self._streams[key], time.perf_counter() + duration_s)
+
     def remove(self, key: str) -> None:
         """Forgets ``key``, closing what it held."""
+        self._streams.pop(key, None)
         self._targets.pop(key, (None, lambda: None))[1]()
 
 
@@ -238,7 +322,7 @@ class BenchReplica:
     def __init__(self, url: str, slots: int) -> None:
         self._url, self._slots = url, slots
         self._case: ModelCase | None = None
-        self._clients: dict[Backend, Any] = {}
+        self._clients: dict[Backend | str, Any] = {}
 
     def prepare(self, case: ModelCase | None) -> int:
         """Serves ``case`` from now on (``None``: nothing); returns the replica's pid."""
@@ -249,12 +333,15 @@ class BenchReplica:
             self._case, self._clients = case, {}
         return os.getpid()
 
-    def _client(self, backend: Backend) -> tuple[ModelCase, Any]:
-        """The case, and the backend's client (made on first use, on the replica's loop)."""
+    def _client(self, backend: Backend | str) -> tuple[ModelCase, Any]:
+        """The case, and the backend's client (made on first use, on the replica's loop);
+        :data:`STREAM_GRPC`: tritonclient's streaming client."""
         case = self._case
         assert case is not None
         client = self._clients.get(backend)
-        if client is None and backend == Backend.SHM_MODEL:
+        if client is None and backend == STREAM_GRPC:
+            client = GrpcStreamerAsync(self._url)
+        elif client is None and backend == Backend.SHM_MODEL:
             client = ShmModel(case.model, **shm_model_options(case, self._slots))
         elif client is None and backend == Backend.SHM_CLIENT:
             client, _ = shm_client(
@@ -294,6 +381,21 @@ class BenchReplica:
         infer_inputs, outputs = by_value(grpcclient, inputs, names)
         result = await client.infer(case.model, infer_inputs, outputs=outputs)
         return {name: result.as_numpy(name) for name in names}
+
+    @errors_reach_the_driver
+    async def stream_shm(self, inputs: Mapping[str, np.ndarray]) -> AsyncIterator[dict[str, Any]]:
+        """One stream through ``ShmModel.stream_async``: each response's outputs, as they
+        come (to a streaming handle)."""
+        _, client = self._client(_SHM_MODEL)
+        async for response in client.stream_async(inputs):
+            yield dict(response)
+
+    @errors_reach_the_driver
+    async def stream_grpc(self, inputs: Mapping[str, np.ndarray]) -> AsyncIterator[dict[str, Any]]:
+        """One stream through tritonclient's streaming client, by value."""
+        case, client = self._client(STREAM_GRPC)
+        async for response in client.stream(case, inputs):
+            yield response
 
 
 class Predictor:

@@ -30,6 +30,7 @@ from ray_triton_shm._bench._summary import (
 )
 from ray_triton_shm._bench.report._text import (
     CEILING_LEGEND,
+    STREAM_LEGEND,
     bound_text,
     by_value_goal_line,
     crash_lines,
@@ -206,6 +207,11 @@ def _print_skipped(results: BenchResults, console: Console) -> None:
         console.print(f"skipped: {', '.join(paths)} on {', '.join(models)}: {reason}", markup=False)
 
 
+def _streams(results: BenchResults) -> bool:
+    """Whether a streaming model ran."""
+    return any(model.case is not None and model.case.streaming for model in results.models)
+
+
 def _print_summary(results: BenchResults, console: Console) -> None:
     table = summary(results)
     bound = results.config.latency_bound_ms
@@ -230,7 +236,11 @@ def _print_summary(results: BenchResults, console: Console) -> None:
         "speed-up = MB/s over plain gRPC's in the same set-up, with the most callers each choice "
         "ran with (in brackets: its lowest and highest in a round); below the table, each "
         "choice at each number of callers it ran with: faster or slower only where every round "
-        "says so, else no measurable difference. " + CEILING_LEGEND + " " + pool_size_legend(bound),
+        "says so, else no measurable difference. "
+        + CEILING_LEGEND
+        + " "
+        + pool_size_legend(bound)
+        + (" " + STREAM_LEGEND if _streams(results) else ""),
         markup=False,
     )
     _show(console, rows)

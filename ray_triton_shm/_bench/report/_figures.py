@@ -36,6 +36,8 @@ CURVE_GROUPS: dict[str, tuple[str, ...]] = {
         "serve-http-noop",
     ),
     "Ray Data": ("data-grpc", "data-shm", "data-noop"),
+    "streams": ("stream-grpc", "stream-client", "stream-async", "pa-stream-shm", "pa-stream"),
+    "streams, Ray": ("stream-grpc-procs", "stream-model", "serve-stream-grpc", "serve-stream"),
 }
 #: Plain gRPC in grey and the ceilings in green (no-op ones, perf_analyzer's: light for
 #: pa-grpc), in every panel; the others in turn.
@@ -60,6 +62,7 @@ def _colours(names: list[str]) -> dict[str, str]:
     """A colour per series of a panel: gRPC grey, the ceilings green, the rest each its own."""
     others = iter(_PALETTE * 2)
     fixed = {"pa-shm": _GREEN, "pa-grpc": _LIGHT_GREEN}
+    fixed |= {"pa-stream-shm": _GREEN, "pa-stream": _LIGHT_GREEN}
     return {
         name: fixed.get(name)
         or (_GREEN if "noop" in name else _GREY if "grpc" in name else next(others))

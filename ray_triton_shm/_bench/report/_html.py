@@ -25,6 +25,7 @@ from ray_triton_shm._bench._summary import (
 )
 from ray_triton_shm._bench.report._text import (
     CEILING_LEGEND,
+    STREAM_LEGEND,
     by_value_goal_line,
     crash_lines,
     extra_lines,
@@ -139,6 +140,8 @@ def _summary(results: BenchResults, figure: Path | None) -> str:
         "choice ran with (for Ray tasks, 16 callers on ShmModel's default pool, which follows "
         "its load)."
     )
+    streaming = any(model.case is not None and model.case.streaming for model in results.models)
+    streams = f" {STREAM_LEGEND}" if streaming else ""
     verdict_rows = [
         (
             _e(model),
@@ -169,7 +172,7 @@ def _summary(results: BenchResults, figure: Path | None) -> str:
         )
         + "<p>Each choice at each number of callers it ran with, against plain gRPC in the "
         "same set-up: faster or slower only where every round says so, else no measurable "
-        f"difference. {_e(CEILING_LEGEND)} {_e(pool_size_legend(bound))}</p>"
+        f"difference. {_e(CEILING_LEGEND)} {_e(pool_size_legend(bound))}{_e(streams)}</p>"
         + _table(
             ("model", "choice", "callers", "verdict", "speed-up", "vs perf_analyzer", "run"),
             verdict_rows,

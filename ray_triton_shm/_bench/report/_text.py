@@ -24,6 +24,7 @@ from ray_triton_shm._bench._config import (
     SERVE_HTTP_CLIENTS,
     SERVE_HTTP_PATHS,
     SHM,
+    STREAM_TWINS,
 )
 from ray_triton_shm._bench._format import num, per_s
 from ray_triton_shm._bench._results import (
@@ -41,7 +42,8 @@ from ray_triton_shm._bench._results import (
     ratio,
 )
 
-__all__ = ["CEILING_LEGEND", "bound_text", "crash_lines", "elastic_lines", "extra_lines"]
+__all__ = ["CEILING_LEGEND", "STREAM_LEGEND", "bound_text", "crash_lines", "elastic_lines"]
+__all__ += ["extra_lines"]
 __all__ += ["model_rows", "pool_growth", "pool_size_legend", "pool_size_lines", "rate_text"]
 __all__ += ["by_value_goal_line", "run_transport", "throughput_text", "transport_lines"]
 
@@ -51,22 +53,88 @@ CEILING_LEGEND = (
     "callers (pa-shm: its inputs written into shared memory once; pa-grpc: by value): it "
     "never reads its outputs, so it is the most any client gets from this Triton."
 )
+#: What a streaming model's numbers are, as the terminal and the report say it.
+STREAM_LEGEND = (
+    "On a streaming model (decoupled: its responses streamed), each caller runs one stream "
+    "at a time: its callers are streams at once, its speed-up is responses/s over "
+    "tritonclient's streaming client's in the same set-up (start_stream and "
+    "async_stream_infer, inputs by value: a client per caller thread or process; in a Serve "
+    "replica, one stream, its requests told apart by their ids), and vs perf_analyzer is over "
+    "the better of perf_analyzer --streaming's runs (pa-stream-shm, pa-stream)."
+)
 #: The replica's stages, in the order a request goes through them.
 _STAGES = ("request", "body", "parse", "batched", "model", "top_k", "json")
 
 
 def _baseline(model: ModelResult, r: RunResult) -> RunResult | None:
     """gRPC in the same topology: the same Serve deployment or Ray Data job on plain gRPC, as
-    many gRPC caller processes (``shm-model``), or gRPC at the same concurrency."""
+    many gRPC caller processes (``shm-model``), or gRPC at the same concurrency; of a
+    streaming model, tritonclient's streaming client in the same set-up
+    (:data:`~.._config.STREAM_TWINS`)."""
+    if r.path in STREAM_TWINS:
+        return model.run(STREAM_TWINS[r.path], r.concurrency)
     if r.path.startswith(("serve", "data")):
         return model.run(r.path.rsplit("-", 1)[0] + "-grpc", r.concurrency)
     processes = model.run("grpc-procs", r.concurrency) if r.path == "shm-model" else None
     return processes or model.run("grpc", r.concurrency)
 
 
+def _check(r: RunResult) -> str:
+    """What the table's last column says of ``r``: ok, or why not."""
+    if r.skipped is not None:
+        return f"skipped: {r.skipped}"
+    if r.disturbed is not None:
+        return "disturbed (Triton crashed): not counted"
+    if r.error:
+        return f"FAILED: {r.error}"
+    return f"not checked: {r.unchecked}" if r.unchecked else "ok"
+
+
+def _stream_rows(model: ModelResult) -> tuple[str, tuple[str, ...], list[list[str]]]:
+    """:func:`model_rows` of a streaming model: responses per second, the times to a
+    stream's first response and to its end, the client's CPU per response, and the ratios of
+    responses per second to tritonclient's streaming client and to perf_analyzer."""
+    case = model.case
+    assert case is not None
+    title = f"{model.name}: model {case.model} (streaming), {num(case.input_nbytes / 1e6)} MB in"
+    headers: tuple[str, ...] = ("run", "streams/s", "responses/s", "responses/stream")
+    headers += ("first p50 ms", "first p99 ms", "last p50 ms", "last p99 ms", "CPU us/response")
+    headers += ("vs tritonclient", "vs PA", "transport", "check")
+    rows = []
+    for r in model.runs:
+        numbers = r.numbers()
+        first, last = numbers.get("first_response_ms") or {}, numbers.get("last_response_ms") or {}
+        base = _baseline(model, r)
+        ceiling = model.ceiling(r.concurrency)
+        rows.append(
+            [
+                describe_run(r.path, r.concurrency, r.slots),
+                *(num(numbers.get(k)) for k in ("requests_per_s", "responses_per_s")),
+                num(numbers.get("responses_per_stream")),
+                *(num(times.get(p)) for times in (first, last) for p in ("p50", "p99")),
+                num(numbers.get("cpu_us_per_response")),
+                num(_responses_ratio(r, base), "x"),
+                num(_responses_ratio(r, ceiling), "x"),
+                _TRANSPORT_WORDS.get(run_transport(model, r)[0] or "", ""),
+                _check(r),
+            ]
+        )
+    title += "; first, last = a stream's time to its first response, to its end"
+    return title, headers, rows
+
+
+def _responses_ratio(r: RunResult, other: RunResult | None) -> float | None:
+    """``r``'s responses per second over ``other``'s (``None``: not both, or the same run)."""
+    if other is None or other is r or not other.counts:
+        return None
+    return ratio(r.numbers().get("responses_per_s"), other.numbers().get("responses_per_s"))
+
+
 def model_rows(model: ModelResult) -> tuple[str, tuple[str, ...], list[list[str]]]:
     """The title, headers and a row per run of ``model``'s table (the check last)."""
     case = model.case
+    if case is not None and case.streaming:
+        return _stream_rows(model)
     title = model.name
     if case is not None:
         title += f": model {case.model}, {case.batch_size} samples per request, "
@@ -81,14 +149,7 @@ def model_rows(model: ModelResult) -> tuple[str, tuple[str, ...], list[list[str]
         base = _baseline(model, r)
         vs_grpc = mb_ratio(r, base) if base is not None and base is not r else None
         vs_ceiling, ceiling = model.vs_ceiling(r)
-        if r.skipped is not None:
-            check = f"skipped: {r.skipped}"
-        elif r.disturbed is not None:
-            check = "disturbed (Triton crashed): not counted"
-        elif r.error:
-            check = f"FAILED: {r.error}"
-        else:
-            check = f"not checked: {r.unchecked}" if r.unchecked else "ok"
+        check = _check(r)
         rows.append(
             [
                 describe_run(r.path, r.concurrency, r.slots),
@@ -284,8 +345,17 @@ def rate_text(rec: Mapping[str, Any] | None, bound_ms: float | None) -> str | No
     )
 
 
+#: The pool-size answer of a streaming model.
+STREAM_POOL = (
+    "a streaming model: each stream holds one slot until Triton's final response; a pool "
+    "as large as the streams at once (its runs had a slot per stream)"
+)
+
+
 def pool_size_lines(model: ModelResult, bound_ms: float | None) -> list[str]:
     """Every pool-size answer for ``model``, a line each, by its name (none: no shm run)."""
+    if model.case is not None and model.case.streaming:
+        return [STREAM_POOL]
     rec = model.recommendation(bound_ms)
     lines = [throughput_text(rec, detailed=True), *elastic_lines(model), rate_text(rec, bound_ms)]
     return [line for line in lines if line]
