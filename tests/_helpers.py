@@ -513,6 +513,12 @@ def figures(outcomes: list[Outcome], down: float, up: float) -> dict[str, Any]:
     }
 
 
+#: The models of the ``fresh_triton`` fixture (the tests that restart or kill Triton).
+FRESH_MODELS = ("classifier", "identity", "large_image", "delay_echo", "captioner")
+#: The models of the ``triton_elsewhere`` fixture (a Triton with a /dev/shm of its own).
+ELSEWHERE_MODELS = ("identity", "upper", "add_nobatch", "echo_parameters", "captioner")
+
+
 def model_repository(directory: Path, *models: str) -> Path:
     """A model repository holding only ``models`` (links into the example repository or the
     tests' own): a Triton serving it starts and restarts in a few seconds, not one per

@@ -19,6 +19,8 @@ from typing import Any
 import pytest
 from _helpers import (
     ADMIN,
+    ELSEWHERE_MODELS,
+    FRESH_MODELS,
     INFER,
     OWN_DEV_SHM,
     READ,
@@ -43,10 +45,6 @@ TEST_MODEL_REPOSITORY: Path = Path(__file__).resolve().parent / "models"
 
 #: Both repositories, as served by the ``triton`` fixture.
 MODEL_REPOSITORIES: tuple[Path, ...] = (EXAMPLE_MODEL_REPOSITORY, TEST_MODEL_REPOSITORY)
-#: The models of the ``fresh_triton`` fixture (the tests that restart or kill Triton).
-FRESH_MODELS = ("classifier", "identity", "large_image", "delay_echo", "captioner")
-#: The models of the ``triton_elsewhere`` fixture (a Triton with a /dev/shm of its own).
-ELSEWHERE_MODELS = ("identity", "upper", "add_nobatch", "echo_parameters", "captioner")
 
 #: How long the chaos soak (tests/test_soak.py) runs unless ``--soak-s`` says otherwise.
 DEFAULT_SOAK_S = 25.0

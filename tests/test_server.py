@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.utils.shared_memory as sysshm
-from conftest import FRESH_MODELS
+from _helpers import FRESH_MODELS
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from ray_triton_shm.local import _install
