@@ -231,6 +231,7 @@ def test_bench_quick_json_has_every_path_and_kind_of_model(
     assert registered_on(triton.grpc_url) - registered_before == set()
 
 
+@pytest.mark.soak  # minutes of make test: CI's soak tier runs it
 def test_bench_runs_models_it_has_never_seen(triton: LocalTritonServer, tmp_path: Path) -> None:
     """Models from the configuration alone: several inputs and outputs, -1 dims, BYTES (test
     model mixed_io), and a model that does not batch (add_nobatch)."""

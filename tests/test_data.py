@@ -225,6 +225,7 @@ else:
 """
 
 
+@pytest.mark.soak  # minutes of make test: CI's soak tier runs it
 def test_batch_predict_script(ray_cluster: str, triton: LocalTritonServer, tmp_path: Path) -> None:
     output = tmp_path / "preds"
     env = {

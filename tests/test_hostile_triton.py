@@ -183,8 +183,10 @@ def infer_in_task(model: ShmModel, seed: int, request_id: str) -> tuple[str, Any
 TASK_CASES = ("garbage", "close", "stall", "other_id", "shape")
 
 
-@pytest.mark.parametrize(("case", "over"), [(c, "grpc") for c in TASK_CASES] + [
-    (c, "http") for c in ("garbage", "other_id")  # the core tests have every case over HTTP
+@pytest.mark.parametrize(("case", "over"), [
+    ("garbage", "grpc"), ("other_id", "http"),  # make test: the core tests have every case
+    *(pytest.param(c, "grpc", marks=pytest.mark.soak) for c in TASK_CASES[1:]),
+    pytest.param("garbage", "http", marks=pytest.mark.soak),
 ])  # fmt: skip
 def test_shm_model_in_a_task_fails_by_name_and_the_node_actor_lives_on(
     cued: HostileTriton, hostile_node: Any, case: str, over: str

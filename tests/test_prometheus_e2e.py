@@ -241,6 +241,7 @@ class Caller:
         self.stop.set()
 
 
+@pytest.mark.soak  # minutes of make test: CI's soak tier runs it
 def test_prometheus_sees_every_panel_and_fires_the_overload_and_abandoned_slot_alerts(
     prometheus: Prometheus,
 ) -> None:

@@ -336,6 +336,7 @@ def test_bench_without_ray_has_no_ray_paths_or_goals(triton: LocalTritonServer) 
     ]
 
 
+@pytest.mark.soak  # minutes of make test: CI's soak tier runs it
 def test_bench_on_a_triton_that_cannot_map_its_shared_memory_runs_by_value_and_says_so(
     triton_elsewhere: LocalTritonServer, tmp_path: Path
 ) -> None:

@@ -148,11 +148,13 @@ def _dotted(node: ast.expr) -> str | None:
     return ".".join([node.id, *reversed(parts)])
 
 
-def private_uses(source: str) -> list[str]:
-    """Where ``source`` reaches a private module of Ray: an import of one, an attribute chain
-    through one (``ray._raylet.Config``), or its name given to a call (``importorskip``)."""
+def private_uses(source: str | ast.Module) -> list[str]:
+    """Where ``source`` (or its syntax tree) reaches a private module of Ray: an import of one,
+    an attribute chain through one (``ray._raylet.Config``), or its name given to a call
+    (``importorskip``)."""
     found = []
-    for node in ast.walk(ast.parse(source)):
+    tree = ast.parse(source) if isinstance(source, str) else source
+    for node in ast.walk(tree):
         names: list[Any] = []
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
@@ -171,13 +173,19 @@ def private_uses(source: str) -> list[str]:
     return sorted(set(found))
 
 
+#: Every scanned file's syntax tree, parsed once at collection. (Parsed after other tests ran
+#: in the same process, CPython 3.11.7's ``ast.parse`` can raise "SystemError: AST
+#: constructor recursion depth mismatch", a bug of its own; see tests/unit/test_layering.py.)
+TREES = {
+    str(path.relative_to(ROOT)): ast.parse(path.read_text())
+    for folder in SCANNED
+    for path in sorted((ROOT / folder).rglob("*.py"))
+    if path != INTERNALS
+}
+
+
 def test_only_the_internals_reach_rays_private_modules() -> None:
-    reached = {
-        str(path.relative_to(ROOT)): uses
-        for folder in SCANNED
-        for path in sorted((ROOT / folder).rglob("*.py"))
-        if path != INTERNALS and (uses := private_uses(path.read_text()))
-    }
+    reached = {name: uses for name, tree in TREES.items() if (uses := private_uses(tree))}
     assert reached == {}
 
 

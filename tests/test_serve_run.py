@@ -48,6 +48,7 @@ def _leftovers(url: str) -> list[str]:
     return [r.name for r in region_status(url).regions if r.owner == "dead"]
 
 
+@pytest.mark.soak  # minutes of make test: CI's soak tier runs it
 def test_serve_run_answers_http_and_ctrl_c_leaves_nothing(
     triton: LocalTritonServer, tmp_path: Path
 ) -> None:

@@ -166,7 +166,7 @@ def responses(draw: st.DrawFn) -> tuple[bytes, Read]:
 
 
 @given(responses(), st.data())
-@examples(300)
+@examples(180, soak=3_600)
 def test_a_well_formed_response_reads_as_llhttp_reads_it_in_any_pieces(
     response: tuple[bytes, Read], data: st.DataObject
 ) -> None:
@@ -184,7 +184,7 @@ def test_a_well_formed_response_reads_as_llhttp_reads_it_in_any_pieces(
 
 
 @given(triton_answers())
-@examples(300)
+@examples(180, soak=3_600)
 def test_a_triton_answer_reads_back_as_written(answer: tuple[bytes, bytes, Any, Any]) -> None:
     body, request_id, json_bytes, expected = answer
     tried("http reader: answers")
@@ -267,7 +267,7 @@ anything = st.one_of(
 @example(_HEAD + b"Content-Length: 1_0\r\n\r\nabcdefghij", [])  # Python's int(), not HTTP
 @example(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", [])
 @example(_HEAD + b"Transfer-Encoding: chunked\r\n\r\n2\r\nabXY0\r\n\r\n", [])  # no CRLF after
-@examples(1500)
+@examples(900, soak=18_000)
 def test_any_bytes_read_as_llhttp_reads_them_or_fail_by_name(wire: bytes, cuts: list[int]) -> None:
     tried("http reader: any bytes")
     outcome = ours(wire)
@@ -297,7 +297,7 @@ bodies = st.one_of(
 @example(b'{"outputs":[{"name":"o","datatype":"FP32","shape":[2]}]}xyz', 56)  # bytes left
 @example(b'{"outputs":[{"name":"o","datatype":"FP32","shape":[-1],'
          b'"parameters":{"binary_data_size":-4}}]}', None)  # fmt: skip
-@examples(1500)
+@examples(900, soak=18_000)
 def test_any_body_reads_as_an_answer_or_fails_by_name(body: bytes, json_bytes: int | None) -> None:
     tried("http reader: answer bodies")
     try:

@@ -30,7 +30,7 @@ def _serialized(elements: list[bytes]) -> bytes:
     extra=st.integers(0, 3),
 )
 @example(elements=[], tail=b"\xff\xff\xff\xff", cut=0, extra=1)  # a length past everything
-@examples(2500, soak=50_000)
+@examples(1500, soak=50_000)
 def test_decode_reads_what_was_written_or_says_it_runs_past(
     elements: list[bytes], tail: bytes, cut: int, extra: int
 ) -> None:
@@ -52,7 +52,7 @@ def test_decode_reads_what_was_written_or_says_it_runs_past(
 
 
 @given(space=st.binary(max_size=200), count=st.integers(0, 50))
-@examples(2500, soak=50_000)
+@examples(1500, soak=50_000)
 def test_decode_of_random_bytes_stays_inside(space: bytes, count: int) -> None:
     tried("BYTES decode")
     decoded = decode(np.frombuffer(space, np.uint8), count)
@@ -71,7 +71,7 @@ names = st.from_regex(r"[a-zA-Z0-9_.\-]{1,20}", fullmatch=True).filter(
 @example(files={"triton-grpc-protocol-infer-key": b"\xff\xfe"})  # not UTF-8
 @example(files={"key": b""})  # empty
 @example(files={"-": b"\x00 \n"})  # a NUL, whitespace
-@examples(600)
+@examples(360, soak=7_200)
 def test_key_files_give_their_text_or_a_named_error(files: dict[str, bytes]) -> None:
     """A directory of key files: each file's text (stripped), or ``ValueError`` naming a
     file that is not UTF-8 (never its value)."""
@@ -102,7 +102,7 @@ PEM = b"-----BEGIN CERTIFICATE-----\nMIIBszCCAVmgAwIBAgIUQ0xZ\n-----END CERTIFIC
     ),
     which=st.sampled_from(["ca", "pair"]),
 )
-@examples(200, soak=2400)
+@examples(120, soak=2400)
 def test_tls_files_give_a_context_or_a_named_error(content: bytes, which: str) -> None:
     """Garbage, empty or truncated PEM: the files are read, and the context made from them
     fails with what the handshake's diagnosis names (``ssl.SSLError``, ``OSError``,

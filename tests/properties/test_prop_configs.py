@@ -60,7 +60,7 @@ SKL2ONNX = {
 @given(config=config, max_shapes=st.none() | st.dictionaries(st.text(max_size=3), dims))
 @example(config=SKL2ONNX, max_shapes=None)
 @example(config={"max_batch_size": "eight"}, max_shapes=None)  # was a bare ValueError
-@examples(1200, soak=30_000)
+@examples(720, soak=30_000)
 def test_triton_json_gives_a_spec_or_a_named_error(
     config: dict[str, Any], max_shapes: dict[str, list[int]] | None
 ) -> None:
@@ -154,7 +154,7 @@ pbtxt = st.one_of(
     text='max_batch_size: 8\noutput [ { name: "label", data_type: TYPE_INT64, dims: [ -1 ] '
     "reshape: { shape: [ ] } } ]\n",
 )
-@examples(1200)
+@examples(720, soak=14_400)
 def test_onnx_configs_give_a_config_or_a_named_error(
     signature: dict[str, Any], text: str | None
 ) -> None:

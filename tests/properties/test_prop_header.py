@@ -90,7 +90,7 @@ def _write_everything(header: RegionHeader, slot_count: int) -> None:
 @example(slot_count=4, scribbles=[(24, (99).to_bytes(8, "little"))])  # a memory word past kinds
 @example(slot_count=2, scribbles=[(32, (2**63 - 1).to_bytes(8, "little"))])  # a size past int64
 @example(slot_count=2, scribbles=[(8 * 1056, b"\xff" * 7 + b"\x7f")])  # a counter at int64's max
-@examples(1500, soak=36_000)
+@examples(900, soak=36_000)
 def test_random_words_read_in_range_or_refused_by_name(
     slot_count: int, scribbles: list[tuple[int, bytes]]
 ) -> None:
@@ -107,7 +107,7 @@ def test_random_words_read_in_range_or_refused_by_name(
 
 
 @given(data=st.binary(max_size=256), padding=st.integers(0, REGION_HEADER_BYTES))
-@examples(2000)
+@examples(1200, soak=24_000)
 def test_random_bytes_open_as_ours_only_with_our_stamp(data: bytes, padding: int) -> None:
     """A region of random bytes, of any length: opened only if it bears this layout's stamp,
     else refused by name; ``status``'s reading agrees."""
@@ -126,7 +126,7 @@ def test_random_bytes_open_as_ours_only_with_our_stamp(data: bytes, padding: int
 
 @given(slot_count=st.integers(1, 8), scribbles=writes)
 @example(slot_count=2, scribbles=[(8 * (1056 + 8), b"\x01")])  # slot 0 abandoned, stamp kept
-@examples(300, soak=1500)
+@examples(180, soak=1500)
 def test_callers_on_a_scribbled_region_take_a_slot_or_fail_by_name(
     slot_count: int, scribbles: list[tuple[int, bytes]]
 ) -> None:

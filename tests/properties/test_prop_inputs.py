@@ -95,7 +95,7 @@ bad_identity = st.one_of(
 @example(value=np.zeros((0, 4), np.float32), good=False)
 @example(value=np.ones((2, 3), np.float64), good=False)
 @example(value=np.array([[1.0, "a"]], dtype=object), good=False)
-@examples(700, soak=7000)
+@examples(420, soak=7000)
 def test_identity_answers_right_or_refuses_by_name(
     shm: TritonSHMClient, value: Any, good: bool
 ) -> None:
@@ -144,7 +144,7 @@ def _utf8(element: Any) -> bytes:
 
 @given(value=text_inputs())
 @example(value=np.array([[b"\xff\xfeabc"], ["\u00e9t\u00e9"]], dtype=object))
-@examples(500, soak=5000)
+@examples(300, soak=5000)
 def test_upper_answers_right_or_refuses_by_name(shm: TritonSHMClient, value: Any) -> None:
     tried("inputs: upper")
     answer = _call(shm, "upper", {"TEXT": value})
@@ -166,7 +166,7 @@ pairs = st.one_of(
 
 
 @given(pair=pairs)
-@examples(400, soak=4000)
+@examples(240, soak=4000)
 def test_add_nobatch_answers_right_or_refuses_by_name(
     shm: TritonSHMClient, pair: tuple[Any, Any]
 ) -> None:

@@ -121,12 +121,19 @@ def write_summary(results: BenchResults, path: str | Path) -> Path | None:
             fontsize=11,
             loc="left",
         )
+    streams = [m.name for m in results.models if m.case is not None and m.case.streaming]
     fig.suptitle(
         "How much faster than plain gRPC, in the same set-up (MB/s ratio; green: faster, red: "
         "slower, yellow: about the same;\n'within noise': faster in some rounds, slower in "
         "others; goal in brackets; 'not run': see the terminal's or the report's skipped lines;"
         "\nperf_analyzer: the ratio to the better of Triton's perf_analyzer's runs with as many "
-        "callers, the ceiling)",
+        "callers, the ceiling)"
+        + (
+            f"\n{', '.join(streams)} (streaming): responses/s over tritonclient's streaming "
+            "client's; callers are streams at once"
+            if streams
+            else ""
+        ),
         fontsize=10,
     )
     return _save(fig, plt, path)
@@ -229,7 +236,10 @@ def _plot_throughput(ax: Any, model: ModelResult, title: str, paths: list[str]) 
                 fillstyle="none" if kind == "crowded" else "full",
                 label=_series_label(name, kind, mine),
             )
-    ax.set(xlabel="p99 latency (ms)", ylabel="throughput (requests/s)")
+    if model.case is not None and model.case.streaming:
+        ax.set(xlabel="p99 time to a stream's end (ms)", ylabel="throughput (streams/s)")
+    else:
+        ax.set(xlabel="p99 latency (ms)", ylabel="throughput (requests/s)")
     _finish(ax, f"{title}: throughput against p99")
 
 
@@ -237,9 +247,10 @@ def _series_label(name: str, kind: str, runs: list[RunResult]) -> str:
     """The legend of a path's line (``kind`` ``""``: its callers) or point (its set-up)."""
     if kind:
         return describe_run(name, runs[0].concurrency, runs[0].slots)
+    who = "stream" if runs[0].case.streaming else "caller"
     if len(runs) > 1:
-        return name + f" ({', '.join(str(r.concurrency) for r in runs)} callers)"
-    return name + f" ({runs[0].concurrency} caller{'s' * (runs[0].concurrency > 1)})"
+        return name + f" ({', '.join(str(r.concurrency) for r in runs)} {who}s)"
+    return name + f" ({runs[0].concurrency} {who}{'s' * (runs[0].concurrency > 1)})"
 
 
 def _plot_pool_sizes(ax: Any, elastic: list[RunResult]) -> None:
