@@ -100,18 +100,13 @@ class StreamCall(Call):
         else:
             self._streams.discard(stream)
 
-    def _next(self, chunk: StreamChunk, item: Any) -> Any:
-        if isinstance(item, BaseException):
-            raise item
-        return item
-
     def _do(self, step: Step, arg: Any) -> Any:
         """Carries out one step, blocking."""
         timeout_s = self._client_timeout_s
         match step:
             case Step.NEXT:
                 try:
-                    return self._next(arg, arg.responses.get(timeout_s))
+                    return _received(arg.responses.get(timeout_s))
                 except TimeoutError:
                     raise arg.timed_out(timeout_s) from None
             case Step.OPEN:
@@ -126,7 +121,7 @@ class StreamCall(Call):
         match step:
             case Step.NEXT:
                 try:
-                    return self._next(arg, await arg.responses.get_async(timeout_s))
+                    return _received(await arg.responses.get_async(timeout_s))
                 except TimeoutError:
                     raise arg.timed_out(timeout_s) from None
             case Step.OPEN:
@@ -134,3 +129,10 @@ class StreamCall(Call):
             case _:
                 return await self.do_async(step, arg)
         return None
+
+
+def _received(item: Any) -> Any:
+    """A response handed over by the stream, or the error that ended it, raised."""
+    if isinstance(item, BaseException):
+        raise item
+    return item
