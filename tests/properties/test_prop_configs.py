@@ -60,6 +60,14 @@ SKL2ONNX = {
 @given(config=config, max_shapes=st.none() | st.dictionaries(st.text(max_size=3), dims))
 @example(config=SKL2ONNX, max_shapes=None)
 @example(config={"max_batch_size": "eight"}, max_shapes=None)  # was a bare ValueError
+@example(  # a streaming model's outputs keep their -1: they come back by value
+    config={
+        "model_transaction_policy": {"decoupled": True},
+        "input": [{"name": "0", "data_type": "TYPE_BOOL"}],
+        "output": [{"name": "0", "data_type": "TYPE_BOOL", "dims": [-1]}],
+    },
+    max_shapes=None,
+)
 @examples(720, soak=30_000)
 def test_triton_json_gives_a_spec_or_a_named_error(
     config: dict[str, Any], max_shapes: dict[str, list[int]] | None
@@ -82,7 +90,9 @@ def test_triton_json_gives_a_spec_or_a_named_error(
         return
     assert spec.max_batch_size >= 0 and spec.inputs and spec.outputs
     assert layout.slot_bytes >= 0
-    for t in (*spec.inputs, *spec.outputs):
+    # A streaming model's outputs come back by value, so they need no maxima.
+    sized = spec.inputs if spec.decoupled else (*spec.inputs, *spec.outputs)
+    for t in sized:
         assert all(d >= 0 for d in t.max_shape), t
     if config is SKL2ONNX:
         assert {t.name: t.max_shape for t in spec.outputs}["label"] == (1,)
