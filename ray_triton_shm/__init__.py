@@ -60,6 +60,7 @@ _EXPORTS = {
     "TlsFiles": "._wire._tls",
     "PoolStats": "._slots._slot_pool",
     "SlotAutoscaling": "._slots._sizing",
+    "NodeBatching": "._inference._node_batching",
     "ReclaimReport": "._pools._reclaim",
     "RegionStatus": "._tools._region_status",
     "StatusReport": "._tools._region_status",
@@ -87,6 +88,7 @@ __all__ = [
     "ModelNotRegisteredError",
     "ModelSpec",
     "ModelSpecError",
+    "NodeBatching",
     "NodeReport",
     "OverloadedError",
     "PoolStats",
@@ -145,6 +147,7 @@ if typing.TYPE_CHECKING:  # what type checkers and IDEs see: the names, typed, a
         TritonServerError,
         TritonSHMError,
     )
+    from ._inference._node_batching import NodeBatching
     from ._inference._stream import StreamResponse
     from ._lease import SlotLease
     from ._pools._reclaim import ReclaimReport, reclaim_regions

@@ -24,6 +24,7 @@ import grpc
 
 from ._drive import as_asyncio_future, drive, drive_async
 from ._exceptions import AccessDeniedError, InvalidInputError, TritonSHMError
+from ._inference._batching import joins_batches, run_batched
 from ._inference._engine import Step, Steps, run
 from ._inference._gpu_tensors import OUTPUT_KINDS
 from ._inference._inputs import InputValue, prepare_batch
@@ -106,7 +107,9 @@ class Call:
     def moved(self, exc: BaseException, options: RequestOptions | None) -> ModelPool:
         """The pool the call goes on with after ``exc`` (one of :data:`._pools._retry.MOVED`)
         stopped it, or raises what the caller should get (see :meth:`Registry.next_pool`)."""
-        self.pool = self.pools.next_pool(self.pool, exc, options, self.started)
+        timeout_s = self._client_timeout_s
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        self.pool = self.pools.next_pool(self.pool, exc, options, self.started, deadline=deadline)
         return self.pool
 
     def infer(self, inputs: Mapping[str, InputValue]) -> dict[str, Any]:
@@ -167,6 +170,15 @@ class Call:
                 actual=batch.size,
             )
         self.pools.maybe_check(pool)
+        if joins_batches(pool, batch, chosen, outputs_as):
+            return run_batched(
+                pool,
+                batch,
+                slot_timeout_s=self.slot_timeout_s,
+                client_timeout_s=self._client_timeout_s,
+                request_id=self.request_id,
+                options=chosen,
+            )
         return run(
             pool,
             batch,
@@ -203,6 +215,8 @@ class Call:
                     raise arg.deadline_exceeded(timeout_s) from None
             case Step.SLOT:
                 return self.pool.slots.acquire(arg)
+            case Step.LOCK:
+                return arg.wait()
             case Step.SEND:
                 self._send(arg)
             case Step.RECONNECT:
@@ -250,6 +264,8 @@ class Call:
                 return grpc_answer(answered, self.request_id)
             case Step.SLOT:
                 return await self.pool.slots.acquire_async(arg)
+            case Step.LOCK:
+                return await arg.wait_async()
             case Step.SEND:
                 self._send(arg)
             case Step.RECONNECT:

@@ -35,6 +35,7 @@ from ._exceptions import LeaseByValueError, TritonSHMError
 from ._inference._engine import unary_refusal
 from ._inference._inputs import InputValue
 from ._inference._model_change import plan_registration
+from ._inference._node_batching import NodeBatching
 from ._inference._options import (
     ParameterValue,
     RequestOptions,
@@ -198,6 +199,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         device: int | str | None = None,
         triton_device_id: int | None = None,
         transport: str = "auto",
+        node_batching: NodeBatching | bool | None = None,
     ) -> ModelSpec:
         """Allocates a slot pool for a model and registers it with Triton.
 
@@ -258,13 +260,21 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
                 :class:`SharedMemoryUnreachableError`; ``"inline"``: by value. The same API,
                 errors, answers and backpressure either way (but :meth:`lease`, which needs
                 shared memory). ``shm_stats()`` says which, and why.
+            node_batching: Merge calls of a few rows, from every thread and process on this
+                machine that uses the model's pool, into one Triton request (see the guide's
+                *Node batching*): a :class:`NodeBatching`, ``True`` for its defaults, or
+                ``None`` (the default): each call sends its own requests. Only for a model with
+                ``max_batch_size > 0``, ``dynamic_batching`` in its config (else
+                ``NodeBatching(force=True)``) and no BYTES tensors; in system shared memory (by
+                value or in GPU memory, each call goes alone).
 
         Returns:
             The resolved :class:`ModelSpec`.
 
         Raises:
             ModelSpecError: unusable specs (a BYTES tensor without ``max_element_bytes``...),
-                or the model is registered with other specs (and ``replace`` is false).
+                or the model is registered with other specs (and ``replace`` is false), or
+                cannot be batched on the node as ``node_batching`` asks (saying why).
             SharedMemoryFullError: ``/dev/shm`` has no room for the pool (nothing was created).
             TritonServerError: Triton refused (unknown model, no shared memory, ...).
             AccessDeniedError: Triton restricts shared memory or model configuration, and the
@@ -293,6 +303,7 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
             device=device,
             triton_device_id=triton_device_id,
             transport=transport,
+            node_batching=node_batching,
         )
         self._pools.sweep_once(model_name, lambda: reclaim_dead_registrations(self))
         return self._triton.rotating(

@@ -2,12 +2,24 @@
 carried out blocking or on an event loop, over a gRPC stream of the client's (see
 :mod:`._wire._streams`), with the call's keys, deadline and reconnect budget, and where it goes
 on when its pool stops it before its first response.
+
+A script may exit without closing its client, a stream unfinished (never exhausted, or read
+by a daemon thread). The interpreter's exit then closes, in this order, the streams not
+finished (as their callers' ``close()`` would: each request is cancelled in Triton, its slot
+abandoned), every gRPC stream, and each client that streamed: its pools unregistered and
+unlinked, then its channel, while gRPC's threads still run. Left to the interpreter's end,
+tritonclient's ``__del__`` would close the channel after those threads stopped, and wait
+forever for a call that one of them owed an event.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
+import logging
+import threading
+import weakref
 from collections.abc import AsyncGenerator, Generator, Mapping
 from typing import Any
 
@@ -18,9 +30,14 @@ from ._inference._inputs import InputValue, prepare_batch
 from ._inference._model_pool import ModelPool
 from ._inference._options import select_outputs
 from ._inference._stream import StreamChunk, StreamResponse, StreamSteps, stream
-from ._wire._streams import Responses, Streams
+from ._wire._streams import Responses, Streams, end_every_stream
 
 __all__ = ["StreamCall"]
+
+logger = logging.getLogger(__name__)
+
+#: How long the interpreter's exit waits for the gRPC streams' reading threads to end.
+_EXIT_WAIT_S = 2.0
 
 
 class StreamCall(Call):
@@ -31,9 +48,19 @@ class StreamCall(Call):
         super().__init__(*args, **kwargs)
         self._streams = streams
         self._chunk: StreamChunk | None = None
+        _AT_EXIT.owner(self._owner)
 
     def stream(self, inputs: Mapping[str, InputValue]) -> Generator[StreamResponse, None, None]:
         """The responses of a request of ``inputs``, blocking (see ``stream``)."""
+        return _AT_EXIT.unfinished(self._stream(inputs))
+
+    def stream_async(
+        self, inputs: Mapping[str, InputValue]
+    ) -> AsyncGenerator[StreamResponse, None]:
+        """:meth:`stream` on the running event loop."""
+        return _AT_EXIT.unfinished(self._stream_async(inputs))
+
+    def _stream(self, inputs: Mapping[str, InputValue]) -> Generator[StreamResponse, None, None]:
 
         def attempt(pool: ModelPool) -> Generator[StreamResponse, None, None]:
             return drive_stream(self._stream_steps(pool, inputs), self._do, Step.DELIVER)
@@ -43,11 +70,9 @@ class StreamCall(Call):
         finally:
             self._release_stream()
 
-    async def stream_async(
+    async def _stream_async(
         self, inputs: Mapping[str, InputValue]
     ) -> AsyncGenerator[StreamResponse, None]:
-        """:meth:`stream` on the running event loop."""
-
         def attempt(pool: ModelPool) -> AsyncGenerator[StreamResponse, None]:
             steps = self._stream_steps(pool, inputs)
             return drive_stream_async(steps, self._do_async, Step.DELIVER)
@@ -136,3 +161,63 @@ def _received(item: Any) -> Any:
     if isinstance(item, BaseException):
         raise item
     return item
+
+
+class _AtExit:
+    """What the interpreter's exit closes (see the module's docstring), held weakly."""
+
+    def __init__(self) -> None:
+        self._owners: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._unfinished: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._hooked = False
+
+    def owner(self, owner: Any) -> None:
+        """Closes ``owner`` (a client) at exit, after the streams."""
+        self._owners.add(owner)
+        with self._lock:
+            if self._hooked:
+                return
+            # Registered now, after the client's pools registered their finalizers (with
+            # weakref's exit hook), it runs before them: releasing a pool waits for the slot
+            # an unfinished stream holds.
+            atexit.register(self.close)
+            self._hooked = True
+
+    def unfinished(self, responses: Any) -> Any:
+        """Closes the stream ``responses`` (a generator, or an async one) at exit."""
+        self._unfinished.add(responses)
+        return responses
+
+    def close(self) -> None:
+        """Closes every stream not finished, ends every gRPC stream, closes every owner."""
+        for responses in list(self._unfinished):
+            _close_stream(responses)
+        end_every_stream(_EXIT_WAIT_S)
+        for owner in list(self._owners):
+            try:
+                owner.close()
+            except Exception:
+                logger.exception("ray-triton-shm: closing %r at exit failed", owner)
+
+
+def _close_stream(responses: Any) -> None:
+    """Closes ``responses`` now, as its caller's ``close()`` or ``aclose()`` would; one that
+    runs meanwhile (another thread's, a task's) is left to end with its gRPC stream."""
+    try:
+        if not isinstance(responses, AsyncGenerator):
+            responses.close()
+            return
+        closing = responses.aclose()
+        try:
+            closing.send(None)  # an async stream closes without waiting for its loop
+        except StopIteration:
+            return
+        closing.close()
+    except (RuntimeError, ValueError):  # running now
+        pass
+    except Exception:
+        logger.exception("ray-triton-shm: closing a stream at exit failed")
+
+
+_AT_EXIT = _AtExit()

@@ -83,6 +83,9 @@ class Step(enum.Enum):
     NEXT = enum.auto()
     #: A stream's: a response for the caller -> ``None`` once the caller asks for the next.
     DELIVER = enum.auto()
+    #: A node batch's (see :mod:`._batching`): a :class:`~.._slots._board.LockWait` -> whether
+    #: its byte came free before its timeout.
+    LOCK = enum.auto()
 
 
 Steps = Generator[tuple[Step, Any], Any, dict[str, Any]]

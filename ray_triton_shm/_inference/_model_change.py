@@ -29,6 +29,7 @@ from .._slots._memory import CUDA, check_memory_options
 from .._slots._sizing import SlotAutoscaling, pool_sizing
 from .._slots._specs import ModelSpec, SpecLike, TensorSpec, resolve_model_spec
 from .._wire._triton_errors import status_and_message
+from ._node_batching import NodeBatching, node_batching_of
 from ._transport import check_transport
 
 __all__ = [
@@ -78,6 +79,8 @@ class Registration:
         triton_device_id: For ``"cuda"``, the index Triton knows that GPU by.
         transport: How the tensors reach Triton: ``"auto"``, ``"shm"`` or ``"inline"`` (see
             :mod:`._transport`).
+        node_batching: How calls of several processes merge into one request (``None``:
+            they do not; see :mod:`._batching`).
     """
 
     inputs: tuple[SpecLike, ...] | None = None
@@ -90,6 +93,7 @@ class Registration:
     device: str | None = None
     triton_device_id: int | None = None
     transport: str = "auto"
+    node_batching: NodeBatching | None = None
 
     @classmethod
     def of(
@@ -105,6 +109,7 @@ class Registration:
         device: str | None = None,
         triton_device_id: int | None = None,
         transport: str = "auto",
+        node_batching: NodeBatching | None = None,
     ) -> Registration:
         """The registration of these arguments (hashable, comparable)."""
         return cls(
@@ -118,6 +123,7 @@ class Registration:
             device=device,
             triton_device_id=triton_device_id,
             transport=transport,
+            node_batching=node_batching,
         )
 
     @property
@@ -264,6 +270,7 @@ def plan_registration(
     device: int | str | None,
     triton_device_id: int | None,
     transport: str = "auto",
+    node_batching: NodeBatching | bool | Mapping[str, Any] | None = None,
 ) -> tuple[Registration, int | SlotAutoscaling]:
     """What ``register_shm_model``'s arguments ask for: the registration and the pool's size,
     checked (a GPU given by its UUID: the same in every process and every layout).
@@ -299,5 +306,6 @@ def plan_registration(
         device=None if gpu is None else gpu.uuid,
         triton_device_id=triton_device_id,
         transport=transport,
+        node_batching=node_batching_of(model_name, node_batching),
     )
     return registration, sizing

@@ -10,13 +10,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .._exceptions import ClientClosedError, TritonSHMError, error_kind
+from .._slots._board import BatchBoard
 from .._slots._header import RegionHeader
-from .._slots._memory import BY_VALUE, SlotIO, SlotMemory
+from .._slots._memory import BY_VALUE, SYSTEM, SlotIO, SlotMemory
 from .._slots._shm import SharedMemoryRegion, slot_key
 from .._slots._sizing import SlotAutoscaling
 from .._slots._slot_pool import SlotSource
 from .._slots._specs import ModelSpec, SlotLayout
 from ._model_change import Registration
+from ._node_batching import NodeBatching
 from ._requests import SlotRequests, ValueRequests
 from ._transport import INLINE, SHM, Transport
 
@@ -97,6 +99,9 @@ class ModelPool:
     following: FollowState = field(default_factory=FollowState)
     #: How its tensors reach Triton, and why (see :mod:`._transport`).
     transport: Transport = Transport(SHM, "")
+    #: Its node batching (see :mod:`._batching`), and the boards of its slots' batches.
+    batching: NodeBatching | None = None
+    board: BatchBoard | None = None
 
     @property
     def by_value(self) -> bool:
@@ -127,8 +132,10 @@ class ModelPool:
         generation: int = 0,
         sizing: int | SlotAutoscaling | None = None,
         transport: Transport | None = None,
+        batching: NodeBatching | None = None,
     ) -> ModelPool:
-        """A pool over the slots of ``memory``, laid out for ``spec``."""
+        """A pool over the slots of ``memory``, laid out for ``spec`` (its calls batched on
+        the node by ``batching`` where its slots are in system memory)."""
         region, count = memory.region, memory.slot_count
         keys = [slot_key(region.name, slot) for slot in range(count)]
         bases = [memory.offset(slot) for slot in range(count)]
@@ -154,6 +161,12 @@ class ModelPool:
             generation=generation,
             sizing=sizing,
             transport=transport,
+            batching=batching,
+            board=(
+                BatchBoard(header, region.name, model=spec.name)
+                if batching is not None and memory.kind == SYSTEM
+                else None
+            ),
         )
 
     def take(self, slot: int) -> int:

@@ -251,6 +251,16 @@ REGISTRATION_OPTIONS = (
         "answers and backpressure either way (but :meth:`lease`, which needs shared memory). "
         "``shm_stats()`` says which, and why.",
     ),
+    Option(
+        "node_batching",
+        None,
+        "Merge calls of a few rows, from every thread and process on this machine that uses "
+        "the model's pool, into one Triton request (see the guide's *Node batching*): a "
+        ":class:`NodeBatching`, ``True`` for its defaults, or ``None`` (the default): each "
+        "call sends its own requests. Only for a model with ``max_batch_size > 0``, "
+        "``dynamic_batching`` in its config (else ``NodeBatching(force=True)``) and no BYTES "
+        "tensors; in system shared memory (by value or in GPU memory, each call goes alone).",
+    ),
 )
 
 

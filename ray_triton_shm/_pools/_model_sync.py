@@ -27,7 +27,7 @@ logger = logging.getLogger(__name__)
 
 #: An answer that does not fit its pool (or a fixed-size output refused as too large) proves
 #: the model changed, yet while Triton reloads it its config may still read as before: it is
-#: read again this often, for this long.
+#: read again this often, for this long (or until the call's deadline, if sooner).
 _CONFIG_POLL_S = 0.1
 _CONFIG_CATCH_UP_S = 5.0
 
@@ -55,6 +55,9 @@ class Follower:
         config_check_interval_s: How often a pool that follows its model compares it with
             Triton's config in the background (``None``: only when a call runs into a change).
         closed: Whether the client closed (a catch-up stops then).
+        clock: Seconds, monotonic: what ``since``, deadlines and checks are read on
+            (injected by tests).
+        sleep: Waits between a catch-up's reads (injected by tests).
     """
 
     def __init__(
@@ -64,17 +67,21 @@ class Follower:
         *,
         config_check_interval_s: float | None,
         closed: Callable[[], bool],
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self._triton = triton
         self._replace = replace
         self._interval_s = config_check_interval_s
         self._closed = closed
+        self._clock = clock
+        self._sleep = sleep
 
     def follow(
         self, pool: ModelPool, *, since: float, cause: BaseException | None = None
     ) -> ModelPool | None:
         """Compares Triton's config of the model with the pool's spec (unless that was done
-        after ``since``, a ``time.monotonic()``), and lays the pool out anew if it follows the
+        after ``since``, a reading of the clock), and lays the pool out anew if it follows the
         model and the model changed.
 
         Returns:
@@ -96,7 +103,7 @@ class Follower:
                 if state.check_error is not None:
                     raise state.check_error
                 return None
-            state.checked_at = time.monotonic()
+            state.checked_at = self._clock()
             config = self._triton.model_config(name, registration.model_version)
             if not registration.follows:
                 current = registration.resolve_from_config(name, config)
@@ -112,27 +119,48 @@ class Follower:
         return self._replace(pool, spec, pool.sizing, registration)
 
     def follow_change(
-        self, pool: ModelPool, *, since: float, cause: TritonServerError, proven: bool
+        self,
+        pool: ModelPool,
+        *,
+        since: float,
+        cause: TritonServerError,
+        proven: bool,
+        deadline: float | None = None,
     ) -> ModelPool | None:
         """:meth:`follow` after a call failed in a way a change of the model explains; where
         it proves the change (``proven``), Triton's config is read again until it shows it,
         for a while Triton reloads a model its config may still read as before.
+
+        Args:
+            pool: The pool the call ran on.
+            since: As for :meth:`follow`.
+            cause: What the call ran into.
+            proven: Whether ``cause`` proves the change (an answer that fits no spec).
+            deadline: The call's deadline, a reading of the clock: the config is read again
+                until then at the latest (``None``: for :data:`_CONFIG_CATCH_UP_S`).
 
         Returns:
             The pool to use now, or ``None`` if the model did not change.
         """
         newer = self.follow(pool, since=since, cause=cause)
         if newer is None and proven:
-            newer = self._catch_up(pool, cause)
+            newer = self._catch_up(pool, cause, deadline)
         return newer
 
-    def _catch_up(self, pool: ModelPool, cause: TritonServerError) -> ModelPool | None:
+    def _catch_up(
+        self, pool: ModelPool, cause: TritonServerError, deadline: float | None
+    ) -> ModelPool | None:
         """The pool of the model's new config, read again until it differs from ``pool``'s
-        (``None``: it did not within :data:`_CONFIG_CATCH_UP_S`)."""
-        deadline = time.monotonic() + _CONFIG_CATCH_UP_S
-        while time.monotonic() < deadline and not self._closed():
-            time.sleep(_CONFIG_POLL_S)
-            newer = self.follow(pool, since=time.monotonic(), cause=cause)
+        (``None``: it did not within :data:`_CONFIG_CATCH_UP_S`, or by ``deadline``)."""
+        end = self._clock() + _CONFIG_CATCH_UP_S
+        if deadline is not None:
+            end = min(end, deadline)
+        while not self._closed():
+            left = end - self._clock()
+            if left <= 0:
+                break
+            self._sleep(min(_CONFIG_POLL_S, left))
+            newer = self.follow(pool, since=self._clock(), cause=cause)
             if newer is not None:
                 return newer
         return None
@@ -142,7 +170,7 @@ class Follower:
         follows it with the pool, in the background."""
         if self._interval_s is None or not pool.follows:
             return
-        now = time.monotonic()
+        now = self._clock()
         if now < pool.following.next_check:
             return
         pool.following.next_check = now + self._interval_s
@@ -152,6 +180,6 @@ class Follower:
 
     def _check_quietly(self, pool: ModelPool) -> None:
         try:
-            self.follow(pool, since=time.monotonic())
+            self.follow(pool, since=self._clock())
         except Exception as exc:  # a request that meets the problem reports it
             logger.debug("ray-triton-shm: checking the config of %r: %s", pool.spec.name, exc)

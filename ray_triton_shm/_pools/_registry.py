@@ -30,6 +30,7 @@ from .._exceptions import (
 from .._inference._engine import SuspectedChange
 from .._inference._model_change import Registration
 from .._inference._model_pool import ModelPool, PoolRetired
+from .._inference._node_batching import NodeBatching, batching_refusal
 from .._inference._options import RequestOptions
 from .._inference._transport import (
     INLINE,
@@ -105,6 +106,20 @@ class _Keepers:
         self.scaler.stop()
 
 
+def _batching(spec: ModelSpec, registration: Registration) -> NodeBatching | None:
+    """The node batching of a pool laid out for ``spec``: as registered, unless the model
+    changed on Triton into one that cannot be batched (its calls then go alone)."""
+    policy = registration.node_batching
+    if policy is None or batching_refusal(spec, policy) is None:
+        return policy
+    logger.warning(
+        "ray-triton-shm: model %r is no longer batched on the node: %s",
+        spec.name,
+        batching_refusal(spec, policy),
+    )
+    return None
+
+
 def _release_pools(pools: dict[str, ModelPool], keepers: _Keepers) -> None:
     """Unregisters and unlinks every pool; the registry's finalizer, so it never sees it."""
     while pools:
@@ -121,6 +136,8 @@ def _release_pool(pool: ModelPool, keepers: _Keepers, wait_s: float) -> None:
     keepers.scaler.forget(pool)
     all_free = pool.slots.close(wait_s=wait_s)
     keepers.settler.forget(pool)
+    if pool.board is not None:
+        pool.board.close()
     if not pool.owned:  # attached: the owner unregisters and unlinks it
         if all_free:
             pool.memory.release()
@@ -254,6 +271,10 @@ class Registry:
         spec = registration.resolve(
             model_name, lambda: self._triton.model_config(model_name, registration.model_version)
         )
+        if registration.node_batching is not None:
+            refusal = batching_refusal(spec, registration.node_batching)
+            if refusal is not None:
+                raise refusal
         with self._lock:
             existing = self._pools.get(model_name)
             if existing is None:
@@ -263,7 +284,13 @@ class Registry:
                 existing.registration.memory,
                 existing.registration.device,
                 existing.registration.transport,
-            ) == (registration.memory, registration.device, registration.transport)
+                existing.registration.node_batching,
+            ) == (
+                registration.memory,
+                registration.device,
+                registration.transport,
+                registration.node_batching,
+            )
             if existing.spec == spec and existing.sizing == sizing and same_memory:
                 return spec
             # The same request of a pool that follows the model: the model changed meanwhile.
@@ -299,6 +326,7 @@ class Registry:
         reregister: Callable[[], None],
         generation: int = 0,
         transport: Transport | None = None,
+        batching: NodeBatching | None = None,
     ) -> bool:
         """Internal API for the Ray layer: uses a region somebody else owns and registered
         (the node actor), on its slots shared by every process of the machine (see
@@ -314,6 +342,7 @@ class Registry:
             transport: How the owner's pool reaches Triton, and why; one by value uses the
                 region's slots as locks alone (a caller by value of a pool in shared memory
                 too).
+            batching: The owner's node batching of the model (``None``: none).
 
         Returns:
             ``False`` when this process cannot map the region (another ``/dev/shm``).
@@ -346,7 +375,14 @@ class Registry:
             return False
         try:
             pool = ModelPool.over(
-                spec, memory, slots, header, reregister, generation=generation, transport=transport
+                spec,
+                memory,
+                slots,
+                header,
+                reregister,
+                generation=generation,
+                transport=transport,
+                batching=batching,
             )
             if memory.kind == SYSTEM:
                 self._triton.prove_http(pool.slot_keys[0])
@@ -510,6 +546,7 @@ class Registry:
                 transport=Transport(
                     INLINE if kind == BY_VALUE else SHM, why, registration.transport
                 ),
+                batching=_batching(spec, registration),
             )
             pool.following.next_check = time.monotonic() + (self._config_check_interval_s or 0)
             pool.following.probed_at = time.monotonic()
@@ -719,10 +756,18 @@ class Registry:
         return self._follower.follow(pool, since=since, cause=cause)
 
     def follow_change(
-        self, pool: ModelPool, *, since: float, cause: TritonServerError, proven: bool
+        self,
+        pool: ModelPool,
+        *,
+        since: float,
+        cause: TritonServerError,
+        proven: bool,
+        deadline: float | None = None,
     ) -> ModelPool | None:
         """:meth:`Follower.follow_change`; internal API for the Ray node actor too."""
-        return self._follower.follow_change(pool, since=since, cause=cause, proven=proven)
+        return self._follower.follow_change(
+            pool, since=since, cause=cause, proven=proven, deadline=deadline
+        )
 
     def next_pool(
         self,
@@ -730,15 +775,24 @@ class Registry:
         exc: BaseException,
         options: RequestOptions | None,
         started: float,
+        *,
+        deadline: float | None = None,
     ) -> ModelPool:
         """The pool a call goes on with after ``exc`` (one of :data:`._retry.MOVED`) stopped it
-        on ``pool`` (the call started at ``started``), or raises what the caller should get:
+        on ``pool`` (the call started at ``started``; ``deadline``, a ``time.monotonic()``, is
+        when it waits no more for Triton's config), or raises what the caller should get:
         :func:`._retry.follow_model`, with this registry as the layout's owner."""
         if not pool.owned:
             raise exc  # attached: the region's owner follows the model (ShmModel asks it)
         sequence = options is not None and options.is_sequence
         return follow_model(
-            pool, exc, self, follows=pool.follows, sequence=sequence, started=started
+            pool,
+            exc,
+            self,
+            follows=pool.follows,
+            sequence=sequence,
+            started=started,
+            deadline=deadline,
         )
 
     def replacement(self, pool: ModelPool, exc: BaseException) -> ModelPool | None:
@@ -748,10 +802,14 @@ class Registry:
             return None
         return current
 
-    def newer(self, pool: ModelPool, exc: BaseException, since: float) -> ModelPool | None:
+    def newer(
+        self, pool: ModelPool, exc: BaseException, since: float, *, deadline: float | None = None
+    ) -> ModelPool | None:
         """The model's pool after ``exc`` suggested it changed (:class:`._retry.LayoutOwner`)."""
         if isinstance(exc, SuspectedChange):
-            return self.follow_change(pool, since=since, cause=exc.error, proven=exc.proven)
+            return self.follow_change(
+                pool, since=since, cause=exc.error, proven=exc.proven, deadline=deadline
+            )
         return self.follow(pool, since=since)
 
     def maybe_check(self, pool: ModelPool) -> None:

@@ -65,11 +65,15 @@ class LayoutOwner(Protocol[T]):
         """The layout that replaced ``target`` after ``exc`` (one of :data:`RETIRED`), or
         ``None`` if none did (the client itself was closed)."""
 
-    def newer(self, target: T, exc: BaseException, since: float) -> T | None:
+    def newer(
+        self, target: T, exc: BaseException, since: float, *, deadline: float | None = None
+    ) -> T | None:
         """The model's layout after ``exc`` suggested it changed: a new one if Triton's config
         (read unless it was read after ``since``, a ``time.monotonic()``) differs from
-        ``target``'s, else ``None``. Raises the config's own error (a model given by hand
-        that no longer matches, or no longer loaded)."""
+        ``target``'s, else ``None``. Where ``exc`` proves the change, the config is read
+        again until it shows it, for a while, never past ``deadline`` (a
+        ``time.monotonic()``; ``None``: the owner's own limit). Raises the config's own error
+        (a model given by hand that no longer matches, or no longer loaded)."""
 
 
 def follow_model(
@@ -80,6 +84,7 @@ def follow_model(
     follows: bool,
     sequence: bool,
     started: float,
+    deadline: float | None = None,
 ) -> T:
     """Where a call goes on after ``exc`` (one of :data:`MOVED`) stopped it on ``target``, or
     raises what the caller should get.
@@ -94,6 +99,8 @@ def follow_model(
             again, since that would apply it twice.
         started: When the call started (a ``time.monotonic()``): a config read after it
             already shows any change the call ran into.
+        deadline: When the call waits no more for Triton's config to show a change its
+            answer proved (a ``time.monotonic()``; ``None``: only the owner's own limit).
     """
     if isinstance(exc, RETIRED):
         replaced = owner.replacement(target, exc)
@@ -106,7 +113,10 @@ def follow_model(
         since = time.monotonic() - INPUT_RECHECK_S
     else:
         since = started
-    newer = owner.newer(target, exc, since)
+    if deadline is None:  # asked as before: an owner need not take one (a test's scripted one)
+        newer = owner.newer(target, exc, since)
+    else:
+        newer = owner.newer(target, exc, since, deadline=deadline)
     if newer is None:
         raise surfaced(exc)
     if isinstance(exc, SuspectedChange) and exc.executed and sequence:

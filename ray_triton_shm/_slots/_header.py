@@ -56,7 +56,10 @@ __all__ = [
     "MAGIC",
     "MAX_SEATS",
     "MAX_SLOTS",
+    "BOARD_WORDS",
     "RegionHeader",
+    "ROWS_BUCKET_BOUNDS",
+    "ROWS_BUCKETS",
     "SlotCounters",
     "foreign_region_error",
     "header_version",
@@ -70,8 +73,9 @@ _MAGIC, _VERSION = 9, 10
 #: The header's magic word: ``b"rtshmHDR"`` as a native ``int64`` (word 9).
 MAGIC = int.from_bytes(b"rtshmHDR", sys.byteorder, signed=True)
 #: The header's layout version (word 10): another is another library's layout, refused.
-#: Version 1 (no stamp) was the layout before the stamp; 2 is this one.
-LAYOUT_VERSION = 2
+#: Version 1 (no stamp) was the layout before the stamp; 2 had no batches (see
+#: :mod:`._board`); 3 is this one.
+LAYOUT_VERSION = 3
 #: Why a pool's growth stopped short of its callers, as the header word ``_LIMITED`` stores it.
 LIMITS = ("", "max_slots", "shm_budget", "shm_full", "upscale_delay_s")
 #: The kinds of memory a region's slots live in, as the header word ``_MEMORY`` stores them
@@ -97,11 +101,20 @@ _BUCKET0_NS = 16_000
 _WAIT_BUCKETS = 12
 _SETTLE_BUCKETS = _WAIT_BUCKETS + _BUCKETS
 _LATENCY_BUCKETS = _SETTLE_BUCKETS + _BUCKETS
-_WORDS_PER_SLOT = _LATENCY_BUCKETS + _BUCKETS
+#: Rows per answered request: bucket ``b`` counts requests of up to ``2 ** b`` rows (the last,
+#: any more).
+_ROW_BUCKETS = _LATENCY_BUCKETS + _BUCKETS
+ROWS_BUCKETS = 12
+_WORDS_PER_SLOT = _ROW_BUCKETS + ROWS_BUCKETS
+#: Each rows bucket's upper bound (the last has none).
+ROWS_BUCKET_BOUNDS = (*(2**b for b in range(ROWS_BUCKETS - 1)), math.inf)
+#: Words of each slot's batch board (see :mod:`._board`), after every slot's words.
+BOARD_WORDS = 432
 #: The histograms' names, as :meth:`RegionHeader.histograms` gives them.
 HISTOGRAMS = {"wait": _WAIT_BUCKETS, "settle": _SETTLE_BUCKETS, "latency": _LATENCY_BUCKETS}
 #: Most slots a region can have: as many as the header has words for.
-MAX_SLOTS = (REGION_HEADER_BYTES // 8 - _FIRST_SLOT_WORD) // _WORDS_PER_SLOT
+MAX_SLOTS = (REGION_HEADER_BYTES // 8 - _FIRST_SLOT_WORD) // (_WORDS_PER_SLOT + BOARD_WORDS)
+_FIRST_BOARD_WORD = _FIRST_SLOT_WORD + MAX_SLOTS * _WORDS_PER_SLOT
 
 
 @dataclass(frozen=True)
@@ -387,6 +400,7 @@ class RegionHeader:
             word[base + _BYTES_OUT] += bytes_out
             word[base + _LATENCY_NS] += latency_ns
             word[base + _LATENCY_BUCKETS + _bucket(latency_ns)] += 1
+            word[base + _ROW_BUCKETS + _rows_bucket(samples)] += 1
         except ValueError:  # a word past int64: not ours (a stray writer)
             self._restart_slot(slot)
 
@@ -448,10 +462,21 @@ class RegionHeader:
         bucket's upper bound; ``0.0`` if none was abandoned and settled)."""
         return _quantile_s(self._slots[:, _SETTLE_BUCKETS:_LATENCY_BUCKETS], q)
 
+    def rows_histogram(self) -> np.ndarray:
+        """Answered requests by their rows, summed over the slots: counts per bucket of
+        :data:`ROWS_BUCKET_BOUNDS`."""
+        return self._slots[:, _ROW_BUCKETS:].sum(axis=0)
+
+    def board(self, slot: int) -> memoryview:
+        """The words of ``slot``'s batch board (see :mod:`._board`): any process writes them,
+        under the board's rules."""
+        first = _FIRST_BOARD_WORD + slot * BOARD_WORDS
+        return self._word[first : first + BOARD_WORDS]
+
     def latency_quantile_s(self, q: float) -> float:
         """The ``q`` quantile of answered requests' latency, in seconds (the bucket's upper
         bound; ``0.0`` if none was answered)."""
-        return _quantile_s(self._slots[:, _LATENCY_BUCKETS:], q)
+        return _quantile_s(self._slots[:, _LATENCY_BUCKETS:_ROW_BUCKETS], q)
 
 
 #: Each histogram bucket's upper bound in seconds; the last bucket has none (``inf``).
@@ -507,6 +532,10 @@ def foreign_region_error(
         version=version,
         expected_version=LAYOUT_VERSION,
     )
+
+
+def _rows_bucket(rows: int) -> int:
+    return min(max(rows - 1, 0).bit_length(), ROWS_BUCKETS - 1)
 
 
 def _bucket(duration_ns: int) -> int:

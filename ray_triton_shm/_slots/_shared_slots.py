@@ -37,20 +37,16 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import errno
-import fcntl
 import os
-import queue
-import struct
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from functools import cache
 
 from .._exceptions import ClientClosedError, OverloadedError, RegionReplacedError, SlotTimeoutError
 from ._header import RegionHeader
+from ._locks import in_wait_thread, lock_byte, locked_by_another, unlock_byte
 from ._shm import DEAD, SHM_DIR, owner_state
 from ._slot_pool import KEPT_WARNING_S, PoolStats, kept_note, warn_kept
 
@@ -64,78 +60,12 @@ _MUTEX = 1 << 30
 _ALL_ABANDONED_POLL_S = 0.01
 
 
-@cache
-def _flock(kind: int, start: int) -> bytes:
-    # struct flock: l_type, l_whence, l_start, l_len, l_pid (0 for OFD locks), padded.
-    return struct.pack("@hhqqi4x", kind, os.SEEK_SET, start, 1, 0)
-
-
-def _lock(fd: int, byte: int, *, wait: bool) -> bool:
-    """Locks one byte for this descriptor; ``False`` if another holds it (``wait=False``)."""
-    try:
-        command = fcntl.F_OFD_SETLKW if wait else fcntl.F_OFD_SETLK
-        fcntl.fcntl(fd, command, _flock(fcntl.F_WRLCK, byte))
-    except OSError as exc:
-        if exc.errno in (errno.EAGAIN, errno.EACCES):
-            return False
-        raise
-    return True
-
-
-def _unlock(fd: int, byte: int) -> None:
-    fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _flock(fcntl.F_UNLCK, byte))
-
-
-def _locked_by_another(fd: int, byte: int) -> bool:
-    answer = fcntl.fcntl(fd, fcntl.F_OFD_GETLK, _flock(fcntl.F_WRLCK, byte))
-    return struct.unpack("@hhqqi4x", answer)[0] != fcntl.F_UNLCK
-
-
-class _WaitThreads:
-    """Daemon threads for waits in the kernel, started as needed and reused.
-
-    Daemon threads, because a process may exit while one waits: the kernel drops its locks.
-    """
-
-    def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[tuple[Callable[[], int], concurrent.futures.Future[int]]]
-        self._jobs = queue.SimpleQueue()
-        self._idle = 0
-        self._lock = threading.Lock()
-
-    def submit(self, fn: Callable[[], int]) -> concurrent.futures.Future[int]:
-        future: concurrent.futures.Future[int] = concurrent.futures.Future()
-        with self._lock:
-            start = self._idle == 0
-            if not start:
-                self._idle -= 1
-        self._jobs.put((fn, future))
-        if start:
-            name = "ray-triton-shm-slot-wait"
-            threading.Thread(target=self._work, name=name, daemon=True).start()
-        return future
-
-    def _work(self) -> None:
-        while True:
-            fn, future = self._jobs.get()
-            if future.set_running_or_notify_cancel():
-                try:
-                    future.set_result(fn())
-                except BaseException as exc:
-                    future.set_exception(exc)
-            with self._lock:
-                self._idle += 1
-
-
-_threads = _WaitThreads()
 _instances: weakref.WeakSet[SharedSlots] = weakref.WeakSet()
 
 
 def _after_fork_in_child() -> None:
     # The child's descriptors share the parent's open file descriptions, and so its locks:
     # using them would take the parent's slots. Closing them leaves the parent's locks alone.
-    global _threads
-    _threads = _WaitThreads()
     for slots in list(_instances):
         slots._forget_after_fork()
 
@@ -240,7 +170,7 @@ class SharedSlots:
             return slot
         # On a thread: a wait in the kernel cannot be interrupted, to time out or to warn.
         wait = _Wait(fd)
-        future = _threads.submit(lambda: self._queue_for(wait))
+        future = in_wait_thread(lambda: self._queue_for(wait))
         first_s = KEPT_WARNING_S if timeout_s is None else min(timeout_s, KEPT_WARNING_S)
         try:
             try:
@@ -275,7 +205,7 @@ class SharedSlots:
         if slot is not None:
             return slot
         wait = _Wait(fd)
-        future = _threads.submit(lambda: self._queue_for(wait))
+        future = in_wait_thread(lambda: self._queue_for(wait))
         started = time.monotonic()
         try:
             waited = asyncio.wrap_future(future)
@@ -297,7 +227,7 @@ class SharedSlots:
         with self._mutex:
             fd = self._held[slot]
         self._header.set_busy_since(slot, 0)
-        _unlock(fd, slot)
+        unlock_byte(fd, slot)
         with self._mutex:
             if self._held.get(slot) == fd:  # else another thread took the slot just now
                 del self._held[slot]
@@ -374,9 +304,9 @@ class SharedSlots:
             return NodeSlotStats(0, 0, len(self._header.abandoned_slots()))
         fd = self._open_fd()
         try:
-            in_use = sum(_locked_by_another(fd, slot) for slot in range(self.capacity))
+            in_use = sum(locked_by_another(fd, slot) for slot in range(self.capacity))
             seats = range(self._header.max_waiting)
-            waiting = sum(_locked_by_another(fd, _SEAT0 + seat) for seat in seats)
+            waiting = sum(locked_by_another(fd, _SEAT0 + seat) for seat in seats)
         finally:
             os.close(fd)
         self._quiet_at = takes if in_use == waiting == 0 else -1
@@ -399,9 +329,9 @@ class SharedSlots:
         fd = self._open_fd()
         try:
             for slot in busy:
-                if slot < self.capacity and _lock(fd, slot, wait=False):
+                if slot < self.capacity and lock_byte(fd, slot, wait=False):
                     self._check_dead_holder(slot)
-                    _unlock(fd, slot)
+                    unlock_byte(fd, slot)
             for seat in seats:
                 self._clear_if_dead(fd, seat)
         finally:
@@ -424,7 +354,7 @@ class SharedSlots:
         fd = self._open_fd()
         try:
             for slot in slots:
-                if not _lock(fd, slot, wait=False):
+                if not lock_byte(fd, slot, wait=False):
                     continue
                 try:
                     if self._check_dead_holder(slot) or self._header.abandoned_since(slot):
@@ -432,7 +362,7 @@ class SharedSlots:
                     if slot >= self._header.size:
                         fn(slot)
                 finally:
-                    _unlock(fd, slot)
+                    unlock_byte(fd, slot)
         finally:
             os.close(fd)
 
@@ -455,11 +385,11 @@ class SharedSlots:
         size = self._header.size
         for k in range(size):
             slot = (self._next + k) % size
-            if self._header.abandoned_since(slot) or not _lock(fd, slot, wait=False):
+            if self._header.abandoned_since(slot) or not lock_byte(fd, slot, wait=False):
                 continue
             # Free: it is ours, unless a live caller queues for it (it is being woken).
             if queued[slot] and self._live_waiter_on(fd, slot):
-                _unlock(fd, slot)
+                unlock_byte(fd, slot)
                 continue
             if self._claim(fd, slot):
                 return slot
@@ -475,17 +405,17 @@ class SharedSlots:
 
     def _clear_if_dead(self, fd: int, seat: int) -> bool:
         """Clears ``seat``'s queue entry if its holder is gone; whether it was."""
-        if _locked_by_another(fd, _SEAT0 + seat):
+        if locked_by_another(fd, _SEAT0 + seat):
             return False  # a live waiter: the common case, decided with no lock taken
         # Seats are only taken under _MUTEX (see _take_seat): holding it, a free seat stays
         # free while its stale entry is cleared, and no seat is ever locked by a non-waiter.
-        _lock(fd, _MUTEX, wait=True)
+        lock_byte(fd, _MUTEX, wait=True)
         try:
-            if _locked_by_another(fd, _SEAT0 + seat):
+            if locked_by_another(fd, _SEAT0 + seat):
                 return False
             self._header.queue(seat, None)
         finally:
-            _unlock(fd, _MUTEX)
+            unlock_byte(fd, _MUTEX)
         return True
 
     def _queue(self, fd: int, wait: _Wait | None) -> int | None:
@@ -501,7 +431,7 @@ class SharedSlots:
                     slot = self._pick()
                     if not self._record(seat, slot, wait):
                         return None
-                    _lock(fd, slot, wait=True)
+                    lock_byte(fd, slot, wait=True)
                     self._record(seat, None, wait)
                     if self._claim(fd, slot):
                         self._header.count_wait(slot, time.monotonic_ns() - started)
@@ -540,7 +470,7 @@ class SharedSlots:
             if wait.seat is not None and not wait.seat_left:
                 # Locks belong to the descriptor, not the thread: any thread may let go.
                 self._header.queue(wait.seat, None)
-                _unlock(wait.fd, _SEAT0 + wait.seat)
+                unlock_byte(wait.fd, _SEAT0 + wait.seat)
                 wait.seat_left = True
         if slot is not None:  # it came just as the caller gave up
             self.release(slot)
@@ -550,18 +480,18 @@ class SharedSlots:
         # Seats are taken only under _MUTEX, and left at any time: so a scan that finds every
         # seat taken saw them all taken at once. Without it, seats checked one after another
         # while waiters come and go could each look taken with fewer than max_waiting waiting.
-        _lock(fd, _MUTEX, wait=True)
+        lock_byte(fd, _MUTEX, wait=True)
         try:
             for k in range(seats):  # each process starts elsewhere: fewer seats found taken
                 seat = (self._next + k) % seats
-                if _lock(fd, _SEAT0 + seat, wait=False):
+                if lock_byte(fd, _SEAT0 + seat, wait=False):
                     if wait is not None:
                         with wait.guard:
                             wait.seat = seat
                     return seat
             self._header.count_failure("overloaded")
         finally:
-            _unlock(fd, _MUTEX)
+            unlock_byte(fd, _MUTEX)
         raise OverloadedError(
             f"{self._header.max_waiting} callers already wait for one of the {self.size} slots "
             f"of {self.name!r} on this machine; slow down, or allow more with more slots or a "
@@ -587,7 +517,7 @@ class SharedSlots:
                     return
                 wait.seat_left = True
         self._header.queue(seat, None)
-        _unlock(fd, _SEAT0 + seat)
+        unlock_byte(fd, _SEAT0 + seat)
 
     def _pick(self) -> int:
         """The slot with the fewest callers queued, among those not abandoned.
@@ -624,17 +554,17 @@ class SharedSlots:
         holder may have died with a request in flight: then it is unlocked), beyond the pool's
         size (it shrank), or the pool was closed."""
         if self._check_dead_holder(slot) or self._header.abandoned_since(slot):
-            _unlock(fd, slot)
+            unlock_byte(fd, slot)
             return False
         if slot >= self._header.size:
-            _unlock(fd, slot)
+            unlock_byte(fd, slot)
             return False
         with self._mutex:
             closed = self._closed
             if not closed:
                 self._held[slot] = fd
         if closed:
-            _unlock(fd, slot)
+            unlock_byte(fd, slot)
             raise ClientClosedError(f"the slot pool of {self.name!r} is closed", model=self.name)
         return True
 
@@ -650,11 +580,11 @@ class SharedSlots:
     def exclusive(self) -> Iterator[None]:
         """The region's mutex, over every process on the node."""
         fd = self._take_fd()
-        _lock(fd, _MUTEX, wait=True)
+        lock_byte(fd, _MUTEX, wait=True)
         try:
             yield
         finally:
-            _unlock(fd, _MUTEX)
+            unlock_byte(fd, _MUTEX)
             self._put_fd(fd)
 
     # ---------------------------------------------------------------- descriptors

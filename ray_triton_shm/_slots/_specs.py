@@ -28,7 +28,7 @@ TENSOR_ALIGNMENT = 64
 #: Slots start on page boundaries so two slots never share a page.
 SLOT_ALIGNMENT = 4096
 #: A region starts with a header before its slots (see :mod:`ray_triton_shm._slots._header`).
-REGION_HEADER_BYTES = 32 * SLOT_ALIGNMENT
+REGION_HEADER_BYTES = 160 * SLOT_ALIGNMENT
 #: BYTES outputs with at most this much room in a slot come back in Triton's response instead:
 #: Triton's Python backend answers small BYTES outputs faster inline than through shared memory
 #: (0.63 against 0.68 ms for 8 x 64 bytes here; from 8 x 1 KB on, shared memory is faster).
@@ -110,6 +110,9 @@ class ModelSpec:
             gRPC stream. Its outputs come back by value, in the responses (Triton writes
             every response of a request into the same place of shared memory, with no flow
             control), so its slots hold the inputs alone, and its outputs need no maximum.
+        dynamic_batching: Whether Triton merges the model's requests itself (its config has
+            ``dynamic_batching``): a sign that its rows are independent of each other, which
+            node batching (see :mod:`.._inference._batching`) relies on.
     """
 
     name: str
@@ -118,6 +121,7 @@ class ModelSpec:
     outputs: tuple[TensorSpec, ...]
     max_batch_size: int
     decoupled: bool = False
+    dynamic_batching: bool = False
 
     @property
     def batched(self) -> bool:
@@ -281,7 +285,7 @@ def resolve_model_spec(
     config: Mapping[str, Any] = {}
     if inputs is None or outputs is None or max_batch_size is None:
         config = load_config()
-    decoupled = _is_decoupled(config, load_config)
+    decoupled, dynamic_batching = _config_flags(config, load_config)
     if max_batch_size is None:
         max_batch_size = _config_int(model_name, config.get("max_batch_size", 0))
     if max_batch_size < 0:
@@ -329,6 +333,7 @@ def resolve_model_spec(
         outputs=tuple(output_specs),
         max_batch_size=max_batch_size,
         decoupled=decoupled,
+        dynamic_batching=dynamic_batching,
     )
 
 
@@ -347,16 +352,20 @@ def _config_int(model: str, value: Any) -> int:
         ) from None
 
 
-def _is_decoupled(config: Mapping[str, Any], load_config: Callable[[], Mapping[str, Any]]) -> bool:
-    """Whether the model streams (``model_transaction_policy { decoupled: true }``), from
-    ``config``, or read for it where every spec was given (and the config is not readable:
-    not)."""
+def _config_flags(
+    config: Mapping[str, Any], load_config: Callable[[], Mapping[str, Any]]
+) -> tuple[bool, bool]:
+    """Whether the model streams (``model_transaction_policy { decoupled: true }``) and whether
+    Triton batches it (``dynamic_batching``), from ``config``, or read for it where every spec
+    was given (and the config is not readable: neither)."""
     if not config:
         try:
             config = load_config()
         except TritonSHMError:
-            return False
-    return bool(config.get("model_transaction_policy", {}).get("decoupled", False))
+            return False, False
+    policy = config.get("model_transaction_policy", {})
+    decoupled = isinstance(policy, Mapping) and bool(policy.get("decoupled", False))
+    return decoupled, config.get("dynamic_batching") is not None
 
 
 def _resolve_tensors(

@@ -14,7 +14,6 @@ blocking caller or a coroutine waits on.
 from __future__ import annotations
 
 import asyncio
-import atexit
 import collections
 import queue
 import threading
@@ -34,6 +33,7 @@ __all__ = [
     "Responses",
     "StreamErrorResponse",
     "Streams",
+    "end_every_stream",
     "is_final",
 ]
 
@@ -189,6 +189,7 @@ class GrpcStream:
     def cancel(self) -> None:
         """Cancels the stream, and with it its request in Triton."""
         self._call.cancel()
+        self._requests.put(_END)  # else gRPC's thread that sends them waits for one forever
 
     def close(self) -> None:
         """Ends the stream once Triton answered what it carries."""
@@ -291,15 +292,14 @@ class Streams:
             stream.join(max(0.0, deadline - time.monotonic()))
 
 
-#: How long the interpreter's exit waits for a client's streams to end.
-_EXIT_WAIT_S = 2.0
-#: Every :class:`Streams` not collected yet: their streams end before the interpreter does.
+#: Every :class:`Streams` not collected yet.
 _LIVE: weakref.WeakSet[Streams] = weakref.WeakSet()
 
 
-@atexit.register
-def _close_all() -> None:
-    # Past atexit, threads freeze where they are: a stream's reading thread frozen inside
-    # gRPC would hang the channel's close in tritonclient's __del__.
+def end_every_stream(wait_s: float) -> None:
+    """Ends every client's streams (cancelling their requests in Triton), waiting up to
+    ``wait_s`` for their reading threads to have ended (at the interpreter's exit, see
+    :mod:`.._streaming`)."""
+    deadline = time.monotonic() + wait_s
     for streams in list(_LIVE):
-        streams.close(wait_s=_EXIT_WAIT_S)
+        streams.close(wait_s=max(0.0, deadline - time.monotonic()))

@@ -51,6 +51,7 @@ from .._client import TritonSHMClient, call_with, registry_of
 from .._defaults import DEFAULT_RECONNECT_TIMEOUT_S, DEFAULT_URL, URL_ENV_VAR
 from .._exceptions import ModelSpecError, RegionReplacedError, TritonServerError, TritonSHMError
 from .._inference._model_pool import ModelPool
+from .._inference._node_batching import NodeBatching
 from .._inference._options import RequestOptions
 from .._inference._transport import AUTO_TRANSPORT, check_transport
 from .._pools._reclaim import reclaim_regions, registrations
@@ -164,6 +165,7 @@ class TritonNodeActor:
         device: str | None = None,
         triton_device_id: int | None = None,
         transport: str = AUTO_TRANSPORT,
+        node_batching: NodeBatching | bool | None = None,
     ) -> ModelRegistration:
         """Registers a model (a no-op when already registered with the same specs): the
         arguments of :meth:`TritonSHMClient.register_shm_model`, with the node's limits.
@@ -215,6 +217,7 @@ class TritonNodeActor:
             device=device,
             triton_device_id=triton_device_id,
             transport=self._config.transport if transport == AUTO_TRANSPORT else transport,
+            node_batching=node_batching,
         )
         del spec  # the pool's own spec: another caller may have laid it out anew meanwhile
         return self._registration(self._pools.get(model_name))
@@ -226,6 +229,7 @@ class TritonNodeActor:
         incarnation: str,
         generation: int,
         cause: TritonServerError | None = None,
+        catch_up_s: float | None = None,
     ) -> ModelRegistration:
         """The model's current registration, after a process found its layout of generation
         ``generation`` refused or answered in a way a change of the model explains.
@@ -235,7 +239,8 @@ class TritonNodeActor:
         the pool out anew if the model changed; the registration returned is then of a newer
         generation. ``cause``, what the process ran into, given where it proves the change
         (an answer that fits no spec): the config is read until it shows the change, as a
-        client does for its own pools.
+        client does for its own pools, for at most ``catch_up_s`` (the caller's
+        ``client_timeout_s``; ``None``: the client's own limit).
 
         Raises:
             RegionReplacedError: ``incarnation`` is not this actor's (it restarted).
@@ -250,7 +255,11 @@ class TritonNodeActor:
             if cause is None:
                 pool = self._pools.follow(pool, since=now) or pool
             else:
-                pool = self._pools.follow_change(pool, since=now, cause=cause, proven=True) or pool
+                deadline = None if catch_up_s is None else now + catch_up_s
+                newer = self._pools.follow_change(
+                    pool, since=now, cause=cause, proven=True, deadline=deadline
+                )
+                pool = newer or pool
         return self._registration(pool)
 
     @ray.method(concurrency_group="control")
@@ -410,6 +419,7 @@ class TritonNodeActor:
             generation=pool.generation,
             transport=pool.transport.kind,
             transport_reason=pool.transport.reason,
+            batching=pool.batching,
         )
 
     def _check_incarnation(self, incarnation: str) -> None:

@@ -110,6 +110,7 @@ class Binding:
             self._ensure_registered,
             registration.generation,
             chosen,
+            batching=registration.batching,
         )
         if attached:
             return chosen.by_value
@@ -301,22 +302,28 @@ class ActorLayouts:
             return None if self._here.binding is binding else self._bind()
         return self._ask(binding, None)
 
-    def newer(self, binding: Binding, exc: BaseException, since: float) -> Binding | None:
+    def newer(
+        self, binding: Binding, exc: BaseException, since: float, *, deadline: float | None = None
+    ) -> Binding | None:
         here = self._here
         if isinstance(exc, InvalidInputError):
             if here.input_checked_at > since:
                 return None  # asked lately: refused inputs are the caller's
             here.input_checked_at = time.monotonic()
         proof = exc.error if isinstance(exc, SuspectedChange) and exc.proven else None
-        return self._ask(binding, proof)
+        return self._ask(binding, proof, deadline)
 
-    def _ask(self, binding: Binding, proof: BaseException | None) -> Binding | None:
-        """The binding of the model's current layout, as the node actor says; ``None`` if it
-        is ``binding``'s."""
+    def _ask(
+        self, binding: Binding, proof: BaseException | None, deadline: float | None = None
+    ) -> Binding | None:
+        """The binding of the model's current layout, as the node actor says (reading a
+        change ``proof`` proves until ``deadline`` at the latest, a ``time.monotonic()``);
+        ``None`` if it is ``binding``'s."""
         actor, name = binding.actor, self._model
         incarnation, generation = binding.registration.incarnation, binding.registration.generation
+        catch_up_s = None if deadline is None else max(0.0, deadline - time.monotonic())
         registration: ModelRegistration = control_call(
-            lambda: get(actor.follow.remote(name, incarnation, generation, proof))
+            lambda: get(actor.follow.remote(name, incarnation, generation, proof, catch_up_s))
         )
         if registration.generation == generation:
             return None

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._defaults import DEFAULT_RECONNECT_TIMEOUT_S
+from .._inference._node_batching import NodeBatching
 from .._slots._sizing import SlotAutoscaling
 from .._slots._specs import ModelSpec
 
@@ -97,6 +98,7 @@ class ModelRegistration:
             Triton, or it was registered again with other specs, or Triton moved).
         transport: How the node's pool reaches Triton: ``"shm"`` or ``"inline"`` (by value).
         transport_reason: Why.
+        batching: The pool's node batching (``None``: none).
     """
 
     spec: ModelSpec
@@ -108,6 +110,7 @@ class ModelRegistration:
     generation: int = 0
     transport: str = "shm"
     transport_reason: str = ""
+    batching: NodeBatching | None = None
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from .._exceptions import (
     RegionReplacedError,
 )
 from .._inference._inputs import InputValue
+from .._inference._node_batching import NodeBatching, node_batching_of
 from .._inference._options import (
     NOT_GIVEN,
     NotGiven,
@@ -141,6 +142,10 @@ class ShmModel:
             :meth:`TritonSHMClient.register_shm_model`).
         outputs_as: The default of this handle's calls (see
             :meth:`TritonSHMClient.infer_shm`); a call's own wins.
+        node_batching: Merge the calls of a few rows of every process on the node into one
+            Triton request (see :meth:`TritonSHMClient.register_shm_model` and the guide's
+            *Node batching*): a :class:`NodeBatching`, ``True`` for its defaults, or ``None``.
+            It is the model's on the node: the first handle to register the model sets it.
 
     When the model changes on Triton and its specs came from Triton's config (``inputs``,
     ``outputs`` and ``max_batch_size`` left out), the node actor lays its pool out anew, once
@@ -182,6 +187,7 @@ class ShmModel:
         device: int | str | None = None,
         triton_device_id: int | None = None,
         outputs_as: str = "numpy",
+        node_batching: NodeBatching | bool | None = None,
     ) -> None:
         # Checked here, where the handle is made, not at its first call in a worker.
         check_memory_options(model_name, memory, device, triton_device_id)
@@ -206,6 +212,7 @@ class ShmModel:
             "max_element_bytes": dict(max_element_bytes) if max_element_bytes else None,
             "memory": memory,
             "triton_device_id": triton_device_id,
+            "node_batching": node_batching_of(model_name, node_batching),
         }
         self._device = device
         self._url = url
@@ -284,8 +291,15 @@ class ShmModel:
                 self._here.replace(binding, None)  # the node actor restarted: a new region
                 return self._bind()
             owner = ActorLayouts(self.model_name, self._here, self._bind, self._new_binding)
+            timeout_s = self._call.client_timeout_s
             return follow_model(
-                binding, exc, owner, follows=self._follows, sequence=sequence, started=0.0
+                binding,
+                exc,
+                owner,
+                follows=self._follows,
+                sequence=sequence,
+                started=0.0,
+                deadline=None if timeout_s is None else time.monotonic() + timeout_s,
             )
 
         return Moves(binding, (*_REBIND_ON, *moved), recover)

@@ -210,6 +210,7 @@ RAY_USES = {
         "_pools._retry",  # the one rule of where a call goes on (follow_model)
         "_inference._options",  # RequestOptions, checked once where a handle makes them
         "_inference._stream",  # StreamResponse, what a handle's stream yields
+        "_inference._node_batching",  # NodeBatching, the model's on the node
         # the vocabulary: errors, specs, inputs, keys, sizes, where slots live, defaults
         "_exceptions",
         "_slots._specs",
