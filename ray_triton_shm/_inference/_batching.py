@@ -213,13 +213,17 @@ def _wait_for_company(pool: ModelPool, seat: Seat) -> Generator[tuple[Step, Any]
     batch opened, and never once it is full."""
     board, policy = pool.board, pool.batching
     assert board is not None and policy is not None
-    deadline = board.opened_ns(seat) + int(policy.max_delay_s * 1e9)
-    while not board.full(seat):
-        flying = board.in_triton(pool.slots.size, seat.slot)
-        left_s = (deadline - time.monotonic_ns()) / 1e9
-        if len(flying) < policy.max_in_triton or left_s <= 0:
-            return
-        yield Step.LOCK, board.answer_wait(flying[0], left_s)
+    opened = board.opened_ns(seat)
+    deadline = opened + int(policy.max_delay_s * 1e9)
+    try:
+        while not board.full(seat):
+            flying = board.in_triton(pool.slots.size, seat.slot)
+            left_s = (deadline - time.monotonic_ns()) / 1e9
+            if len(flying) < policy.max_in_triton or left_s <= 0:
+                return
+            yield Step.LOCK, board.answer_wait(flying[0], left_s)
+    finally:
+        pool.header.count_company_wait(seat.slot, time.monotonic_ns() - opened)
 
 
 def _chunk(

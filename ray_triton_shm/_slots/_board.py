@@ -386,6 +386,16 @@ class BatchBoard:
         finally:
             self.put_fd(fd)
 
+    def forming(self, size: int) -> list[tuple[int, int, int]]:
+        """The open batches among the first ``size`` slots: each one's slot, rows and members
+        (besides its leader), as last written."""
+        boards = [(slot, self._header.board(slot)) for slot in range(size)]
+        return [
+            (slot, word[_ROWS], word[_MEMBERS])
+            for slot, word in boards
+            if word[_STATE] == BatchState.OPEN
+        ]
+
     def answer_wait(self, slot: int, timeout_s: float | None) -> LockWait:
         """A wait for the batch on ``slot`` to be answered (or given up)."""
         return LockWait(self, _answer_byte(slot), shared=True, timeout_s=timeout_s)

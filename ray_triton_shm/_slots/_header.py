@@ -105,7 +105,10 @@ _LATENCY_BUCKETS = _SETTLE_BUCKETS + _BUCKETS
 #: any more).
 _ROW_BUCKETS = _LATENCY_BUCKETS + _BUCKETS
 ROWS_BUCKETS = 12
-_WORDS_PER_SLOT = _ROW_BUCKETS + ROWS_BUCKETS
+#: Node batches that waited for company (the model's earlier ones in Triton), and how long.
+_COMPANY_WAITS = _ROW_BUCKETS + ROWS_BUCKETS
+_COMPANY_WAIT_NS = _COMPANY_WAITS + 1
+_WORDS_PER_SLOT = _COMPANY_WAIT_NS + 1
 #: Each rows bucket's upper bound (the last has none).
 ROWS_BUCKET_BOUNDS = (*(2**b for b in range(ROWS_BUCKETS - 1)), math.inf)
 #: Words of each slot's batch board (see :mod:`._board`), after every slot's words.
@@ -462,10 +465,22 @@ class RegionHeader:
         bucket's upper bound; ``0.0`` if none was abandoned and settled)."""
         return _quantile_s(self._slots[:, _SETTLE_BUCKETS:_LATENCY_BUCKETS], q)
 
+    def count_company_wait(self, slot: int, waited_ns: int) -> None:
+        """Counts a node batch on ``slot`` that waited ``waited_ns`` for company (by its
+        leader, the slot's holder)."""
+        word, base = self._word, _slot_word(slot, 0)
+        _add(word, base + _COMPANY_WAITS, 1)
+        _add(word, base + _COMPANY_WAIT_NS, max(waited_ns, 0))
+
+    def company_waits(self) -> tuple[int, int]:
+        """Node batches that waited for company, and the nanoseconds they waited in all."""
+        sums = self._slots[:, _COMPANY_WAITS : _COMPANY_WAIT_NS + 1].sum(axis=0)
+        return int(sums[0]), int(sums[1])
+
     def rows_histogram(self) -> np.ndarray:
         """Answered requests by their rows, summed over the slots: counts per bucket of
         :data:`ROWS_BUCKET_BOUNDS`."""
-        return self._slots[:, _ROW_BUCKETS:].sum(axis=0)
+        return self._slots[:, _ROW_BUCKETS:_COMPANY_WAITS].sum(axis=0)
 
     def board(self, slot: int) -> memoryview:
         """The words of ``slot``'s batch board (see :mod:`._board`): any process writes them,
