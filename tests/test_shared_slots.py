@@ -320,7 +320,7 @@ def test_seats_taken_and_left_during_a_scan_never_look_all_taken(make_region, mo
     other = SharedSlots(region.name, region.header, 1, model="m")  # another process's pool
     seated = os.open(SHM_DIR / region.name, os.O_RDWR)  # a waiter already in seat 0
     probe = os.open(SHM_DIR / region.name, os.O_RDWR)
-    assert shared._lock(seated, shared._SEAT0, wait=False)
+    assert shared.lock_byte(seated, shared._SEAT0, wait=False)
     results: list[BaseException] = []
 
     def arrive() -> None:
@@ -330,22 +330,22 @@ def test_seats_taken_and_left_during_a_scan_never_look_all_taken(make_region, mo
             results.append(exc)
 
     newcomer = threading.Thread(target=arrive)
-    real_lock = shared._lock
+    real_lock = shared.lock_byte
 
-    def lock(fd: int, byte: int, *, wait: bool) -> bool:
-        taken = real_lock(fd, byte, wait=wait)
+    def lock(fd: int, byte: int, *, wait: bool, shared_lock: bool = False) -> bool:
+        taken = real_lock(fd, byte, wait=wait, shared=shared_lock)
         if byte == shared._SEAT0 and fd != seated and not taken and not newcomer.is_alive():
             os.close(seated)  # the waiter in seat 0 leaves; a newcomer looks from seat 1
             newcomer.start()
             wait_for(
-                lambda: shared._locked_by_another(probe, shared._SEAT0 + 1),
+                lambda: shared.locked_by_another(probe, shared._SEAT0 + 1),
                 timeout_s=5,
                 every_s=0.005,
                 what="the newcomer in seat 1",
             )
         return taken
 
-    monkeypatch.setattr(shared, "_lock", lock)
+    monkeypatch.setattr(shared, "lock_byte", lock)
     region.slots._next, other._next = 1, 0  # this caller looks at seat 0 first, other at 1
     try:
         with pytest.raises(SlotTimeoutError):

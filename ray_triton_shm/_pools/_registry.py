@@ -363,7 +363,7 @@ class Registry:
             if transport is not None and transport.by_value:
                 memory: SlotMemory = ByValueMemory(region, layout, slot_count)
             else:
-                memory = open_memory(region, layout, slot_count)
+                memory = open_memory(region, layout, slot_count, model=spec.name)
         except BaseException:
             region.close()
             raise
@@ -796,7 +796,12 @@ class Registry:
         )
 
     def replacement(self, pool: ModelPool, exc: BaseException) -> ModelPool | None:
-        """The pool that replaced ``pool`` (:class:`._retry.LayoutOwner`)."""
+        """The pool that replaced ``pool`` (:class:`._retry.LayoutOwner`).
+
+        Raises:
+            ClientClosedError: the client was closed (whatever the pool's words say).
+        """
+        self.check_open()
         current = self._pools.get(pool.spec.name)
         if self.closed or current is None or current is pool:
             return None

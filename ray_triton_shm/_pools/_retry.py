@@ -24,9 +24,10 @@ import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Generator
 from typing import Generic, Protocol, TypeVar
 
-from .._exceptions import ClientClosedError, InvalidInputError
+from .._exceptions import ClientClosedError, ForeignRegionError, InvalidInputError
 from .._inference._engine import SuspectedChange
 from .._inference._model_pool import PoolRetired
+from .._slots._header import LAYOUT_VERSION, foreign_region_error
 
 __all__ = [
     "INPUT_RECHECK_S",
@@ -63,7 +64,8 @@ class LayoutOwner(Protocol[T]):
 
     def replacement(self, target: T, exc: BaseException) -> T | None:
         """The layout that replaced ``target`` after ``exc`` (one of :data:`RETIRED`), or
-        ``None`` if none did (the client itself was closed)."""
+        ``None`` if none did (the client itself was closed, or ``target``'s ``retired`` word
+        is none of the owner's: :func:`follow_model` tells which)."""
 
     def newer(
         self, target: T, exc: BaseException, since: float, *, deadline: float | None = None
@@ -105,7 +107,7 @@ def follow_model(
     if isinstance(exc, RETIRED):
         replaced = owner.replacement(target, exc)
         if replaced is None:
-            raise exc
+            raise _unreplaced(exc)
         return replaced
     if isinstance(exc, InvalidInputError):
         if not follows or exc.model is None:
@@ -122,6 +124,41 @@ def follow_model(
     if isinstance(exc, SuspectedChange) and exc.executed and sequence:
         raise exc.error
     return newer
+
+
+def _unreplaced(exc: BaseException) -> BaseException:
+    """What the caller gets when no layout replaced the one ``exc`` (one of :data:`RETIRED`)
+    stopped: a closed pool's :class:`ClientClosedError` as it is; for a retired pool, what
+    its owner said (it knows no layout after it) against what the pool knows of its own
+    retirement.
+
+    A ``retired`` word is believed only where the pool's owner laid the model out anew: a
+    pool whose owner is this process records the layout that replaced it before it sets the
+    word, and a node actor tells its callers its newer layout. So a retired pool that
+    records a successor its owner no longer has was retired, then its client was closed or
+    the model unregistered (:class:`ClientClosedError`); one that records none, and whose
+    owner knows no newer layout, bears a word nobody of ours wrote (something wrote over the
+    header, its stamp kept): the region is refused by name (:class:`ForeignRegionError`).
+    """
+    if not isinstance(exc, PoolRetired):
+        return exc
+    pool, name = exc.pool, exc.pool.spec.name
+    if pool.following.successor is not None:
+        return ClientClosedError(
+            f"model {name!r}: its pool was laid out anew, and the client was closed or the "
+            "model unregistered since",
+            model=name,
+        )
+    try:
+        pool.header.check(model=name)
+    except ForeignRegionError as foreign:
+        return foreign  # its stamp is gone too: that, first
+    return foreign_region_error(
+        pool.region.name,
+        LAYOUT_VERSION,
+        model=name,
+        why="its 'retired' word is set, and its owner knows no layout that replaced it",
+    )
 
 
 class Moves(Generic[T]):

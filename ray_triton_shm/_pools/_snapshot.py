@@ -10,8 +10,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .._exceptions import ERROR_KINDS
 from .._inference._model_pool import ModelPool
-from .._slots._header import histogram_quantile_s
+from .._slots._header import BUCKET_BOUNDS_S, HISTOGRAMS, SlotCounters, histogram_quantile_s
 from .._slots._shared_slots import NodeSlotStats, SharedSlots
 from .._slots._slot_pool import PoolStats
 
@@ -44,6 +45,10 @@ class PoolSnapshot:
         counters: The header's counters (``requests``, ``samples``, ``bytes_in``...,
             ``abandoned_requests``).
         histograms: Counts per bucket of each of the header's histograms.
+        foreign: Whether the header lost this layout's stamp (something wrote over it): none
+            of its words is believed, and every figure read from them is zero (``size``,
+            ``min_size``, ``abandoned``, the counters, failures and histograms); ``in_use``
+            and ``waiting`` come from the slots' locks, as ever.
     """
 
     region: str
@@ -66,6 +71,7 @@ class PoolSnapshot:
     failures: dict[str, int]
     counters: dict[str, int]
     histograms: dict[str, np.ndarray]
+    foreign: bool = False
 
     @classmethod
     def of(cls, pool: ModelPool, *, node_wide: bool = False) -> PoolSnapshot:
@@ -78,6 +84,8 @@ class PoolSnapshot:
         """
         slots = pool.slots
         header = pool.header
+        if not header.intact:
+            return cls._foreign(pool, node_wide=node_wide)
         now: NodeSlotStats | PoolStats
         if node_wide:
             assert isinstance(slots, SharedSlots)  # shared before the pool is published
@@ -111,6 +119,43 @@ class PoolSnapshot:
             failures=header.failures(),
             counters=counters,
             histograms=histograms,
+        )
+
+    @classmethod
+    def _foreign(cls, pool: ModelPool, *, node_wide: bool) -> PoolSnapshot:
+        """``pool`` whose header lost this layout's stamp: its words read as zero (and no
+        sweep writes into them); slots held and callers waiting as the locks say."""
+        slots = pool.slots
+        now: NodeSlotStats | PoolStats
+        if node_wide:
+            assert isinstance(slots, SharedSlots)
+            now = slots.node_stats()
+        else:
+            now = slots.stats()
+        counters = vars(SlotCounters())
+        counters["abandoned_requests"] = counters.pop("abandoned")
+        return cls(
+            region=pool.region.name,
+            generation=pool.generation,
+            size=0,
+            min_size=0,
+            max_size=pool.header.slot_count,
+            limited_by="",
+            grows=0,
+            shrinks=0,
+            in_use=now.in_use,
+            waiting=now.waiting,
+            abandoned=0,
+            overloads=0,
+            shm_bytes=pool.region.allocated,
+            shm_max_bytes=pool.region.size,
+            wait_p99_us=0,
+            settle_p99_us=0,
+            latency_p99_us=0,
+            failures=dict.fromkeys(ERROR_KINDS, 0),
+            counters=counters,
+            histograms={name: np.zeros(len(BUCKET_BOUNDS_S), np.int64) for name in HISTOGRAMS},
+            foreign=True,
         )
 
 

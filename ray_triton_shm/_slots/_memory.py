@@ -33,7 +33,7 @@ from typing import Any, Protocol
 import numpy as np
 from tritonclient.grpc import service_pb2
 
-from .._exceptions import CudaError, ModelSpecError, TritonServerError
+from .._exceptions import CudaError, ForeignRegionError, ModelSpecError, TritonServerError
 from .._wire._keys import Metadata
 from . import _cuda
 from ._gpu_choice import uuid_bytes, uuid_name
@@ -603,9 +603,33 @@ def new_memory(
     return CudaMemory.create(region, layout, slot_count, device, triton_device_id, model=model)
 
 
-def open_memory(region: SharedMemoryRegion, layout: SlotLayout, slot_count: int) -> SlotMemory:
-    """The memory of a region another process owns, of the kind its header says."""
-    kind = RegionHeader(region.buffer, slot_count).memory
+def open_memory(
+    region: SharedMemoryRegion, layout: SlotLayout, slot_count: int, *, model: str | None = None
+) -> SlotMemory:
+    """The memory of a region another process owns, of the kind its header says.
+
+    Args:
+        region: The region.
+        layout: Its slots' layout.
+        slot_count: Slots it has room for.
+        model: Its model, for errors.
+
+    Raises:
+        ForeignRegionError: its memory word names no kind of memory (something wrote over
+            it), naming the region and ``model``.
+    """
+    try:
+        kind = RegionHeader(region.buffer, slot_count, region=region.name).memory
+    except ForeignRegionError as exc:
+        if model is None or exc.model is not None:
+            raise
+        raise ForeignRegionError(
+            f"model {model!r}: {exc}",
+            model=model,
+            region=exc.region,
+            version=exc.version,
+            expected_version=exc.expected_version,
+        ) from None
     if kind == CUDA:
         return CudaMemory.attach(region, layout, slot_count)
     if kind == BY_VALUE:

@@ -159,6 +159,9 @@ class SharedSlots:
         Raises:
             SlotTimeoutError: no slot came free in time.
             OverloadedError: ``max_waiting`` callers already wait.
+            ForeignRegionError: no slot was taken, and the header lost this layout's stamp
+                (something wrote over it): checked before either error above, which its words
+                could have caused.
             ClientClosedError: the pool was closed.
         """
         fd, slot = self._fd_and_free_slot()
@@ -476,6 +479,12 @@ class SharedSlots:
             self.release(slot)
 
     def _take_seat(self, fd: int, wait: _Wait | None) -> int:
+        """A seat for a caller about to queue, locked on ``fd``.
+
+        Raises:
+            OverloadedError: every seat is taken.
+            ForeignRegionError: every seat is taken, and the header lost this layout's stamp.
+        """
         seats = self._header.max_waiting
         # Seats are taken only under _MUTEX, and left at any time: so a scan that finds every
         # seat taken saw them all taken at once. Without it, seats checked one after another
@@ -489,11 +498,14 @@ class SharedSlots:
                         with wait.guard:
                             wait.seat = seat
                     return seat
+            # Every seat taken: unless these words are not the owner's (written over: their
+            # max_waiting is nobody's limit, and nothing is counted into them).
+            self._header.check(model=self.name)
             self._header.count_failure("overloaded")
         finally:
             unlock_byte(fd, _MUTEX)
         raise OverloadedError(
-            f"{self._header.max_waiting} callers already wait for one of the {self.size} slots "
+            f"{seats} callers already wait for one of the {self.size} slots "
             f"of {self.name!r} on this machine; slow down, or allow more with more slots or a "
             "larger max_waiting",
             model=self.name,
@@ -647,6 +659,13 @@ class SharedSlots:
         warn_kept(self.name, KEPT_WARNING_S, self._kept_here())
 
     def _timeout(self, timeout_s: float | None) -> SlotTimeoutError:
+        """The error of a caller that found no free slot in time.
+
+        Raises:
+            ForeignRegionError: the header lost this layout's stamp meanwhile (written over:
+                its words, not the load, may have kept every slot from this caller).
+        """
+        self._header.check(model=self.name)
         return SlotTimeoutError(
             f"no free slot for model {self.name!r} within {timeout_s} s (all {self.size} slots "
             f"of this machine busy){kept_note(self._kept_here())}",

@@ -11,7 +11,7 @@ from _counts import examples, tried
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from ray_triton_shm import ForeignRegionError, SlotTimeoutError
+from ray_triton_shm import ForeignRegionError, OverloadedError, SlotTimeoutError
 from ray_triton_shm._exceptions import ERROR_KINDS
 from ray_triton_shm._slots._header import (
     BUCKET_BOUNDS_S,
@@ -126,12 +126,17 @@ def test_random_bytes_open_as_ours_only_with_our_stamp(data: bytes, padding: int
 
 @given(slot_count=st.integers(1, 8), scribbles=writes)
 @example(slot_count=2, scribbles=[(8 * (1056 + 8), b"\x01")])  # slot 0 abandoned, stamp kept
+# Its only slot abandoned, no seat (max_waiting 0), the stamp gone: once "0 callers already
+# wait" (OverloadedError, naming no region), before anything checked the stamp.
+@example(slot_count=1, scribbles=[(0, b"\x00" * 8), (8 * (1056 + 8), b"\x01"), (72, b"\x00")])
 @examples(180, soak=1500)
 def test_callers_on_a_scribbled_region_take_a_slot_or_fail_by_name(
     slot_count: int, scribbles: list[tuple[int, bytes]]
 ) -> None:
     """A caller of a region whose header was written over (shared slots, as in the Ray
-    layer): a slot of the region, or a named error by its deadline; nothing held after."""
+    layer): a slot of the region, or a named error by its deadline; nothing held after. A
+    header without its stamp is refused by name before any error its words could cause (a
+    timeout, no seat); one with its stamp is believed (those errors are the load's)."""
     tried("header: shared slots")
     region = SharedMemoryRegion.create(new_region_name("prop"), REGION_HEADER_BYTES)
     try:
@@ -145,8 +150,10 @@ def test_callers_on_a_scribbled_region_take_a_slot_or_fail_by_name(
         try:
             try:
                 slot = slots.acquire(timeout_s=0.02)
-            except (ForeignRegionError, SlotTimeoutError):
-                pass
+            except ForeignRegionError as exc:
+                assert (exc.region, exc.model) == (region.name, "m") and not header.intact
+            except (SlotTimeoutError, OverloadedError):
+                assert header.intact
             else:
                 assert 0 <= slot < header.size
                 slots.release(slot)
