@@ -18,7 +18,9 @@ import asyncio
 import atexit
 import contextlib
 import logging
+import os
 import threading
+import time
 import weakref
 from collections.abc import AsyncGenerator, Generator, Mapping
 from typing import Any
@@ -30,7 +32,7 @@ from ._inference._inputs import InputValue, prepare_batch
 from ._inference._model_pool import ModelPool
 from ._inference._options import select_outputs
 from ._inference._stream import StreamChunk, StreamResponse, StreamSteps, stream
-from ._wire._streams import Responses, Streams, end_every_stream
+from ._wire._streams import Responses, Streams
 
 __all__ = ["StreamCall"]
 
@@ -48,7 +50,7 @@ class StreamCall(Call):
         super().__init__(*args, **kwargs)
         self._streams = streams
         self._chunk: StreamChunk | None = None
-        _AT_EXIT.owner(self._owner)
+        _AT_EXIT.owner(self._owner, streams)
 
     def stream(self, inputs: Mapping[str, InputValue]) -> Generator[StreamResponse, None, None]:
         """The responses of a request of ``inputs``, blocking (see ``stream``)."""
@@ -61,7 +63,6 @@ class StreamCall(Call):
         return _AT_EXIT.unfinished(self._stream_async(inputs))
 
     def _stream(self, inputs: Mapping[str, InputValue]) -> Generator[StreamResponse, None, None]:
-
         def attempt(pool: ModelPool) -> Generator[StreamResponse, None, None]:
             return drive_stream(self._stream_steps(pool, inputs), self._do, Step.DELIVER)
 
@@ -167,22 +168,28 @@ class _AtExit:
     """What the interpreter's exit closes (see the module's docstring), held weakly."""
 
     def __init__(self) -> None:
+        self.forget()
+
+    def forget(self) -> None:
+        """Forgets every owner and stream (in a child just forked: they are its parent's)."""
         self._owners: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._streams: weakref.WeakSet[Streams] = weakref.WeakSet()
         self._unfinished: weakref.WeakSet[Any] = weakref.WeakSet()
         self._lock = threading.Lock()
-        self._hooked = False
+        self._hooked_in: int | None = None  # the process whose exit hook closes them
 
-    def owner(self, owner: Any) -> None:
-        """Closes ``owner`` (a client) at exit, after the streams."""
+    def owner(self, owner: Any, streams: Streams) -> None:
+        """Closes ``owner`` (a client) and its gRPC ``streams`` at exit."""
         self._owners.add(owner)
+        self._streams.add(streams)
         with self._lock:
-            if self._hooked:
+            if self._hooked_in == os.getpid():
                 return
             # Registered now, after the client's pools registered their finalizers (with
             # weakref's exit hook), it runs before them: releasing a pool waits for the slot
             # an unfinished stream holds.
             atexit.register(self.close)
-            self._hooked = True
+            self._hooked_in = os.getpid()
 
     def unfinished(self, responses: Any) -> Any:
         """Closes the stream ``responses`` (a generator, or an async one) at exit."""
@@ -191,9 +198,13 @@ class _AtExit:
 
     def close(self) -> None:
         """Closes every stream not finished, ends every gRPC stream, closes every owner."""
+        if self._hooked_in != os.getpid():
+            return  # a forked child's exit, with the hook of its parent
         for responses in list(self._unfinished):
             _close_stream(responses)
-        end_every_stream(_EXIT_WAIT_S)
+        deadline = time.monotonic() + _EXIT_WAIT_S
+        for streams in list(self._streams):
+            streams.close(wait_s=max(0.0, deadline - time.monotonic()))
         for owner in list(self._owners):
             try:
                 owner.close()
@@ -210,10 +221,10 @@ def _close_stream(responses: Any) -> None:
             return
         closing = responses.aclose()
         try:
-            closing.send(None)  # an async stream closes without waiting for its loop
+            closing.send(None)  # its loop is not needed: nothing in its way out waits on it
         except StopIteration:
             return
-        closing.close()
+        closing.close()  # it waited on its loop after all: left to end with its gRPC stream
     except (RuntimeError, ValueError):  # running now
         pass
     except Exception:
@@ -221,3 +232,4 @@ def _close_stream(responses: Any) -> None:
 
 
 _AT_EXIT = _AtExit()
+os.register_at_fork(after_in_child=_AT_EXIT.forget)

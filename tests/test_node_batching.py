@@ -206,3 +206,29 @@ def test_calls_that_cannot_join_go_alone_and_right(batching_client: TritonSHMCli
             stop.set()
 
     in_threads(lambda w: large(w) if w == 0 else small(w), range(5))
+
+
+def test_by_value_a_batch_gathers_its_rows_in_the_node_slots_and_goes_out_once(
+    triton_elsewhere: LocalTritonServer,
+) -> None:
+    """A Triton that cannot map our /dev/shm: the slots gather the batch's rows, which go to
+    Triton in one request by value; every caller still gets exactly its own rows."""
+    before = our_regions()
+    shapes = {"INPUT0": (8,), "OUTPUT0": (8,)}
+    with TritonSHMClient(triton_elsewhere.grpc_url) as client:
+        forced = NodeBatching(force=True, max_delay_s=0.05)
+        client.register_shm_model("identity", max_shapes=shapes, pool_size=4, node_batching=forced)
+        assert client.shm_stats("identity").transport == "inline"
+
+        def caller(worker: int) -> None:
+            for n in range(60):
+                x = np.full((1 + n % 2, 8), worker * 1000 + n, np.float32)
+                x[:, 0] = np.arange(len(x))
+                out = client.infer_shm("identity", {"INPUT0": x})["OUTPUT0"]
+                np.testing.assert_array_equal(out, x)
+
+        in_threads(caller, range(12))
+        header = registry_of(client).get("identity").header
+        assert header.totals().samples == 12 * 90
+        assert header.rows_histogram()[1:].sum() > 0, "no call was merged with another"
+    assert our_regions() - before == set()

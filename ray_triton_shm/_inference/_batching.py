@@ -60,7 +60,6 @@ def joins_batches(
     return (
         policy is not None
         and pool.board is not None
-        and not pool.by_value
         and pool.memory.device is None
         and outputs_as == "numpy"
         and 0 < batch.size <= policy.capacity(pool.spec)
@@ -235,12 +234,23 @@ def _chunk(
     request_id: str,
     started: int,
 ) -> Chunk:
-    """The request of the whole batch: ``total`` rows of the leader's per-row shapes."""
-    sizes = []
-    for tensor in pool.spec.inputs:
-        row = math.prod(batch.sample_shapes[tensor.name]) * tensor.dtype.itemsize
-        sizes.append(total * row)
-    request = pool.requests.prepare(seat.slot, total, batch.sample_shapes, sizes, request_id)  # type: ignore[union-attr]
+    """The request of the whole batch: ``total`` rows of the leader's per-row shapes, pointing
+    at the slot, or by value, read out of it."""
+    views, shapes = pool.views[seat.slot], batch.sample_shapes
+    if pool.by_value:
+        rows = {
+            t.name: views.inputs[t.name][: total * math.prod(shapes[t.name])].reshape(
+                total, *shapes[t.name]
+            )
+            for t in pool.spec.inputs
+        }
+        gathered = Batch(pool.spec, total, shapes, rows)
+        request, sizes = pool.requests.write(
+            seat.slot, views, gathered, 0, total, request_id, options
+        )
+        return Chunk(pool, seat.slot, 0, request, pool.epoch, total, sum(sizes), started)
+    sizes = [total * math.prod(shapes[t.name]) * t.dtype.itemsize for t in pool.spec.inputs]
+    request = pool.requests.prepare(seat.slot, total, shapes, sizes, request_id)  # type: ignore[union-attr]
     if options is not None:
         request = options.apply(request)
     return Chunk(pool, seat.slot, 0, request, pool.epoch, total, sum(sizes), started)
@@ -265,7 +275,7 @@ def _collect(
         )
         raise SuspectedChange(error, executed=True)
     shapes: dict[str, tuple[int, ...]] = {}
-    for name, _, shape, _ in answered:
+    for name, _, shape, contents in answered:
         if not shape or shape[0] != total:
             raise TritonServerError(
                 f"model {spec.name!r}: output {name!r} came back as {shape} for a batch of "
@@ -273,6 +283,8 @@ def _collect(
                 model=spec.name,
             )
         shapes[name] = tuple(shape[1:])
+        if pool.by_value:  # into the slot, where every member reads its rows
+            _place_answered(pool, chunk.slot, name, shape, contents)
     row_shapes = [shapes.get(t.name) for t in spec.outputs]
     names = None if options is None else options.outputs
     outputs = _read_rows(pool, chunk.slot, 0, rows, shapes, names)
@@ -283,6 +295,25 @@ def _collect(
     latency_ns = time.monotonic_ns() - chunk.started_ns
     pool.header.count(chunk.slot, total, chunk.bytes_in, bytes_out, latency_ns)
     return outputs, row_shapes
+
+
+def _place_answered(
+    pool: ModelPool, slot: int, name: str, shape: tuple[int, ...], contents: bytes
+) -> None:
+    """Copies an output Triton answered by value into the slot's place for it.
+
+    Raises:
+        TritonServerError: it does not fit there, or its bytes are not its shape's.
+    """
+    space = pool.views[slot].outputs[name]
+    count = math.prod(shape)
+    if count > space.size or len(contents) != count * space.itemsize:
+        raise TritonServerError(
+            f"model {pool.spec.name!r}: output {name!r} of shape {shape} came back as "
+            f"{len(contents)} bytes, for room of {space.size} {space.dtype} values",
+            model=pool.spec.name,
+        )
+    space[:count] = np.frombuffer(contents, space.dtype, count)
 
 
 def _read_rows(

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from .._exceptions import ClientClosedError, TritonSHMError, error_kind
 from .._slots._board import BatchBoard
 from .._slots._header import RegionHeader
-from .._slots._memory import BY_VALUE, SYSTEM, SlotIO, SlotMemory
+from .._slots._memory import BY_VALUE, SlotIO, SlotMemory
 from .._slots._shm import SharedMemoryRegion, slot_key
 from .._slots._sizing import SlotAutoscaling
 from .._slots._slot_pool import SlotSource
@@ -164,7 +164,7 @@ class ModelPool:
             batching=batching,
             board=(
                 BatchBoard(header, region.name, model=spec.name)
-                if batching is not None and memory.kind == SYSTEM
+                if batching is not None and memory.holds_rows
                 else None
             ),
         )

@@ -246,6 +246,11 @@ class Registry:
             protocol_reason=_protocol_reason(pool, self._triton.protocol_reason),
             transport=pool.transport.kind,
             transport_reason=pool.transport.reason,
+            node_batching=now.node_batching,
+            rows_per_request=now.rows_per_request,
+            rows_histogram=now.rows_by_bound,
+            company_waits=now.company_waits,
+            company_wait_mean_us=now.company_wait_mean_us,
         )
 
     def check_open(self) -> None:
@@ -509,7 +514,9 @@ class Registry:
         if kind == CUDA:
             check_numeric(spec)
         count, capacity = _slot_counts(sizing, initial)
-        region = self._new_region(kind, spec, layout, count, capacity)
+        batching = _batching(spec, registration)
+        rows = kind == BY_VALUE and batching is not None
+        region = self._new_region(kind, spec, layout, count, capacity, rows=rows)
         try:
             memory = new_memory(
                 kind,
@@ -546,7 +553,7 @@ class Registry:
                 transport=Transport(
                     INLINE if kind == BY_VALUE else SHM, why, registration.transport
                 ),
-                batching=_batching(spec, registration),
+                batching=batching,
             )
             pool.following.next_check = time.monotonic() + (self._config_check_interval_s or 0)
             pool.following.probed_at = time.monotonic()
@@ -568,18 +575,26 @@ class Registry:
         return pool
 
     def _new_region(
-        self, kind: str, spec: ModelSpec, layout: SlotLayout, count: int, capacity: int
+        self,
+        kind: str,
+        spec: ModelSpec,
+        layout: SlotLayout,
+        count: int,
+        capacity: int,
+        *,
+        rows: bool = False,
     ) -> SharedMemoryRegion:
         """The region of a new pool in memory of ``kind``: room for ``capacity`` slots, backed
-        for ``count`` of them (checked against ``/dev/shm``), watched if this process dies.
+        for ``count`` of them (checked against ``/dev/shm``), watched if this process dies;
+        ``rows``: by value, with slots where a node batch gathers its rows.
 
         Raises:
             SharedMemoryFullError: ``/dev/shm`` has no room for ``count`` slots.
         """
-        if kind != BY_VALUE:
-            where = "" if kind == SYSTEM else " (their table; the slots are on the GPU)"
+        if kind != BY_VALUE or rows:
+            where = "" if kind != CUDA else " (their table; the slots are on the GPU)"
             ensure_room(
-                region_bytes(kind, layout, count),
+                region_bytes(kind, layout, count, rows=rows),
                 what=f"model {spec.name!r}: a pool of {count} slot(s) of "
                 f"{mib(layout.slot_bytes)}" + where,
                 model=spec.name,
@@ -589,9 +604,9 @@ class Registry:
             watch(None if kind == BY_VALUE else self._triton.url)
         return SharedMemoryRegion.create(
             new_region_name(spec.name),
-            region_bytes(kind, layout, capacity),
+            region_bytes(kind, layout, capacity, rows=rows),
             slots=capacity if kind == SYSTEM else 0,
-            backed=region_bytes(kind, layout, count),
+            backed=region_bytes(kind, layout, count, rows=rows),
         )
 
     def _proof(

@@ -100,9 +100,10 @@ def check_memory_options(
         )
 
 
-def region_bytes(memory: str, layout: SlotLayout, slots: int) -> int:
-    """Size of a region's file in ``/dev/shm`` for ``slots`` slots of ``layout``."""
-    if memory == SYSTEM:
+def region_bytes(memory: str, layout: SlotLayout, slots: int, *, rows: bool = False) -> int:
+    """Size of a region's file in ``/dev/shm`` for ``slots`` slots of ``layout`` (``rows``: a
+    region by value whose slots gather a node batch's rows)."""
+    if memory == SYSTEM or (memory == BY_VALUE and rows):
         return layout.region_bytes(slots)
     return REGION_HEADER_BYTES + (_TABLE_BYTES if memory == CUDA else 0)
 
@@ -197,6 +198,12 @@ class SlotMemory:
         self.region = region
         self.layout = layout
         self.slot_count = slot_count
+
+    @property
+    def holds_rows(self) -> bool:
+        """Whether its slots hold tensors in this region's pages, where a node batch gathers
+        its rows (not on a GPU)."""
+        return self.kind == SYSTEM
 
     @property
     def device(self) -> _cuda.Device | None:
@@ -556,11 +563,20 @@ class _NoViews:
 
 class ByValueMemory(SlotMemory):
     """The slots of a pool whose tensors go by value, in the requests: locks in a region of
-    the header alone, which Triton never maps (nothing is registered in it)."""
+    the header alone, which Triton never maps (nothing is registered in it); or, for a pool
+    batched on the node, slots that gather the rows of a batch before it goes out by value
+    (:attr:`holds_rows`)."""
 
     kind = BY_VALUE
 
+    @property
+    def holds_rows(self) -> bool:
+        """Whether its slots have room for tensors (a region made that large)."""
+        return self.region.size >= self.layout.region_bytes(self.slot_count)
+
     def views(self, spec: ModelSpec) -> list[SlotIO]:
+        if self.holds_rows:
+            return super().views(spec)
         return [_NoViews()] * self.slot_count
 
     def offset(self, slot: int) -> int:

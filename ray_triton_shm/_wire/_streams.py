@@ -18,13 +18,13 @@ import collections
 import queue
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from typing import Any
 
 import grpc
 from tritonclient.grpc import service_pb2
 
+from .._exceptions import ClientClosedError
 from ._keys import Metadata
 
 __all__ = [
@@ -33,7 +33,6 @@ __all__ = [
     "Responses",
     "StreamErrorResponse",
     "Streams",
-    "end_every_stream",
     "is_final",
 ]
 
@@ -49,6 +48,8 @@ _EMPTY_FINAL = service_pb2.ModelInferRequest(
 
 #: What tells a stream's request iterator that no request follows.
 _END = object()
+#: The error of a stream asked of closed streams.
+_CLOSED = "the TritonSHMClient is closed"
 
 
 def is_final(response: service_pb2.ModelInferResponse) -> bool:
@@ -246,11 +247,16 @@ class Streams:
         self._open: set[GrpcStream] = set()
         self._lock = threading.Lock()
         self._closed = False
-        _LIVE.add(self)
 
     def take(self, metadata: Metadata) -> GrpcStream:
-        """An open stream with ``metadata`` that carries no request."""
+        """An open stream with ``metadata`` that carries no request.
+
+        Raises:
+            ClientClosedError: the streams are closed (the client, or the interpreter's exit).
+        """
         with self._lock:
+            if self._closed:
+                raise ClientClosedError(_CLOSED)
             idle = self._idle.get(metadata, [])
             while idle:
                 stream = idle.pop()
@@ -259,8 +265,11 @@ class Streams:
                 self._open.discard(stream)
         stream = GrpcStream(self._channel(), metadata)
         with self._lock:
-            self._open.add(stream)
-        return stream
+            if not self._closed:
+                self._open.add(stream)
+                return stream
+        stream.cancel()  # closed meanwhile
+        raise ClientClosedError(_CLOSED)
 
     def give_back(self, stream: GrpcStream) -> None:
         """Puts a stream whose request had its final response back among the idle ones."""
@@ -290,16 +299,3 @@ class Streams:
         deadline = time.monotonic() + wait_s
         for stream in streams:
             stream.join(max(0.0, deadline - time.monotonic()))
-
-
-#: Every :class:`Streams` not collected yet.
-_LIVE: weakref.WeakSet[Streams] = weakref.WeakSet()
-
-
-def end_every_stream(wait_s: float) -> None:
-    """Ends every client's streams (cancelling their requests in Triton), waiting up to
-    ``wait_s`` for their reading threads to have ended (at the interpreter's exit, see
-    :mod:`.._streaming`)."""
-    deadline = time.monotonic() + wait_s
-    for streams in list(_LIVE):
-        streams.close(wait_s=max(0.0, deadline - time.monotonic()))
