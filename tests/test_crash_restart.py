@@ -181,11 +181,16 @@ def test_a_crashed_triton_comes_back_under_load_and_every_answer_is_exact(
 ) -> None:
     import ray
 
+    from ray_triton_shm import NodeBatching
     from ray_triton_shm.ray import ShmModel, get_node_actor
 
     server, events = supervised
     ports = (server.grpc_port, server.http_port, server.metrics_port)
-    model = ShmModel("identity", url=server.grpc_url, pool_size=4, max_shapes=SHAPES)
+    # The Ray callers' calls merged on the node (node batching), the load's each its own.
+    batching = NodeBatching(force=True, max_delay_s=0.01)
+    model = ShmModel(
+        "identity", url=server.grpc_url, pool_size=4, max_shapes=SHAPES, node_batching=batching
+    )
 
     @ray.remote(num_cpus=0, max_concurrency=2)
     class Caller:
