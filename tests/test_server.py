@@ -27,7 +27,9 @@ from ray_triton_shm.local._server import (
 TEST_MODEL_REPOSITORY = Path(__file__).resolve().parent / "models"
 EXAMPLE_MODELS = {
     "identity",
+    "identity_dynamic",
     "classifier",
+    "classifier_dynamic",
     "my_model",
     "large_image",
     "add_nobatch",

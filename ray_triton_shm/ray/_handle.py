@@ -145,7 +145,8 @@ class ShmModel:
         node_batching: Merge the calls of a few rows of every process on the node into one
             Triton request (see :meth:`TritonSHMClient.register_shm_model` and the guide's
             *Node batching*): a :class:`NodeBatching`, ``True`` for its defaults, or ``None``.
-            It is the model's on the node: the first handle to register the model sets it.
+            It is the model's on the node: every handle of the model there must ask the same
+            (another raises :class:`ModelSpecError`, as other specs do).
 
     When the model changes on Triton and its specs came from Triton's config (``inputs``,
     ``outputs`` and ``max_batch_size`` left out), the node actor lays its pool out anew, once
