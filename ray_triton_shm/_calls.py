@@ -217,6 +217,8 @@ class Call:
                 return self.pool.slots.acquire(arg)
             case Step.LOCK:
                 return arg.wait()
+            case Step.PAUSE:
+                time.sleep(arg)
             case Step.SEND:
                 self._send(arg)
             case Step.RECONNECT:
@@ -266,6 +268,8 @@ class Call:
                 return await self.pool.slots.acquire_async(arg)
             case Step.LOCK:
                 return await arg.wait_async()
+            case Step.PAUSE:
+                await asyncio.sleep(arg)
             case Step.SEND:
                 self._send(arg)
             case Step.RECONNECT:

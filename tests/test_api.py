@@ -30,6 +30,7 @@ CORE = [
     "ModelNotRegisteredError",
     "ModelSpec",
     "ModelSpecError",
+    "NodeBatching",
     "NodeReport",
     "OverloadedError",
     "PoolStats",

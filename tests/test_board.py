@@ -72,7 +72,7 @@ def test_a_member_killed_after_reserving_rows_does_not_stop_the_batch(region: Re
     """Its writer lock goes with it: the leader waits for no one, and finds its rows
     unwritten (they go out as they are, and their answer is dropped)."""
     board = region.board
-    leader = board.open(1, KEY, 2, 16, alone=False)
+    leader = board.open(1, KEY, 2, 16)
     member = _child(region, f"seat = board.join({KEY}, 3, {SLOTS}); assert seat.start == 2")
     _kill(member)
     written = board.join(KEY, 2, SLOTS)
@@ -95,7 +95,7 @@ def test_a_leader_killed_lets_its_members_go_and_send_again(region: Region) -> N
     """Killed before its answer, the leader lets go of the answer lock: its members wake at
     once and find the batch lost, not answered; nobody joins its batch any more."""
     board = region.board
-    leader = _child(region, f"seat = board.open(2, {KEY}, 1, 16, alone=False)")
+    leader = _child(region, f"seat = board.open(2, {KEY}, 1, 16)")
     member = board.join(KEY, 1, SLOTS)
     assert member is not None and member.slot == 2 and member.start == 1
     board.written(member, True)
@@ -108,7 +108,7 @@ def test_a_leader_killed_lets_its_members_go_and_send_again(region: Region) -> N
 
 def test_a_batch_is_joined_only_by_calls_of_its_key_with_room(region: Region) -> None:
     board = region.board
-    leader = board.open(0, KEY, 14, 16, alone=False)
+    leader = board.open(0, KEY, 14, 16)
     assert board.join(KEY + 1, 1, SLOTS) is None  # another shape or options
     assert board.join(KEY, 3, SLOTS) is None  # no room for 3 rows
     seat = board.join(KEY, 2, SLOTS)
@@ -122,10 +122,12 @@ def test_a_batch_is_joined_only_by_calls_of_its_key_with_room(region: Region) ->
     board.done(leader)
 
 
-def test_a_batch_opened_alone_is_in_triton_at_once_and_never_joined(region: Region) -> None:
+def test_a_batch_in_triton_is_never_joined(region: Region) -> None:
     board = region.board
-    leader = board.open(3, KEY, 1, 16, alone=True)
-    assert board.is_sent(leader) and board.in_triton(SLOTS) == [3]
+    leader = board.open(3, KEY, 1, 16)
+    board.seal(leader)
+    board.sent(leader)
+    assert board.in_triton(SLOTS) == [3]
     assert board.join(KEY, 1, SLOTS) is None
     board.answered(leader, [(4,)])
     assert board.in_triton(SLOTS) == []
@@ -136,7 +138,7 @@ def test_a_member_that_gives_up_waiting_lets_the_leader_finish(region: Region) -
     """A member's wait with a timeout (on a thread) given up: its descriptor closes when the
     wait ends, so the leader's wait for readers never hangs on it."""
     board = region.board
-    leader = board.open(1, KEY, 1, 16, alone=False)
+    leader = board.open(1, KEY, 1, 16)
     member = board.join(KEY, 1, SLOTS)
     assert member is not None
     board.written(member, True)

@@ -186,7 +186,7 @@ def test_status_shows_a_registered_region(
     assert f"server: {triton.grpc_url}" in out
     assert out.splitlines()[1].split()[-2:] == ["transport", "layout"]
     # Each region says how its pool reaches Triton: by value, it is never registered.
-    assert re.search(rf"rtshm_{os.getpid()}-\w+classifier.*alive\s+yes\s+yes\s+shm\s+v2", out), out
+    assert re.search(rf"rtshm_{os.getpid()}-\w+classifier.*alive\s+yes\s+yes\s+shm\s+v3", out), out
     assert re.search(rf"rtshm_{os.getpid()}-\w+my_model.*alive\s+yes\s+no\s+inline", out), out
     assert "regions of transport 'inline' send their tensors by value" in out
 

@@ -44,11 +44,14 @@ COUNTERS = {
     "ray_triton_shm_abandoned_requests_total",
     "ray_triton_shm_layout_changes_total",
     "ray_triton_shm_pool_resizes_total",
+    "ray_triton_shm_company_waits_total",
+    "ray_triton_shm_company_wait_seconds_total",
 }
 HISTOGRAMS = {
     "ray_triton_shm_request_duration_seconds",
     "ray_triton_shm_slot_wait_seconds",
     "ray_triton_shm_abandoned_settle_seconds",
+    "ray_triton_shm_rows_per_request",
 }
 MODEL_GAUGES = {
     "ray_triton_shm_slots",
@@ -256,17 +259,49 @@ def test_every_query_filters_as_rays_panels_do(dashboard: dict[str, Any]) -> Non
 
 def test_every_quantile_is_of_a_histograms_buckets_by_le(dashboard: dict[str, Any]) -> None:
     quantiles = [e for e in _exprs(dashboard) if "histogram_quantile" in e]
-    assert len(quantiles) >= 5
+    assert len(quantiles) >= 7
     for expr in quantiles:
         inner = re.fullmatch(
-            r"histogram_quantile\(0\.\d+, sum\(rate\((?P<metric>\w+)\{[^}]*\}\[\w+\]\)\) "
-            r"by \((?P<by>[\w, ]+)\)\)",
+            r"(?P<ceil>ceil\()?histogram_quantile\(0\.\d+, sum\(rate\((?P<metric>\w+)\{[^}]*\}"
+            r"\[\w+\]\)\) by \((?P<by>[\w, ]+)\)\)(?(ceil)\))",
             expr,
         )
         assert inner, expr
         assert inner["metric"].removesuffix("_bucket") in HISTOGRAMS, expr
         assert inner["metric"].endswith("_bucket"), expr
         assert inner["by"].split(", ")[-1] == "le", expr
+        # Whole rows: a quantile interpolated inside the bucket (0, 1] is no 0.5 of a row.
+        rows = inner["metric"] == "ray_triton_shm_rows_per_request_bucket"
+        assert bool(inner["ceil"]) == rows, expr
+
+
+def test_node_batching_has_its_row_rows_per_request_and_company_waits(
+    dashboard: dict[str, Any],
+) -> None:
+    """Rows per Triton request: the exact mean (samples over requests, not the histogram's
+    ``_sum``, which Ray's recorder counts at its buckets' middles) and two quantiles of the
+    rows histogram; how often batches waited for company, and how long."""
+    rows = [p for p in dashboard["panels"] if p["type"] == "row"]
+    assert [r["title"] for r in rows][:2] == ["Requests", "Node batching"]
+    panels = {p["title"]: p for p in _panels(dashboard)}
+    rows_panel = panels["Rows per Triton request"]
+    legends = [t["legendFormat"] for t in rows_panel["targets"]]
+    assert legends == ["{{model}} mean", "{{model}} p50", "{{model}} p99"]
+    mean = rows_panel["targets"][0]["expr"]
+    assert (
+        mean.index("ray_triton_shm_samples_total")
+        < mean.index("/")
+        < mean.index("ray_triton_shm_requests_total")
+    )
+    assert all("rows_per_request_bucket" in t["expr"] for t in rows_panel["targets"][1:])
+    (waits,) = panels["Batches that waited for company/s"]["targets"]
+    assert waits["expr"].startswith("sum(rate(ray_triton_shm_company_waits_total{")
+    (mean_wait,) = panels["Company wait (mean)"]["targets"]
+    assert mean_wait["expr"].startswith("sum(rate(ray_triton_shm_company_wait_seconds_total{")
+    assert (
+        mean_wait["expr"].split(" / ")[1].startswith("sum(rate(ray_triton_shm_company_waits_total{")
+    )
+    assert panels["Company wait (mean)"]["fieldConfig"]["defaults"]["unit"] == "s"
 
 
 def test_max_is_a_dashed_line_as_in_rays_panels(dashboard: dict[str, Any]) -> None:
@@ -341,6 +376,97 @@ def test_the_transport_gauge_says_one_transport_at_a_time(
     assert transport() == {"shm": 0, "inline": 1}
     assert _metrics.TRANSPORT.prometheus == "ray_triton_shm_transport"
     assert _metrics.TRANSPORT.tags == ("model", "node_id", "transport")
+
+
+def test_rows_per_request_and_company_waits_are_exported_as_they_grew(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The rows histogram's buckets are the header's (1, 2, 4, ..., 1024 rows), each request
+    observed once strictly inside its bucket (whichever side of a bound Ray counts); the
+    company waits are counters, in seconds, zero before the first."""
+    import numpy as np
+
+    from ray_triton_shm._pools._snapshot import PoolSnapshot
+    from ray_triton_shm._slots._header import HISTOGRAMS as HEADER_HISTOGRAMS
+    from ray_triton_shm._slots._header import ROWS_BUCKET_BOUNDS, ROWS_BUCKETS
+    from ray_triton_shm.ray import _metrics
+
+    made: dict[str, dict[str, Any]] = {}
+    events: list[tuple[str, str, float]] = []
+
+    class Recorder:
+        def __init__(self, name: str, **kwargs: Any) -> None:
+            self.name = name
+            made[name] = kwargs
+
+        def _record(self, value: float, tags: dict[str, str]) -> None:
+            events.append((self.name, "zero", value))
+
+        def inc(self, value: float, tags: dict[str, str]) -> None:
+            assert tags["model"] == "m"
+            events.append((self.name, "inc", value))
+
+        def observe(self, value: float, tags: dict[str, str]) -> None:
+            events.append((self.name, "observe", value))
+
+        def set(self, value: float, tags: dict[str, str]) -> None:
+            pass
+
+    monkeypatch.setattr(_metrics, "_make", lambda m, **kw: Recorder(m.name, **kw))
+
+    def snapshot(rows: dict[int, int], waits: int, wait_ns: int) -> PoolSnapshot:
+        histogram = np.zeros(ROWS_BUCKETS, np.int64)
+        for bucket, count in rows.items():
+            histogram[bucket] = count
+        counters = dict.fromkeys(("requests", "samples", "bytes_in", "bytes_out"), 0)
+        return PoolSnapshot(
+            **{
+                **dict.fromkeys(PoolSnapshot.__dataclass_fields__, 0),
+                "region": "rtshm_1-a",
+                "limited_by": "",
+                "failures": {},
+                "counters": counters | {"abandoned_requests": 0},
+                "histograms": {h: np.zeros(40, np.int64) for h in HEADER_HISTOGRAMS},
+                "node_batching": True,
+                "rows_histogram": histogram,
+                "company_waits": waits,
+                "company_wait_ns": wait_ns,
+            }
+        )
+
+    exporter = _metrics.NodeMetrics("n1")
+    rows, waits, seconds = (
+        _metrics.ROWS_PER_REQUEST.name,
+        _metrics.COMPANY_WAITS.name,
+        _metrics.COMPANY_WAIT_SECONDS.name,
+    )
+    assert made[rows]["boundaries"] == [float(b) for b in ROWS_BUCKET_BOUNDS[:-1]]
+    assert made[rows]["boundaries"][-1] == 1024.0
+    exporter.export("m", snapshot({0: 3, 2: 2, ROWS_BUCKETS - 1: 1}, 4, 2_000_000))
+    assert (waits, "zero", 0.0) in events and (seconds, "zero", 0.0) in events
+    observed = sorted(v for name, kind, v in events if name == rows)
+    assert observed == [0.5] * 3 + [3.0] * 2 + [2048.0]  # 1 row; 3 or 4 rows; over 1024
+    assert [(k, v) for n, k, v in events if n in (waits, seconds) and k == "inc"] == [
+        ("inc", 4),
+        ("inc", 0.002),
+    ]
+    events.clear()
+    exporter.export("m", snapshot({0: 3, 2: 3, ROWS_BUCKETS - 1: 1}, 5, 2_500_000))
+    assert [v for n, _, v in events if n == rows] == [3.0]  # only what grew
+    assert [v for n, _, v in events if n == waits] == [1]
+    assert [round(v, 6) for n, _, v in events if n == seconds] == [0.0005]
+    assert _metrics.ROWS_PER_REQUEST.prometheus == "ray_triton_shm_rows_per_request"
+    assert _metrics.COMPANY_WAITS.prometheus == "ray_triton_shm_company_waits_total"
+    assert _metrics.COMPANY_WAIT_SECONDS.prometheus == "ray_triton_shm_company_wait_seconds_total"
+
+
+def test_the_watching_page_lists_every_metric() -> None:
+    from ray_triton_shm.ray._metrics import METRICS
+
+    page = (ROOT / "docs" / "watching.md").read_text()
+    # Named whole in a cell of the table: `name` or `name{label}`.
+    missing = [m.prometheus for m in METRICS if not re.search(f"`{m.prometheus}[`{{]", page)]
+    assert missing == [], f"docs/watching.md's table of metrics lacks {missing}"
 
 
 def test_the_panel_queries_replace_every_variable(dashboard_json: str) -> None:

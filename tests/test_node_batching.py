@@ -34,7 +34,7 @@ def batching_client(
     """A client of ``batch_affine`` batched on the node, waiting at most ``param`` s for
     company."""
     before = our_regions()
-    policy = NodeBatching(max_delay_s=request.param)
+    policy = NodeBatching(max_delay_s=request.param, max_in_triton=1)
     with TritonSHMClient(triton.grpc_url) as client:
         client.register_shm_model(MODEL, max_shapes=MAX_SHAPES, pool_size=4, node_batching=policy)
         yield client
@@ -118,7 +118,7 @@ def test_a_triton_error_for_the_batch_reaches_every_member_with_its_message(
 
     threads = {}
     for name, delay_us, ready in (
-        ("first", 400_000, lambda: len(board.in_triton(size)) == 1),
+        ("first", 400_000, lambda: pool.header.in_triton(size) == 1),
         ("failing", -1, lambda: len(board.forming(size)) == 1),
         ("member", 0, lambda: [members for _, _, members in board.forming(size)] == [1]),
     ):

@@ -49,11 +49,15 @@ _COUNTERS = (
     "abandoned_requests",
     "layout_changes",
     "pool_resizes",
+    "company_waits",
+    "company_wait_seconds",
+    "triton_restarts",
 )
 _HISTOGRAMS = (
     "request_duration_seconds",
     "slot_wait_seconds",
     "abandoned_settle_seconds",
+    "rows_per_request",
 )
 _GAUGES = (
     "slots",
@@ -309,6 +313,16 @@ def test_the_unit_tests_catch_a_broken_rule(promtool: str, tmp_path: Path) -> No
 
 def test_the_rules_use_only_the_contract_names() -> None:
     assert name_problems(_load(RULES)) == []
+
+
+def test_the_contract_is_every_metric_the_node_actor_exports() -> None:
+    """The names here are those of ``ray_triton_shm/ray/_metrics.py``, no more, no fewer."""
+    pytest.importorskip("ray")
+    from ray_triton_shm.ray._metrics import METRICS
+
+    suffixes = {"histogram": ("", "_bucket", "_sum", "_count")}
+    exported = {m.prometheus + s for m in METRICS for s in suffixes.get(m.kind, ("",))}
+    assert exported == LIBRARY_NAMES
 
 
 def test_every_alert_has_a_severity_and_a_runbook() -> None:

@@ -52,7 +52,7 @@ def model(node_actor: Any) -> Iterator[ShmModel]:
         MODEL,
         max_shapes=MAX_SHAPES,
         pool_size=6,
-        node_batching=NodeBatching(max_delay_s=30.0),
+        node_batching=NodeBatching(max_delay_s=30.0, max_in_triton=1),
     )
     assert handle.spec.max_batch_size == 32  # registered, here in the driver
     try:
@@ -91,6 +91,16 @@ def test_sixteen_processes_get_exactly_their_own_rows(model: ShmModel, node_acto
     samples = after["samples"] - before["samples"]
     assert samples == sum(1 + (w + n) % 3 for w in range(16) for n in range(calls))
     assert requests < 16 * calls, "no call of one process was merged with another's"
+    # Seen: rows per Triton request in the node actor's stats, and the same in a process's
+    # shm_stats() (the region's counters); batches of over 4 rows, which no call has alone.
+    assert after["node_batching"] and after["rows_per_request"] > 1, after
+    assert after["rows_per_request"] == pytest.approx(after["samples"] / after["requests"])
+    assert sum(after["rows_histogram"].values()) == after["requests"]
+    grew = {b: n - before["rows_histogram"][b] for b, n in after["rows_histogram"].items()}
+    assert sum(n for bound, n in grew.items() if bound > 4) > 0, grew
+    seen = model.shm_stats()
+    assert seen.node_batching and seen.rows_histogram == after["rows_histogram"], seen
+    assert seen.rows_per_request == after["rows_per_request"]
 
 
 @ray.remote(num_cpus=0)
@@ -112,10 +122,12 @@ class Boards:
         region_name = next(r.name for r in list_local_regions() if MODEL in r.name)
         self._region = SharedMemoryRegion.attach(region_name)
         self.size = 6
-        self.board = BatchBoard(RegionHeader(self._region.buffer, self.size), region_name)
+        self.header = RegionHeader(self._region.buffer, self.size)
+        self.board = BatchBoard(self.header, region_name)
 
-    def in_triton(self) -> list[int]:
-        return self.board.in_triton(self.size)
+    def in_triton(self) -> int:
+        """Requests of the model in Triton, batched or not."""
+        return self.header.in_triton(self.size)
 
     def forming(self) -> list[tuple[int, int, int]]:
         return self.board.forming(self.size)
@@ -146,19 +158,15 @@ def test_the_sender_killed_mid_request_loses_no_other_answer(
     SIGKILLed: its member finds the batch lost and sends its row again, answered right."""
     (first_caller, _), (sender, sender_pid), (member_caller, _) = _callers(model, 3)
     held = first_caller.call.remote(model, 1.0, HELD_US)
-    wait_for(lambda: len(boards.in_triton()) == 1, what="the first request in Triton")
+    wait_for(lambda: boards.in_triton() == 1, what="the first request in Triton")
     sender.call.remote(model, 2.0, HELD_US)
     wait_for(lambda: len(boards.forming()) == 1, what="a batch forming")
     member = member_caller.call.remote(model, 3.0, 0)
     wait_for(lambda: [m for _, _, m in boards.forming()] == [1], what="a member joined")
-    first = boards.in_triton()[0]
-    wait_for(
-        lambda: boards.in_triton() and boards.in_triton()[0] != first,
-        what="the batch in Triton",
-    )
+    assert ray.get(held, timeout=60) is True  # answered: the batch goes out
+    wait_for(lambda: not boards.forming() and boards.in_triton() == 1, what="the batch in Triton")
     os.kill(sender_pid, signal.SIGKILL)
     assert ray.get(member, timeout=60) is True  # sent again, alone, and answered
-    assert ray.get(held, timeout=60) is True
     ray.kill(sender)
     wait_for(
         lambda: (s := stats(node_actor))["in_use"] == s["abandoned"] == 0,
@@ -174,7 +182,7 @@ def test_a_member_killed_in_a_forming_batch_does_not_stop_it(
     all the same, and its sender is answered right."""
     (first_caller, _), (sender_caller, _), (member, member_pid) = _callers(model, 3)
     held = first_caller.call.remote(model, 4.0, HELD_US)
-    wait_for(lambda: len(boards.in_triton()) == 1, what="the first request in Triton")
+    wait_for(lambda: boards.in_triton() == 1, what="the first request in Triton")
     sender = sender_caller.call.remote(model, 5.0, 0)
     wait_for(lambda: len(boards.forming()) == 1, what="a batch forming")
     member.call.remote(model, 6.0, 0)

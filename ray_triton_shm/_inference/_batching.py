@@ -11,12 +11,14 @@ own rows.
 When a batch goes out is written here once, as a sans-I/O rule (driven like
 :func:`._engine.run`):
 
-- **no waiting for company**: a caller that finds no open batch to join opens one, and sends it
-  at once unless :attr:`NodeBatching.max_in_triton` batches of the model are in Triton already
-  (at low load there are none, so a caller alone never waits);
-- while they are, the batch stays open for others to join, and goes out as soon as one of them
-  is answered, when it is full, or when it has waited :attr:`NodeBatching.max_delay_s`
-  (Triton's ``max_queue_delay_microseconds``, on the node), whichever comes first;
+- **no waiting for company**: a caller that finds no open batch to join goes at once, the
+  engine's way (:func:`._engine.run`), while fewer than :attr:`NodeBatching.max_in_triton`
+  requests of the model are in Triton (at low load there are none, so a caller alone never
+  waits, and pays for node batching a look at a few words);
+- else it opens a batch, which stays open for others to join, and goes out as soon as the
+  model's requests in Triton fall below that, when it is full, or when it has waited
+  :attr:`NodeBatching.max_delay_s` (Triton's ``max_queue_delay_microseconds``, on the node),
+  whichever comes first;
 - only calls that can share a request join each other: the same pool (model version and
   layout), the same per-row shapes and the same request options; a sequence step, a call of
   more rows than a batch takes, or one in a pool by value or in GPU memory goes alone.
@@ -39,7 +41,7 @@ import numpy as np
 from .._exceptions import TritonServerError
 from .._slots._board import BatchState, Seat
 from .._slots._specs import ModelSpec
-from ._engine import Chunk, Step, Steps, SuspectedChange, answer_steps
+from ._engine import Chunk, Step, Steps, SuspectedChange, answer_steps, run
 from ._inputs import Batch
 from ._model_change import answer_mismatch
 from ._model_pool import ModelPool
@@ -50,21 +52,30 @@ __all__ = ["batch_key", "joins_batches", "run_batched"]
 
 #: How often a member sends its rows again when their batch is lost before it gives up.
 _MAX_LOST = 3
+#: How often a batch waiting for company looks whether the model's requests in Triton fell
+#: below ``max_in_triton`` (a look reads a word per slot; a leader is the one caller that
+#: looks, however many members wait on it in the kernel).
+_LOOK_AGAIN_S = 0.0001
 
 
 def joins_batches(
     pool: ModelPool, batch: Batch, options: RequestOptions | None, outputs_as: str
 ) -> bool:
-    """Whether a call of ``batch`` goes through the pool's batches (else alone)."""
-    policy = pool.batching
-    return (
-        policy is not None
-        and pool.board is not None
-        and pool.memory.device is None
-        and outputs_as == "numpy"
-        and 0 < batch.size <= policy.capacity(pool.spec)
-        and (options is None or not options.is_sequence)
-    )
+    """Whether a call of ``batch`` goes through the pool's batches: it may join one (its
+    kind, its size), and there is one to join or company to wait for (else it goes alone, the
+    engine's way, at once: a few words read)."""
+    policy, board = pool.batching, pool.board
+    if (
+        policy is None
+        or board is None
+        or pool.memory.device is not None
+        or outputs_as != "numpy"
+        or not 0 < batch.size < policy.capacity(pool.spec)
+        or (options is not None and options.is_sequence)
+    ):
+        return False
+    size = pool.slots.size
+    return pool.header.in_triton(size) >= policy.max_in_triton or board.any_open(size)
 
 
 def batch_key(batch: Batch, options: RequestOptions | None) -> int:
@@ -119,9 +130,21 @@ def run_batched(
     key = batch_key(batch, options)
     names = None if options is None else options.outputs
     started = time.monotonic_ns()
+    policy, size = pool.batching, pool.slots.size
     for _ in range(_MAX_LOST):
-        seat = pool.board.join(key, batch.size, pool.slots.size)
+        seat = pool.board.join(key, batch.size, size)
         if seat is None:
+            if pool.header.in_triton(size) < policy.max_in_triton:
+                # nobody to wait for: the engine's way, at once
+                return (
+                    yield from run(
+                        pool,
+                        batch,
+                        slot_timeout_s=slot_timeout_s,
+                        request_id=request_id,
+                        options=options,
+                    )
+                )
             seat = yield from _open(pool, batch, key, slot_timeout_s)
         if seat.leader:
             return (yield from _lead(pool, batch, seat, options, request_id, started))
@@ -151,14 +174,8 @@ def _open(
             return joined
     slot = pool.take(slot)
     pool.header.count_take(slot, time.monotonic_ns() - waiting)
-    policy = pool.batching
-    capacity = policy.capacity(pool.spec)
-    # Nothing to wait for: it goes out at once, alone (a caller alone never waits).
-    alone = capacity == batch.size or (
-        len(pool.board.in_triton(pool.slots.size, slot)) < policy.max_in_triton
-    )
     try:
-        return pool.board.open(slot, key, batch.size, capacity, alone=alone)
+        return pool.board.open(slot, key, batch.size, pool.batching.capacity(pool.spec))
     except BaseException:
         pool.slots.release(slot)
         raise
@@ -179,13 +196,11 @@ def _lead(
     chunk = None
     try:
         batch.write_chunk(_Rows(pool.views[seat.slot], 0, batch.sample_shapes, {}), 0, seat.rows)
-        count = 0
-        if not board.is_sent(seat):  # open: company first
-            yield from _wait_for_company(pool, seat)
-            count = board.seal(seat)
-            for member in range(count):
-                yield Step.LOCK, board.writer_wait(seat, member)
-            board.sent(seat)
+        yield from _wait_for_company(pool, seat)
+        count = board.seal(seat)
+        for member in range(count):
+            yield Step.LOCK, board.writer_wait(seat, member)
+        board.sent(seat)
         total = board.rows(seat)
         chunk = _chunk(pool, batch, seat, total, options, request_id, started)
         answered = yield from answer_steps(chunk)
@@ -216,11 +231,10 @@ def _wait_for_company(pool: ModelPool, seat: Seat) -> Generator[tuple[Step, Any]
     deadline = opened + int(policy.max_delay_s * 1e9)
     try:
         while not board.full(seat):
-            flying = board.in_triton(pool.slots.size, seat.slot)
             left_s = (deadline - time.monotonic_ns()) / 1e9
-            if len(flying) < policy.max_in_triton or left_s <= 0:
+            if pool.header.in_triton(pool.slots.size) < policy.max_in_triton or left_s <= 0:
                 return
-            yield Step.LOCK, board.answer_wait(flying[0], left_s)
+            yield Step.PAUSE, min(left_s, _LOOK_AGAIN_S)
     finally:
         pool.header.count_company_wait(seat.slot, time.monotonic_ns() - opened)
 

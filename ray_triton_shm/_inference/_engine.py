@@ -86,6 +86,8 @@ class Step(enum.Enum):
     #: A node batch's (see :mod:`._batching`): a :class:`~.._slots._board.LockWait` -> whether
     #: its byte came free before its timeout.
     LOCK = enum.auto()
+    #: A node batch's: seconds -> ``None`` once they passed (its leader looks again).
+    PAUSE = enum.auto()
 
 
 Steps = Generator[tuple[Step, Any], Any, dict[str, Any]]
@@ -178,6 +180,8 @@ class Chunk:
         """Notes how the request's call ended: with Triton's answer (a response, or an error
         Triton sent), or without it (``exc`` from the connection: Triton may still run it)."""
         self.in_triton = exc is not None and not answered_or_never_sent(exc)
+        if not self.in_triton:  # not in Triton any more (node batching counts those that are)
+            self.pool.header.set_busy_since(self.slot, 0)
 
     def abandon(self) -> None:
         """Gives the slot up: freed once Triton is done with the request (at once if it is).

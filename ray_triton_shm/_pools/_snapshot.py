@@ -6,13 +6,20 @@ of a :class:`PoolSnapshot`, so a figure is read one way wherever it is shown.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from .._exceptions import ERROR_KINDS
 from .._inference._model_pool import ModelPool
-from .._slots._header import BUCKET_BOUNDS_S, HISTOGRAMS, SlotCounters, histogram_quantile_s
+from .._slots._header import (
+    BUCKET_BOUNDS_S,
+    HISTOGRAMS,
+    ROWS_BUCKET_BOUNDS,
+    ROWS_BUCKETS,
+    SlotCounters,
+    histogram_quantile_s,
+)
 from .._slots._shared_slots import NodeSlotStats, SharedSlots
 from .._slots._slot_pool import PoolStats
 
@@ -49,6 +56,12 @@ class PoolSnapshot:
             of its words is believed, and every figure read from them is zero (``size``,
             ``min_size``, ``abandoned``, the counters, failures and histograms); ``in_use``
             and ``waiting`` come from the slots' locks, as ever.
+        node_batching: Whether the pool's calls join the node's batches (registered with
+            ``NodeBatching``, in memory that holds a batch's rows).
+        rows_histogram: Answered requests by their rows: counts per bucket of
+            :data:`~.._slots._header.ROWS_BUCKET_BOUNDS`.
+        company_waits: Node batches whose sender waited for company.
+        company_wait_ns: How long they waited, in all.
     """
 
     region: str
@@ -72,6 +85,28 @@ class PoolSnapshot:
     counters: dict[str, int]
     histograms: dict[str, np.ndarray]
     foreign: bool = False
+    node_batching: bool = False
+    rows_histogram: np.ndarray = field(default_factory=lambda: np.zeros(ROWS_BUCKETS, np.int64))
+    company_waits: int = 0
+    company_wait_ns: int = 0
+
+    @property
+    def rows_per_request(self) -> float:
+        """The mean rows (samples) per answered request (``0.0``: none answered)."""
+        requests = self.counters.get("requests", 0)
+        return self.counters.get("samples", 0) / requests if requests > 0 else 0.0
+
+    @property
+    def company_wait_mean_us(self) -> float:
+        """The mean wait of the batches that waited for company, in microseconds (``0.0``:
+        none did)."""
+        return self.company_wait_ns / self.company_waits / 1e3 if self.company_waits > 0 else 0.0
+
+    @property
+    def rows_by_bound(self) -> dict[float, int]:
+        """:attr:`rows_histogram` by each bucket's upper bound (``1, 2, 4, ..., 1024``, then
+        ``math.inf``)."""
+        return {bound: int(n) for bound, n in zip(ROWS_BUCKET_BOUNDS, self.rows_histogram)}
 
     @classmethod
     def of(cls, pool: ModelPool, *, node_wide: bool = False) -> PoolSnapshot:
@@ -98,6 +133,7 @@ class PoolSnapshot:
         counters = vars(header.totals())
         counters["abandoned_requests"] = counters.pop("abandoned")
         histograms = header.histograms()  # read once: the percentiles come from it
+        company_waits, company_wait_ns = header.company_waits()
         return cls(
             region=pool.region.name,
             generation=pool.generation,
@@ -119,6 +155,10 @@ class PoolSnapshot:
             failures=header.failures(),
             counters=counters,
             histograms=histograms,
+            node_batching=_batches(pool),
+            rows_histogram=header.rows_histogram(),
+            company_waits=company_waits,
+            company_wait_ns=company_wait_ns,
         )
 
     @classmethod
@@ -156,7 +196,13 @@ class PoolSnapshot:
             counters=counters,
             histograms={name: np.zeros(len(BUCKET_BOUNDS_S), np.int64) for name in HISTOGRAMS},
             foreign=True,
+            node_batching=_batches(pool),
         )
+
+
+def _batches(pool: ModelPool) -> bool:
+    """Whether ``pool``'s calls join the node's batches: it has a policy and a board."""
+    return pool.batching is not None and pool.board is not None
 
 
 def _p99_us(histogram: np.ndarray) -> int:

@@ -228,6 +228,7 @@ class BatchBoard:
 
     def __init__(self, header: RegionHeader, region_name: str, *, model: str = "") -> None:
         self._header = header
+        self._words = header.boards()
         self._model = model
         # Descriptors are opened anew from this one, so they work after the name is unlinked.
         self._base_fd = os.open(SHM_DIR / region_name, os.O_RDWR | os.O_CLOEXEC)
@@ -289,13 +290,21 @@ class BatchBoard:
 
     # ---------------------------------------------------------------- joining and opening
 
+    def any_open(self, size: int) -> bool:
+        """Whether a batch is open on one of the first ``size`` slots (a look at a word each,
+        without the mutex)."""
+        words = self._words
+        return any(
+            words[at] == BatchState.OPEN for at in range(_STATE, size * BOARD_WORDS, BOARD_WORDS)
+        )
+
     def join(self, key: int, rows: int, size: int) -> Seat | None:
         """Reserves ``rows`` in an open batch of ``key`` with room for them, on one of the
         first ``size`` slots; ``None`` if there is none."""
-        header = self._header
+        words = self._words
         if not any(  # a look without the mutex first: a caller alone takes no lock
-            header.board(slot)[_STATE] == BatchState.OPEN and header.board(slot)[_KEY] == key
-            for slot in range(size)
+            words[at] == BatchState.OPEN and words[at + _KEY] == key
+            for at in range(_STATE, size * BOARD_WORDS, BOARD_WORDS)
         ):
             return None
         fd = self.take_fd()
@@ -334,20 +343,19 @@ class BatchBoard:
         word[_MEMBERS] = members + 1
         return Seat(slot, word[_GENERATION], start, rows, members, fd)
 
-    def open(self, slot: int, key: int, rows: int, capacity: int, *, alone: bool) -> Seat:
+    def open(self, slot: int, key: int, rows: int, capacity: int) -> Seat:
         """Opens a batch of ``key`` on ``slot`` (held by the caller), its first ``rows`` the
-        leader's, for at most ``capacity`` rows; ``alone``: nobody may join, it goes out at
-        once (no mutex: a batch that is never open is never joined)."""
+        leader's, for at most ``capacity`` rows."""
         fd = self.take_fd()
         word = self._header.board(slot)
         try:
-            with contextlib.nullcontext() if alone else self._mutex(fd):
+            with self._mutex(fd):
                 lock_byte(fd, _answer_byte(slot), wait=True)
                 generation = (word[_GENERATION] + 1) % (1 << 62)
                 word[_GENERATION] = generation
                 word[_KEY], word[_ROWS], word[_CAPACITY], word[_MEMBERS] = key, rows, capacity, 0
                 word[_OPENED_NS] = word[_SENT_NS] = time.monotonic_ns()
-                word[_STATE] = BatchState.SENT if alone else BatchState.OPEN
+                word[_STATE] = BatchState.OPEN
         except BaseException:
             unlock_byte(fd, _answer_byte(slot))
             self.put_fd(fd)
@@ -359,10 +367,6 @@ class BatchBoard:
     def opened_ns(self, seat: Seat) -> int:
         """When the seat's batch opened (``time.monotonic_ns``)."""
         return self._header.board(seat.slot)[_OPENED_NS]
-
-    def is_sent(self, seat: Seat) -> bool:
-        """Whether the seat's batch is in Triton (one opened alone is from the start)."""
-        return self._header.board(seat.slot)[_STATE] == BatchState.SENT
 
     def full(self, seat: Seat) -> bool:
         """Whether nobody can join the seat's batch any more."""

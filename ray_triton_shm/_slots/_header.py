@@ -371,6 +371,15 @@ class RegionHeader:
             _add(word, base + _SETTLE_BUCKETS + _bucket(waited), 1)
             word[base + _ABANDONED_SINCE] = 0
 
+    def in_triton(self, size: int) -> int:
+        """How many of the first ``size`` slots have a request in Triton (sent, not given
+        back): cheap, every node-batched call asks."""
+        word = self._word
+        first = _slot_word(0, _BUSY_SINCE)
+        return sum(
+            1 for at in range(first, first + size * _WORDS_PER_SLOT, _WORDS_PER_SLOT) if word[at]
+        )
+
     def busy_slots(self) -> list[int]:
         """The slots whose holder sent a request on them, not given back yet."""
         return [int(s) for s in np.flatnonzero(self._slots[:, _BUSY_SINCE])]
@@ -481,6 +490,10 @@ class RegionHeader:
         """Answered requests by their rows, summed over the slots: counts per bucket of
         :data:`ROWS_BUCKET_BOUNDS`."""
         return self._slots[:, _ROW_BUCKETS:_COMPANY_WAITS].sum(axis=0)
+
+    def boards(self) -> memoryview:
+        """Every slot's batch board, one after the other (:data:`BOARD_WORDS` each)."""
+        return self._word[_FIRST_BOARD_WORD : _FIRST_BOARD_WORD + MAX_SLOTS * BOARD_WORDS]
 
     def board(self, slot: int) -> memoryview:
         """The words of ``slot``'s batch board (see :mod:`._board`): any process writes them,

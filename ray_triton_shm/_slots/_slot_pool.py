@@ -23,10 +23,11 @@ import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from .._exceptions import ClientClosedError, ModelSpecError, SlotTimeoutError
+from ._header import ROWS_BUCKET_BOUNDS
 
 __all__ = ["KEPT_WARNING_S", "PoolStats", "SlotPool", "SlotSource", "kept_note", "warn_kept"]
 
@@ -57,6 +58,21 @@ class PoolStats:
         transport: How the tensors reach Triton: ``"shm"`` (shared memory Triton maps) or
             ``"inline"`` (by value, in the requests).
         transport_reason: Why: what proved it, or that it was asked for.
+        node_batching: Whether the model's calls of a few rows join the node's batches (it was
+            registered with ``node_batching``, and its slots can hold a batch's rows: not on a
+            GPU), each batch one Triton request.
+        rows_per_request: The mean rows (samples) per request Triton answered: above 1 where
+            callers batch, or node batching merged their calls (``0.0``: none answered yet).
+        rows_histogram: The answered requests by their rows: per bucket, its upper bound
+            (``1, 2, 4, ..., 1024``, then ``math.inf``: any more) -> the requests of more rows
+            than the bound before it and at most this one.
+        company_waits: Node batches whose sender waited for company (other callers' rows)
+            while the model's earlier batches were in Triton; a caller alone never waits.
+        company_wait_mean_us: Their mean wait, in microseconds (bounded by the policy's
+            ``max_delay_s``; ``0.0``: none waited).
+
+    The counters (``rows_*``, ``company_*``) are the region's: over every process that takes
+    its slots (the node's, for a ``ShmModel``), since the pool's current layout.
     """
 
     size: int
@@ -71,6 +87,13 @@ class PoolStats:
     protocol_reason: str = ""
     transport: str = "shm"
     transport_reason: str = ""
+    node_batching: bool = False
+    rows_per_request: float = 0.0
+    rows_histogram: dict[float, int] = field(
+        default_factory=lambda: dict.fromkeys(ROWS_BUCKET_BOUNDS, 0)
+    )
+    company_waits: int = 0
+    company_wait_mean_us: float = 0.0
 
 
 class SlotSource(Protocol):

@@ -321,6 +321,12 @@ class TritonNodeActor:
                 "transport_reason": pool.transport.reason,
                 **now.counters,
                 "by_value_requests": now.counters["requests"] if pool.by_value else 0,
+                "node_batching": now.node_batching,
+                "rows_per_request": now.rows_per_request,
+                "rows_histogram": now.rows_by_bound,
+                "company_waits": now.company_waits,
+                "company_wait_ns": now.company_wait_ns,
+                "company_wait_mean_us": now.company_wait_mean_us,
             }
         free, capacity = shm_space() or (0, 0)
         return NodeStats(

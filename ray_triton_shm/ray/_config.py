@@ -156,7 +156,14 @@ class NodeStats:
             Triton ran them), ``settle_ns`` (how long their slots waited for Triton, in all)
             and ``latency_ns`` (the answered requests' latency, in all), and
             ``by_value_requests`` (those of ``requests`` whose tensors went by value: all of
-            them while ``transport`` is ``"inline"``).
+            them while ``transport`` is ``"inline"``); and node batching's:
+            ``node_batching`` (whether calls of a few rows join the node's batches),
+            ``rows_per_request`` (the mean rows per request Triton answered),
+            ``rows_histogram`` (the answered requests by their rows: each bucket's upper
+            bound, ``1, 2, 4, ..., 1024`` then ``math.inf``, -> its count),
+            ``company_waits`` (batches whose sender waited for company while the model's
+            earlier batches were in Triton), ``company_wait_ns`` (their wait, in all) and
+            ``company_wait_mean_us`` (its mean).
     """
 
     node_id: str

@@ -33,6 +33,8 @@ from ._metrics import (
     ABANDONED_REQUESTS,
     ABANDONED_SETTLE,
     CALLERS_WAITING,
+    COMPANY_WAIT_SECONDS,
+    COMPANY_WAITS,
     DEAD_OWNER_REGIONS,
     ERRORS,
     GROWTH_LIMITED,
@@ -43,6 +45,7 @@ from ._metrics import (
     POOL_RESIZES,
     REQUEST_DURATION,
     REQUESTS,
+    ROWS_PER_REQUEST,
     SAMPLES,
     SLOT_WAIT,
     SLOTS,
@@ -96,6 +99,11 @@ def _rate(metric: str, selector: str = _BY_MODEL, *matchers: str) -> str:
 def _quantile(q: float, histogram: str) -> str:
     """The ``q`` quantile of a histogram of ours, by model, over the last 5 minutes."""
     return f"histogram_quantile({q}, sum({_rate(histogram + '_bucket')}) by (model, le))"
+
+
+def _per(numerator: str, denominator: str) -> str:
+    """The rate of one counter of ours over another's, by model: a mean per event."""
+    return f"sum({_rate(numerator)}) by (model) / sum({_rate(denominator)}) by (model)"
 
 
 def _triton_per_request(counter: str) -> str:
@@ -178,16 +186,48 @@ _REQUESTS = (
         id=5,
         title="Samples per request",
         description="Samples (rows of the batch dimension) per request, by model: how well "
-        "callers batch (@serve.batch, Ray Data's batch_size) against the model's "
-        "max_batch_size.",
+        "callers batch (@serve.batch, Ray Data's batch_size, node batching) against the "
+        "model's max_batch_size.",
+        unit="short",
+        targets=((_per(SAMPLES.prometheus, REQUESTS.prometheus), "{{model}}"),),
+        style="lines",
+    ),
+)
+_NODE_BATCHING = (
+    _PanelSpec(
+        id=20,
+        title="Rows per Triton request",
+        description="Rows (samples) per request Triton answered, by model: the mean, and the "
+        "median and 99th percentile of the rows histogram (buckets 1, 2, 4, ..., 1024 rows; "
+        "a quantile is rounded up to whole rows within its bucket). Above 1 where node "
+        "batching merges small calls of the node's processes into one request.",
         unit="short",
         targets=(
-            (
-                f"sum({_rate(SAMPLES.prometheus)}) by (model) / "
-                f"sum({_rate(REQUESTS.prometheus)}) by (model)",
-                "{{model}}",
+            (_per(SAMPLES.prometheus, REQUESTS.prometheus), "{{model}} mean"),
+            *(
+                (f"ceil({_quantile(q, ROWS_PER_REQUEST.prometheus)})", f"{{{{model}}}} p{p}")
+                for q, p in ((0.5, 50), (0.99, 99))
             ),
         ),
+        style="lines",
+    ),
+    _PanelSpec(
+        id=21,
+        title="Batches that waited for company/s",
+        description="Node batches per second whose sender waited for company (other callers' "
+        "rows) because the model's earlier batches were still in Triton, by model. A caller "
+        "alone never waits; none here at low load is as it should be.",
+        unit="reqps",
+        targets=((f"sum({_rate(COMPANY_WAITS.prometheus)}) by (model)", "{{model}}"),),
+    ),
+    _PanelSpec(
+        id=22,
+        title="Company wait (mean)",
+        description="How long a node batch that waited for company waited, on average, by "
+        "model: bounded by its NodeBatching's max_delay_s (the bound the user sets, as Triton's "
+        "max_queue_delay_microseconds), and less as batches fill up.",
+        unit="s",
+        targets=((_per(COMPANY_WAIT_SECONDS.prometheus, COMPANY_WAITS.prometheus), "{{model}}"),),
         style="lines",
     ),
 )
@@ -391,6 +431,7 @@ _TRITON_AND_NODES = (
 #: The dashboard's rows, each ``(id, title, panels)``, top first.
 _ROWS = (
     (100, "Requests", _REQUESTS),
+    (104, "Node batching", _NODE_BATCHING),
     (101, "Slots", _SLOTS),
     (102, "Errors", _ERRORS),
     (103, "Triton and nodes", _TRITON_AND_NODES),

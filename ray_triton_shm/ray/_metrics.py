@@ -15,12 +15,14 @@ import numpy as np
 from .._exceptions import ERROR_KINDS
 from .._inference._transport import INLINE, SHM
 from .._pools._snapshot import PoolSnapshot
-from .._slots._header import BUCKET_BOUNDS_S, LIMITS
+from .._slots._header import BUCKET_BOUNDS_S, LIMITS, ROWS_BUCKET_BOUNDS
 
 __all__ = [
     "ABANDONED_REQUESTS",
     "ABANDONED_SETTLE",
     "CALLERS_WAITING",
+    "COMPANY_WAITS",
+    "COMPANY_WAIT_SECONDS",
     "DEAD_OWNER_REGIONS",
     "ERRORS",
     "GROWTH_LIMITED",
@@ -32,6 +34,7 @@ __all__ = [
     "POOL_RESIZES",
     "REQUESTS",
     "REQUEST_DURATION",
+    "ROWS_PER_REQUEST",
     "SAMPLES",
     "SLOTS",
     "SLOTS_ABANDONED",
@@ -117,6 +120,23 @@ ABANDONED_SETTLE = Metric(
     "histogram",
     "How long slots of abandoned requests stayed out of use until Triton was done",
 )
+ROWS_PER_REQUEST = Metric(
+    "triton_shm_rows_per_request",
+    "histogram",
+    "Rows (samples) per request Triton answered: above 1 where callers batch, or node batching "
+    "merged their calls",
+)
+COMPANY_WAITS = Metric(
+    "triton_shm_company_waits",
+    "counter",
+    "Node batches whose sender waited for company (other callers' rows) while the model's "
+    "earlier batches were in Triton",
+)
+COMPANY_WAIT_SECONDS = Metric(
+    "triton_shm_company_wait_seconds",
+    "counter",
+    "Seconds node batches waited for company, in all",
+)
 SLOTS = Metric("triton_shm_slots", "gauge", "Slots in the pool now")
 SLOTS_MAX = Metric("triton_shm_slots_max", "gauge", "Slots the pool may grow to")
 SLOTS_IN_USE = Metric("triton_shm_slots_in_use", "gauge", "Slots held now")
@@ -180,6 +200,9 @@ METRICS = (
     REQUEST_DURATION,
     SLOT_WAIT,
     ABANDONED_SETTLE,
+    ROWS_PER_REQUEST,
+    COMPANY_WAITS,
+    COMPANY_WAIT_SECONDS,
     SLOTS,
     SLOTS_MAX,
     SLOTS_IN_USE,
@@ -200,9 +223,36 @@ _COUNTERS = {
     "bytes_in": INPUT_BYTES,
     "bytes_out": OUTPUT_BYTES,
     "abandoned_requests": ABANDONED_REQUESTS,
+    "company_waits": COMPANY_WAITS,
+    "company_wait_s": COMPANY_WAIT_SECONDS,
 }
-#: The histograms of a pool's header, by its key.
-_HISTOGRAMS = {"latency": REQUEST_DURATION, "wait": SLOT_WAIT, "settle": ABANDONED_SETTLE}
+#: The durations' Prometheus buckets: every other bucket of the header's, a factor of 2 apart,
+#: 16 us to 8.4 s; where each of the header's buckets is observed: its middle (geometric).
+_SECONDS_BOUNDS = tuple(float(b) for b in BUCKET_BOUNDS_S[0:-1:2])
+_SECONDS_MIDDLES = (
+    BUCKET_BOUNDS_S[0] / 2,
+    *(
+        (BUCKET_BOUNDS_S[b - 1] * BUCKET_BOUNDS_S[b]) ** 0.5
+        for b in range(1, len(BUCKET_BOUNDS_S) - 1)
+    ),
+    BUCKET_BOUNDS_S[-2] * 2**0.25,
+)
+#: The rows' Prometheus buckets: the header's own (1, 2, 4, ..., 1024 rows); each of its
+#: buckets is observed at its middle, strictly inside it, where Ray's recorder puts it anyway.
+_ROWS_BOUNDS = tuple(float(b) for b in ROWS_BUCKET_BOUNDS[:-1])
+_ROWS_MIDDLES = (
+    _ROWS_BOUNDS[0] / 2,
+    *((low + high) / 2 for low, high in zip(_ROWS_BOUNDS, _ROWS_BOUNDS[1:])),
+    _ROWS_BOUNDS[-1] * 2,
+)
+#: The histograms of a pool, by their key in the snapshot's: each one's metric, its buckets,
+#: and where each of the header's buckets is observed.
+_HISTOGRAMS = {
+    "latency": (REQUEST_DURATION, _SECONDS_BOUNDS, _SECONDS_MIDDLES),
+    "wait": (SLOT_WAIT, _SECONDS_BOUNDS, _SECONDS_MIDDLES),
+    "settle": (ABANDONED_SETTLE, _SECONDS_BOUNDS, _SECONDS_MIDDLES),
+    "rows": (ROWS_PER_REQUEST, _ROWS_BOUNDS, _ROWS_MIDDLES),
+}
 #: The gauges of a pool, by the key of its value.
 _GAUGES = {
     "slots": SLOTS,
@@ -227,9 +277,10 @@ class NodeMetrics:
     regions' headers (see :mod:`.._slots._header`).
 
     Histograms are replayed from the headers' buckets: each request counted since the last
-    export is observed once, at the middle of its bucket. So their buckets are exact (every
-    other bucket of the header, a factor of 2 apart) and their ``_sum`` is within a bucket's
-    width (about 19%) of the truth.
+    export is observed once, at the middle of its bucket. So their buckets are exact (for
+    durations, every other bucket of the header, a factor of 2 apart; for rows, the header's
+    own) and their ``_sum`` approximate: within a bucket of the truth (Ray's OpenTelemetry
+    recorder, too, counts each observation at the middle of its Prometheus bucket).
     """
 
     def __init__(self, node_id: str) -> None:
@@ -239,20 +290,10 @@ class NodeMetrics:
         self._errors = _make(ERRORS)
         self._layouts = _make(LAYOUT_CHANGES)
         self._resizes = _make(POOL_RESIZES)
-        # Every other bucket of the header's: a factor of 2 apart, 16 us to 8.4 s.
-        bounds = [float(b) for b in BUCKET_BOUNDS_S[0:-1:2]]
         self._histograms = {
-            key: _make(metric, boundaries=bounds) for key, metric in _HISTOGRAMS.items()
+            key: (_make(metric, boundaries=list(bounds)), middles)
+            for key, (metric, bounds, middles) in _HISTOGRAMS.items()
         }
-        # Where each of the header's buckets is observed: its middle (geometric).
-        self._middles = [
-            BUCKET_BOUNDS_S[0] / 2,
-            *(
-                (BUCKET_BOUNDS_S[b - 1] * BUCKET_BOUNDS_S[b]) ** 0.5
-                for b in range(1, len(BUCKET_BOUNDS_S) - 1)
-            ),
-            BUCKET_BOUNDS_S[-2] * 2**0.25,
-        ]
         self._gauges = {key: _make(metric) for key, metric in _GAUGES.items()}
         self._limited = _make(GROWTH_LIMITED)
         self._transport = _make(TRANSPORT)
@@ -292,7 +333,9 @@ class NodeMetrics:
             "generation": now.generation,
             "grows": now.grows,
             "shrinks": now.shrinks,
-            "histograms": now.histograms,
+            "company_waits": now.company_waits,
+            "company_wait_s": now.company_wait_ns / 1e9,
+            "histograms": {**now.histograms, "rows": now.rows_histogram},
         }
         last = self._exported.get(model)
         if last is None:
@@ -310,14 +353,10 @@ class NodeMetrics:
         _inc(self._layouts, totals["generation"] - last.get("generation", 0), tags)
         for direction, key in (("grow", "grows"), ("shrink", "shrinks")):
             _inc(self._resizes, totals[key] - last.get(key, 0), {**tags, "direction": direction})
-        for key, histogram in self._histograms.items():
+        for key, (histogram, middles) in self._histograms.items():
             counts = totals["histograms"][key]
             before = last["histograms"].get(key)
-            new = counts if before is None else counts - before
-            for bucket in np.flatnonzero(new > 0):
-                value = self._middles[bucket]
-                for _ in range(int(new[bucket])):
-                    histogram.observe(value, tags)
+            _replay(histogram, middles, counts if before is None else counts - before, tags)
         self._exported[model] = totals
         gauges = {
             "slots": now.size,
@@ -348,6 +387,16 @@ class NodeMetrics:
                 record(0.0, labels)
 
 
-def _inc(counter: Any, delta: int, tags: dict[str, str]) -> None:
+def _inc(counter: Any, delta: float, tags: dict[str, str]) -> None:
     if delta > 0:
         counter.inc(delta, tags)
+
+
+def _replay(
+    histogram: Any, middles: tuple[float, ...], new: np.ndarray, tags: dict[str, str]
+) -> None:
+    """Observes each of ``new`` (counts per bucket of the header's) at its bucket's middle."""
+    for bucket in np.flatnonzero(new > 0):
+        value = middles[bucket]
+        for _ in range(int(new[bucket])):
+            histogram.observe(value, tags)

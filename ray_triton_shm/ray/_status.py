@@ -1,6 +1,7 @@
 """``ray-triton-shm status --ray``: every node actor of a Ray cluster, asked for its
 ``stats()``, and what they say as text: per node a table of its models (each one's transport,
-its pool, its counters), and under it why each model goes the way it does.
+its pool, its counters), and under it why each model goes the way it does (and, for a model
+batched on the node, its rows per Triton request).
 """
 
 from __future__ import annotations
@@ -102,6 +103,8 @@ def format_node_actors(reports: Sequence[dict[str, Any]], namespace: str) -> tup
             lines.append(f"    {name}: {_transport_text(model)}")
             if model.get("limited_by"):
                 lines.append(f"    {name} did not grow: {limit_text(model['limited_by'])}")
+            if model.get("node_batching"):
+                lines.append(f"    {name}: {_batching_text(model)}")
     return "\n".join(lines), unasked
 
 
@@ -120,6 +123,15 @@ def _table(models: dict[str, dict[str, Any]]) -> list[str]:
         ).rstrip()
         for row in (header, *rows)
     ]
+
+
+def _batching_text(model: dict[str, Any]) -> str:
+    """How node batching does: rows per Triton request, and the batches that waited."""
+    return (
+        f"node batching: {model.get('rows_per_request', 0.0):.2f} rows per Triton request; "
+        f"{model.get('company_waits', 0)} batches waited for company, "
+        f"{model.get('company_wait_mean_us', 0.0) / 1e3:.2f} ms on average"
+    )
 
 
 def _transport_text(model: dict[str, Any]) -> str:

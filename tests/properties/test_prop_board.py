@@ -54,7 +54,7 @@ def test_any_board_words_read_in_range_or_as_a_lost_batch(
     for index, value in small:
         words[index] = value
     assert batches.join(KEY, rows, SLOTS) is None  # nobody leads it: never joined
-    seat = batches.open(0, KEY, 1, 8, alone=True)
+    seat = batches.open(0, KEY, 1, 8)
     try:
         seat.slot = 1  # read slot 1's words as a member of its batch would
         assert batches.outcome(seat) in (BatchState.LOST, BatchState.ANSWERED, BatchState.FAILED)

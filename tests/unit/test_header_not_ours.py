@@ -191,6 +191,8 @@ def test_a_snapshot_of_a_header_written_over_reads_none_of_its_words(
             not h.any() and h.shape == before.histograms[k].shape for k, h in now.histograms.items()
         )
         assert now.latency_p99_us == now.wait_p99_us == now.settle_p99_us == 0
+        assert not now.rows_histogram.any() and now.rows_per_request == 0.0
+        assert (now.company_waits, now.company_wait_ns, now.company_wait_mean_us) == (0, 0, 0.0)
         pool.slots.release(slot)
     finally:
         pool.slots.close(wait_s=0)
