@@ -55,7 +55,7 @@ _MAX_LOST = 3
 #: How often a batch waiting for company looks whether the model's requests in Triton fell
 #: below ``max_in_triton`` (a look reads a word per slot; a leader is the one caller that
 #: looks, however many members wait on it in the kernel).
-_LOOK_AGAIN_S = 0.0001
+_LOOK_AGAIN_S = 0.0002
 
 
 def joins_batches(
