@@ -118,7 +118,8 @@ def _refused_by_name(outcome: tuple[str, Any], region: str) -> None:
     assert (named, model) == (region, "identity") and region in message
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+# Seed 0 in make test (its bytes found the overloaded-before-stamp bug); the rest in the soak.
+@pytest.mark.parametrize("seed", [0, *(pytest.param(s, marks=pytest.mark.soak) for s in (1, 2, 3))])
 def test_random_bytes_over_the_whole_header_are_refused_by_name_on_every_side(
     node_actor: Any, ray_local: str, seed: int
 ) -> None:
@@ -135,7 +136,7 @@ def test_random_bytes_over_the_whole_header_are_refused_by_name_on_every_side(
     assert stats["max_slots"] == 2 and stats["in_use"] == stats["waiting"] == 0
 
 
-@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.soak)])
 def test_random_words_with_the_stamp_kept_still_answer_right(
     node_actor: Any, ray_local: str, seed: int
 ) -> None:
