@@ -108,6 +108,7 @@ def test_a_cancelled_coroutine_frees_its_slot_when_triton_answers(
     assert asyncio.run(main()) >= 0.6
 
 
+@pytest.mark.soak  # the soak tier (CI runs it after make test): make test stays under 12 min
 def test_many_threads_with_deadlines_on_few_slots_never_get_another_requests_data(
     client: TritonSHMClient,
 ) -> None:

@@ -177,6 +177,7 @@ def test_default_columns_prefix_and_read_only_ragged_inputs(ray_cluster: str) ->
         predictor._model.close()
 
 
+@pytest.mark.soak  # the soak tier (CI runs it after make test): make test stays under 12 min
 def test_bad_column_mappings_fail_clearly(ray_cluster: str) -> None:
     with pytest.raises(ValueError, match=r"maps column 'img' to 'INPUT1', which is not an input"):
         ShmPredictor("classifier", input_columns={"img": "INPUT1"})

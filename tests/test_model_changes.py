@@ -431,6 +431,7 @@ def test_the_ray_layer_follows_once_per_node(
         end_node_actor()  # it talks to this module's Triton, not the session's
 
 
+@pytest.mark.soak  # the soak tier (CI runs it after make test): make test stays under 12 min
 def test_a_rolling_update_under_load_through_serve(
     explicit: tuple[LocalTritonServer, Repository],
     changing: Callable[[str], None],

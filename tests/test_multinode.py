@@ -364,6 +364,7 @@ def _start_serve(cluster: dict[str, Any]) -> str:
     return f"http://127.0.0.1:{cluster['serve_port']}"
 
 
+@pytest.mark.soak  # the soak tier (CI runs it after make test): make test stays under 12 min
 def test_a_serve_app_with_a_replica_per_node_behind_one_proxy(cluster: dict[str, Any]) -> None:
     from ray import serve
 
@@ -386,6 +387,7 @@ def test_a_serve_app_with_a_replica_per_node_behind_one_proxy(cluster: dict[str,
     assert len(seen) == 2, seen  # one replica on each node, each on its own Triton
 
 
+@pytest.mark.soak  # the soak tier (CI runs it after make test): make test stays under 12 min
 def test_a_ray_data_job_spread_over_the_nodes(cluster: dict[str, Any]) -> None:
     from ray_triton_shm.ray import ShmPredictor
 

@@ -232,3 +232,24 @@ def test_by_value_a_batch_gathers_its_rows_in_the_node_slots_and_goes_out_once(
         assert header.totals().samples == 12 * 90
         assert header.rows_histogram()[1:].sum() > 0, "no call was merged with another"
     assert our_regions() - before == set()
+
+
+def test_coroutines_on_one_loop_join_each_other_and_get_their_own_rows(
+    batching_client: TritonSHMClient,
+) -> None:
+    """``infer_shm_async``: a batch's members wait for its answer on a thread, never on the
+    event loop, whose other coroutines go on joining and sending."""
+    import asyncio
+
+    async def caller(worker: int) -> None:
+        for n in range(40):
+            x = np.full((1, 4), worker * 100 + n, np.float32)
+            delay = np.full((1, 1), 300, np.int32)
+            out = await batching_client.infer_shm_async(MODEL, {"X": x, "DELAY_US": delay})
+            np.testing.assert_array_equal(out["Y"], 2 * x + 1)
+
+    async def main() -> None:
+        await asyncio.gather(*(caller(worker) for worker in range(12)))
+
+    asyncio.run(main())
+    assert _header(batching_client).rows_histogram()[1:].sum() > 0

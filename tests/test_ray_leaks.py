@@ -290,6 +290,7 @@ class _LoopingCaller:
             self.done += 1
 
 
+@pytest.mark.soak  # the soak tier (CI runs it after make test): make test stays under 12 min
 def test_callers_ending_mid_call_never_restart_the_node_actor(
     node_actor_factory: Callable[..., Any], ray_local: str
 ) -> None:

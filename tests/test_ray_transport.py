@@ -204,6 +204,7 @@ def test_calls_by_value_make_no_ray_call_per_request(
     assert not any(name.endswith(".infer") for name in one + many), rounds
 
 
+@pytest.mark.soak  # the soak tier (CI runs it after make test): make test stays under 12 min
 def test_an_async_serve_deployment_answers_by_value_with_no_actor_call(
     far_actor: Any, triton_elsewhere: LocalTritonServer
 ) -> None:

@@ -242,6 +242,7 @@ def ray_keyed(rotation: Rotation, tmp_path: Path) -> Iterator[Path]:
                     os.environ[name] = value
 
 
+@pytest.mark.soak  # the soak tier (CI runs it after make test): make test stays under 12 min
 def test_ray_tasks_and_a_serve_app_ride_a_rotation_under_load(
     rotation: Rotation, ray_keyed: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

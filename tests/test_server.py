@@ -47,6 +47,7 @@ TEST_MODELS = {
     "queued",
     "echo_parameters",
     "whoami",
+    "batch_affine",
 }
 
 
