@@ -197,6 +197,25 @@ def identity_job(ds: Any, max_shapes: Any, **options: Any) -> Any:
     )
 
 
+@contextlib.contextmanager
+def node_actor_of_module(**options: Any) -> Iterator[Any]:
+    """This node's actor (made with ``options``) for a module's tests; shut down and killed
+    after them, leaving no region of it in ``/dev/shm``."""
+    import ray
+
+    from ray_triton_shm._slots._shm import list_local_regions
+    from ray_triton_shm.ray import get_node_actor
+
+    actor = get_node_actor(**options)
+    try:
+        yield actor
+    finally:
+        pid = ray.get(actor.stats.remote()).pid
+        ray.get(actor.shutdown.remote())
+        ray.kill(actor)
+        assert [r.name for r in list_local_regions() if r.owner.pid == pid] == []
+
+
 def end_node_actor() -> None:
     """Shuts down and kills this node's actor of the connected Ray, if it has one (a later
     ``get_node_actor`` then makes a new one)."""

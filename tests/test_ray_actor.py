@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 import ray
-from _helpers import classifier_expected, runs_in_triton, wait_for
+from _helpers import classifier_expected, node_actor_of_module, runs_in_triton, wait_for
 
 from ray_triton_shm import CudaError, InvalidInputError, ModelSpecError, TritonServerError
 from ray_triton_shm._client import registry_of
@@ -27,14 +27,8 @@ SHAPES = {"INPUT0": (16,), "OUTPUT0": (16,)}
 
 @pytest.fixture(scope="module")
 def node_actor(ray_local: str) -> Iterator[ray.actor.ActorHandle]:
-    actor = get_node_actor(slots=4)
-    try:
+    with node_actor_of_module(slots=4) as actor:
         yield actor
-    finally:
-        pid = ray.get(actor.stats.remote()).pid
-        ray.get(actor.shutdown.remote())
-        ray.kill(actor)
-        assert [r.name for r in list_local_regions() if r.owner.pid == pid] == []
 
 
 def test_one_named_actor_per_node_even_when_callers_race(node_actor) -> None:  # type: ignore[no-untyped-def]

@@ -16,14 +16,14 @@ from typing import Any
 import numpy as np
 import pytest
 import ray
-from _helpers import wait_for
+from _helpers import node_actor_of_module, wait_for
 from ray import cloudpickle
 
 from ray_triton_shm import NodeBatching
 from ray_triton_shm._slots._board import BatchBoard
 from ray_triton_shm._slots._header import RegionHeader
 from ray_triton_shm._slots._shm import SharedMemoryRegion, list_local_regions
-from ray_triton_shm.ray import ShmModel, get_node_actor
+from ray_triton_shm.ray import ShmModel
 
 # Ship this module's functions and actor classes by value (workers cannot import it).
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -36,14 +36,8 @@ HELD_US = 1_500_000
 
 @pytest.fixture(scope="module")
 def node_actor(ray_local: str) -> Iterator[Any]:
-    actor = get_node_actor()
-    try:
+    with node_actor_of_module() as actor:
         yield actor
-    finally:
-        pid = ray.get(actor.stats.remote()).pid
-        ray.get(actor.shutdown.remote())
-        ray.kill(actor)
-        assert [r.name for r in list_local_regions() if r.owner.pid == pid] == []
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ import pytest
 import ray
 import requests
 import yaml
-from _helpers import free_ports, wait_for
+from _helpers import free_ports, node_actor_of_module, wait_for
 from ray import cloudpickle, serve
 
 from ray_triton_shm import (
@@ -34,8 +34,7 @@ from ray_triton_shm import (
     StreamResponse,
     TritonServerError,
 )
-from ray_triton_shm._slots._shm import list_local_regions
-from ray_triton_shm.ray import ShmModel, get_node_actor
+from ray_triton_shm.ray import ShmModel
 
 #: The repository root, where ``deployments/`` lives (not part of the installed package).
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,14 +82,8 @@ def check(responses: list[Any], picture: np.ndarray, count: int) -> None:
 
 @pytest.fixture(scope="module")
 def node_actor(ray_local: str) -> Iterator[Any]:
-    actor = get_node_actor()
-    try:
+    with node_actor_of_module() as actor:
         yield actor
-    finally:
-        pid = ray.get(actor.stats.remote()).pid
-        ray.get(actor.shutdown.remote())
-        ray.kill(actor)
-        assert [r.name for r in list_local_regions() if r.owner.pid == pid] == []
 
 
 @pytest.fixture(scope="module")
