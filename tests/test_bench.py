@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _helpers import GREW, registered_on, wait_for
+from _helpers import GREW, need_unshare, registered_on, wait_for
 from rich.console import Console
 
 from ray_triton_shm._bench import _runner
@@ -28,6 +28,8 @@ from ray_triton_shm._bench._config import (
     ELASTIC,
     EXAMPLE_CASES,
     GPU_PATHS,
+    MANY_CALLERS,
+    MANY_CALLERS_BY_VALUE,
     RAY_PATHS,
     RAY_STREAM_PATHS,
     SERVE_HTTP_PATHS,
@@ -35,14 +37,27 @@ from ray_triton_shm._bench._config import (
     STREAM_RESPONSES,
     BenchConfig,
     CaseSpec,
+    add_arguments,
+    config_from_args,
 )
+from ray_triton_shm._bench._elsewhere import ElsewhereTriton
 from ray_triton_shm._bench._format import num
 from ray_triton_shm._bench._results import GOALS, BenchResults, ModelResult, RunResult
 from ray_triton_shm._bench._runner import run_bench
 from ray_triton_shm._bench._update import run_model_update
-from ray_triton_shm._bench.paths import _gpu, _http, _perf_analyzer, _plain, _ray, _shm, _streams
+from ray_triton_shm._bench.paths import (
+    _batching,
+    _gpu,
+    _http,
+    _perf_analyzer,
+    _plain,
+    _ray,
+    _shm,
+    _streams,
+)
 from ray_triton_shm._bench.paths._base import BenchPath, BenchTarget, SkipPath, StreamRequest
-from ray_triton_shm._bench.paths._clients import infer
+from ray_triton_shm._bench.paths._batching import dynamic_twin
+from ray_triton_shm._bench.paths._clients import TritonCounts, infer
 from ray_triton_shm._bench.paths._regions import SHM_KEY_PREFIX
 from ray_triton_shm._bench.report._console import print_results
 from ray_triton_shm._bench.report._figures import curves_path, write_figures
@@ -332,7 +347,8 @@ def test_the_runs_are_grouped_by_level() -> None:
             ("shm-model", 16, 16),
             ("grpc-procs", 16, None),
         ],
-        [(p, 3, None) for p in RAY_PATHS if p.startswith(("serve", "data")) and "http" not in p],
+        [("serve-grpc", 3, None), ("serve-shm", 3, None), ("serve-inproc", 3, None)]
+        + [("data-grpc", 3, None), ("data-shm", 3, None), ("data-noop", 3, None)],
         # The example app behind Serve's proxy, at low load and under load, interleaved.
         [(p, n, None) for n in (1, 16) for p in SERVE_HTTP_PATHS],
         # The node under load: 16 gRPC callers and 16 on 16 slots were swept already.
@@ -348,6 +364,149 @@ def test_the_runs_are_grouped_by_level() -> None:
     ]
     without = BenchConfig(paths=("grpc", "shm-model"), concurrency=(1,), node_load=False)
     assert _runner.run_groups(without) == [[("grpc", 1, None), ("shm-model", 1, 1)]]
+
+
+def _config(*args: str) -> BenchConfig:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return config_from_args(parser.parse_args(list(args)))
+
+
+def test_the_many_callers_case_runs_its_groups_on_its_cases() -> None:
+    """Node batching's case: its groups on identity-1 (that case alone: the other runs have
+    identity's 8 rows a request) and on classifier-1 beside its other runs, without those it
+    shares with them; by value on identity-1 only; its numbers of callers and cases given."""
+    config = BenchConfig(paths=(*DEFAULT_PATHS, *RAY_PATHS))
+    assert _runner.run_groups(config, "identity-1") == [
+        list(group) for group in (*MANY_CALLERS, *MANY_CALLERS_BY_VALUE)
+    ]
+    regular = _runner.run_groups(config)
+    assert _runner.run_groups(config, "classifier-1") == regular + [
+        [("shm-model-nb", 1, 1)],  # grpc-procs at 1 and 4 callers, and shm-model: swept
+        [("shm-model-nb", 4, 4)],
+        [
+            ("shm-model-nb", 16, 16), ("serve-shm-nb", 16, None), ("pa-shm", 16, None),
+            ("pa-grpc", 16, None), ("grpc-procs-dynamic", 16, None), ("serve-grpc", 16, None),
+        ],  # 16 gRPC callers and ShmModel on 16 slots: the node under load's
+        [("serve-shm", 16, None), ("shm-model-dynamic", 16, 16)],
+        [("shm-model-nb", 64, 64), ("grpc-procs", 64, None), ("pa-shm", 64, None),
+         ("pa-grpc", 64, None)],
+        [("shm-model", 64, 64)],
+    ]  # fmt: skip
+    assert _runner.run_groups(config, "classifier") == regular  # not one of its cases
+    # Its numbers of callers, its cases; without Ray, identity-1 is not run by default.
+    assert "identity-1" in _config("--ray").models
+    assert "identity-1" not in _config().models and "identity-1" not in BenchConfig().models
+    some = _config("--ray", "--many-callers", "64", "16", "--many-callers-models", "identity-1")
+    assert some.many_callers == (16, 64) and some.many_callers_on("classifier-1") == ()
+    groups = _runner.run_groups(some, "identity-1")
+    assert {key[1] for group in groups for key in group} == {16, 64}
+    assert _runner.run_groups(_config("--ray", "--no-many-callers"), "identity-1") == []
+    with pytest.raises(ValueError, match="--many-callers takes numbers of callers"):
+        _config("--many-callers", "0")
+
+
+def test_triton_counts_a_model_s_requests_rows_and_executions(triton: LocalTritonServer) -> None:
+    """What says how many rows a Triton request carried: Triton's own counts."""
+    import tritonclient.grpc as grpcclient
+
+    case = ModelCase.from_config(
+        CaseSpec("identity_dynamic", batch=2, shapes={"INPUT0": (4,)}),
+        {"max_batch_size": 8, "input": [{"name": "INPUT0", "data_type": "TYPE_FP32",
+                                          "dims": [-1]}]},
+    )  # fmt: skip
+    counts = TritonCounts()
+    try:
+        before = counts.read(triton.grpc_url, "identity_dynamic")
+        with grpcclient.InferenceServerClient(triton.grpc_url) as client:
+            for seed in range(3):  # one after another: nothing for the batcher to merge
+                infer(client, case, case.make_inputs(seed=seed))
+        after = counts.read(triton.grpc_url, "identity_dynamic")
+        assert before is not None and after is not None
+        assert tuple(a - b for a, b in zip(after, before)) == (3, 6, 3)
+        assert counts.read(triton.grpc_url, "no_such_model") is None
+        assert counts.read("127.0.0.1:1", "identity") is None
+    finally:
+        counts.close()
+
+
+def test_a_model_s_twin_has_triton_s_dynamic_batcher_on(triton: LocalTritonServer) -> None:
+    """The model node batching is measured against: the same one with Triton's dynamic
+    batcher on (the example identity_dynamic), or the run is skipped saying which is not."""
+    target = BenchTarget(triton.grpc_url)
+    case, _, _ = _runner._prepare(BenchConfig().case("identity-1"), target)
+    assert (case.model, case.model_max_batch_size, case.dynamic_batching) == ("identity", 8, False)
+    twin = dynamic_twin(case, target)
+    assert (twin.model, twin.dynamic_batching) == ("identity_dynamic", True)
+    assert twin.registration(4, whole_batches=True)["max_batch_size"] == 8
+    assert case.registration(4)["max_batch_size"] == 1
+    mixed, _, _ = _runner._prepare(CaseSpec("mixed_io", shapes={"PIXELS": (2, 8)}), target)
+    with pytest.raises(SkipPath, match="no model 'mixed_io_dynamic' on Triton at"):
+        dynamic_twin(mixed, target)
+
+
+def test_the_triton_elsewhere_is_the_bench_s_own_on_the_embedded_server_only() -> None:
+    """Node batching's by-value runs: on a Triton given, or one of the bench's own started
+    where the bench's Triton is its own; else skipped saying why."""
+    options = {"startup_timeout_s": 1.0, "reconnect_timeout_s": 1.0}
+    yours = ElsewhereTriton(["identity"], url="127.0.0.1:8001", **options)
+    with pytest.raises(SkipPath, match=r"the bench's Triton is yours \(--url 127.0.0.1:8001\)"):
+        yours.target()
+    given = ElsewhereTriton(["identity"], url="127.0.0.1:8001", given="far:8001", **options)
+    assert given.target().grpc_url == "far:8001"
+    other = ElsewhereTriton(["not_an_example"], url=None, **options)
+    with pytest.raises(SkipPath, match="serves the example models, not not_an_example"):
+        other.target()
+    for elsewhere in (yours, given, other):
+        elsewhere.close()  # none started: nothing to stop
+
+
+def test_a_triton_of_the_bench_s_own_elsewhere_gets_requests_by_value() -> None:
+    """On the embedded server, node batching's by-value runs go to a Triton the bench starts
+    with a /dev/shm of its own: the library's pools reach it by value; stopped on close."""
+    need_unshare("--mount")
+    with ElsewhereTriton(
+        ["identity"], url=None, startup_timeout_s=120.0, reconnect_timeout_s=5.0
+    ) as elsewhere:
+        target = elsewhere.target()
+        assert elsewhere.target() == target  # started once
+        case, _, reference = _runner._prepare(BenchConfig().case("identity-1"), target)
+        transport, why = _runner._transport(case, target)
+        assert transport == "inline" and f"Triton at {target.grpc_url} could not open" in why
+    assert not _live(target.grpc_url)
+
+
+def _live(url: str) -> bool:
+    import tritonclient.grpc as grpcclient
+
+    try:
+        with grpcclient.InferenceServerClient(url) as client:
+            return bool(client.is_server_live(client_timeout=2.0))
+    except Exception:
+        return False
+
+
+def test_a_caller_of_the_many_callers_case_checks_every_answer(triton: LocalTritonServer) -> None:
+    """Each caller of the many-callers case sends inputs of its own and checks every answer
+    against the answer to them: one of another caller's rows fails it at once."""
+    from ray_triton_shm._bench.paths._clients import Backend
+    from ray_triton_shm._bench.paths._ray_callers import Caller
+
+    target = BenchTarget(triton.grpc_url)
+    case, inputs, reference = _runner._prepare(BenchConfig().case("identity-1"), target)
+    caller = Caller()
+    caller.add("mine", Backend.GRPC, triton.grpc_url, case, inputs, reference)
+    for _ in range(3):
+        caller.once("mine")
+    assert caller.checked("mine") == 4  # its warm-up too
+    others = case.make_inputs(seed=7)
+    with pytest.raises(AssertionError, match="values differ"):
+        caller.add("crossed", Backend.GRPC, triton.grpc_url, case, others, reference)
+    caller.remove("mine")
+    caller.remove("crossed")
+    assert caller.checked("mine") == 0
 
 
 def _run(path: str, level: int, slots: int | None, rate: float, **extra: Any) -> RunResult:
@@ -723,7 +882,7 @@ def test_the_light_names_are_those_of_the_paths() -> None:
     streams = (*_streams.PATHS, *_perf_analyzer.STREAM_PATHS)
     assert tuple(cls.name for cls in streams) == STREAM_PATHS
     assert tuple(cls.name for cls in _ray.STREAM_PATHS) == RAY_STREAM_PATHS
-    ray_paths = (*_ray.PATHS, *_http.PATHS)
+    ray_paths = (*_ray.PATHS, *_http.PATHS, *_batching.PATHS)
     assert sorted(cls.name for cls in ray_paths) == sorted(RAY_PATHS)
     gpu_only = tuple(p for p in GPU_PATHS if p not in DEFAULT_PATHS)
     assert tuple(cls.name for cls in _gpu.PATHS) == gpu_only

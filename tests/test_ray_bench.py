@@ -24,6 +24,8 @@ from ray_triton_shm._bench._config import (
     DATA_CASE,
     DEFAULT_PATHS,
     ELASTIC,
+    MANY_CALLERS,
+    MANY_CALLERS_BY_VALUE,
     RAY_PATHS,
     SERVE_HTTP_CLIENTS,
     SERVE_HTTP_PATHS,
@@ -110,7 +112,7 @@ def test_bench_ray_cli_runs_serve_and_ray_data_verified_quietly_on_a_private_ray
     json_path = tmp_path / "bench.json"
     registered_before = registered_on(triton.grpc_url)
     regions_before = our_regions()
-    choices = [p for p in RAY_PATHS if p.startswith(("serve-", "data-")) and "http" not in p]
+    choices = ["serve-grpc", "serve-shm", "serve-inproc", "data-grpc", "data-shm", "data-noop"]
     proc, data = _bench_json(
         triton,
         json_path,
@@ -123,15 +125,21 @@ def test_bench_ray_cli_runs_serve_and_ray_data_verified_quietly_on_a_private_ray
     runs = _runs(data)
     assert set(runs) == {(DATA_CASE, path, 2, None) for path in choices}
     for path in ("serve-shm", "data-shm"):
-        assert runs[(DATA_CASE, path, 2, None)]["node_actor_cpu_us"] is not None, path
+        run = runs[(DATA_CASE, path, 2, None)]
+        assert run["node_actor_cpu_us"] is not None, path
+        # Its node actor's idle CPU, and its CPU per extra request from there to the load.
+        assert run["node_actor_idle_ms_per_s"] > 0, path
+        assert run["node_actor_us_per_extra_request"] is not None, path
     assert all(runs[(DATA_CASE, path, 2, None)]["requests"] > 0 for path in choices)
     assert {g["description"] for g in _ray_goals(data)} == {
         "serve-shm MB/s >= 2.3x serve-grpc",
         "serve-shm MB/s >= 0.95x serve-inproc",
         "data-shm MB/s >= 0.95x data-noop",
         "data-shm MB/s >= 1x data-grpc",
-        "serve-shm: node actor CPU us/request <= 58.5",
-        "data-shm: node actor CPU us/request <= 58.5",
+        "serve-shm: node actor CPU us per extra request <= 58.5",
+        "serve-shm: node actor idle CPU ms/s <= 20",
+        "data-shm: node actor CPU us per extra request <= 58.5",
+        "data-shm: node actor idle CPU ms/s <= 20",
     }
     assert all(isinstance(g["met"], bool) for g in data["goals"])
     assert "serve-shm (2 callers)" in proc.stdout
@@ -310,6 +318,98 @@ def _check_churn(
     assert "Churn (8 caller processes on 4 node slots, 3.00 s each" in out
     assert "1 caller(s) killed" in out and ", 0 wrong" in out
     assert "Unhandled error" not in err
+
+
+#: The many-callers case's paths, each run briefly (tests/test_ray_bench.py): its table at
+#: 2 callers.
+_MANY = (
+    (("shm-model-nb", 2, 2), ("serve-shm-nb", 2, None), ("grpc-procs", 2, None),
+     ("grpc-procs-dynamic", 2, None)),
+    (("shm-model", 2, 2), ("serve-shm", 2, None), ("shm-model-dynamic", 2, 2)),
+)  # fmt: skip
+_MANY_BY_VALUE = (
+    (("shm-model-nb-byvalue", 2, 2), ("grpc-procs-byvalue", 2, None)),
+    (("shm-model-byvalue", 2, 2),),
+)
+
+
+def test_bench_many_callers_runs_each_choice_every_answer_checked(
+    triton: LocalTritonServer,
+    triton_elsewhere: LocalTritonServer,
+    ray_local: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Node batching's case, each of its choices run briefly (its table at 2 callers, a
+    round): each caller on inputs of its own, every answer checked; Triton's counts of rows
+    per request; the twin with Triton's dynamic batcher; by value on a Triton elsewhere;
+    nothing left behind."""
+    from ray_triton_shm._bench import _runner
+
+    monkeypatch.setattr(_runner, "MANY_CALLERS", _MANY)
+    monkeypatch.setattr(_runner, "MANY_CALLERS_BY_VALUE", _MANY_BY_VALUE)
+    far = triton_elsewhere.grpc_url
+    registered_before = registered_on(triton.grpc_url), registered_on(far)
+    regions_before = our_regions()
+    keys = [key for group in (*_MANY, *_MANY_BY_VALUE) for key in group]
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = ("--quick", "--rounds", "1", "--url", triton.grpc_url, "--by-value-url", far)
+    args += ("--models", "identity-1", "--many-callers", "2", "--paths", *(k[0] for k in keys))
+    results = run_bench(config_from_args(parser.parse_args(args)))
+    data = json.loads(json.dumps(bench_json(results)))
+    assert results.stopped is None and data["failures"] == [], data["failures"]
+    runs = _runs(data)
+    assert set(runs) == {("identity-1", *key) for key in keys}
+    for key, run in runs.items():
+        assert run["many_callers"] and run["requests"] > 0, key
+        # Every answer checked against its caller's own inputs' (warm-ups included).
+        assert run["answers_checked"] >= run["requests"], key
+        assert run["rows_per_request"] >= 1.0, key
+    transports = {key[1]: run.get("transport") for key, run in runs.items()}
+    assert {p: transports[p] for p in ("shm-model-nb", "serve-shm-nb", "shm-model-dynamic")} == {
+        "shm-model-nb": "shm",
+        "serve-shm-nb": "shm",
+        "shm-model-dynamic": "shm",
+    }
+    assert transports["shm-model-nb-byvalue"] == transports["shm-model-byvalue"] == "inline"
+    dynamic = runs[("identity-1", "grpc-procs-dynamic", 2, None)]
+    assert dynamic["rows_per_execution"] >= dynamic["rows_per_request"] == 1.0
+    table = {(c["path"], c["callers"]) for c in data["many_callers"]["identity-1"]}
+    assert table == {(key[0], 2) for key in keys}
+    assert (registered_on(triton.grpc_url), registered_on(far)) == registered_before
+    assert [n for n in our_regions() - regions_before if owner_state(n) != ALIVE] == []
+
+
+@pytest.mark.soak
+def test_bench_many_callers_through_the_cli_at_16_callers(
+    triton: LocalTritonServer, triton_elsewhere: LocalTritonServer, tmp_path: Path
+) -> None:
+    """The many-callers case as make bench runs it (its table, at 1 and 16 callers; by value
+    on a Triton elsewhere), through the CLI on a private Ray: its runs, its goals measured,
+    node batching's requests of several rows, its table in the summary; nothing left."""
+    far = triton_elsewhere.grpc_url
+    registered_before = registered_on(triton.grpc_url), registered_on(far)
+    regions_before = our_regions()
+    proc, data = _bench_json(
+        triton,
+        tmp_path / "bench.json",
+        *("--ray", "--models", "identity-1", "--many-callers", "1", "16", "--rounds", "1"),
+        *("--by-value-url", far),
+    )
+    keys = [key for group in (*MANY_CALLERS, *MANY_CALLERS_BY_VALUE) for key in group]
+    expected = {("identity-1", *key) for key in keys if key[1] in (1, 16)}
+    runs = _runs(data)
+    assert set(runs) == expected and data["failures"] == []
+    assert all(run["answers_checked"] >= run["requests"] > 0 for run in runs.values()
+               if not run["path"].startswith("pa-"))  # fmt: skip
+    assert runs[("identity-1", "shm-model-nb", 16, 16)]["rows_per_request"] > 1.0
+    goals = {g["description"]: g for g in data["goals"] if g["model"] == "identity-1"}
+    measured = [g for g in goals.values() if "(64 callers)" not in g["description"]]
+    assert len(measured) == 8 and all(isinstance(g["met"], bool) for g in measured), goals
+    assert "Many callers at 1 row each (node batching)" in proc.stdout
+    assert "identity-1, Ray tasks, node batching vs plain gRPC: " in proc.stdout
+    assert (registered_on(triton.grpc_url), registered_on(far)) == registered_before
+    assert [n for n in our_regions() - regions_before if owner_state(n) != ALIVE] == []
 
 
 def test_bench_without_ray_has_no_ray_paths_or_goals(triton: LocalTritonServer) -> None:

@@ -30,7 +30,9 @@ class ModelCase:
     :meth:`with_reference` was called), and BYTES tensors' ``max_element_bytes`` the length of
     each input element, or the room of an output's. A ``streaming`` (decoupled) model answers
     each request with any number of responses; ``values`` are the inputs sent with one value
-    in every element, by name (the rest are random)."""
+    in every element, by name (the rest are random). ``model_max_batch_size`` is the model's
+    own (its config's), and ``dynamic_batching`` whether its config turns Triton's dynamic
+    batcher on."""
 
     name: str
     model: str
@@ -40,6 +42,8 @@ class ModelCase:
     outputs: tuple[TensorSpec, ...]
     streaming: bool = False
     values: tuple[tuple[str, int], ...] = ()
+    model_max_batch_size: int = 0
+    dynamic_batching: bool = False
 
     @classmethod
     def from_config(cls, spec: CaseSpec, config: Mapping[str, Any]) -> ModelCase:
@@ -84,6 +88,8 @@ class ModelCase:
             outputs=tuple(tensor(entry, False) for entry in config.get("output", ())),
             streaming=bool(policy.get("decoupled", False)),
             values=tuple(sorted(spec.values.items())),
+            model_max_batch_size=max_batch_size,
+            dynamic_batching="dynamic_batching" in config,
         )
 
     def with_reference(self, reference: Mapping[str, np.ndarray]) -> ModelCase:
@@ -107,14 +113,17 @@ class ModelCase:
         """The ``max_batch_size`` to register the model with: samples per slot (0: none)."""
         return self.batch_size if self.batched else 0
 
-    def registration(self, slots: int) -> dict[str, Any]:
+    def registration(self, slots: int, *, whole_batches: bool = False) -> dict[str, Any]:
         """``register_shm_model``'s (and ``ShmModel``'s) sizing arguments for this case: a
         fixed pool of ``slots`` slots, or none given for :data:`~._config.ELASTIC` (the pool
-        follows its load)."""
+        follows its load); each slot as large as a request of the case, or with
+        ``whole_batches``, as the model's ``max_batch_size`` (node batching merges several
+        callers' rows into one slot)."""
         tensors = (*self.inputs, *self.outputs)
+        rows = self.model_max_batch_size if whole_batches else self.max_batch_size
         return {
             **({} if slots == ELASTIC else {"pool_size": slots}),
-            "max_batch_size": self.max_batch_size,
+            "max_batch_size": rows,
             "max_shapes": {t.name: t.max_shape for t in tensors if t.is_variable} or None,
             "max_element_bytes": {t.name: t.max_element_bytes for t in tensors if t.is_bytes}
             or None,

@@ -18,6 +18,10 @@ __all__ += ["DATA_JOB_ROUNDS", "POOL_SAMPLE_S", "REPLICAS"]
 __all__ += ["BY_VALUE", "BY_VALUE_SHARE", "BY_VALUE_TWINS", "LIBRARY_PATHS", "SHM"]
 __all__ += ["RAY_STREAM_PATHS", "STREAM_CEILING_PATHS", "STREAM_LEVELS", "STREAM_PATHS"]
 __all__ += ["STREAM_RESPONSES", "STREAM_TWINS", "STREAM_VARIANTS"]
+__all__ += ["BATCHING_PATHS", "BY_VALUE_PATHS", "DYNAMIC_SUFFIX", "GRPC_TWINS", "MANY_CALLERS"]
+__all__ += ["MANY_CALLERS_BY_VALUE", "MANY_CALLERS_BY_VALUE_CASES", "MANY_CALLERS_CASES"]
+__all__ += ["MANY_CALLERS_LEVELS"]
+__all__ += ["NODE_ACTOR_IDLE_PATHS"]
 __all__ += [
     "SERVE_HTTP_CLIENTS",
     "SERVE_HTTP_PATHS",
@@ -50,6 +54,8 @@ class CaseSpec:
         streaming: Whether the model is known to be a streaming (decoupled) one before its
             configuration is read (the progress counts its runs by it; the configuration
             decides what runs).
+        many_callers_only: Whether only the many-callers case (:data:`MANY_CALLERS`) runs on
+            it (``identity-1``: the other runs have ``identity``'s 8 rows a request).
     """
 
     name: str
@@ -59,6 +65,7 @@ class CaseSpec:
     max_element_bytes: Mapping[str, int] = dataclasses.field(default_factory=dict)
     values: Mapping[str, int] = dataclasses.field(default_factory=dict)
     streaming: bool = False
+    many_callers_only: bool = False
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -74,6 +81,7 @@ EXAMPLE_CASES: dict[str, CaseSpec] = {
     case.name: case
     for case in (
         CaseSpec("identity", shapes={"INPUT0": (16,)}),
+        CaseSpec("identity-1", "identity", 1, {"INPUT0": (16,)}, many_callers_only=True),
         CaseSpec("classifier-1", "classifier", batch=1),
         CaseSpec("classifier"),
         CaseSpec("my_model"),
@@ -121,6 +129,23 @@ RAY_PATHS: tuple[str, ...] = (
     "serve-http-grpc", "serve-http-shm", "serve-http-noop",
     "data-grpc", "data-shm", "data-noop", "shm-model-nokill", "shm-model-churn",
 )  # fmt: skip
+#: Node batching (``--ray``; the many-callers case, :data:`MANY_CALLERS`): ``ShmModel`` with
+#: node batching in each caller process, and the Serve replica on it; the model's twin with
+#: Triton's dynamic batcher on (:data:`DYNAMIC_SUFFIX`) through plain gRPC and through
+#: ``ShmModel`` without node batching.
+BATCHING_PATHS: tuple[str, ...] = (
+    "shm-model-nb", "serve-shm-nb", "grpc-procs-dynamic", "shm-model-dynamic"
+)  # fmt: skip
+#: The same case by value, on a Triton of the bench's own in a mount namespace of its own (a
+#: ``/dev/shm`` of its own: it maps none of the bench's regions): ``ShmModel`` with and
+#: without node batching, and plain gRPC, in each caller process.
+BY_VALUE_PATHS: tuple[str, ...] = (
+    "shm-model-nb-byvalue", "shm-model-byvalue", "grpc-procs-byvalue"
+)  # fmt: skip
+RAY_PATHS += (*BATCHING_PATHS, *BY_VALUE_PATHS)
+#: The name of a model's twin with Triton's dynamic batcher on: the model's, and this (the
+#: example ``identity_dynamic`` and ``classifier_dynamic``: copies with ``dynamic_batching``).
+DYNAMIC_SUFFIX = "_dynamic"
 #: Paths run at every ``--concurrency`` level. The Serve and Ray Data paths run with
 #: ``--ray-callers`` callers, every other path with one.
 SWEEP_PATHS: tuple[str, ...] = (
@@ -170,6 +195,8 @@ LIBRARY_PATHS: tuple[str, ...] = (
     "shm-client", "shm-client-prep", "shm-lease", "shm-model", "serve-shm", "serve-inproc",
     "serve-http-shm", "data-shm", "shm-model-nokill", "shm-model-churn",
     "stream-client", "stream-async", "stream-model", "serve-stream",
+    "shm-model-nb", "serve-shm-nb", "shm-model-dynamic", "shm-model-nb-byvalue",
+    "shm-model-byvalue",
 )  # fmt: skip
 #: By value, each library path against its plain gRPC twin in the same set-up: the library
 #: must cost nothing where it cannot help, its MB/s this share of the twin's at least.
@@ -180,7 +207,18 @@ BY_VALUE_TWINS: dict[str, str] = {
     "serve-inproc": "serve-grpc",
     "serve-http-shm": "serve-http-grpc",
     "data-shm": "data-grpc",
+    "shm-model-nb": "grpc-procs",
+    "serve-shm-nb": "serve-grpc",
+    "shm-model-dynamic": "grpc-procs-dynamic",
     **STREAM_TWINS,
+}
+#: The library paths whose plain gRPC twin in the same set-up their names do not say.
+GRPC_TWINS: dict[str, str] = {
+    "shm-model-nb": "grpc-procs",
+    "serve-shm-nb": "serve-grpc",
+    "shm-model-dynamic": "grpc-procs-dynamic",
+    "shm-model-nb-byvalue": "grpc-procs-byvalue",
+    "shm-model-byvalue": "grpc-procs-byvalue",
 }
 BY_VALUE_SHARE = 0.95
 #: How ``--request-rate`` arrivals are spaced.
@@ -221,6 +259,47 @@ NODE_LOAD_FIXED: tuple[tuple[str, int, int], ...] = (("shm-model", 16, 4), ("shm
 #: service's first second, and every run gets as much, so that the slices measure them all
 #: settled (the elastic pool's size over time says how fast it got there).
 NODE_LOAD_WARMUP_S = 1.0
+#: The many-callers case (``--ray``, node batching): callers of 1 row each, closed loop, at
+#: these numbers of callers (``--many-callers``), on these cases (``--many-callers-models``).
+MANY_CALLERS_LEVELS: tuple[int, ...] = (1, 4, 16, 64)
+MANY_CALLERS_CASES: tuple[str, ...] = ("identity-1", "classifier-1")
+#: Its groups, each ``(path, callers, slots)`` run interleaved, by number of callers: first
+#: with node batching (a node actor whose model batches, beside the baselines that need no
+#: node actor: plain gRPC in each caller, perf_analyzer at that concurrency, the model's twin
+#: with Triton's dynamic batcher through plain gRPC, Serve through plain gRPC), then without
+#: (a node actor holds one registration of a model). A run already made in the case's other
+#: groups is not made again. 64 callers: Ray tasks only.
+MANY_CALLERS: tuple[tuple[tuple[str, int, int | None], ...], ...] = (
+    (("shm-model-nb", 1, 1), ("grpc-procs", 1, None)),
+    (("shm-model", 1, 1),),
+    (
+        ("shm-model-nb", 4, 4), ("grpc-procs", 4, None), ("pa-shm", 4, None),
+        ("pa-grpc", 4, None),
+    ),
+    (("shm-model", 4, 4),),
+    (
+        ("shm-model-nb", 16, 16), ("serve-shm-nb", 16, None), ("grpc-procs", 16, None),
+        ("pa-shm", 16, None), ("pa-grpc", 16, None), ("grpc-procs-dynamic", 16, None),
+        ("serve-grpc", 16, None),
+    ),
+    (("shm-model", 16, 16), ("serve-shm", 16, None), ("shm-model-dynamic", 16, 16)),
+    (
+        ("shm-model-nb", 64, 64), ("grpc-procs", 64, None), ("pa-shm", 64, None),
+        ("pa-grpc", 64, None),
+    ),
+    (("shm-model", 64, 64),),
+)  # fmt: skip
+#: Its by-value groups, on a Triton of the bench's own with a ``/dev/shm`` of its own (the
+#: embedded server only; ``unshare --mount``), on these cases.
+MANY_CALLERS_BY_VALUE: tuple[tuple[tuple[str, int, int | None], ...], ...] = (
+    (("shm-model-nb-byvalue", 16, 16), ("grpc-procs-byvalue", 16, None)),
+    (("shm-model-byvalue", 16, 16),),
+)
+MANY_CALLERS_BY_VALUE_CASES: tuple[str, ...] = ("identity-1",)
+#: The runs whose group gets an idle window (``--slice-s`` without load, after its set-up):
+#: the node actor's idle CPU, and its CPU per extra request as the slope from there to the
+#: run's load (the goals on the node actor are theirs).
+NODE_ACTOR_IDLE_PATHS: tuple[str, ...] = ("serve-shm", "data-shm")
 #: The churn runs (``--ray``): ``(path, callers, node slots)``, interleaved like the rest.
 CHURN: tuple[tuple[str, int, int], ...] = (("shm-model-nokill", 8, 4), ("shm-model-churn", 8, 4))
 DEFAULT_RAY_CALLERS = 4
@@ -268,6 +347,12 @@ class BenchConfig:
         max_threads: Requests in flight at most per open-loop path (perf_analyzer's
             ``--max-threads``): later arrivals wait for one, and their wait counts.
         rate_models: The cases the open loop runs on (empty: every one).
+        many_callers: The numbers of callers of the many-callers case (:data:`MANY_CALLERS`:
+            node batching; its paths with ``--ray``); empty: none.
+        many_callers_models: The cases it runs on (those of ``models``).
+        by_value_url: A Triton that cannot map the bench's ``/dev/shm``, serving the
+            many-callers case's by-value runs (``None``: on the embedded server, one of the
+            bench's own in a mount namespace of its own; with ``url``, none).
         memory: ``"cuda"``: the GPU paths (:data:`GPU_PATHS`) on the GPU cases, the embedded
             server serving ``identity_gpu`` on the GPU.
         restart_on_crash: Start the embedded Triton again when it crashes (and go on, the
@@ -276,7 +361,7 @@ class BenchConfig:
             and how long a remote one may stay unreachable before the bench ends.
     """
 
-    models: tuple[str, ...] = CASE_NAMES
+    models: tuple[str, ...] = tuple(n for n in CASE_NAMES if not EXAMPLE_CASES[n].many_callers_only)
     paths: tuple[str, ...] = (*DEFAULT_PATHS, *STREAM_PATHS)
     concurrency: tuple[int, ...] = (1, 4)
     streams: tuple[int, ...] = STREAM_LEVELS
@@ -300,6 +385,9 @@ class BenchConfig:
     latency_bound_ms: float | None = None
     max_threads: int = 16
     rate_models: tuple[str, ...] = ()
+    many_callers: tuple[int, ...] = MANY_CALLERS_LEVELS
+    many_callers_models: tuple[str, ...] = MANY_CALLERS_CASES
+    by_value_url: str | None = None
     memory: str = "system"
     restart_on_crash: bool = True
     reconnect_timeout_s: float = 10.0
@@ -320,6 +408,10 @@ class BenchConfig:
     def rates_on(self, name: str) -> tuple[str, ...]:
         """The ``--request-rate`` values the case ``name`` runs at."""
         return self.request_rates if not self.rate_models or name in self.rate_models else ()
+
+    def many_callers_on(self, name: str) -> tuple[int, ...]:
+        """The numbers of callers the many-callers case runs with on the case ``name``."""
+        return self.many_callers if name in self.many_callers_models else ()
 
     def case(self, name: str) -> CaseSpec:
         """The case ``name``: an example case or the model of that name, with this run's
@@ -368,6 +460,13 @@ def _assignments(
             raise ValueError(f"{flag} takes [MODEL:]TENSOR={form}, {sign}, got {value!r}")
         out[key] = numbers if dims else numbers[0]
     return out
+
+
+def _levels(values: Sequence[int] | None) -> tuple[int, ...]:
+    """``--many-callers`` values: positive, sorted, each once (none given: the defaults)."""
+    if values and min(values) < 1:
+        raise ValueError(f"--many-callers takes numbers of callers (>= 1), got {min(values)}")
+    return tuple(sorted(set(values))) if values else MANY_CALLERS_LEVELS
 
 
 def _rates(values: Sequence[str] | None) -> list[str]:
@@ -445,7 +544,9 @@ BENCH_OPTIONS: OptionGroups = (
                     nargs="+",
                     metavar="MODEL",
                     help="models, inputs made from their configuration "
-                    f"(default: {', '.join(CASE_NAMES)})",
+                    f"(default: {', '.join(CASE_NAMES)}; "
+                    f"{', '.join(n for n in CASE_NAMES if EXAMPLE_CASES[n].many_callers_only)} "
+                    "with --ray only)",
                 ),
             ),
             (
@@ -532,6 +633,35 @@ BENCH_OPTIONS: OptionGroups = (
                 dict(
                     action="store_true",
                     help="skip the node under load (16 callers: an elastic pool, 4 and 16 slots)",
+                ),
+            ),
+            (
+                "--many-callers",
+                dict(
+                    type=int,
+                    nargs="+",
+                    metavar="N",
+                    help="the many-callers case (node batching, --ray): callers of 1 row each "
+                    "at these numbers (default: "
+                    f"{' '.join(map(str, MANY_CALLERS_LEVELS))})",
+                ),
+            ),
+            (
+                "--many-callers-models",
+                dict(
+                    nargs="+",
+                    metavar="MODEL",
+                    help=f"its cases (default: {', '.join(MANY_CALLERS_CASES)})",
+                ),
+            ),
+            ("--no-many-callers", dict(action="store_true", help="skip the many-callers case")),
+            (
+                "--by-value-url",
+                dict(
+                    metavar="HOST:PORT",
+                    help="its by-value runs on this Triton, which cannot map this machine's "
+                    "/dev/shm (default: with the embedded server, one of the bench's own with "
+                    "a /dev/shm of its own, where unshare --mount runs)",
                 ),
             ),
             *(
@@ -657,8 +787,10 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         if getattr(args, key) is not None:
             base[key] = getattr(args, key)
     order = (*GPU_PATHS, *known) if gpu else known
+    # The cases of the many-callers case alone run only with its paths (--ray).
+    cases = [n for n in CASE_NAMES if args.ray or not EXAMPLE_CASES[n].many_callers_only]
     config = BenchConfig(
-        models=tuple(dict.fromkeys(_names(args.models) or (GPU_CASES if gpu else CASE_NAMES))),
+        models=tuple(dict.fromkeys(_names(args.models) or (GPU_CASES if gpu else cases))),
         paths=tuple(dict.fromkeys(p for p in order if p in paths)),
         concurrency=tuple(sorted(set(args.concurrency or BenchConfig.concurrency))),
         streams=tuple(sorted(set(args.streams or BenchConfig.streams))),
@@ -678,6 +810,9 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         latency_bound_ms=args.latency_bound_ms,
         max_threads=args.max_threads,
         rate_models=tuple(_names(args.rate_models)),
+        many_callers=() if args.no_many_callers else _levels(args.many_callers),
+        many_callers_models=tuple(_names(args.many_callers_models) or MANY_CALLERS_CASES),
+        by_value_url=args.by_value_url,
         memory=args.memory,
         **base,
     )

@@ -19,6 +19,9 @@ from ray_triton_shm._bench._config import (
     CHURN,
     CHURN_CASE,
     ELASTIC,
+    MANY_CALLERS_BY_VALUE_CASES,
+    MANY_CALLERS_CASES,
+    NODE_ACTOR_IDLE_PATHS,
     NODE_LOAD,
     NODE_LOAD_FIXED,
     SERVE_HTTP_CLIENTS,
@@ -34,6 +37,7 @@ if TYPE_CHECKING:  # at run time, results are read without tritonclient (whose d
     from ray_triton_shm._bench._cases import ModelCase
 
 __all__ = ["CEILING", "GOALS", "BenchResults", "Goal", "ModelResult", "RunResult"]
+__all__ += ["COPY_LINE", "NODE_ACTOR_IDLE_MS_PER_S"]
 __all__ += ["ELASTIC_POOL", "POOL_SIZE_FOR_RATE", "POOL_SIZE_FOR_THROUGHPUT", "RECOMMEND_SHARE"]
 __all__ += ["UPDATE_CALLERS", "UPDATE_SLOTS", "UpdateResult", "describe_rate_path", "describe_run"]
 __all__ += ["describe_slots", "host_info", "mb_ratio", "mb_ratio_spread", "ratio"]
@@ -88,6 +92,11 @@ def describe_rate_path(
 #: The ceiling's name, as a goal's baseline names it: the better of perf_analyzer's runs
 #: (:data:`~._config.CEILING_PATHS`) at the same number of callers.
 CEILING = "perf_analyzer"
+#: The line a client that copies its inputs into a slot (and its outputs out) can reach, as
+#: a goal's baseline names it: ``pa-shm`` at N callers (its inputs written once, its outputs
+#: never read), each request plus the time of the memcpy floor's copies (``memcpy``, one
+#: caller): ``1 / (1 / pa-shm's requests/s + 1 / memcpy's)``.
+COPY_LINE = "pa-shm + copy"
 
 
 def ratio(numerator: float | None, denominator: float | None) -> float | None:
@@ -137,6 +146,28 @@ class RunResult:
     #: :attr:`latencies_s` are to its end: Triton's final response), and every response.
     first_s: list[list[float]] = dataclasses.field(default_factory=list)
     responses: int = 0
+    #: Triton's counts of the run's model over its slices (:meth:`add_counts`): requests,
+    #: the rows in them, and the model's executions (fewer than the requests where Triton's
+    #: dynamic batcher merged them).
+    #: The seconds over which the node actor's CPU (``side_cpu_s``) was read.
+    side_wall_s: float = 0.0
+    triton_requests: int = 0
+    triton_rows: int = 0
+    triton_executions: int = 0
+    #: The node actor's CPU seconds over seconds without load, in the run's group (``None``:
+    #: not measured; see ``_config.NODE_ACTOR_IDLE_PATHS``).
+    node_actor_idle: tuple[float, float] | None = None
+    #: Whether it is a run of the many-callers case (``_config.MANY_CALLERS``): its own
+    #: table and choices say it; the others' verdicts and pool-size answers leave it out.
+    many_callers: bool = False
+
+    def add_counts(self, before: tuple[int, int, int], after: tuple[int, int, int]) -> None:
+        """Adds Triton's counts of one slice: its ``(requests, rows, executions)`` of the
+        model after it, less those before."""
+        requests, rows, executions = (a - b for a, b in zip(after, before))
+        self.triton_requests += requests
+        self.triton_rows += rows
+        self.triton_executions += executions
 
     def add_open_loop(self, loop: OpenLoop, planned_s: float, cpu_s: float) -> None:
         """Adds one open-loop slice of ``planned_s`` seconds of arrivals."""
@@ -165,10 +196,20 @@ class RunResult:
         under = bound_ms is None or numbers["latency_ms"]["p99"] <= bound_ms
         return self.dropped == 0 and kept_up and under
 
-    def add(self, wall_s: float, cpu_s: float, side_cpu_s: float | None, latencies: list) -> None:
-        """Adds one slice: its times, and each caller's latencies."""
+    def add(
+        self,
+        wall_s: float,
+        cpu_s: float,
+        side_cpu_s: float | None,
+        latencies: list,
+        *,
+        side_wall_s: float | None = None,
+    ) -> None:
+        """Adds one slice: its times (``side_wall_s``: the seconds over which the node
+        actor's ``side_cpu_s`` was read, if not ``wall_s``), and each caller's latencies."""
         self.rounds.append((wall_s, sum(map(len, latencies))))
         self.wall_s += wall_s
+        self.side_wall_s += wall_s if side_wall_s is None else side_wall_s
         self.cpu_s += cpu_s
         if self.side_cpu_s is not None:
             self.side_cpu_s = None if side_cpu_s is None else self.side_cpu_s + side_cpu_s
@@ -214,8 +255,11 @@ class RunResult:
         p99 of a request's; of a path that timed its slices itself, each slice's, the mean
         over the slices weighted by their requests), client CPU s per GB (1e9 B) of input
         (``None`` where not measured), ``fairness`` (the fewest requests a caller completed
-        over the mean, with several callers), the node actor's CPU us per request, and the
-        path's own numbers; empty for a run without numbers."""
+        over the mean, with several callers), the node actor's CPU us per request (and where
+        its idle CPU was measured, that and its CPU per extra request), ``latency_p99_ms``
+        alone (for the goals), the rows per Triton request and per execution of the model
+        (Triton's counts; ``None``: not read), and the path's own numbers; empty for a run
+        without numbers."""
         if not self.ok:
             return {}
         timed = sum(s.requests for s in self.summaries)
@@ -238,6 +282,10 @@ class RunResult:
             "cpu_s_per_gb": self.cpu_s / gigabytes if gigabytes and not timed else None,
             "fairness": min(done) / (requests / len(done)) if len(done) > 1 else None,
             "node_actor_cpu_us": ratio(self.side_cpu_s, requests / 1e6),
+            **self._node_actor_slope(requests),
+            "latency_p99_ms": latency["p99"],
+            "rows_per_request": ratio(self.triton_rows, self.triton_requests),
+            "rows_per_execution": ratio(self.triton_rows, self.triton_executions),
             **self.extra,
             **(
                 {
@@ -256,6 +304,20 @@ class RunResult:
             "wall_s": self.wall_s,
             "cpu_s": None if timed else self.cpu_s,
             "mb_per_s_rounds": self.round_mb_per_s(),
+        }
+
+    def _node_actor_slope(self, requests: int) -> dict[str, float | None]:
+        """The node actor's CPU at two loads: its idle CPU (ms per second, without load),
+        and its CPU per extra request (us), the slope from there to the run's load; ``{}``
+        where its idle CPU was not measured."""
+        if self.node_actor_idle is None or self.side_cpu_s is None or not requests:
+            return {}
+        idle_s, idle_wall_s = self.node_actor_idle
+        idle = idle_s / idle_wall_s
+        extra = (self.side_cpu_s - idle * (self.side_wall_s or self.wall_s)) / requests
+        return {
+            "node_actor_idle_ms_per_s": idle * 1e3,
+            "node_actor_us_per_extra_request": extra * 1e6,
         }
 
     def _stream_numbers(self, streams: int, to_end: dict[str, float], timed: int) -> dict[str, Any]:
@@ -395,6 +457,16 @@ class ModelResult:
         ]
         return max(runs, key=lambda r: r.numbers()["mb_per_s"], default=None)
 
+    def copy_line(self, concurrency: int, metric: str) -> float | None:
+        """:data:`COPY_LINE` at ``concurrency`` callers, in ``metric`` (a rate: requests,
+        samples or MB per second); ``None`` without both runs."""
+        ceiling, copy = self.run("pa-shm", concurrency), self.run("memcpy", 1)
+        if ceiling is None or copy is None or not (ceiling.counts and copy.counts):
+            return None
+        pa, floor = ceiling.numbers(), copy.numbers()
+        line = 1 / (1 / pa["requests_per_s"] + 1 / floor["requests_per_s"])
+        return ratio(pa.get(metric), pa["requests_per_s"] / line)
+
     def vs_ceiling(self, run: RunResult) -> tuple[float | None, RunResult | None]:
         """``run``'s MB/s over the ceiling's at its number of callers, and the ceiling's run
         (``None`` and ``None``: no ceiling measured there)."""
@@ -457,7 +529,7 @@ class ModelResult:
             (r.numbers()["requests_per_s"], r)
             for r in self.runs
             if r.path in ("shm-client", "shm-model") and r.counts and r.slots == r.concurrency
-            if r.concurrency not in loads
+            if r.concurrency not in loads and not r.many_callers
         ]
         rates = self.pools_for_rates(bound_ms)
         if not shm and not elastic and not rates:
@@ -494,17 +566,25 @@ _METRICS = {
     "wrong_answers": "wrong answers",
     "responses_per_s": "responses/s",
     "first_response_p50_ms": "time to first response p50",
+    "samples_per_s": "samples/s",
+    "latency_p99_ms": "p99 latency",
+    "node_actor_idle_ms_per_s": "node actor idle CPU ms/s",
+    "node_actor_us_per_extra_request": "node actor CPU us per extra request",
 }
 #: The metrics whose goals are at most, not at least.
-_AT_MOST = ("cpu_s_per_gb", "node_actor_cpu_us", "wrong_answers", "first_response_p50_ms")
+_AT_MOST: tuple[str, ...] = ("cpu_s_per_gb", "node_actor_cpu_us", "wrong_answers")
+_AT_MOST += ("first_response_p50_ms",)
+_AT_MOST += ("latency_p99_ms", "node_actor_idle_ms_per_s", "node_actor_us_per_extra_request")
 
 
 @dataclasses.dataclass(frozen=True)
 class Goal:
     """A target on one ``model``: ``metric`` (a key of :meth:`RunResult.numbers`) of ``run``
     (``(path, concurrency, slots)``, the last two optional), or its ratio to ``baseline``'s,
-    at least ``target`` (at most, for CPU and wrong answers). A baseline ``(CEILING, N)`` is
-    the better of perf_analyzer's runs at N callers (:meth:`ModelResult.ceiling`)."""
+    at least ``target`` (at most, for CPU, latency and wrong answers). A baseline
+    ``(CEILING, N)`` is the better of perf_analyzer's runs at N callers
+    (:meth:`ModelResult.ceiling`); ``(COPY_LINE, N)`` the line a client that copies reaches
+    (:meth:`ModelResult.copy_line`)."""
 
     model: str
     run: tuple[Any, ...]
@@ -522,12 +602,16 @@ class Goal:
         base = describe_run(*self.baseline)
         if self.baseline[0] == CEILING:
             base += f", the better of {' and '.join(CEILING_PATHS)}"
+        if self.baseline[0] == COPY_LINE:
+            base = f"the line of {describe_run('pa-shm', *self.baseline[1:])} plus memcpy's copies"
         return f"{run} {metric} {sign} {self.target:g}x {base}"
 
     @property
     def paths(self) -> set[str]:
         """The paths it needs run (any of perf_analyzer's for the ceiling)."""
         base = self.baseline[:1]
+        if base == (COPY_LINE,):
+            return {self.run[0], "pa-shm", "memcpy"}
         return {self.run[0], *base} - {CEILING}
 
     def measure(self, model: ModelResult) -> float | None:
@@ -536,6 +620,8 @@ class Goal:
         value = run.numbers().get(self.metric) if run and run.counts else None
         if not self.baseline:
             return value
+        if self.baseline[0] == COPY_LINE:
+            return ratio(value, model.copy_line(self.baseline[1], self.metric))
         if self.baseline[0] == CEILING:
             base = model.ceiling(self.baseline[1])
         else:
@@ -550,6 +636,19 @@ class Goal:
 
 
 _LOAD, _LOAD_CASES = NODE_LOAD[0], ("identity", "classifier-1", "classifier")
+#: The node actor's idle CPU at most, in ms per second: Ray's own background work was about
+#: 10 (whatever the request rate); twice that, 2% of a core.
+NODE_ACTOR_IDLE_MS_PER_S = 20.0
+#: The goals of node batching in Ray tasks: ``(callers, target, baseline, metric)``.
+_BATCHING: tuple[tuple[Any, ...], ...] = (
+    (16, 2.0, (CEILING, 16), "samples_per_s"),
+    (16, 3.0, ("grpc-procs", 16), "samples_per_s"),
+    (16, 1.5, ("shm-model", 16, 16), "samples_per_s"),
+    (16, 1.0, ("shm-model", 16, 16), "latency_p99_ms"),
+    (16, 1.5, ("grpc-procs-dynamic", 16), "samples_per_s"),
+    (64, 3.0, (CEILING, 64), "samples_per_s"),
+    (1, 0.95, ("shm-model", 1, 1), "samples_per_s"),
+)
 _FIXED_4, _FIXED_16 = NODE_LOAD_FIXED
 _HTTP_LOAD = max(SERVE_HTTP_CLIENTS)
 # fmt: off
@@ -573,10 +672,14 @@ _GOALS: tuple[tuple[Any, ...], ...] = (
     # Triton's perf_analyzer, the ceiling (its inputs written once, its outputs never read):
     # the core client near it on tiny requests, at or above it on bulk ones under load.
     *(("identity", ("shm-client", n), target, (CEILING, n)) for n, target in ((1, 0.8), (4, 0.75))),
-    *((case, (path, n), target, ("pa-shm", n))
+    *((case, (path, 4), 1.0, ("pa-shm", 4))
       for case, path in (("classifier", "shm-client"), ("my_model", "shm-client"),
-                         ("large_image", "shm-lease"))
-      for n, target in ((1, 0.8), (4, 1.0))),
+                         ("large_image", "shm-lease"))),
+    # At one caller, infer_shm copies the inputs into the slot (and the outputs out), which
+    # perf_analyzer never does: against the line those copies allow; a lease copies nothing,
+    # against perf_analyzer itself.
+    *((case, ("shm-client", 1), 0.8, (COPY_LINE, 1)) for case in ("classifier", "my_model")),
+    ("large_image", ("shm-lease", 1), 0.8, ("pa-shm", 1)),
     # bench --ray: the same Serve deployment with its replica on each client, and the same
     # Ray Data job with each predictor.
     ("identity", ("serve-shm",), 1.0, ("serve-grpc",)),
@@ -595,9 +698,13 @@ _GOALS: tuple[tuple[Any, ...], ...] = (
       for case in APP_CASES),
     *((case, (path, clients), 0, (), "wrong_answers") for case in APP_CASES
       for path in SERVE_HTTP_PATHS for clients in SERVE_HTTP_CLIENTS),
-    # The node actor before it left the request path: about 1.17 ms of CPU per request.
-    ("classifier", ("serve-shm",), 0.05 * 1170, (), "node_actor_cpu_us"),
-    ("classifier", ("data-shm",), 0.05 * 1170, (), "node_actor_cpu_us"),
+    # The node actor before it left the request path: about 1.17 ms of CPU per request. Its
+    # idle CPU (Ray's own background work), and its CPU per extra request: the slope from
+    # idle to the run's load.
+    *(("classifier", (path,), target, (), metric)
+      for path in NODE_ACTOR_IDLE_PATHS
+      for metric, target in (("node_actor_us_per_extra_request", 0.05 * 1170),
+                             ("node_actor_idle_ms_per_s", NODE_ACTOR_IDLE_MS_PER_S))),
     # bench --ray, the node under load: ShmModel as it comes (its pool following its load)
     # against fixed pools of 4 and of 16 node slots, and against plain gRPC.
     *((case, _LOAD, 1.25, _FIXED_4) for case in _LOAD_CASES),
@@ -606,6 +713,17 @@ _GOALS: tuple[tuple[Any, ...], ...] = (
     ("classifier-1", _LOAD, 2.5, NODE_LOAD[1]),
     ("classifier", _LOAD, 4.5, NODE_LOAD[1]),
     *((case, _LOAD, 0.5, (), "fairness") for case in _LOAD_CASES),
+    # bench --ray, the many-callers case: callers of 1 row each; node batching against
+    # perf_analyzer at as many callers, plain gRPC and the library without it in the same
+    # processes, Triton's own dynamic batcher (plain gRPC on the model's twin with it on),
+    # the same Serve deployment; what it costs a caller alone; and by value.
+    *((case, ("shm-model-nb", callers), target, base, metric)
+      for case in MANY_CALLERS_CASES
+      for callers, target, base, metric in _BATCHING),
+    *((case, ("serve-shm-nb", 16), 1.3, ("serve-shm", 16), "samples_per_s")
+      for case in MANY_CALLERS_CASES),
+    *((case, ("shm-model-nb-byvalue", 16), 1.5, ("grpc-procs-byvalue", 16), "samples_per_s")
+      for case in MANY_CALLERS_BY_VALUE_CASES),
     # bench --ray, churn: a caller killed mid-request and replaced every 2 s.
     (CHURN_CASE, CHURN[1], 0.8, CHURN[0], "requests_per_s"),
     *((CHURN_CASE, run, 0, (), "wrong_answers") for run in CHURN),

@@ -12,6 +12,11 @@ A streaming (decoupled) model runs its own paths instead (:func:`stream_groups`)
 ``--streams`` level, and one of the Ray paths with ``--ray-callers`` callers. Its slices are
 streams, and every response of every stream is checked against its own request's, made with
 tritonclient's streaming client (:func:`_stream_requests`).
+
+The many-callers case (node batching) adds its groups on its cases (:func:`many_callers_groups`);
+its by-value ones run on a Triton of the bench's own elsewhere (:mod:`._elsewhere`). Around
+every slice, Triton's counts of the path's model say how many rows its requests and the
+model's executions carried.
 """
 
 from __future__ import annotations
@@ -21,16 +26,22 @@ import dataclasses
 import functools
 import time
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from ray_triton_shm._bench._cases import STREAM_RULES, ModelCase
 from ray_triton_shm._bench._config import (
+    BATCHING_PATHS,
+    BY_VALUE_PATHS,
     CHURN,
     DEFAULT_PATHS,
     GPU_PATHS,
+    MANY_CALLERS,
+    MANY_CALLERS_BY_VALUE,
+    MANY_CALLERS_BY_VALUE_CASES,
+    NODE_ACTOR_IDLE_PATHS,
     NODE_LOAD,
     NODE_LOAD_FIXED,
     NODE_LOAD_WARMUP_S,
@@ -44,6 +55,7 @@ from ray_triton_shm._bench._config import (
     BenchConfig,
     CaseSpec,
 )
+from ray_triton_shm._bench._elsewhere import ElsewhereTriton
 from ray_triton_shm._bench._load import arrival_times
 from ray_triton_shm._bench._progress import Progress
 from ray_triton_shm._bench._results import (
@@ -55,7 +67,16 @@ from ray_triton_shm._bench._results import (
 )
 from ray_triton_shm._bench._update import run_model_update
 from ray_triton_shm._bench._watch import TritonGone, TritonWatch
-from ray_triton_shm._bench.paths import _gpu, _http, _perf_analyzer, _plain, _ray, _shm, _streams
+from ray_triton_shm._bench.paths import (
+    _batching,
+    _gpu,
+    _http,
+    _perf_analyzer,
+    _plain,
+    _ray,
+    _shm,
+    _streams,
+)
 from ray_triton_shm._bench.paths._base import (
     BenchPath,
     BenchTarget,
@@ -63,14 +84,14 @@ from ray_triton_shm._bench.paths._base import (
     StreamRequest,
     check_outputs,
 )
-from ray_triton_shm._bench.paths._clients import GrpcStreamer, infer, transport_of
+from ray_triton_shm._bench.paths._clients import GrpcStreamer, TritonCounts, infer, transport_of
 from ray_triton_shm._bench.paths._ray_session import RayBenchSession, RayPath
 from ray_triton_shm._slots import _cuda
 from ray_triton_shm._wire._plain_client import tritonclient_for
 from ray_triton_shm.local._server import LocalTritonServer
 
 __all__ = ["PATHS", "RunContext", "Workload", "rate_groups", "run_bench", "run_groups"]
-__all__ += ["stream_groups"]
+__all__ += ["many_callers_groups", "stream_groups"]
 
 #: Every path, by name: those without Ray, then the Ray paths.
 _CLASSES = {
@@ -80,6 +101,7 @@ _CLASSES = {
         *_shm.PATHS,
         *_perf_analyzer.PATHS,
         *_ray.PATHS,
+        *_batching.PATHS,
         *_http.PATHS,
         *_gpu.PATHS,
         *_streams.PATHS,
@@ -110,10 +132,39 @@ _NODE_LOAD_KEYS = {*NODE_LOAD, *NODE_LOAD_FIXED}
 _POOLED = ("shm-client", "shm-client-prep", "shm-lease", "shm-model")
 
 
-def run_groups(config: BenchConfig) -> list[list[RunKey]]:
-    """The runs of every model, in groups whose runs are interleaved (see the module doc)."""
+def run_groups(config: BenchConfig, name: str = "") -> list[list[RunKey]]:
+    """The runs of the case ``name``, in groups whose runs are interleaved (see the module
+    doc): every case's, then the many-callers case's where it runs on ``name``
+    (:func:`many_callers_groups`; ``""``: every case's alone)."""
+    regular = _regular_groups(config, name)
+    return regular + many_callers_groups(config, name, regular)
+
+
+def many_callers_groups(
+    config: BenchConfig, name: str, before: Sequence[list[RunKey]] = ()
+) -> list[list[RunKey]]:
+    """The many-callers case's groups on the case ``name``
+    (:data:`~._config.MANY_CALLERS`, and :data:`~._config.MANY_CALLERS_BY_VALUE` on its
+    cases), at its numbers of callers, without the runs of the groups ``before``."""
+    levels = config.many_callers_on(name)
+    table = MANY_CALLERS + (MANY_CALLERS_BY_VALUE if name in MANY_CALLERS_BY_VALUE_CASES else ())
+    done = {key for group in before for key in group}
+    groups = []
+    for group in table:
+        keys = [k for k in group if k[0] in config.paths and k[1] in levels and k not in done]
+        done.update(keys)
+        groups.append(keys)
+    return [group for group in groups if group]
+
+
+def _regular_groups(config: BenchConfig, name: str) -> list[list[RunKey]]:
+    """Every case's groups (see :func:`run_groups`), but on a case of the many-callers case
+    alone (``identity-1``)."""
+    if name and config.case(name).many_callers_only:
+        return []
     levels = config.concurrency
     grouped = (*SWEEP_PATHS, *_RAY_CHOICES, *SERVE_HTTP_PATHS, *_CHURN_PATHS, *_STREAMING)
+    grouped += (*BATCHING_PATHS, *BY_VALUE_PATHS)  # the many-callers case's alone
     one = [p for p in config.paths if p not in grouped]
     groups = [
         [
@@ -152,19 +203,27 @@ def stream_groups(config: BenchConfig) -> list[list[RunKey]]:
 
 
 def _describe(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+    """``"Type: message"`` of ``exc`` in a line: its first, or of an error a Ray task raised,
+    its last, which says its cause (the first names the task)."""
+    text = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    said = text[0] if text else ""
+    if "ray::" in said and len(text) > 1:
+        said = text[-1]
+    return f"{type(exc).__name__}: {said}"[:300]
 
 
 @dataclasses.dataclass(frozen=True)
 class RunContext:
     """What every run of the bench shares: its options, its private Ray (``None``: no Ray
-    path runs), where its progress goes, and its watch on Triton."""
+    path runs), where its progress goes, its watch on Triton, Triton's counts of the models
+    (read around each slice), and the Triton elsewhere (``None``: none asked for)."""
 
     config: BenchConfig
     session: RayBenchSession | None
     progress: Progress
     watch: TritonWatch
+    counts: TritonCounts = dataclasses.field(default_factory=TritonCounts)
+    elsewhere: ElsewhereTriton | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -307,17 +366,26 @@ def _guarded(
     watch.raise_if_gone()
 
 
-def _run_group(group: list[RunKey], model: ModelResult, work: Workload, ctx: RunContext) -> None:
-    """Sets up the runs of ``group``, then measures them in interleaved rounds."""
+def _run_group(
+    group: list[RunKey],
+    model: ModelResult,
+    work: Workload,
+    ctx: RunContext,
+    *,
+    many_callers: bool = False,
+) -> None:
+    """Sets up the runs of ``group`` (of the ``many_callers`` case, or not), then measures
+    them in interleaved rounds."""
     config, progress, watch = ctx.config, ctx.progress, ctx.watch
     with contextlib.ExitStack() as stack:
         _fresh_node_actor(stack, ctx.session, group)
         active: list[tuple[RunResult, BenchPath]] = []
         for key in group:
-            r = RunResult(*key, work.case)
+            r = RunResult(*key, work.case, many_callers=many_callers)
             model.runs.append(r)
             watch.run = f"{model.name}: {describe_run(*key)}"
             path = work.path(key, ctx.session)
+            path.own_inputs = many_callers
             stack.callback(path.teardown)
 
             def set_up(r: RunResult = r, path: BenchPath = path) -> None:
@@ -335,6 +403,7 @@ def _run_group(group: list[RunKey], model: ModelResult, work: Workload, ctx: Run
             warm_s = NODE_LOAD_WARMUP_S if key in _NODE_LOAD_KEYS else 0.0
             watch.run = f"{model.name}: {describe_run(*key)}"
             _guarded([r], watch, functools.partial(path.warm_up, warm_s))
+        _idle_window(active, config.slice_s)
         for index in range(config.rounds):
             # Rotate the order so no run always comes right after the same neighbour.
             shift = index % len(active) if active else 0
@@ -344,31 +413,63 @@ def _run_group(group: list[RunKey], model: ModelResult, work: Workload, ctx: Run
                     continue
                 if r.error is None:
                     watch.run = f"{model.name}: {describe_run(r.path, r.concurrency, r.slots)}"
-                    _guarded([r], watch, functools.partial(_slice, r, path, config))
+                    _guarded([r], watch, functools.partial(_slice, r, path, ctx))
                 progress.advance()
         for r, path in active:
             with contextlib.suppress(Exception):
                 r.extra.update(path.stats())
+            with contextlib.suppress(Exception):
+                checked = path.answers_checked()
+                r.extra.update({} if checked is None else {"answers_checked": checked})
 
 
-def _slice(r: RunResult, path: BenchPath, config: BenchConfig) -> None:
-    """One slice of ``r`` on ``path``, added to ``r``."""
+def _idle_window(active: list[tuple[RunResult, BenchPath]], seconds: float) -> None:
+    """Where a run of :data:`~._config.NODE_ACTOR_IDLE_PATHS` is among ``active``, the node
+    actor's CPU over ``seconds`` without load, given to every run of the group on it."""
+    on_actor = [(r, path) for r, path in active if path.uses_node_actor]
+    if not any(r.path in NODE_ACTOR_IDLE_PATHS for r, _ in on_actor):
+        return
+    path = on_actor[0][1]
+    try:
+        before, start = path.side_cpu_time(), time.perf_counter()
+        time.sleep(seconds)  # the load itself: none
+        after, wall_s = path.side_cpu_time(), time.perf_counter() - start
+    except Exception:  # the node actor gone (Triton's crash, say): no idle figure
+        return
+    if before is not None and after is not None:
+        for r, _ in on_actor:
+            r.node_actor_idle = (after - before, wall_s)
+
+
+def _slice(r: RunResult, path: BenchPath, ctx: RunContext) -> None:
+    """One slice of ``r`` on ``path``, added to ``r``, with Triton's counts of its model
+    around it (a streaming model's are not read)."""
+    counted = None if path.streaming else path.counted
+    before = ctx.counts.read(*counted) if counted else None
+    _measure(r, path, ctx.config)
+    after = ctx.counts.read(*counted) if counted and before else None
+    if before is not None and after is not None:
+        r.add_counts(before, after)
+
+
+def _measure(r: RunResult, path: BenchPath, config: BenchConfig) -> None:
+    """The slice itself (see :func:`_slice`)."""
     churn = r.path in _CHURN_PATHS
     slice_s = config.churn_s / config.rounds if churn else config.slice_s
     if isinstance(path, _perf_analyzer.PerfAnalyzerPath):  # a run timed by perf_analyzer itself
         r.add_summary(path.measure_slice(slice_s * path.slice_factor))
         return
-    cpu, side = path.cpu_time(), path.side_cpu_time()
+    cpu, side, start = path.cpu_time(), path.side_cpu_time(), time.perf_counter()
     if path.streaming:
         streams = path.run_stream_slice(slice_s * path.slice_factor)
     else:
         latencies, wall_s = path.run_slice(slice_s * path.slice_factor)
-    after = path.side_cpu_time()
+    after, side_wall_s = path.side_cpu_time(), time.perf_counter() - start
     spent = None if side is None or after is None else after - side
     if path.streaming:
         r.add_streams(streams, path.cpu_time() - cpu, spent)
     else:
-        r.add(wall_s, path.cpu_time() - cpu, spent, latencies)
+        r.add(wall_s, path.cpu_time() - cpu, spent, latencies, side_wall_s=side_wall_s)
 
 
 def rate_groups(config: BenchConfig) -> list[list[RunKey]]:
@@ -443,6 +544,26 @@ def _run_rates(keys: list[RunKey], model: ModelResult, work: Workload, ctx: RunC
                 progress.advance()
 
 
+def _run_elsewhere(
+    group: list[RunKey], model: ModelResult, work: Workload, ctx: RunContext
+) -> None:
+    """The runs of ``group`` on the Triton elsewhere (:mod:`._elsewhere`), or each skipped
+    saying why it cannot run here."""
+    try:
+        if ctx.elsewhere is None:
+            raise SkipPath("no Triton elsewhere was asked for")
+        target = ctx.elsewhere.target()
+    except SkipPath as exc:
+        for key in group:
+            model.runs.append(RunResult(*key, work.case, skipped=str(exc), many_callers=True))
+        ctx.progress.advance(len(group) * (1 + ctx.config.rounds))
+        return
+    transport, reason = _transport(work.case, target)
+    target = dataclasses.replace(target, transport=transport, transport_reason=reason)
+    work = dataclasses.replace(work, target=target)
+    _run_group(group, model, work, ctx, many_callers=True)
+
+
 def _sort_rate_runs(model: ModelResult, config: BenchConfig) -> None:
     """By rate, then in :func:`rate_groups` order."""
     keys = [key for group in rate_groups(config) for key in group]
@@ -456,7 +577,7 @@ def _units(config: BenchConfig, name: str, streaming: bool) -> int:
     if streaming:
         return sum(map(len, stream_groups(config))) * (1 + config.rounds)
     rates = sum(map(len, rate_groups(config))) * len(config.rates_on(name))
-    runs = sum(map(len, run_groups(config))) + rates
+    runs = sum(map(len, run_groups(config, name))) + rates
     return runs * (1 + config.rounds)
 
 
@@ -497,9 +618,19 @@ def _run_model(model: ModelResult, target: BenchTarget, ctx: RunContext) -> None
             target, transport=model.transport, transport_reason=model.transport_reason
         )
         work = dataclasses.replace(work, target=target)
-    for group in stream_groups(config) if case.streaming else run_groups(config):
+    groups = [(group, False) for group in stream_groups(config)] if case.streaming else []
+    if not case.streaming:
+        regular = _regular_groups(config, spec.name)
+        groups += [(group, False) for group in regular]
+        groups += [(group, True) for group in many_callers_groups(config, spec.name, regular)]
+    for group, many in groups:
         progress.stage(f"{spec.name}: {', '.join(describe_run(*key) for key in group)}")
-        _run_group(group, model, work, ctx)
+        if any(PATHS[key[0]].elsewhere for key in group):
+            _run_elsewhere(group, model, work, ctx)
+        else:
+            _run_group(group, model, work, ctx, many_callers=many)
+    if ctx.elsewhere is not None:
+        ctx.elsewhere.close()  # the next model that needs it starts it again
     if config.rates_on(spec.name) and not case.streaming:
         rates = " ".join(config.rates_on(spec.name))
         for keys in rate_groups(config):
@@ -557,7 +688,9 @@ def run_bench(config: BenchConfig, *, progress: Progress | None = None) -> Bench
                 session = stack.enter_context(
                     RayBenchSession(target, data_job_batches=config.data_job_batches)
                 )
-            ctx = RunContext(config, session, progress, watch)
+            elsewhere = stack.enter_context(_elsewhere(config))
+            ctx = RunContext(config, session, progress, watch, elsewhere=elsewhere)
+            stack.callback(ctx.counts.close)
             for name in config.models:
                 models.append(ModelResult(name))
                 # A restart gives the embedded server a new process (its CPU is measured).
@@ -581,6 +714,19 @@ def run_bench(config: BenchConfig, *, progress: Progress | None = None) -> Bench
         results.stopped = "interrupted (Ctrl-C)"
     results.duration_s = time.perf_counter() - start
     return results
+
+
+def _elsewhere(config: BenchConfig) -> ElsewhereTriton:
+    """The Triton elsewhere of the many-callers case's by-value runs, serving their cases'
+    models (started when they first need it)."""
+    names = [n for n in config.models if n in MANY_CALLERS_BY_VALUE_CASES]
+    return ElsewhereTriton(
+        (config.case(name).model for name in names),
+        url=config.url,
+        startup_timeout_s=config.startup_timeout_s,
+        reconnect_timeout_s=config.reconnect_timeout_s,
+        given=config.by_value_url,
+    )
 
 
 def _watch(config: BenchConfig, progress: Progress) -> TritonWatch:

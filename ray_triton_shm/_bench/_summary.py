@@ -4,6 +4,9 @@ makes is than plain gRPC in the same set-up, at every number of callers it ran w
 goals, and how near it comes to the ceiling: the better of perf_analyzer's runs at as many
 callers (:meth:`~._results.ModelResult.ceiling`).
 
+The many-callers case's answer (node batching) is its own: each choice at each number of
+callers, in samples per second, latency and rows per Triton request (:func:`many_callers`).
+
 The terminal summary (:mod:`.report._console`), the summary figure (:mod:`.report._figures`),
 the report (:mod:`.report._html`) and the JSON (:mod:`.report._json`) all read it from here.
 """
@@ -29,6 +32,7 @@ from ray_triton_shm._bench._results import (
 __all__ = ["CHOICES", "LOADS", "Cell", "Choice", "best_cell", "summary", "verdict"]
 __all__ += ["speedup_text", "verdict_lines", "verdict_text", "verdicts", "verdicts_json"]
 __all__ += ["BASELINE_WORDS", "ceiling_text"]
+__all__ += ["MANY_CALLERS_CHOICES", "ManyCallersRow", "many_callers", "many_callers_json"]
 
 #: The two loads of the summary: one caller, and the most callers the choice ran with.
 LOADS = ("low load", "under load")
@@ -41,11 +45,13 @@ class Choice:
     """A way to use the library, and the plain gRPC set-up it replaces: ``runs``, the
     ``(path, baseline path, slots)`` of its runs, each against the baseline's run at the same
     number of callers; where two fit one caller count, the first (slots ``"callers"``: as
-    many as callers, ``None``: any)."""
+    many as callers, ``None``: any). Its runs are the many-callers case's (``many_callers``)
+    or the others'."""
 
     name: str
     api: str
     runs: tuple[tuple[str, str, Any], ...]
+    many_callers: bool = False
 
 
 #: On a streaming model, each choice's runs are its streams' (``stream-client`` ...), against
@@ -67,9 +73,21 @@ CHOICES: tuple[Choice, ...] = (
         ),
     ),
     Choice(
+        "Ray tasks, node batching",
+        "ShmModel(node_batching)",
+        (("shm-model-nb", "grpc-procs", _AS_MANY),),
+        many_callers=True,
+    ),
+    Choice(
         "Serve (handles)",
         "ShmModel in a replica",
         (("serve-shm", "serve-grpc", None), ("serve-stream", "serve-stream-grpc", None)),
+    ),
+    Choice(
+        "Serve, node batching",
+        "ShmModel(node_batching)",
+        (("serve-shm-nb", "serve-grpc", None),),
+        many_callers=True,
     ),
     Choice("Serve over HTTP", "the example app", (("serve-http-shm", "serve-http-grpc", None),)),
     Choice("Ray Data", "ShmPredictor", (("data-shm", "data-grpc", None),)),
@@ -150,9 +168,14 @@ _SPEED = {False: "mb_per_s", True: "responses_per_s"}
 BASELINE_WORDS = {False: "plain gRPC", True: "tritonclient's streaming client"}
 
 
+#: The metrics of the goals a cell shows: its speed-up's, or one of the same ratio (of runs of
+#: one case, samples per second are in proportion to MB per second).
+_CELL_METRICS = (*_SPEED.values(), "samples_per_s")
+
+
 def _goal(model: ModelResult, run: RunResult, baseline: RunResult) -> Goal | None:
     for goal in model.goals():
-        if goal.metric not in _SPEED.values() or not goal.baseline:
+        if goal.metric not in _CELL_METRICS or not goal.baseline:
             continue
         if _matches(goal.run, run) and _matches(goal.baseline, baseline):
             return goal
@@ -162,7 +185,7 @@ def _goal(model: ModelResult, run: RunResult, baseline: RunResult) -> Goal | Non
 def _ceiling_goal(model: ModelResult, run: RunResult) -> Goal | None:
     """The goal on ``run`` against perf_analyzer at its number of callers, if any."""
     for goal in model.goals():
-        if goal.metric != "mb_per_s" or not goal.baseline:
+        if goal.metric not in ("mb_per_s", "samples_per_s") or not goal.baseline:
             continue
         base, callers = goal.baseline[0], goal.baseline[1:2]
         on_ceiling = base in (CEILING, *CEILING_PATHS) and callers in ((), (run.concurrency,))
@@ -179,9 +202,11 @@ def _cells(model: ModelResult, choice: Choice) -> list[Cell]:
         for run in model.runs:
             if run.path != path or run.concurrency in cells or not run.counts:
                 continue
+            if run.many_callers != choice.many_callers:
+                continue
             if slots is not None and run.slots != (run.concurrency if slots == _AS_MANY else slots):
                 continue
-            base = model.run(base_path, run.concurrency)
+            base = _twin(model, base_path, run)
             if base is None or not base.counts:
                 continue
             goal = _goal(model, run, base)
@@ -197,6 +222,14 @@ def _cells(model: ModelResult, choice: Choice) -> list[Cell]:
                 ceiling, vs_ceiling, ceiling_goal, ceiling_met,
             )  # fmt: skip
     return [cells[callers] for callers in sorted(cells)]
+
+
+def _twin(model: ModelResult, path: str, run: RunResult) -> RunResult | None:
+    """The run of ``path`` at ``run``'s callers: of the many-callers case's if ``run`` is
+    (where it reused one of the others', theirs), else of the others'."""
+    mine = [r for r in model.runs if r.path == path and r.concurrency == run.concurrency]
+    same = [r for r in mine if r.many_callers == run.many_callers]
+    return next(iter(same or mine), None)
 
 
 def verdicts(results: BenchResults) -> dict[str, list[Cell]]:
@@ -328,3 +361,86 @@ def best_cell(cells: list[Cell]) -> Cell | None:
         if measured:
             return max(measured, key=lambda c: c.speedup or 0.0)
     return None
+
+
+#: The many-callers case's choices, in its table's order: ``(what, path)``; the runs of each
+#: path at each number of callers are those of ``_config.MANY_CALLERS`` (with as many slots
+#: as callers, where it has slots).
+MANY_CALLERS_CHOICES: tuple[tuple[str, str], ...] = (
+    ("Ray tasks, node batching", "shm-model-nb"),
+    ("Ray tasks, without it", "shm-model"),
+    ("plain gRPC in each task", "grpc-procs"),
+    ("perf_analyzer, shm", "pa-shm"),
+    ("perf_analyzer, gRPC", "pa-grpc"),
+    ("Triton's dynamic batcher, plain gRPC", "grpc-procs-dynamic"),
+    ("Triton's dynamic batcher, Ray tasks", "shm-model-dynamic"),
+    ("Serve handles, node batching", "serve-shm-nb"),
+    ("Serve handles, without it", "serve-shm"),
+    ("Serve handles, plain gRPC", "serve-grpc"),
+    ("by value: Ray tasks, node batching", "shm-model-nb-byvalue"),
+    ("by value: Ray tasks, without it", "shm-model-byvalue"),
+    ("by value: plain gRPC in each task", "grpc-procs-byvalue"),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class ManyCallersRow:
+    """One choice of the many-callers case on one model: its run at each number of callers
+    (``None``: not run there, or no numbers)."""
+
+    choice: str
+    path: str
+    runs: tuple[RunResult | None, ...]
+
+
+def many_callers(results: BenchResults) -> dict[str, tuple[tuple[int, ...], list[ManyCallersRow]]]:
+    """Per model the case ran on, its numbers of callers and a row per choice that ran
+    (:data:`MANY_CALLERS_CHOICES`)."""
+    config, table = results.config, {}
+    for model in results.models:
+        levels = config.many_callers_on(model.name)
+        rows = []
+        for choice, path in MANY_CALLERS_CHOICES:
+            runs = tuple(_many_callers_run(model, path, n) for n in levels)
+            if any(runs):
+                rows.append(ManyCallersRow(choice, path, runs))
+        if rows:
+            table[model.name] = (levels, rows)
+    return table
+
+
+def _many_callers_run(model: ModelResult, path: str, callers: int) -> RunResult | None:
+    """The run of ``path`` with ``callers`` callers (on as many slots, where it has slots),
+    if it posted numbers."""
+    runs = [r for r in model.runs if r.path == path and r.concurrency == callers and r.ok]
+    mine = [r for r in runs if r.slots in (None, callers)]
+    return mine[0] if mine else None
+
+
+def many_callers_json(results: BenchResults) -> dict[str, list[dict[str, Any]]]:
+    """:func:`many_callers` for the JSON: per model, a dict per choice and number of callers
+    it ran with."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for model, (levels, rows) in many_callers(results).items():
+        for row in rows:
+            for callers, run in zip(levels, row.runs):
+                if run is None:
+                    continue
+                numbers = run.numbers()
+                out.setdefault(model, []).append(
+                    {"choice": row.choice, "path": row.path, "callers": callers}
+                    | {"run": describe_run(run.path, run.concurrency, run.slots)}
+                    | {k: numbers.get(k) for k in _MANY_CALLERS_NUMBERS}
+                    | {"latency_ms": {p: numbers["latency_ms"][p] for p in ("p50", "p99")}}
+                    | {"transport": numbers.get("transport"), "disturbed": run.disturbed}
+                )
+    return out
+
+
+#: The numbers of a run the many-callers case's JSON gives.
+_MANY_CALLERS_NUMBERS = (
+    "samples_per_s",
+    "requests_per_s",
+    "rows_per_request",
+    "rows_per_execution",
+)

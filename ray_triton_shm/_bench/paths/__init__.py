@@ -7,6 +7,8 @@
 * :mod:`._perf_analyzer`: Triton's perf_analyzer, the ceiling;
 * :mod:`._ray`: Ray's caller processes, Serve and Ray Data (``bench --ray``), on the private
   Ray of :mod:`._ray_session`, whose processes run :mod:`._ray_callers`;
+* :mod:`._batching`: the many-callers case's own (node batching, Triton's dynamic batcher,
+  by value);
 * :mod:`._http`: the example app behind Serve's HTTP proxy.
 
 What they share: :mod:`._base` (the path, its target, its skip), :mod:`._clients` (the

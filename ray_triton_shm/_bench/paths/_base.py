@@ -158,6 +158,13 @@ class BenchPath:
     #: A streaming model's path: its slices are streams (:meth:`run_stream_slice`), every
     #: response checked against its own request's (:attr:`streams`), :meth:`run_once` too.
     streaming: ClassVar[bool] = False
+    #: Whether it runs on a Triton of the bench's own with a ``/dev/shm`` of its own, where
+    #: the library sends by value (the runner gives it that Triton as its :attr:`target`).
+    elsewhere: ClassVar[bool] = False
+    #: Whether each caller sends inputs of its own, every answer checked against the answer
+    #: to them (the many-callers case's runs, whose requests are merged: a row of another
+    #: caller's would show); else the callers send the same, and the first answers are.
+    own_inputs: bool = False
     _client: Any = None
 
     def __init__(
@@ -221,6 +228,12 @@ class BenchPath:
             self.streams[(caller * STREAM_VARIANTS + i) % count] for i in range(STREAM_VARIANTS)
         )
 
+    @property
+    def counted(self) -> tuple[str, str]:
+        """Where Triton counts this path's requests (its statistics): the gRPC URL of its
+        Triton, and the model its requests go to."""
+        return self.target.grpc_url, self.case.model
+
     def cpu_time(self) -> float:
         """CPU seconds used so far by the processes doing this path's client work."""
         return time.process_time()
@@ -232,3 +245,8 @@ class BenchPath:
     def stats(self) -> dict[str, Any]:
         """Numbers of the path's own for its run, read after the rounds."""
         return {}
+
+    def answers_checked(self) -> int | None:
+        """The answers checked so far, each against its own request's (``None``: not each
+        one, see :attr:`own_inputs`)."""
+        return None

@@ -2,11 +2,13 @@
 the one way a measured ``TritonSHMClient`` is made (:func:`shm_client`), and a request by
 value with tritonclient (:func:`infer`), which the reference is made with too; for a streaming
 model, tritonclient's streaming client as its users run it (:class:`GrpcStreamer` in a thread,
-:class:`GrpcStreamerAsync` on an event loop)."""
+:class:`GrpcStreamerAsync` on an event loop); and Triton's own counts of a model's requests,
+rows and executions (:class:`TritonCounts`)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import itertools
 import queue
@@ -24,7 +26,7 @@ from ray_triton_shm._wire._keys import Keys
 from ray_triton_shm._wire._plain_client import tritonclient_for
 
 __all__ = ["Backend", "GrpcStreamer", "GrpcStreamerAsync", "by_value", "infer", "shm_client"]
-__all__ += ["transport_of"]
+__all__ += ["TritonCounts", "transport_of"]
 
 
 class Backend(str, enum.Enum):
@@ -36,6 +38,8 @@ class Backend(str, enum.Enum):
     GRPC = "grpc"
     #: ``ShmModel``: the node actor's slots.
     SHM_MODEL = "shm"
+    #: ``ShmModel`` with node batching: the calls of every process on the node merged.
+    SHM_MODEL_NB = "shm_nb"
     #: A ``TritonSHMClient`` of the process's own.
     SHM_CLIENT = "inproc"
     #: Nothing: the answers computed before (the ceiling of what carries the requests).
@@ -225,3 +229,41 @@ class GrpcStreamerAsync:
             self._client.stop_stream()
         finally:
             self._client.close()
+
+
+#: Triton's counts of a model (its statistics, over its versions): requests answered, the
+#: rows (samples) in them, and the executions of the model they took (fewer than the
+#: requests where Triton's dynamic batcher merged them).
+Counts = tuple[int, int, int]
+
+
+class TritonCounts:
+    """Triton's counts of the models the paths send to (:data:`Counts`), read from its
+    statistics before and after each slice: their difference is the slice's. A plain client
+    per Triton, kept until :meth:`close`."""
+
+    def __init__(self) -> None:
+        self._clients: dict[str, Any] = {}
+
+    def read(self, url: str, model: str) -> Counts | None:
+        """``model``'s counts on the Triton at ``url`` now (``None``: unread, Triton away)."""
+        try:
+            client = self._clients.get(url)
+            if client is None:
+                client = self._clients[url] = tritonclient_for(url)
+            stats = client.get_inference_statistics(model, as_json=True)
+        except Exception:
+            return None
+        requests = rows = executions = 0
+        for version in stats.get("model_stats", ()):
+            requests += int(version.get("inference_stats", {}).get("success", {}).get("count", 0))
+            rows += int(version.get("inference_count", 0))
+            executions += int(version.get("execution_count", 0))
+        return requests, rows, executions
+
+    def close(self) -> None:
+        """Closes its clients."""
+        for client in self._clients.values():
+            with contextlib.suppress(Exception):
+                client.close()
+        self._clients.clear()

@@ -27,6 +27,7 @@ import os
 import signal
 import threading
 import time
+import zlib
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -47,7 +48,7 @@ from ray_triton_shm._bench._load import (
     merge_stream_slices,
 )
 from ray_triton_shm._bench.paths._base import SkipPath, check_outputs
-from ray_triton_shm._bench.paths._clients import Backend
+from ray_triton_shm._bench.paths._clients import Backend, infer
 from ray_triton_shm._bench.paths._ray_callers import (
     LATENCY,
     STREAM_GRPC,
@@ -64,6 +65,7 @@ from ray_triton_shm._bench.paths._ray_session import (
     RayPath,
     process_cpu_s,
 )
+from ray_triton_shm._wire._plain_client import tritonclient_for
 
 with contextlib.suppress(ImportError):  # without the ray extra: the session says so
     import ray
@@ -73,7 +75,9 @@ __all__ = ["PATHS", "STREAM_PATHS", "ShmModelPath"]
 
 class _CallerPath(RayPath):
     """``concurrency`` caller processes, each sending one request at a time through
-    :meth:`_through` (see :func:`~._ray_callers.connect`)."""
+    :meth:`_through` (see :func:`~._ray_callers.connect`): the same inputs, its first answers
+    checked; with :attr:`~._base.BenchPath.own_inputs`, each caller its own, every answer
+    checked in the caller (:meth:`_own_inputs`)."""
 
     _callers: list[Any] = []
     _replica: int | None = None
@@ -82,19 +86,48 @@ class _CallerPath(RayPath):
         super().setup()
         self._key = f"{self.name}:{self.concurrency}:{self.slots}"
         self._callers = self.session.actors(Caller, self.concurrency)
-        arg, inputs = self._arg(), ray.put(self.inputs)
-        through = self._through()
-        added = [c.add.remote(self._key, through, arg, self.case, inputs) for c in self._callers]
+        arg, through = self._arg(), self._through()
+        if self.own_inputs:
+            mine = self._own_inputs()
+            added = [
+                c.add.remote(self._key, through, arg, self.case, ray.put(inputs), reference)
+                for c, (inputs, reference) in zip(self._callers, mine)
+            ]
+        else:
+            inputs = ray.put(self.inputs)
+            added = [
+                c.add.remote(self._key, through, arg, self.case, inputs) for c in self._callers
+            ]
         self._pids = [os.getpid(), *ray.get(added)]
+
+    def _own_inputs(self) -> list[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]]:
+        """Each caller's inputs and the answer to them: the first caller's the bench's, the
+        others' of seeds of their own, answered by plain gRPC on this path's Triton."""
+        mine = [(dict(self.inputs), dict(self.reference))]
+        client = tritonclient_for(self.target.grpc_url)
+        try:
+            for seat in range(1, len(self._callers)):
+                inputs = self.case.make_inputs(seed=zlib.crc32(self.case.model.encode()) + seat)
+                answer = infer(client, self.case, inputs)
+                mine.append((inputs, {name: np.array(a) for name, a in answer.items()}))
+        finally:
+            client.close()
+        return mine
+
+    def answers_checked(self) -> int | None:
+        if not self.own_inputs or not self._callers:
+            return None
+        return sum(ray.get([c.checked.remote(self._key) for c in self._callers], timeout=60))
 
     def _through(self) -> Backend:
         """What the callers send their requests through: :attr:`backend`."""
         return self.backend
 
     def run_once(self) -> Mapping[str, np.ndarray]:
-        """One request from every caller at once; checks them all, returns the first."""
+        """One request from every caller at once; checks them all (each caller its own,
+        with :attr:`~._base.BenchPath.own_inputs`), returns the first."""
         answers = ray.get([c.once.remote(self._key) for c in self._callers])
-        for answer in answers[1:]:
+        for answer in [] if self.own_inputs else answers[1:]:
             check_outputs(answer, self.reference)
         return answers[0]  # type: ignore[no-any-return]
 
@@ -337,22 +370,28 @@ class ShmModelChurnPath(_ChurnPath):
     name, label, kills = "shm-model-churn", "ShmModel, a caller killed every 2 s", True
 
 
-def _deploy(session: RayBenchSession, backend: Backend, callers: int) -> Any:
+def _deploy(
+    session: RayBenchSession, backend: Backend, callers: int, slots: int | None = None
+) -> Any:
     """A ``DeploymentHandle`` on ``backend``'s method of the bench deployment (an app of its
-    own, one replica for every backend), run on first use."""
+    own, one replica for every backend), run on first use: its replica's pool of ``slots``
+    slots (``None``: as many as its callers, 8 at least), an app for each size."""
     from ray import serve
 
     session.serve()
-    if "bench" not in session.apps:
+    slots = max(8, callers) if slots is None else slots
+    key = "bench" if slots == 8 else f"bench-{slots}"
+    if key not in session.apps:
         deployment = serve.deployment(
             BenchReplica,
             name="triton-bench",
             max_ongoing_requests=max(8, 2 * callers),
             ray_actor_options={"num_cpus": 0},
         )
-        app = deployment.bind(session.target.grpc_url, max(8, callers))  # type: ignore[attr-defined]
-        session.apps["bench"] = serve.run(app, name=SERVE_APP, route_prefix=None)
-    return session.apps["bench"].options(method_name=backend.value)
+        app = deployment.bind(session.target.grpc_url, slots)  # type: ignore[attr-defined]
+        name = SERVE_APP if slots == 8 else f"{SERVE_APP}-{slots}"
+        session.apps[key] = serve.run(app, name=name, route_prefix=None)
+    return session.apps[key].options(method_name=backend.value)
 
 
 class _ServePath(_CallerPath):
@@ -364,7 +403,10 @@ class _ServePath(_CallerPath):
         return Backend.SERVE
 
     def _arg(self) -> Any:
-        self._handle = _deploy(self.session, self.backend, self.concurrency)
+        # In the many-callers case (its callers on inputs of their own), as many slots as
+        # callers: the model's registration on the node is its Ray tasks' beside it.
+        slots = self.concurrency if self.own_inputs else None
+        self._handle = _deploy(self.session, self.backend, self.concurrency, slots)
         self._replica = self._handle.prepare.remote(self.case).result()
         return self._handle
 

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from ray_triton_shm._bench._cases import ModelCase
-from ray_triton_shm._bench._config import ELASTIC
+from ray_triton_shm._bench._config import DYNAMIC_SUFFIX, ELASTIC
 from ray_triton_shm._bench._load import (
     OpenLoop,
     StreamSlice,
@@ -39,6 +39,7 @@ from ray_triton_shm._bench.paths._clients import (
 )
 from ray_triton_shm._bench.paths._ray_session import reconnect_timeout_s
 from ray_triton_shm._exceptions import TritonSHMError
+from ray_triton_shm._inference._node_batching import NodeBatching
 from ray_triton_shm._wire._plain_client import tritonclient_for
 
 with contextlib.suppress(ImportError):  # without the ray extra: the session says so
@@ -46,7 +47,7 @@ with contextlib.suppress(ImportError):  # without the ray extra: the session say
 
 __all__ = ["LATENCY", "BenchReplica", "Caller", "CallerError", "ChurnCaller", "Predictor"]
 __all__ += ["STREAM_GRPC", "STREAM_SHM", "connect", "connect_stream", "errors_reach_the_driver"]
-__all__ += ["shm_model_options"]
+__all__ += ["FORCED", "NodeSlots", "bench_node_batching", "shm_model_options"]
 
 #: The column in which the predictor reports its call's latency (on a batch's first row).
 LATENCY = "__bench_latency_s"
@@ -57,7 +58,17 @@ STREAM_SHM, STREAM_GRPC = "stream_shm", "stream_grpc"
 # The replica's backends, bound once: looking an enum's member up takes some 60 ns more than
 # a global, on every request.
 _GRPC, _SHM_MODEL, _SHM_CLIENT = Backend.GRPC, Backend.SHM_MODEL, Backend.SHM_CLIENT
+_SHM_MODEL_NB = Backend.SHM_MODEL_NB
+#: The backends through ``ShmModel``.
+_SHM_MODELS = (Backend.SHM_MODEL, Backend.SHM_MODEL_NB)
+#: The models node batching is forced on where their configs leave Triton's dynamic batcher
+#: off: the examples, whose rows are independent of each other (their configs leave it off to
+#: keep it out of the other runs). On another such model the library refuses node batching,
+#: and the run is skipped saying why.
+FORCED = ("identity", "classifier")
 
+#: ``ShmModel``'s node slots on another Triton than the node's: ``(slots, its gRPC URL)``.
+NodeSlots = tuple[int, str]
 _Call = Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]]
 _Open = Callable[[Mapping[str, np.ndarray]], Iterable[Mapping[str, Any]]]
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -119,23 +130,41 @@ def errors_reach_the_driver(method: _F) -> _F:
     return wrapper  # type: ignore[return-value]
 
 
-def shm_model_options(case: ModelCase, slots: int) -> dict[str, Any]:
-    """``ShmModel``'s arguments for ``case`` on ``slots`` node slots (:data:`~.._config.ELASTIC`:
-    the node actor's defaults), waiting the bench's reconnect timeout for Triton."""
+def shm_model_options(
+    case: ModelCase, where: int | NodeSlots, *, node_batching: bool = False
+) -> dict[str, Any]:
+    """``ShmModel``'s arguments for ``case`` on ``where`` node slots
+    (:data:`~.._config.ELASTIC`: the node actor's defaults; a :data:`NodeSlots`: those, on
+    another Triton), waiting the bench's reconnect timeout for Triton; with
+    ``node_batching``, each slot room for the model's ``max_batch_size`` rows, and its calls
+    merged (:func:`bench_node_batching`)."""
+    slots, url = (where, None) if isinstance(where, int) else where
     wait_s = reconnect_timeout_s()
     node = {"reconnect_timeout_s": wait_s, **({} if slots == ELASTIC else {"slots": slots})}
-    return {"actor_options": node, "reconnect_timeout_s": wait_s, **case.registration(slots)}
+    options = {"actor_options": node, "reconnect_timeout_s": wait_s}
+    options |= case.registration(slots, whole_batches=node_batching)
+    if node_batching:
+        options["node_batching"] = bench_node_batching(case)
+    return options | ({} if url is None else {"url": url})
+
+
+def bench_node_batching(case: ModelCase) -> NodeBatching:
+    """The node batching of the bench's runs: its defaults, forced on the example models
+    (:data:`FORCED`)."""
+    return NodeBatching(force=case.model.removesuffix(DYNAMIC_SUFFIX) in FORCED)
 
 
 def connect(backend: Backend, arg: Any, case: ModelCase) -> tuple[_Call, Callable[[], None]]:
     """A call sending one request's inputs through ``backend``, and the close of what it
     holds: :attr:`~Backend.SERVE` (``arg``: a ``DeploymentHandle``), :attr:`~Backend.SHM_MODEL`
-    (``arg``: node slots, or :data:`~.._config.ELASTIC`: no ``pool_size``, on a node actor
-    with its defaults) or :attr:`~Backend.GRPC` (``arg``: the URL)."""
+    and :attr:`~Backend.SHM_MODEL_NB` (``arg``: node slots, or :data:`~.._config.ELASTIC`: no
+    ``pool_size``, on a node actor with its defaults; or :data:`NodeSlots`) or
+    :attr:`~Backend.GRPC` (``arg``: the URL)."""
     if backend == Backend.SERVE:
         return (lambda inputs: arg.remote(inputs).result()), (lambda: None)
-    if backend == Backend.SHM_MODEL:
-        model = ShmModel(case.model, **shm_model_options(case, arg))
+    if backend in _SHM_MODELS:
+        batching = backend == Backend.SHM_MODEL_NB
+        model = ShmModel(case.model, **shm_model_options(case, arg, node_batching=batching))
         return model.infer, model.close
     client = tritonclient_for(arg)
     return (lambda inputs: infer(client, case, inputs)), client.close
@@ -164,15 +193,41 @@ class Caller:
     def __init__(self) -> None:
         self._targets: dict[str, tuple[Callable[[], Any], Callable[[], None]]] = {}
         self._streams: dict[str, Callable[[int], StreamTimes]] = {}
+        self._checked: dict[str, int] = {}
 
     @errors_reach_the_driver
-    def add(self, key: str, backend: Backend, arg: Any, case: ModelCase, inputs: Any) -> int:
+    def add(
+        self,
+        key: str,
+        backend: Backend,
+        arg: Any,
+        case: ModelCase,
+        inputs: Any,
+        reference: Mapping[str, np.ndarray] | None = None,
+    ) -> int:
         """Sends ``inputs`` as ``key`` through ``backend`` (:func:`connect`); binds, connects,
-        warms up. Returns this process's id."""
+        warms up. With a ``reference`` (the answer to ``inputs``), every answer is checked
+        against it (``AssertionError`` at the first wrong one) and counted
+        (:meth:`checked`). Returns this process's id."""
         call, close = connect(backend, arg, case)
-        self._targets[key] = (lambda: call(inputs)), close
-        call(inputs)
+        if reference is None:
+            self._targets[key] = (lambda: call(inputs)), close
+        else:
+            self._checked[key] = 0
+
+            def checked() -> Mapping[str, np.ndarray]:
+                answer = call(inputs)
+                check_outputs(answer, reference)
+                self._checked[key] += 1
+                return answer
+
+            self._targets[key] = checked, close
+        self._targets[key][0]()
         return os.getpid()
+
+    def checked(self, key: str) -> int:
+        """The answers of ``key`` checked so far (``0``: none are)."""
+        return self._checked.get(key, 0)
 
     @errors_reach_the_driver
     def once(self, key: str) -> dict[str, np.ndarray]:
@@ -235,6 +290,7 @@ class Caller:
     def remove(self, key: str) -> None:
         """Forgets ``key``, closing what it held."""
         self._streams.pop(key, None)
+        self._checked.pop(key, None)
         self._targets.pop(key, (None, lambda: None))[1]()
 
 
@@ -341,8 +397,10 @@ class BenchReplica:
         client = self._clients.get(backend)
         if client is None and backend == STREAM_GRPC:
             client = GrpcStreamerAsync(self._url)
-        elif client is None and backend == Backend.SHM_MODEL:
-            client = ShmModel(case.model, **shm_model_options(case, self._slots))
+        elif client is None and backend in _SHM_MODELS:
+            batching = backend == Backend.SHM_MODEL_NB
+            options = shm_model_options(case, self._slots, node_batching=batching)
+            client = ShmModel(case.model, **options)
         elif client is None and backend == Backend.SHM_CLIENT:
             client, _ = shm_client(
                 self._url, case, self._slots, reconnect_timeout_s=reconnect_timeout_s()
@@ -356,13 +414,19 @@ class BenchReplica:
         """How ``backend``'s client (one of the library's) reaches Triton: ``transport``
         (``"shm"``, or ``"inline"`` by value) and ``transport_reason``."""
         case, client = self._client(backend)
-        stats = client.shm_stats() if backend == Backend.SHM_MODEL else client.shm_stats(case.model)
+        stats = client.shm_stats() if backend in _SHM_MODELS else client.shm_stats(case.model)
         return {"transport": stats.transport, "transport_reason": stats.transport_reason}
 
     @errors_reach_the_driver
     async def shm(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One request through ``ShmModel``."""
         _, client = self._client(_SHM_MODEL)
+        return await client.infer_async(inputs)  # type: ignore[no-any-return]
+
+    @errors_reach_the_driver
+    async def shm_nb(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One request through ``ShmModel`` with node batching."""
+        _, client = self._client(_SHM_MODEL_NB)
         return await client.infer_async(inputs)  # type: ignore[no-any-return]
 
     @errors_reach_the_driver

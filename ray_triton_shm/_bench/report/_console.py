@@ -23,6 +23,7 @@ from ray_triton_shm._bench._results import (
 from ray_triton_shm._bench._summary import (
     best_cell,
     ceiling_text,
+    many_callers,
     speedup_text,
     summary,
     verdict,
@@ -30,12 +31,15 @@ from ray_triton_shm._bench._summary import (
 )
 from ray_triton_shm._bench.report._text import (
     CEILING_LEGEND,
+    MANY_CALLERS_LEGEND,
     STREAM_LEGEND,
     bound_text,
     by_value_goal_line,
     crash_lines,
     elastic_lines,
     extra_lines,
+    many_callers_cell,
+    many_callers_title,
     model_rows,
     pool_size_legend,
     pool_size_lines,
@@ -49,7 +53,7 @@ __all__ = ["make_console", "make_progress", "print_results"]
 _PLAIN_WIDTH = 1000
 _GOAL_STATUS = {True: ("MET", "green"), False: ("MISS", "bold red"), None: ("n/a", "dim")}
 _TEXT_COLUMNS: tuple[str, ...] = ("", "model", "path", "run", "goal", "measured", "check")
-_TEXT_COLUMNS += ("rate", "sustained", "fastest choice", "transport")
+_TEXT_COLUMNS += ("rate", "sustained", "fastest choice", "transport", "choice")
 
 
 def make_console(*, stderr: bool = False) -> Console:
@@ -246,6 +250,7 @@ def _print_summary(results: BenchResults, console: Console) -> None:
     _show(console, rows)
     for line in verdict_lines(results):
         console.print(line, markup=False)
+    _print_many_callers(results, console)
     for line in transport_lines(results):
         console.print(line, markup=False)
     _print_skipped(results, console)
@@ -277,6 +282,21 @@ def _print_summary(results: BenchResults, console: Console) -> None:
         console.print(
             f"  MISS {goal.model}: {goal.description}, got {num(value, unit)}", markup=False
         )
+
+
+def _print_many_callers(results: BenchResults, console: Console) -> None:
+    """The many-callers case: per model, a row per choice, a cell per number of callers."""
+    tables = many_callers(results)
+    if not tables:
+        return
+    console.print("\n" + MANY_CALLERS_LEGEND, markup=False)
+    by_name = {model.name: model for model in results.models}
+    for name, (levels, rows) in tables.items():
+        callers = [f"{n} caller{'s' * (n != 1)}" for n in levels]
+        table = _table("choice", "path", *callers, title=many_callers_title(by_name[name]))
+        for row in rows:
+            table.add_row(row.choice, row.path, *map(many_callers_cell, row.runs))
+        _show(console, table)
 
 
 def _print_full(results: BenchResults, console: Console) -> None:

@@ -36,11 +36,20 @@ CURVE_GROUPS: dict[str, tuple[str, ...]] = {
         "serve-http-noop",
     ),
     "Ray Data": ("data-grpc", "data-shm", "data-noop"),
+    "node batching": (
+        "grpc-procs",
+        "shm-model",
+        "shm-model-nb",
+        "grpc-procs-dynamic",
+        "shm-model-dynamic",
+        "serve-shm-nb",
+    ),
+    "node batching, by value": ("grpc-procs-byvalue", "shm-model-byvalue", "shm-model-nb-byvalue"),
     "streams": ("stream-grpc", "stream-client", "stream-async", "pa-stream-shm", "pa-stream"),
     "streams, Ray": ("stream-grpc-procs", "stream-model", "serve-stream-grpc", "serve-stream"),
 }
-#: Plain gRPC in grey and the ceilings in green (no-op ones, perf_analyzer's: light for
-#: pa-grpc), in every panel; the others in turn.
+#: Plain gRPC in grey (but on Triton's dynamic batcher) and the ceilings in green (no-op
+#: ones, perf_analyzer's: light for pa-grpc), in every panel; the others in turn.
 _GREY, _GREEN, _LIGHT_GREEN = "#7f7f7f", "#2ca02c", "#98df8a"
 _PALETTE = ("#1f77b4", "#ff7f0e", "#9467bd", "#e377c2", "#8c564b", "#17becf")
 
@@ -65,9 +74,14 @@ def _colours(names: list[str]) -> dict[str, str]:
     fixed |= {"pa-stream-shm": _GREEN, "pa-stream": _LIGHT_GREEN}
     return {
         name: fixed.get(name)
-        or (_GREEN if "noop" in name else _GREY if "grpc" in name else next(others))
+        or (_GREEN if "noop" in name else _GREY if _plain(name) else next(others))
         for name in names
     }
+
+
+def _plain(name: str) -> bool:
+    """Whether the path is plain gRPC, alone (not on Triton's dynamic batcher)."""
+    return "grpc" in name and "dynamic" not in name
 
 
 def _markers() -> Iterator[str]:
@@ -90,7 +104,8 @@ def write_summary(results: BenchResults, path: str | Path) -> Path | None:
     norm = TwoSlopeNorm(vmin=math.log10(0.5), vcenter=0.0, vmax=math.log10(top))
     cmap = plt.get_cmap("RdYlGn")
     height = 2.4 + 0.65 * len(models)  # a cell's four lines: two ratios, each with its goal
-    fig, axes = plt.subplots(2, 1, figsize=(10, 2 * height), layout="constrained")
+    width = max(10.0, 1.6 * len(CHOICES))  # a column: its name and API, 23 characters at most
+    fig, axes = plt.subplots(2, 1, figsize=(width, 2 * height), layout="constrained")
     for ax, load in zip(axes, LOADS):
         values = np.full((len(models), len(CHOICES)), np.nan)
         for row, model in enumerate(models):

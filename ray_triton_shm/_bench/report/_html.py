@@ -18,6 +18,7 @@ from ray_triton_shm._bench._summary import (
     LOADS,
     best_cell,
     ceiling_text,
+    many_callers,
     speedup_text,
     summary,
     verdict,
@@ -25,10 +26,13 @@ from ray_triton_shm._bench._summary import (
 )
 from ray_triton_shm._bench.report._text import (
     CEILING_LEGEND,
+    MANY_CALLERS_LEGEND,
     STREAM_LEGEND,
     by_value_goal_line,
     crash_lines,
     extra_lines,
+    many_callers_cell,
+    many_callers_title,
     model_rows,
     pool_size_legend,
     pool_size_lines,
@@ -40,6 +44,7 @@ __all__ = ["SECTIONS", "write_report"]
 #: The report's sections: ``id`` -> heading, in order.
 SECTIONS = {
     "summary": "Summary",
+    "many-callers": "Many callers, 1 row each",
     "crashes": "Triton crashes",
     "recommendations": "Recommendations",
     "request-rate": "Open loop: request rates",
@@ -184,6 +189,28 @@ def _summary(results: BenchResults, figure: Path | None) -> str:
             if line
         )
     )
+
+
+def _many_callers(results: BenchResults) -> str:
+    """The many-callers case: per model, a row per choice, a cell per number of callers."""
+    tables = many_callers(results)
+    if not tables:
+        return (
+            "<p class=muted>Not run: <code>--ray</code> runs it on identity-1 and classifier-1 "
+            "(<code>--many-callers</code>, <code>--many-callers-models</code>).</p>"
+        )
+    by_name = {model.name: model for model in results.models}
+    parts = [f"<p>{_e(MANY_CALLERS_LEGEND)}</p>"]
+    for name, (levels, rows) in tables.items():
+        headers = ("choice", "path", *(f"{n} caller{'s' * (n != 1)}" for n in levels))
+        body = [
+            (_e(row.choice), _e(row.path), *(_e(many_callers_cell(run)) for run in row.runs))
+            for row in rows
+        ]
+        parts.append(
+            f"<h3>{_e(many_callers_title(by_name[name]))}</h3>" + _table(headers, body, (0, 1))
+        )
+    return "".join(parts)
 
 
 #: How the report marks a verdict.
@@ -371,6 +398,7 @@ def write_report(
     failures = "".join(f"<li>{_e(f)}</li>" for f in results.failures)
     bodies = {
         "summary": _summary(results, summary_figure),
+        "many-callers": _many_callers(results),
         "crashes": _crashes(results),
         "recommendations": _recommendations(results),
         "request-rate": _rates(results),

@@ -9,7 +9,7 @@ from typing import Any
 
 from ray_triton_shm._bench._config import CEILING_PATHS
 from ray_triton_shm._bench._results import BenchResults, host_info
-from ray_triton_shm._bench._summary import verdicts_json
+from ray_triton_shm._bench._summary import many_callers_json, verdicts_json
 
 __all__ = ["bench_json", "write_json"]
 
@@ -26,12 +26,13 @@ def bench_json(results: BenchResults) -> dict[str, Any]:
             {"model": m.name, "path": r.path, "concurrency": r.concurrency, "slots": r.slots}
             | r.numbers()
             | {"vs_perf_analyzer": m.vs_ceiling(r)[0], "unchecked": r.unchecked}
-            | {"disturbed": r.disturbed}
+            | {"disturbed": r.disturbed, "many_callers": r.many_callers}
             for m in results.models
             for r in m.runs
             if r.ok
         ],
         "verdicts": verdicts_json(results),
+        "many_callers": many_callers_json(results),
         "perf_analyzer": _ceilings_json(results),
         "recommendations": {name: r for name, r in recommendations.items() if r},
         "rate_runs": [

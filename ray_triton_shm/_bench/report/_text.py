@@ -15,6 +15,7 @@ from ray_triton_shm._bench._config import (
     CHURN,
     CHURN_KILL_EVERY_S,
     ELASTIC,
+    GRPC_TWINS,
     LIBRARY_PATHS,
     NODE_LOAD,
     NODE_LOAD_FIXED,
@@ -43,7 +44,7 @@ from ray_triton_shm._bench._results import (
 )
 
 __all__ = ["CEILING_LEGEND", "STREAM_LEGEND", "bound_text", "crash_lines", "elastic_lines"]
-__all__ += ["extra_lines"]
+__all__ += ["MANY_CALLERS_LEGEND", "extra_lines", "many_callers_cell", "many_callers_title"]
 __all__ += ["model_rows", "pool_growth", "pool_size_legend", "pool_size_lines", "rate_text"]
 __all__ += ["by_value_goal_line", "run_transport", "throughput_text", "transport_lines"]
 
@@ -62,6 +63,16 @@ STREAM_LEGEND = (
     "replica, one stream, its requests told apart by their ids), and vs perf_analyzer is over "
     "the better of perf_analyzer --streaming's runs (pa-stream-shm, pa-stream)."
 )
+#: What the many-callers case's table says, as the terminal and the report say it.
+MANY_CALLERS_LEGEND = (
+    "Many callers at 1 row each (node batching): each caller a Ray task (a process) or a "
+    "Serve handle's caller, sending one request of 1 row at a time (closed loop); node "
+    "batching merges the calls of every process on the node into one Triton request. Each "
+    "cell: samples/s, p50 / p99 latency (ms), and rows per Triton request (Triton's own "
+    "counts of the model; where its dynamic batcher merged requests, rows per execution "
+    "after a slash). perf_analyzer at as many callers, batch 1; Triton's dynamic batcher: the "
+    "model's twin with dynamic_batching on; by value: on a Triton with a /dev/shm of its own."
+)
 #: The replica's stages, in the order a request goes through them.
 _STAGES = ("request", "body", "parse", "batched", "model", "top_k", "json")
 
@@ -73,6 +84,8 @@ def _baseline(model: ModelResult, r: RunResult) -> RunResult | None:
     (:data:`~.._config.STREAM_TWINS`)."""
     if r.path in STREAM_TWINS:
         return model.run(STREAM_TWINS[r.path], r.concurrency)
+    if r.path in GRPC_TWINS:
+        return model.run(GRPC_TWINS[r.path], r.concurrency)
     if r.path.startswith(("serve", "data")):
         return model.run(r.path.rsplit("-", 1)[0] + "-grpc", r.concurrency)
     processes = model.run("grpc-procs", r.concurrency) if r.path == "shm-model" else None
@@ -526,3 +539,30 @@ def _update_lines(update: UpdateResult) -> str:
     ]
     lines += [f"  error: {error}" for error in update.errors]
     return head + "\n".join(lines)
+
+
+def many_callers_title(model: ModelResult) -> str:
+    """The title of ``model``'s many-callers table, e.g. ``"identity-1: model identity, 1
+    row per call"``."""
+    case = model.case
+    if case is None:
+        return model.name
+    rows = f"{case.batch_size} row{'s' * (case.batch_size != 1)}"
+    return f"{model.name}: model {case.model}, {rows} per call"
+
+
+def many_callers_cell(run: RunResult | None) -> str:
+    """One choice at one number of callers, e.g. ``"3,100/s, 4.49 / 14.8 ms, 4.73 rows"``
+    (rows per Triton request; ``"1.00 / 3.20 rows"`` where Triton's dynamic batcher made
+    executions of more rows than the requests had), ``"disturbed"`` after a crash of Triton,
+    ``"-"`` not run."""
+    if run is None:
+        return "-"
+    numbers = run.numbers()
+    latency = numbers["latency_ms"]
+    text = f"{per_s(numbers['samples_per_s'])}/s, {num(latency['p50'])} / {num(latency['p99'])} ms"
+    rows, merged = numbers.get("rows_per_request"), numbers.get("rows_per_execution")
+    if rows is not None:
+        more = merged is not None and merged > rows * 1.005
+        text += f", {num(rows)}{f' / {num(merged)}' if more else ''} rows"
+    return text + (" (disturbed)" if run.disturbed else "")
