@@ -127,10 +127,10 @@ def test_a_batch_in_triton_is_never_joined(region: Region) -> None:
     leader = board.open(3, KEY, 1, 16)
     board.seal(leader)
     board.sent(leader)
-    assert board.in_triton(SLOTS) == [3]
+    assert board.forming(SLOTS) == []
     assert board.join(KEY, 1, SLOTS) is None
     board.answered(leader, [(4,)])
-    assert board.in_triton(SLOTS) == []
+    assert board.outcome(leader) == BatchState.ANSWERED
     board.done(leader)
 
 

@@ -373,23 +373,6 @@ class BatchBoard:
         word = self._header.board(seat.slot)
         return word[_ROWS] >= word[_CAPACITY] or word[_MEMBERS] >= MAX_MEMBERS
 
-    def in_triton(self, size: int, but: int = -1) -> list[int]:
-        """The slots among the first ``size`` (``but`` one) whose batch is in Triton, with a
-        live leader, oldest first."""
-        header = self._header
-        sent = [
-            (header.board(slot)[_SENT_NS], slot)
-            for slot in range(size)
-            if slot != but and header.board(slot)[_STATE] == BatchState.SENT
-        ]
-        if not sent:
-            return []
-        fd = self.take_fd()
-        try:
-            return [slot for _, slot in sorted(sent) if locked_by_another(fd, _answer_byte(slot))]
-        finally:
-            self.put_fd(fd)
-
     def forming(self, size: int) -> list[tuple[int, int, int]]:
         """The open batches among the first ``size`` slots: each one's slot, rows and members
         (besides its leader), as last written."""
