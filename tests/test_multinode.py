@@ -28,6 +28,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -54,6 +55,8 @@ SHAPES = {"DATA": (16,), "ECHO": (16,)}
 #: for `ray start`), and Ray's fixed 30 s for a raylet to register widened.
 #: How long a node's raylet may take to register (these nodes are started once, no retry).
 NODE_START_WAIT_S = 120
+#: How long a stopped node's processes may take to end by themselves.
+LINGER_GRACE_S = 30.0
 RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_raylet_start_wait_time_s": str(NODE_START_WAIT_S)}
 
 
@@ -93,6 +96,25 @@ class Host:
                     continue
         return pids
 
+    def lingering(self, grace_s: float) -> dict[int, str]:
+        """The processes still in its namespace after up to ``grace_s``, with their command
+        lines. Ray's workers end by themselves once their raylet is gone, but only when they
+        next look at its socket: seconds later on a loaded machine. Only those left after that
+        are left behind."""
+        deadline = time.monotonic() + grace_s
+        while (pids := self.processes()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return {pid: _command_line(pid) for pid in pids}
+
+
+def _command_line(pid: int) -> str:
+    """``pid``'s command line, or why not."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError as exc:
+        return f"<{exc.strerror}>"
+    return raw.replace(b"\0", b" ").decode(errors="replace").strip()[:200]
+
 
 def _reread_ray_config() -> None:
     """RayConfig, and the auth token Ray cached, read again from the environment (a driver
@@ -125,7 +147,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
     )  # fmt: skip
     address = f"127.0.0.1:{head_port}"
     hosts: dict[str, Host] = {}
-    left_behind: dict[str, list[int]] = {}
+    left_behind: dict[str, dict[int, str]] = {}
     here_before = our_regions()
     saved = {name: os.environ.get(name) for name in RAY_ENV}
     try:
@@ -196,9 +218,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
                 host.proc.wait(timeout=90)
             except subprocess.TimeoutExpired:
                 pass
-            left = host.processes()
+            left = host.lingering(LINGER_GRACE_S)
             for pid in left:
-                os.kill(pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             if left:
                 left_behind[host.name] = left
         head.send_signal(signal.SIGINT)
