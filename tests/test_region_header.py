@@ -43,12 +43,15 @@ def test_random_bytes_over_a_live_header_are_refused_by_name(
 ) -> None:
     """Issue 63: 4,096 random bytes over the live region's header, then one call, raised the
     internal ``PoolRetired`` ("replaced by a new layout": false), the random ``retired`` word
-    believed. Now the call is refused by name, its slot is free, and registering the model
-    again (a new region) answers right."""
+    believed. Now the call is refused by name, nothing is written into the header, its slot
+    is free, and registering the model again (a new region) answers right."""
     region = _identity_region(client)
     _overwrite(region, np.random.default_rng(seed).bytes(4096))
+    written = (SHM_DIR / region).read_bytes()[:REGION_HEADER_BYTES]
     with pytest.raises(ForeignRegionError) as info:
         client.infer_shm("identity", {"INPUT0": X})
+    # the failure was not counted into the foreign header: not a byte of it changed
+    assert (SHM_DIR / region).read_bytes()[:REGION_HEADER_BYTES] == written
     error = info.value
     assert isinstance(error, TritonSHMError)
     assert error.region == region and error.model == "identity"

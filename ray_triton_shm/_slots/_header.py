@@ -437,8 +437,10 @@ class RegionHeader:
 
     def count_failure(self, kind: str) -> None:
         """Counts a failed call of ``kind`` (one of :data:`.._exceptions.ERROR_KINDS`; the
-        caller holds the region's mutex: any process may count)."""
-        _add(self._word, _FAILURES + ERROR_KINDS.index(kind), 1)
+        caller holds the region's mutex: any process may count). Nothing is written into a
+        header that is not :attr:`intact`: its words are another's."""
+        if self.intact:
+            _add(self._word, _FAILURES + ERROR_KINDS.index(kind), 1)
 
     def _restart_slot(self, slot: int) -> None:
         """Zeroes the counters of ``slot`` that are past half of int64 (no request adds that
