@@ -53,7 +53,7 @@ from ._slots._memory import SYSTEM
 from ._slots._sizing import SlotAutoscaling
 from ._slots._slot_pool import PoolStats
 from ._slots._specs import ModelSpec, SpecLike
-from ._streaming import StreamCall
+from ._streaming import StreamCall, end_streams
 from ._wire._channel import Channel, tritonclient_options
 from ._wire._http import AUTO_HTTP_URL
 from ._wire._keys import REDACTED, Keys
@@ -739,15 +739,17 @@ class TritonSHMClient(grpcclient.InferenceServerClient):
         """Unregisters and frees every pool, then closes the channel; idempotent.
 
         Waits for the requests in flight (up to 30 s); a close called meanwhile, from another
-        thread, waits for the first one to end. It does not wait for outputs of a lease kept
-        past its block (Triton is done with them): their slots are unregistered and unlinked
-        too, and their memory stays mapped, and readable, while they live.
+        thread, waits for the first one to end. A stream not finished is cancelled in Triton
+        first, its slot given up: its caller gets ``ClientClosedError`` next. It does not wait
+        for outputs of a lease kept past its block (Triton is done with them): their slots are
+        unregistered and unlinked too, and their memory stays mapped, and readable, while they
+        live.
         """
         # tritonclient's __del__ calls close() even when __init__ failed half-way.
+        if hasattr(self, "_streams"):
+            end_streams(self, self._streams)  # first: the pools wait for the slots streams hold
         if hasattr(self, "_pools"):
             self._pools.close()
-        if hasattr(self, "_streams"):
-            self._streams.close()
         if hasattr(self, "_triton"):
             self._triton.close_http()
         if hasattr(self, "_channel"):

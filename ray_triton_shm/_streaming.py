@@ -10,13 +10,19 @@ abandoned), every gRPC stream, and each client that streamed: its pools unregist
 unlinked, then its channel, while gRPC's threads still run. Left to the interpreter's end,
 tritonclient's ``__del__`` would close the channel after those threads stopped, and wait
 forever for a call that one of them owed an event.
+
+A stream can be ended from outside its caller: by its client's ``close()``, or by that exit.
+One suspended between two responses (its caller stopped reading without closing it) is
+closed there and then, from the thread that ends it; one taking a step (waiting for a
+response, a slot) is woken by the cancellation of its gRPC stream, and closes itself. Either
+way its caller gets :class:`ClientClosedError` next, but a daemon thread reading a stream the
+exit ended: it waits for the interpreter's end, which stops it, printing nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
-import contextlib
 import logging
 import os
 import threading
@@ -27,6 +33,7 @@ from typing import Any
 
 from ._calls import Call, count_failure
 from ._drive import drive_stream, drive_stream_async
+from ._exceptions import ClientClosedError
 from ._inference._engine import Step
 from ._inference._inputs import InputValue, prepare_batch
 from ._inference._model_pool import ModelPool
@@ -34,12 +41,18 @@ from ._inference._options import select_outputs
 from ._inference._stream import StreamChunk, StreamResponse, StreamSteps, stream
 from ._wire._streams import Responses, Streams
 
-__all__ = ["StreamCall"]
+__all__ = ["StreamCall", "end_streams"]
 
 logger = logging.getLogger(__name__)
 
 #: How long the interpreter's exit waits for the gRPC streams' reading threads to end.
 _EXIT_WAIT_S = 2.0
+
+#: Why a stream was ended from outside its caller: its client closed, or the interpreter exits.
+_CLIENT_CLOSED = "its TritonSHMClient was closed"
+_EXITING = "the interpreter exits"
+
+_Streamed = Generator[StreamResponse, None, None] | AsyncGenerator[StreamResponse, None]
 
 
 class StreamCall(Call):
@@ -50,26 +63,59 @@ class StreamCall(Call):
         super().__init__(*args, **kwargs)
         self._streams = streams
         self._chunk: StreamChunk | None = None
+        #: The responses still to come, while the stream runs.
+        self._streamed: _Streamed | None = None
+        #: Held while the stream takes a step: :meth:`end` closes it only between two.
+        self._stepping = threading.Lock()
+        #: Why the stream was ended from outside its caller (``None``: it was not).
+        self._ended_by: str | None = None
+        self._delivered = 0
         _AT_EXIT.owner(self._owner, streams)
 
     def stream(self, inputs: Mapping[str, InputValue]) -> Generator[StreamResponse, None, None]:
         """The responses of a request of ``inputs``, blocking (see ``stream``)."""
-        return _AT_EXIT.unfinished(self._stream(inputs))
+        _AT_EXIT.unfinished(self)
+        return self._stream(inputs)
 
     def stream_async(
         self, inputs: Mapping[str, InputValue]
     ) -> AsyncGenerator[StreamResponse, None]:
         """:meth:`stream` on the running event loop."""
-        return _AT_EXIT.unfinished(self._stream_async(inputs))
+        _AT_EXIT.unfinished(self)
+        return self._stream_async(inputs)
+
+    def end(self, why: str) -> None:
+        """Ends the stream from outside its caller (``why``: its client closes, or the
+        interpreter exits): closed now if suspended between two responses (its request
+        cancelled in Triton, its slot abandoned), else by the step it takes, once its gRPC
+        stream is cancelled. Its caller gets :class:`ClientClosedError` next."""
+        if self._ended_by is None:
+            self._ended_by = why
+        if not self._stepping.acquire(blocking=False):
+            return  # it takes a step: the cancellation of its gRPC stream ends it
+        try:
+            self._close_streamed()
+        except Exception:
+            logger.exception("ray-triton-shm: closing a stream of model %r failed", self._model)
+        finally:
+            self._stepping.release()
+
+    def owned_by(self, owner: object) -> bool:
+        """Whether the stream is one of ``owner``'s (a client)."""
+        return self._owner is owner
 
     def _stream(self, inputs: Mapping[str, InputValue]) -> Generator[StreamResponse, None, None]:
         def attempt(pool: ModelPool) -> Generator[StreamResponse, None, None]:
             return drive_stream(self._stream_steps(pool, inputs), self._do, Step.DELIVER)
 
+        self._streamed = self._moves().stream(attempt, failed=count_failure)
         try:
-            yield from self._moves().stream(attempt, failed=count_failure)
+            while (response := self._next()) is not None:
+                yield response
         finally:
-            self._release_stream()
+            with self._stepping:
+                self._close_streamed()
+            _AT_EXIT.finished(self)
 
     async def _stream_async(
         self, inputs: Mapping[str, InputValue]
@@ -78,13 +124,93 @@ class StreamCall(Call):
             steps = self._stream_steps(pool, inputs)
             return drive_stream_async(steps, self._do_async, Step.DELIVER)
 
-        streamed = self._moves().stream_async(attempt, failed=count_failure)
+        self._streamed = self._moves().stream_async(attempt, failed=count_failure)
         try:
-            async with contextlib.aclosing(streamed):  # closed now, not when collected
-                async for response in streamed:
-                    yield response
+            while (response := await self._next_async()) is not None:
+                yield response
+        finally:
+            with self._stepping:
+                streamed, self._streamed = self._streamed, None
+                try:
+                    if isinstance(streamed, AsyncGenerator):
+                        await streamed.aclose()  # closed now, not when collected
+                finally:
+                    self._release_stream()
+            _AT_EXIT.finished(self)
+
+    def _next(self) -> StreamResponse | None:
+        """The next response (``None``: the stream is over), unless the stream was ended
+        from outside (see :meth:`end`).
+
+        Raises:
+            ClientClosedError: it was.
+        """
+        with self._stepping:
+            if self._ended_by is None:
+                streamed = self._streamed
+                assert isinstance(streamed, Generator)
+                try:
+                    response = next(streamed, None)
+                except Exception:
+                    if self._ended_by is None:
+                        raise
+                else:
+                    self._delivered += response is not None
+                    return response
+            self._close_streamed()
+        if self._parks():
+            threading.Event().wait()  # for ever: the interpreter's end stops this thread
+        raise self._ended_error()
+
+    async def _next_async(self) -> StreamResponse | None:
+        """:meth:`_next` on the running event loop."""
+        with self._stepping:
+            if self._ended_by is None:
+                streamed = self._streamed
+                assert isinstance(streamed, AsyncGenerator)
+                try:
+                    response = await anext(streamed, None)
+                except Exception:
+                    if self._ended_by is None:
+                        raise
+                else:
+                    self._delivered += response is not None
+                    return response
+            self._close_streamed()
+        if self._parks():
+            await asyncio.get_running_loop().create_future()  # for ever, as in _next
+        raise self._ended_error()
+
+    def _close_streamed(self) -> None:
+        """Closes the responses still to come now, as the caller's ``close()`` would: the
+        request is cancelled in Triton, its slot abandoned (see :func:`stream`)."""
+        streamed, self._streamed = self._streamed, None
+        try:
+            if isinstance(streamed, AsyncGenerator):
+                _close_without_loop(streamed)
+            elif streamed is not None:
+                streamed.close()
         finally:
             self._release_stream()
+
+    def _parks(self) -> bool:
+        """Whether the caller waits for the interpreter's end instead of an error: a daemon
+        thread reading a stream the exit ended (the interpreter stops the thread anyway;
+        the error would print its traceback as the interpreter exits)."""
+        return self._ended_by == _EXITING and threading.current_thread().daemon
+
+    def _ended_error(self) -> ClientClosedError:
+        """The error of a stream ended from outside its caller."""
+        request_id = f" of request id {self.request_id!r}" if self.request_id else ""
+        return ClientClosedError(
+            f"the stream of model {self._model!r}{request_id} was cancelled after "
+            f"{self._delivered} response(s): {self._ended_by}",
+            model=self._model,
+        )
+
+    @property
+    def _model(self) -> str:
+        return self.pool.spec.name
 
     def _stream_steps(self, pool: ModelPool, inputs: Mapping[str, InputValue]) -> StreamSteps:
         """The steps of the stream on ``pool``, its inputs and options checked against it.
@@ -174,7 +300,7 @@ class _AtExit:
         """Forgets every owner and stream (in a child just forked: they are its parent's)."""
         self._owners: weakref.WeakSet[Any] = weakref.WeakSet()
         self._streams: weakref.WeakSet[Streams] = weakref.WeakSet()
-        self._unfinished: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._unfinished: weakref.WeakSet[StreamCall] = weakref.WeakSet()
         self._lock = threading.Lock()
         self._hooked_in: int | None = None  # the process whose exit hook closes them
 
@@ -191,17 +317,25 @@ class _AtExit:
             atexit.register(self.close)
             self._hooked_in = os.getpid()
 
-    def unfinished(self, responses: Any) -> Any:
-        """Closes the stream ``responses`` (a generator, or an async one) at exit."""
-        self._unfinished.add(responses)
-        return responses
+    def unfinished(self, call: StreamCall) -> None:
+        """Ends the stream of ``call`` at exit, or when its owner closes, unless it finished."""
+        self._unfinished.add(call)
+
+    def finished(self, call: StreamCall) -> None:
+        """The stream of ``call`` ended: nothing to end any more."""
+        self._unfinished.discard(call)
+
+    def end(self, owner: object | None, why: str) -> None:
+        """Ends the unfinished streams of ``owner`` (``None``: every one), saying ``why``."""
+        for call in list(self._unfinished):
+            if owner is None or call.owned_by(owner):
+                call.end(why)
 
     def close(self) -> None:
-        """Closes every stream not finished, ends every gRPC stream, closes every owner."""
+        """Ends every stream not finished and every gRPC stream, then closes every owner."""
         if self._hooked_in != os.getpid():
             return  # a forked child's exit, with the hook of its parent
-        for responses in list(self._unfinished):
-            _close_stream(responses)
+        self.end(None, _EXITING)
         deadline = time.monotonic() + _EXIT_WAIT_S
         for streams in list(self._streams):
             streams.close(wait_s=max(0.0, deadline - time.monotonic()))
@@ -212,23 +346,23 @@ class _AtExit:
                 logger.exception("ray-triton-shm: closing %r at exit failed", owner)
 
 
-def _close_stream(responses: Any) -> None:
-    """Closes ``responses`` now, as its caller's ``close()`` or ``aclose()`` would; one that
-    runs meanwhile (another thread's, a task's) is left to end with its gRPC stream."""
+def end_streams(owner: object, streams: Streams) -> None:
+    """Ends the streams of ``owner`` (a client that closes) and its gRPC ``streams``, before
+    its pools close: they wait for the slots that streams hold. Each stream's caller gets
+    :class:`ClientClosedError` next."""
+    _AT_EXIT.end(owner, _CLIENT_CLOSED)
+    streams.close()
+
+
+def _close_without_loop(streamed: AsyncGenerator[Any, None]) -> None:
+    """Closes ``streamed`` at once, off its event loop: nothing on its way out waits on it."""
+    closing = streamed.aclose()
     try:
-        if not isinstance(responses, AsyncGenerator):
-            responses.close()
-            return
-        closing = responses.aclose()
-        try:
-            closing.send(None)  # its loop is not needed: nothing in its way out waits on it
-        except StopIteration:
-            return
-        closing.close()  # it waited on its loop after all: left to end with its gRPC stream
-    except (RuntimeError, ValueError):  # running now
-        pass
-    except Exception:
-        logger.exception("ray-triton-shm: closing a stream at exit failed")
+        closing.send(None)
+    except StopIteration:
+        return
+    closing.close()  # it waited on its loop after all: left to end with its gRPC stream
+    logger.warning("ray-triton-shm: a stream could not be closed off its event loop")
 
 
 _AT_EXIT = _AtExit()

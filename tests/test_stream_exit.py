@@ -101,11 +101,16 @@ class Run(NamedTuple):
 
 def script(case: str) -> str:
     """The script of ``case``: it arms faulthandler and prints when it ends."""
+    return script_of(CASES[case])
+
+
+def script_of(body: str) -> str:
+    """The script that runs ``body``: it arms faulthandler and prints when it ends."""
     ending = f"""
         faulthandler.dump_traceback_later({HANG_S}, exit=True)
         print("ENDING", time.time(), flush=True)
     """
-    return PRELUDE + textwrap.dedent(CASES[case]) + textwrap.dedent(ending)
+    return PRELUDE + textwrap.dedent(body) + textwrap.dedent(ending)
 
 
 def run(path: Path, url: str) -> Run:
@@ -151,6 +156,81 @@ def test_a_script_that_streams_exits_at_once_without_close_leaving_nothing(
         said = f"run {done.pid} of {case!r}:\n{done.output[-6000:]}"
         assert done.returncode == 0, said
         assert done.exit_s < EXIT_LIMIT_S, f"took {done.exit_s:.1f} s to exit; {said}"
+        assert "Traceback" not in done.output, f"printed an error as it exited; {said}"
+        assert our_regions(done.pid) == set(), f"left regions in /dev/shm; {said}"
+        ours = f"{REGION_PREFIX}_{done.pid}-"
+        left = {name for name in registered if name.startswith(ours)}
+        assert left == set(), f"left registrations in Triton; {said}"
+
+
+#: Streams the exit hook ends under their callers, none closed: a daemon thread waiting for a
+#: response (blocking, and on an event loop), a daemon thread whose stream is suspended and
+#: that reads on once the hook ran, and the main thread reading a suspended stream after the
+#: hook (an exit handler registered before the first stream runs after the library's).
+ENDED_UNDER_THEIR_CALLERS = """
+    import atexit
+    from ray_triton_shm import ClientClosedError
+
+    other = TritonSHMClient(os.environ["TRITON_URL"], crash_cleanup=False)
+    other.register_shm_model("captioner", pool_size=2)
+    resume = threading.Event()
+
+    def read(responses, started, pause=False):
+        for _ in responses:
+            started.set()
+            if pause:
+                resume.wait()
+        print("READ TO THE END", flush=True)  # a stream ended by the exit did not end
+
+    async def read_async(started):
+        async for _ in other.stream_async("captioner", request(1000, 2000)):
+            started.set()
+        print("READ TO THE END", flush=True)
+
+    def after_the_hook():
+        resume.set()
+        try:
+            next(held)
+        except ClientClosedError as exc:
+            print("MAIN GOT ClientClosedError:", exc, flush=True)
+        paused.join(1.5)
+        print("PAUSED THREAD", "WAITS" if paused.is_alive() else "ENDED", flush=True)
+
+    atexit.register(after_the_hook)
+    started = [threading.Event() for _ in range(3)]
+    threads = [
+        threading.Thread(target=read, args=(client.stream("captioner", request(1000, 2000)),
+                                            started[0]), daemon=True),
+        threading.Thread(target=read, args=(client.stream("captioner", request(1000, 2000)),
+                                            started[1], True), daemon=True),
+        threading.Thread(target=lambda: asyncio.run(read_async(started[2])), daemon=True),
+    ]
+    paused = threads[1]
+    for thread in threads:
+        thread.start()
+    held = other.stream("captioner", request(1000, 2000))
+    next(held)
+    assert all(event.wait(30) for event in started)
+"""
+
+
+def test_streams_the_exit_ends_under_their_callers_print_nothing_and_leave_nothing(
+    grpc_url: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "ended_under_their_callers.py"
+    path.write_text(script_of(ENDED_UNDER_THEIR_CALLERS))
+    with ThreadPoolExecutor(AT_ONCE) as pool:
+        runs = list(pool.map(lambda _: run(path, grpc_url), range(AT_ONCE)))
+    registered = registered_on(grpc_url)
+    for done in runs:
+        said = f"run {done.pid}:\n{done.output[-6000:]}"
+        assert done.returncode == 0, said
+        assert done.exit_s < EXIT_LIMIT_S, f"took {done.exit_s:.1f} s to exit; {said}"
+        assert "Traceback" not in done.output and "Exception" not in done.output, said
+        assert "READ TO THE END" not in done.output, said
+        assert "PAUSED THREAD WAITS" in done.output, said
+        assert "MAIN GOT ClientClosedError:" in done.output, said
+        assert "the interpreter exits" in done.output, said
         assert our_regions(done.pid) == set(), f"left regions in /dev/shm; {said}"
         ours = f"{REGION_PREFIX}_{done.pid}-"
         left = {name for name in registered if name.startswith(ours)}

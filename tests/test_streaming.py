@@ -6,8 +6,10 @@ request."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,10 +23,12 @@ from _helpers import (
     model_repository,
     our_regions,
     registered_on,
+    runs_in_triton,
     wait_for,
 )
 
 from ray_triton_shm import (
+    ClientClosedError,
     InvalidInputError,
     StreamingModelError,
     StreamInterruptedError,
@@ -200,6 +204,112 @@ def test_a_cancelled_task_cancels_its_stream(one_slot: TritonSHMClient) -> None:
 
     asyncio.run(main())
     wait_for(lambda: slots_free(one_slot), what="the slot back")
+
+
+#: How long a client's close() may take with a stream unfinished (it waited 30 s for the
+#: stream's slot before the fix).
+CLOSE_LIMIT_S = 10.0
+
+
+@contextlib.contextmanager
+def cancellations(server: LocalTritonServer) -> Iterator[Callable[[], int]]:
+    """Counts the gRPC streams whose cancellation ``server`` completed while inside, from its
+    verbose log: Triton saw the stream cancelled and is done with its request."""
+    with runs_in_triton(server, MODEL):  # its log verbose meanwhile
+        start = server.log_path.stat().st_size
+
+        def completed() -> int:
+            with server.log_path.open("rb") as log:
+                log.seek(start)
+                text = log.read().decode(errors="replace")
+            return text.count("Completing cancellation for ModelStreamInferHandler")
+
+        yield completed
+
+
+def region_gone(regions: set[str], url: str) -> bool:
+    """Whether none of ``regions`` is in ``/dev/shm`` or registered in the Triton at ``url``."""
+    return not regions & (our_regions(os.getpid()) | registered_on(url))
+
+
+def test_close_with_a_stream_left_suspended_cancels_it_at_once_and_next_says_closed(
+    triton: LocalTritonServer, make_client: Callable[..., TritonSHMClient]
+) -> None:
+    before = our_regions(os.getpid())
+    client = make_client(triton.grpc_url)
+    client.register_shm_model(MODEL, pool_size=1)
+    regions = our_regions(os.getpid()) - before
+    assert regions
+    picture = image(11)
+    with cancellations(triton) as completed:
+        responses = client.stream(MODEL, request(picture, 50, 200_000))  # 10 s if left to run
+        got = [next(responses), next(responses)]  # then left, neither read nor closed
+        check(got, picture, 2)
+        assert client.shm_stats(MODEL).in_use == 1
+        started = time.monotonic()
+        client.close()
+        assert time.monotonic() - started < CLOSE_LIMIT_S, "close() waited for the stream"
+        wait_for(completed, timeout_s=CLOSE_LIMIT_S, what="Triton done with the cancelled stream")
+    assert region_gone(regions, triton.grpc_url)
+    with pytest.raises(ClientClosedError, match=r"after 2 response\(s\): its TritonSHMClient was"):
+        next(responses)
+
+
+def test_close_with_an_async_stream_left_suspended_cancels_it_and_anext_says_closed(
+    triton: LocalTritonServer, make_client: Callable[..., TritonSHMClient]
+) -> None:
+    before = our_regions(os.getpid())
+    client = make_client(triton.grpc_url)
+    client.register_shm_model(MODEL, pool_size=1)
+    regions = our_regions(os.getpid()) - before
+    assert regions
+    picture = image(12)
+
+    async def main() -> float:
+        responses = client.stream_async(MODEL, request(picture, 50, 200_000))
+        check([await responses.__anext__()], picture, 1)
+        started = time.monotonic()
+        client.close()
+        took = time.monotonic() - started
+        with pytest.raises(ClientClosedError, match="its TritonSHMClient was closed"):
+            await responses.__anext__()
+        return took
+
+    with cancellations(triton) as completed:
+        assert asyncio.run(main()) < CLOSE_LIMIT_S, "close() waited for the stream"
+        wait_for(completed, timeout_s=CLOSE_LIMIT_S, what="Triton done with the cancelled stream")
+    assert region_gone(regions, triton.grpc_url)
+
+
+def test_close_while_another_thread_waits_for_a_response_ends_its_stream_closed(
+    triton: LocalTritonServer, make_client: Callable[..., TritonSHMClient]
+) -> None:
+    before = our_regions(os.getpid())
+    client = make_client(triton.grpc_url)
+    client.register_shm_model(MODEL, pool_size=1)
+    regions = our_regions(os.getpid()) - before
+    assert regions
+    first, ended = threading.Event(), []
+
+    def read() -> None:
+        try:
+            for _ in client.stream(MODEL, request(image(13), 10, 2_000_000)):  # 18 s
+                first.set()
+        except BaseException as exc:
+            ended.append(exc)
+
+    reader = threading.Thread(target=read, daemon=True)
+    with cancellations(triton) as completed:
+        reader.start()
+        assert first.wait(30)
+        started = time.monotonic()
+        client.close()
+        assert time.monotonic() - started < CLOSE_LIMIT_S, "close() waited for the stream"
+        reader.join(CLOSE_LIMIT_S)
+        wait_for(completed, timeout_s=CLOSE_LIMIT_S, what="Triton done with the cancelled stream")
+    assert len(ended) == 1 and isinstance(ended[0], ClientClosedError), ended
+    assert "after 1 response(s)" in str(ended[0])
+    assert region_gone(regions, triton.grpc_url)
 
 
 def test_a_response_late_past_client_timeout_ends_the_stream(one_slot: TritonSHMClient) -> None:
