@@ -32,9 +32,9 @@ bench: $(VENV)/.installed
 test: $(VENV)/.installed browser prometheus
 	$(VENV)/bin/python -m pytest -m "not soak" $(PYTEST_ARGS)
 
-# The long tier (the chaos soak, a load swinging 1-32 callers, whole bench runs: about 3 min;
-# the property tests of tests/properties/ at 20 times their examples: over 200,000 inputs),
-# which CI runs after `make test`.
+# The long tier (the chaos soak, a load swinging 1-32 callers, whole bench runs, whole-cluster
+# runs, the property tests of tests/properties/ at 20 times their examples: over 200,000
+# inputs; about 18 min), which CI runs after `make test`.
 test-soak: $(VENV)/.installed browser prometheus
 	RAY_TRITON_SHM_PROPERTIES=soak $(VENV)/bin/python -m pytest -m soak $(PYTEST_ARGS)
 
