@@ -217,6 +217,9 @@ ENDED_UNDER_THEIR_CALLERS = """
 def test_streams_the_exit_ends_under_their_callers_print_nothing_and_leave_nothing(
     grpc_url: str, tmp_path: Path
 ) -> None:
+    """Streams read by daemon threads (blocking and async) and by the main thread when the
+    exit hook ends them: no traceback printed (a daemon thread printed
+    ``StreamInterruptedError``), the main thread gets ``ClientClosedError``, nothing left."""
     path = tmp_path / "ended_under_their_callers.py"
     path.write_text(script_of(ENDED_UNDER_THEIR_CALLERS))
     with ThreadPoolExecutor(AT_ONCE) as pool:

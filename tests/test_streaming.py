@@ -235,6 +235,8 @@ def region_gone(regions: set[str], url: str) -> bool:
 def test_close_with_a_stream_left_suspended_cancels_it_at_once_and_next_says_closed(
     triton: LocalTritonServer, make_client: Callable[..., TritonSHMClient]
 ) -> None:
+    """Two responses read, then the generator left: close() cancels the stream in Triton at
+    once (it waited 30 s for the slot), leaves nothing, and ``next`` says the client closed."""
     before = our_regions(os.getpid())
     client = make_client(triton.grpc_url)
     client.register_shm_model(MODEL, pool_size=1)
@@ -258,6 +260,7 @@ def test_close_with_a_stream_left_suspended_cancels_it_at_once_and_next_says_clo
 def test_close_with_an_async_stream_left_suspended_cancels_it_and_anext_says_closed(
     triton: LocalTritonServer, make_client: Callable[..., TritonSHMClient]
 ) -> None:
+    """The same with ``stream_async``, closed from the event loop's own thread."""
     before = our_regions(os.getpid())
     client = make_client(triton.grpc_url)
     client.register_shm_model(MODEL, pool_size=1)
@@ -284,6 +287,8 @@ def test_close_with_an_async_stream_left_suspended_cancels_it_and_anext_says_clo
 def test_close_while_another_thread_waits_for_a_response_ends_its_stream_closed(
     triton: LocalTritonServer, make_client: Callable[..., TritonSHMClient]
 ) -> None:
+    """A thread waits for the next response of a slow stream: close() cancels it, and the
+    thread gets ``ClientClosedError`` instead of the rest."""
     before = our_regions(os.getpid())
     client = make_client(triton.grpc_url)
     client.register_shm_model(MODEL, pool_size=1)
