@@ -36,6 +36,8 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from .._exceptions import ClientClosedError
 from ._header import BOARD_WORDS, RegionHeader
 from ._locks import in_wait_thread, lock_byte, locked_by_another, unlock_byte
@@ -93,6 +95,9 @@ class BatchState(enum.IntEnum):
     FAILED = 5
     #: Its leader gave it up before an answer: each member sends its rows again.
     LOST = 6
+
+
+_OPEN = int(BatchState.OPEN)  # compared with a numpy column of words
 
 
 @dataclass(eq=False)
@@ -228,7 +233,8 @@ class BatchBoard:
 
     def __init__(self, header: RegionHeader, region_name: str, *, model: str = "") -> None:
         self._header = header
-        self._words = header.boards()
+        self._states = header.board_column(_STATE)
+        self._keys = header.board_column(_KEY)
         self._model = model
         # Descriptors are opened anew from this one, so they work after the name is unlinked.
         self._base_fd = os.open(SHM_DIR / region_name, os.O_RDWR | os.O_CLOEXEC)
@@ -293,24 +299,20 @@ class BatchBoard:
     def any_open(self, size: int) -> bool:
         """Whether a batch is open on one of the first ``size`` slots (a look at a word each,
         without the mutex)."""
-        words = self._words
-        return any(
-            words[at] == BatchState.OPEN for at in range(_STATE, size * BOARD_WORDS, BOARD_WORDS)
-        )
+        return bool((self._states[:size] == _OPEN).any())
 
     def join(self, key: int, rows: int, size: int) -> Seat | None:
         """Reserves ``rows`` in an open batch of ``key`` with room for them, on one of the
         first ``size`` slots; ``None`` if there is none."""
-        words = self._words
-        if not any(  # a look without the mutex first: a caller alone takes no lock
-            words[at] == BatchState.OPEN and words[at + _KEY] == key
-            for at in range(_STATE, size * BOARD_WORDS, BOARD_WORDS)
-        ):
+        # A look without the mutex first: a caller alone takes no lock, and under the mutex
+        # only the batches seen open are tried (its holder keeps every other caller waiting).
+        seen = np.flatnonzero((self._states[:size] == _OPEN) & (self._keys[:size] == key))
+        if not seen.size:
             return None
         fd = self.take_fd()
         try:
             with self._mutex(fd):
-                for slot in range(size):
+                for slot in seen.tolist():
                     seat = self._reserve(fd, slot, key, rows)
                     if seat is not None:
                         return seat

@@ -374,11 +374,7 @@ class RegionHeader:
     def in_triton(self, size: int) -> int:
         """How many of the first ``size`` slots have a request in Triton (sent, not given
         back): cheap, every node-batched call asks."""
-        word = self._word
-        first = _slot_word(0, _BUSY_SINCE)
-        return sum(
-            1 for at in range(first, first + size * _WORDS_PER_SLOT, _WORDS_PER_SLOT) if word[at]
-        )
+        return int(np.count_nonzero(self._slots[:size, _BUSY_SINCE]))
 
     def busy_slots(self) -> list[int]:
         """The slots whose holder sent a request on them, not given back yet."""
@@ -493,9 +489,11 @@ class RegionHeader:
         :data:`ROWS_BUCKET_BOUNDS`."""
         return self._slots[:, _ROW_BUCKETS:_COMPANY_WAITS].sum(axis=0)
 
-    def boards(self) -> memoryview:
-        """Every slot's batch board, one after the other (:data:`BOARD_WORDS` each)."""
-        return self._word[_FIRST_BOARD_WORD : _FIRST_BOARD_WORD + MAX_SLOTS * BOARD_WORDS]
+    def board_column(self, field: int) -> np.ndarray:
+        """Word ``field`` of every slot's batch board, slot ``i``'s at index ``i`` (a view:
+        a look over every slot at once, whatever their number)."""
+        first = _FIRST_BOARD_WORD + field
+        return self._words[first : first + MAX_SLOTS * BOARD_WORDS : BOARD_WORDS]
 
     def board(self, slot: int) -> memoryview:
         """The words of ``slot``'s batch board (see :mod:`._board`): any process writes them,
