@@ -135,6 +135,27 @@ def run(path: Path, url: str) -> Run:
 
 
 # The cases that hung or waited before the fix in make test; each once more in the soak.
+def runs_exited_clean(path: Path, url: str, count: int) -> list[tuple[Run, str]]:
+    """``count`` runs of the script at ``path`` (:data:`AT_ONCE` at a time), each checked to
+    have exited at once with 0, printed no traceback, and left no region in ``/dev/shm`` nor
+    registered in Triton; each run with its output's tail (for further checks' messages)."""
+    with ThreadPoolExecutor(AT_ONCE) as pool:
+        runs = list(pool.map(lambda _: run(path, url), range(count)))
+    registered = registered_on(url)
+    checked = []
+    for done in runs:
+        said = f"run {done.pid} of {path.stem!r}:\n{done.output[-6000:]}"
+        assert done.returncode == 0, said
+        assert done.exit_s < EXIT_LIMIT_S, f"took {done.exit_s:.1f} s to exit; {said}"
+        assert "Traceback" not in done.output, f"printed an error as it exited; {said}"
+        assert our_regions(done.pid) == set(), f"left regions in /dev/shm; {said}"
+        ours = f"{REGION_PREFIX}_{done.pid}-"
+        left = {name for name in registered if name.startswith(ours)}
+        assert left == set(), f"left registrations in Triton; {said}"
+        checked.append((done, said))
+    return checked
+
+
 @pytest.mark.parametrize(
     "case",
     [
@@ -149,18 +170,7 @@ def test_a_script_that_streams_exits_at_once_without_close_leaving_nothing(
 ) -> None:
     path = tmp_path / f"{case}.py"
     path.write_text(script(case))
-    with ThreadPoolExecutor(AT_ONCE) as pool:
-        runs = list(pool.map(lambda _: run(path, grpc_url), range(RUNS)))
-    registered = registered_on(grpc_url)
-    for done in runs:
-        said = f"run {done.pid} of {case!r}:\n{done.output[-6000:]}"
-        assert done.returncode == 0, said
-        assert done.exit_s < EXIT_LIMIT_S, f"took {done.exit_s:.1f} s to exit; {said}"
-        assert "Traceback" not in done.output, f"printed an error as it exited; {said}"
-        assert our_regions(done.pid) == set(), f"left regions in /dev/shm; {said}"
-        ours = f"{REGION_PREFIX}_{done.pid}-"
-        left = {name for name in registered if name.startswith(ours)}
-        assert left == set(), f"left registrations in Triton; {said}"
+    runs_exited_clean(path, grpc_url, RUNS)
 
 
 #: Streams the exit hook ends under their callers, none closed: a daemon thread waiting for a
@@ -222,19 +232,9 @@ def test_streams_the_exit_ends_under_their_callers_print_nothing_and_leave_nothi
     ``StreamInterruptedError``), the main thread gets ``ClientClosedError``, nothing left."""
     path = tmp_path / "ended_under_their_callers.py"
     path.write_text(script_of(ENDED_UNDER_THEIR_CALLERS))
-    with ThreadPoolExecutor(AT_ONCE) as pool:
-        runs = list(pool.map(lambda _: run(path, grpc_url), range(AT_ONCE)))
-    registered = registered_on(grpc_url)
-    for done in runs:
-        said = f"run {done.pid}:\n{done.output[-6000:]}"
-        assert done.returncode == 0, said
-        assert done.exit_s < EXIT_LIMIT_S, f"took {done.exit_s:.1f} s to exit; {said}"
-        assert "Traceback" not in done.output and "Exception" not in done.output, said
+    for done, said in runs_exited_clean(path, grpc_url, AT_ONCE):
+        assert "Exception" not in done.output, said
         assert "READ TO THE END" not in done.output, said
         assert "PAUSED THREAD WAITS" in done.output, said
         assert "MAIN GOT ClientClosedError:" in done.output, said
         assert "the interpreter exits" in done.output, said
-        assert our_regions(done.pid) == set(), f"left regions in /dev/shm; {said}"
-        ours = f"{REGION_PREFIX}_{done.pid}-"
-        left = {name for name in registered if name.startswith(ours)}
-        assert left == set(), f"left registrations in Triton; {said}"

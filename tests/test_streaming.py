@@ -232,16 +232,24 @@ def region_gone(regions: set[str], url: str) -> bool:
     return not regions & (our_regions(os.getpid()) | registered_on(url))
 
 
-def test_close_with_a_stream_left_suspended_cancels_it_at_once_and_next_says_closed(
+def one_slot_client(
     triton: LocalTritonServer, make_client: Callable[..., TritonSHMClient]
-) -> None:
-    """Two responses read, then the generator left: close() cancels the stream in Triton at
-    once (it waited 30 s for the slot), leaves nothing, and ``next`` says the client closed."""
+) -> tuple[TritonSHMClient, set[str]]:
+    """A client of ``MODEL`` on one slot, and the regions it made."""
     before = our_regions(os.getpid())
     client = make_client(triton.grpc_url)
     client.register_shm_model(MODEL, pool_size=1)
     regions = our_regions(os.getpid()) - before
     assert regions
+    return client, regions
+
+
+def test_close_with_a_stream_left_suspended_cancels_it_at_once_and_next_says_closed(
+    triton: LocalTritonServer, make_client: Callable[..., TritonSHMClient]
+) -> None:
+    """Two responses read, then the generator left: close() cancels the stream in Triton at
+    once (it waited 30 s for the slot), leaves nothing, and ``next`` says the client closed."""
+    client, regions = one_slot_client(triton, make_client)
     picture = image(11)
     with cancellations(triton) as completed:
         responses = client.stream(MODEL, request(picture, 50, 200_000))  # 10 s if left to run
@@ -261,11 +269,7 @@ def test_close_with_an_async_stream_left_suspended_cancels_it_and_anext_says_clo
     triton: LocalTritonServer, make_client: Callable[..., TritonSHMClient]
 ) -> None:
     """The same with ``stream_async``, closed from the event loop's own thread."""
-    before = our_regions(os.getpid())
-    client = make_client(triton.grpc_url)
-    client.register_shm_model(MODEL, pool_size=1)
-    regions = our_regions(os.getpid()) - before
-    assert regions
+    client, regions = one_slot_client(triton, make_client)
     picture = image(12)
 
     async def main() -> float:
@@ -289,11 +293,7 @@ def test_close_while_another_thread_waits_for_a_response_ends_its_stream_closed(
 ) -> None:
     """A thread waits for the next response of a slow stream: close() cancels it, and the
     thread gets ``ClientClosedError`` instead of the rest."""
-    before = our_regions(os.getpid())
-    client = make_client(triton.grpc_url)
-    client.register_shm_model(MODEL, pool_size=1)
-    regions = our_regions(os.getpid()) - before
-    assert regions
+    client, regions = one_slot_client(triton, make_client)
     first, ended = threading.Event(), []
 
     def read() -> None:
