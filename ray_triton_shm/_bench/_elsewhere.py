@@ -27,15 +27,14 @@ OWN_DEV_SHM = ("unshare", "--mount", "sh", "-c", 'mount -t tmpfs tmpfs /dev/shm 
 
 
 @functools.cache
-def unshare_refusal() -> str | None:
-    """Why a mount namespace of its own cannot be made here (``None``: it can)."""
+def unshare_refusal(*flags: str) -> str | None:
+    """Why ``unshare`` with these ``flags`` (``--mount``: a mount namespace of its own) cannot
+    run here (``None``: it can)."""
     if shutil.which("unshare") is None:
         return "unshare is not installed"
-    done = subprocess.run(
-        ["unshare", "--mount", "true"], capture_output=True, text=True, check=False
-    )
+    done = subprocess.run(["unshare", *flags, "true"], capture_output=True, text=True, check=False)
     if done.returncode != 0:
-        return f"`unshare --mount` cannot run here (it needs root): {done.stderr.strip()}"
+        return f"`unshare {' '.join(flags)}` cannot run here (it needs root): {done.stderr.strip()}"
     return None
 
 
@@ -91,7 +90,7 @@ class ElsewhereTriton:
         missing = [m for m in self._models if not (EXAMPLE_MODEL_REPOSITORY / m).is_dir()]
         if missing:
             return f"the Triton elsewhere serves the example models, not {', '.join(missing)}"
-        return unshare_refusal()
+        return unshare_refusal("--mount")
 
     def _start(self) -> str | None:
         """Starts it; why it did not start (``None``: it did)."""
