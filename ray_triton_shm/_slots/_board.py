@@ -304,15 +304,15 @@ class BatchBoard:
     def join(self, key: int, rows: int, size: int) -> Seat | None:
         """Reserves ``rows`` in an open batch of ``key`` with room for them, on one of the
         first ``size`` slots; ``None`` if there is none."""
-        # A look without the mutex first: a caller alone takes no lock, and under the mutex
-        # only the batches seen open are tried (its holder keeps every other caller waiting).
-        seen = np.flatnonzero((self._states[:size] == _OPEN) & (self._keys[:size] == key))
-        if not seen.size:
+        # A look without the mutex first: a caller alone takes no lock. Under the mutex the
+        # look again (batches opened meanwhile count), and only those seen open are tried:
+        # its holder keeps every other caller waiting.
+        if not self._open_of(key, size).size:
             return None
         fd = self.take_fd()
         try:
             with self._mutex(fd):
-                for slot in seen.tolist():
+                for slot in self._open_of(key, size).tolist():
                     seat = self._reserve(fd, slot, key, rows)
                     if seat is not None:
                         return seat
@@ -321,6 +321,10 @@ class BatchBoard:
             raise
         self.put_fd(fd)
         return None
+
+    def _open_of(self, key: int, size: int) -> np.ndarray:
+        """The slots among the first ``size`` with an open batch of ``key``, as last written."""
+        return np.flatnonzero((self._states[:size] == _OPEN) & (self._keys[:size] == key))
 
     def _reserve(self, fd: int, slot: int, key: int, rows: int) -> Seat | None:
         word = self._header.board(slot)
